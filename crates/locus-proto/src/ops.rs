@@ -1,0 +1,180 @@
+//! The operation table: every request Locus understands, defined once.
+//!
+//! [`operation_table!`] lists each operation with its code, request fields, shape and
+//! reply type. This crate expands it into request structs and the [`OPERATIONS`]
+//! catalogue; the server expands it into its dispatch, the client into typed calls, and
+//! the docs test checks `docs/protocol.md` against it. Adding an operation is one entry.
+
+use crate::types::*;
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// How the frames of an operation flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// One request frame, one reply frame.
+    Unary,
+    /// One request frame, then reply frames flagged MORE until the last.
+    StreamOut,
+    /// Request frames flagged MORE until the last, then one reply frame.
+    StreamIn,
+}
+
+/// Static facts about one operation, for dispatch, docs and bindings.
+#[derive(Clone, Copy, Debug)]
+pub struct OpInfo {
+    pub code: u16,
+    pub name: &'static str,
+    pub shape: Shape,
+    /// Request field names in wire order (also the positional order of script bindings).
+    pub fields: &'static [&'static str],
+    pub reply: &'static str,
+    pub doc: &'static str,
+}
+
+/// Implemented by every request struct: ties it to its code and reply type.
+pub trait Operation: Serialize + DeserializeOwned + Send + 'static {
+    const INFO: OpInfo;
+    /// What a successful reply's metadata decodes to.
+    type Reply: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// Invokes `$callback!` with the whole operation table.
+///
+/// Each entry reads: doc comment, code, struct name, method name, shape, `{ fields }`,
+/// `->` reply type. Callbacks in other crates match the same pattern.
+#[macro_export]
+macro_rules! operation_table {
+    ($callback:ident) => {
+        $callback! {
+            /// Starts the handshake; answered with the server's challenge.
+            0x01 Hello hello Unary { version: u16, client: String } -> Challenge;
+            /// Proves the subject's token (see `auth`); answered with the server's proof.
+            0x02 Auth auth Unary { subject: String, nonce: Vec<u8>, proof: Vec<u8> } -> Welcome;
+            /// Does nothing; measures the protocol's own round trip.
+            0x03 Ping ping Unary {} -> ();
+            /// The authenticated subject's name.
+            0x04 Whoami whoami Unary {} -> String;
+            /// Attributes of a path, following symbolic links.
+            0x10 Stat stat Unary { path: String } -> Attr;
+            /// Attributes of a path itself, not following a final symbolic link.
+            0x11 Lstat lstat Unary { path: String } -> Attr;
+            /// Attributes of an open handle's object, wherever it has been renamed to.
+            0x12 Fstat fstat Unary { handle: u64 } -> Attr;
+            /// Opens a path (flags from `open_flags`); the handle binds to the object.
+            0x13 Open open Unary { path: String, flags: u32, mode: u32 } -> Opened;
+            /// Releases a handle.
+            0x14 Close close Unary { handle: u64 } -> ();
+            /// Reads up to `len` bytes at `offset`; the bytes come back as frame data.
+            0x15 Pread pread Unary { handle: u64, offset: u64, len: u32 } -> ();
+            /// Writes the frame's data at `offset`; answers the count written.
+            0x16 Pwrite pwrite Unary { handle: u64, offset: u64 } -> u64;
+            /// Streams a whole file: first reply carries its attributes, data follows in frames.
+            0x17 Get get StreamOut { path: String } -> Attr;
+            /// Streams a whole file in; it replaces the target atomically when the last frame arrives.
+            0x18 Put put StreamIn { path: String, mode: u32 } -> Attr;
+            /// Lists a directory with each entry's attributes, in one or more frames.
+            0x19 Readdir readdir StreamOut { path: String } -> Vec<DirEntry>;
+            /// Creates a directory.
+            0x1a Mkdir mkdir Unary { path: String, mode: u32 } -> ();
+            /// Removes an empty directory.
+            0x1b Rmdir rmdir Unary { path: String } -> ();
+            /// Removes a name that is not a directory.
+            0x1c Unlink unlink Unary { path: String } -> ();
+            /// Renames `from` to `to`, replacing `to` as POSIX rename does.
+            0x1d Rename rename Unary { from: String, to: String } -> ();
+            /// Creates a symbolic link at `path` whose contents are `target`.
+            0x1e Symlink symlink Unary { target: String, path: String } -> ();
+            /// The contents of a symbolic link.
+            0x1f Readlink readlink Unary { path: String } -> String;
+            /// Creates a hard link `to` naming the same file as `from`.
+            0x20 Link link Unary { from: String, to: String } -> ();
+            /// Sets a file's size.
+            0x21 Truncate truncate Unary { path: String, size: u64 } -> ();
+            /// Sets a file's permission bits.
+            0x22 Chmod chmod Unary { path: String, mode: u32 } -> ();
+            /// Sets access and modification times.
+            0x23 Utimes utimes Unary { path: String, atime: SetTime, mtime: SetTime } -> ();
+            /// Flushes a handle's data to stable storage.
+            0x24 Fsync fsync Unary { handle: u64 } -> ();
+            /// File-system statistics of the export.
+            0x25 Statfs statfs Unary { path: String } -> StatFs;
+            /// Checks access as `access(2)` does with mode bits R=4, W=2, X=1 (0: existence).
+            0x26 Access access Unary { path: String, mode: u32 } -> ();
+            /// Sets the size of an open file.
+            0x27 Ftruncate ftruncate Unary { handle: u64, size: u64 } -> ();
+            /// The access-control list that governs a directory.
+            0x30 AclGet acl_get Unary { path: String } -> Vec<AclEntry>;
+            /// Sets (or, with no rights, removes) one subject's rights on a directory.
+            0x31 AclSet acl_set Unary { path: String, subject: String, rights: Rights } -> ();
+            /// Export I/O totals, per-operation counts and the `top` busiest files (admin).
+            0x32 Stats stats Unary { top: u32 } -> StatsReport;
+        }
+    };
+}
+
+macro_rules! define_operations {
+    ($( $(#[doc = $doc:literal])* $code:literal $name:ident $method:ident $shape:ident
+        { $($field:ident : $fty:ty),* $(,)? } -> $reply:ty; )*) => {
+        $(
+            $(#[doc = $doc])*
+            #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+            pub struct $name { $(pub $field: $fty),* }
+
+            impl Operation for $name {
+                const INFO: OpInfo = OpInfo {
+                    code: $code,
+                    name: stringify!($method),
+                    shape: Shape::$shape,
+                    fields: &[$(stringify!($field)),*],
+                    reply: stringify!($reply),
+                    doc: concat!($($doc),*),
+                };
+                type Reply = $reply;
+            }
+        )*
+
+        /// Every operation, in table order.
+        pub const OPERATIONS: &[OpInfo] = &[$(<$name as Operation>::INFO),*];
+    };
+}
+
+operation_table!(define_operations);
+
+/// Looks an operation up by its wire code.
+pub fn by_code(code: u16) -> Option<&'static OpInfo> {
+    OPERATIONS.iter().find(|o| o.code == code)
+}
+
+/// Looks an operation up by its name.
+pub fn by_name(name: &str) -> Option<&'static OpInfo> {
+    OPERATIONS.iter().find(|o| o.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{decode, encode};
+
+    #[test]
+    fn codes_and_names_are_unique() {
+        for (i, a) in OPERATIONS.iter().enumerate() {
+            for b in &OPERATIONS[i + 1..] {
+                assert_ne!(a.code, b.code, "{} and {}", a.name, b.name);
+                assert_ne!(a.name, b.name);
+            }
+        }
+        assert_eq!(by_code(0x10).unwrap().name, "stat");
+        assert_eq!(by_name("readdir").unwrap().shape, Shape::StreamOut);
+    }
+
+    #[test]
+    fn requests_round_trip_and_reject_junk() {
+        let r = Rename { from: "a".into(), to: "b/c".into() };
+        let bytes = encode(&r);
+        assert_eq!(decode::<Rename>(&bytes).unwrap(), r);
+        let mut junk = bytes.clone();
+        junk.push(0);
+        assert!(decode::<Rename>(&junk).is_err());
+        assert!(decode::<Rename>(&bytes[..bytes.len() - 1]).is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Records carried in frame metadata: attributes, directory entries, file-system
+//! statistics, access-control entries and I/O counters.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A point in time as seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+/// What `stat` says of a file, with the POSIX fields programs rely on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub dev: u64,
+    pub ino: u64,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub size: u64,
+    pub blksize: u32,
+    pub blocks: u64,
+    pub atime: Time,
+    pub mtime: Time,
+    pub ctime: Time,
+}
+
+/// File-type bits of `st_mode`.
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFLNK: u32 = 0o120000;
+
+impl Attr {
+    /// True for a directory.
+    pub fn is_dir(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
+    }
+    /// True for a regular file.
+    pub fn is_file(&self) -> bool {
+        self.mode & S_IFMT == S_IFREG
+    }
+    /// True for a symbolic link.
+    pub fn is_symlink(&self) -> bool {
+        self.mode & S_IFMT == S_IFLNK
+    }
+}
+
+/// One name in a directory listing with its attributes (as `lstat` gives them), so
+/// that `ls -l` costs one round trip instead of one per entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub attr: Attr,
+}
+
+/// What `statfs` says of the file system holding the export.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFs {
+    pub bsize: u64,
+    pub frsize: u64,
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub namemax: u64,
+}
+
+/// Flags of `open`, in Locus' own stable bits (mapped to the host's `O_*` by the server).
+pub mod open_flags {
+    pub const READ: u32 = 1;
+    pub const WRITE: u32 = 2;
+    pub const CREATE: u32 = 4;
+    pub const EXCLUSIVE: u32 = 8;
+    pub const TRUNCATE: u32 = 16;
+    pub const APPEND: u32 = 32;
+    pub const DIRECTORY: u32 = 64;
+    pub const NOFOLLOW: u32 = 128;
+    /// Every defined bit.
+    pub const ALL: u32 = 255;
+}
+
+/// The answer to `open`: a handle and the attributes of what it names.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Opened {
+    pub handle: u64,
+    pub attr: Attr,
+}
+
+/// Timestamps to set with `utimes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    /// Leave this timestamp as it is.
+    Omit,
+    /// Set it to the server's current time.
+    Now,
+    /// Set it to this time.
+    At(Time),
+}
+
+/// The answer to `hello`: the server's challenge.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    pub version: u16,
+    pub server: String,
+    pub nonce: Vec<u8>,
+}
+
+/// The answer to a successful `auth`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// This connection's id, by which other clients (and scripts) address pushes to it.
+    pub client_id: u64,
+    pub subject: String,
+    /// The server's proof that it knows the token too.
+    pub proof: Vec<u8>,
+}
+
+/// Chirp-like access rights, as a set of letters.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rights(pub u8);
+
+impl Rights {
+    /// `r`: read file contents.
+    pub const READ: Rights = Rights(1);
+    /// `w`: create and modify files and directories.
+    pub const WRITE: Rights = Rights(2);
+    /// `l`: list directories and stat names.
+    pub const LIST: Rights = Rights(4);
+    /// `d`: delete and rename away.
+    pub const DELETE: Rights = Rights(8);
+    /// `a`: change the ACL; at the root, administer the server.
+    pub const ADMIN: Rights = Rights(16);
+    /// `x`: run code (scripts, storelets, active files).
+    pub const EXECUTE: Rights = Rights(32);
+    /// Every right.
+    pub const ALL: Rights = Rights(63);
+    const LETTERS: [(char, Rights); 6] = [
+        ('r', Rights::READ),
+        ('w', Rights::WRITE),
+        ('l', Rights::LIST),
+        ('d', Rights::DELETE),
+        ('a', Rights::ADMIN),
+        ('x', Rights::EXECUTE),
+    ];
+
+    /// True when every right in `other` is held.
+    pub fn contains(self, other: Rights) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The union of two sets.
+    pub fn union(self, other: Rights) -> Rights {
+        Rights(self.0 | other.0)
+    }
+
+    /// Parses letters such as `rwl`; `-` or an empty string means no rights.
+    pub fn parse(s: &str) -> Result<Rights, String> {
+        let mut r = Rights(0);
+        for c in s.chars() {
+            if c == '-' {
+                continue;
+            }
+            match Self::LETTERS.iter().find(|(l, _)| *l == c) {
+                Some((_, bit)) => r = r.union(*bit),
+                None => return Err(format!("unknown right '{c}' (expected letters from rwldax)")),
+            }
+        }
+        Ok(r)
+    }
+}
+
+impl fmt::Display for Rights {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == 0 {
+            return f.write_str("-");
+        }
+        for (l, bit) in Self::LETTERS {
+            if self.contains(bit) {
+                write!(f, "{l}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Rights {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Rights({self})")
+    }
+}
+
+/// One line of a directory's access-control list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AclEntry {
+    /// A subject name, or `*` for every authenticated subject.
+    pub subject: String,
+    pub rights: Rights,
+}
+
+/// Counts and service time of reads and writes, kept per file and per export.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoCounters {
+    pub reads: u64,
+    pub read_bytes: u64,
+    pub read_ns: u64,
+    pub writes: u64,
+    pub write_bytes: u64,
+    pub write_ns: u64,
+}
+
+/// Counters of one file, by its path at the time it was last used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStats {
+    pub path: String,
+    pub io: IoCounters,
+}
+
+/// Count and total service time of one operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpStats {
+    pub op: String,
+    pub count: u64,
+    pub total_ns: u64,
+}
+
+/// The answer to `stats`: export totals, per-operation counts and the busiest files.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsReport {
+    pub export: IoCounters,
+    pub ops: Vec<OpStats>,
+    pub busiest: Vec<FileStats>,
+    pub clients: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rights_parse_and_print() {
+        let r = Rights::parse("rwl").unwrap();
+        assert!(r.contains(Rights::READ) && r.contains(Rights::LIST) && !r.contains(Rights::ADMIN));
+        assert_eq!(r.to_string(), "rwl");
+        assert_eq!(Rights::parse("-").unwrap().to_string(), "-");
+        assert_eq!(Rights::ALL.to_string(), "rwldax");
+        assert!(Rights::parse("rq").is_err());
+    }
+}
