@@ -1,1 +1,585 @@
-//! placeholder
+//! The Locus client library: an async [`Client`] over one connection, with pipelining
+//! (any number of requests in flight, matched to replies by id) and typed calls derived
+//! from the operation table, plus a [`blocking::Client`] facade for synchronous code.
+//!
+//! - [`Client::call`] runs any operation of the table: `client.call(Stat { path })`.
+//! - Named helpers (`stat`, `pread`, `get`, `put`, ...) cover the common cases.
+//! - [`url`]: `locus://HOST:PORT/path` URLs. [`credentials`]: where tokens come from.
+//! - [`error`]: [`ClientError`], with the errno a program should see.
+
+pub mod blocking;
+pub mod credentials;
+pub mod error;
+pub mod url;
+
+pub use credentials::Credentials;
+pub use error::{ClientError, Result};
+pub use locus_proto::ops;
+pub use locus_proto::types;
+pub use url::LocusUrl;
+
+use bytes::{Bytes, BytesMut};
+use locus_proto::frame::{self, Header, Kind, Limits, FLAG_MORE, HEADER_LEN};
+use locus_proto::ops::*;
+use locus_proto::types::*;
+use locus_proto::{auth, codec, Error as WireError, Operation};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+/// One frame received from the server.
+#[derive(Debug)]
+pub struct Frame {
+    pub header: Header,
+    pub meta: Bytes,
+    pub data: Bytes,
+}
+
+/// A message the server pushed to this client.
+#[derive(Debug, Clone)]
+pub struct PushMessage {
+    pub topic: u16,
+    pub meta: Bytes,
+    pub data: Bytes,
+}
+
+enum Waiter {
+    One(oneshot::Sender<Result<Frame>>),
+    Many(mpsc::UnboundedSender<Result<Frame>>),
+}
+
+type BoxRead = Box<dyn AsyncRead + Unpin + Send>;
+type BoxWrite = Box<dyn AsyncWrite + Unpin + Send>;
+
+struct Inner {
+    writer: tokio::sync::Mutex<BufWriter<BoxWrite>>,
+    waiters: Mutex<HashMap<u32, Waiter>>,
+    closed: Mutex<bool>,
+    next_id: AtomicU32,
+    pushes: Mutex<Option<mpsc::UnboundedSender<PushMessage>>>,
+}
+
+/// How to reach and authenticate to a server.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// `HOST:PORT`.
+    pub addr: String,
+    pub credentials: Credentials,
+    /// Connect with TLS, trusting the certificate(s) in this PEM file.
+    pub tls_ca: Option<PathBuf>,
+    /// Host name the server's certificate must carry (defaults to the host of `addr`).
+    pub tls_name: Option<String>,
+}
+
+impl ConnectOptions {
+    /// Options for `url`, with credentials found as [`Credentials::find`] does and, for a
+    /// `locus+tls://` URL, the CA file in `LOCUS_TLS_CA` or the local server's certificate.
+    pub fn for_url(url: &LocusUrl) -> Result<ConnectOptions> {
+        let authority = url.authority();
+        let credentials = Credentials::find(&authority)?;
+        let tls_ca = url.tls.then(|| {
+            std::env::var_os("LOCUS_TLS_CA")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
+        });
+        Ok(ConnectOptions { addr: authority, credentials, tls_ca, tls_name: Some(url.host.clone()) })
+    }
+}
+
+/// A connection to a Locus server. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    client_id: u64,
+    subject: String,
+}
+
+/// Size of the data frames of a streamed `put`.
+pub const PUT_CHUNK: usize = 1 << 20;
+
+impl Client {
+    /// Connects and authenticates.
+    pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
+        let tcp = TcpStream::connect(&opts.addr).await?;
+        tcp.set_nodelay(true)?;
+        let (r, w): (BoxRead, BoxWrite) = match &opts.tls_ca {
+            None => {
+                let (r, w) = tcp.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(ca) => {
+                let tls = tls_connect(tcp, ca, opts).await?;
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        };
+        let mut reader = BufReader::with_capacity(256 * 1024, r);
+        let mut writer = BufWriter::with_capacity(128 * 1024, w);
+        writer.write_all(&frame::preamble(frame::VERSION)).await?;
+        writer.flush().await?;
+        let mut pre = [0u8; 8];
+        reader.read_exact(&mut pre).await?;
+        frame::parse_preamble(&pre).map_err(|e| ClientError::Protocol(e.to_string()))?;
+
+        let inner = Arc::new(Inner {
+            writer: tokio::sync::Mutex::new(writer),
+            waiters: Mutex::new(HashMap::new()),
+            closed: Mutex::new(false),
+            next_id: AtomicU32::new(1),
+            pushes: Mutex::new(None),
+        });
+        tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));
+        let mut client = Client { inner, client_id: 0, subject: String::new() };
+
+        let challenge = client
+            .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
+            .await?;
+        let mut nonce = vec![0u8; auth::NONCE_LEN];
+        getrandom::fill(&mut nonce).expect("the OS provides randomness");
+        let c = &opts.credentials;
+        let proof = auth::client_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
+        let welcome = match client.call(Auth { subject: c.subject.clone(), nonce: nonce.clone(), proof }).await {
+            Ok(w) => w,
+            Err(ClientError::Remote(e)) => return Err(ClientError::Auth(e.message)),
+            Err(e) => return Err(e),
+        };
+        let expected = auth::server_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
+        if !auth::proofs_equal(&expected, &welcome.proof) {
+            return Err(ClientError::Auth("the server could not prove it knows the token".into()));
+        }
+        client.client_id = welcome.client_id;
+        client.subject = welcome.subject;
+        Ok(client)
+    }
+
+    /// Connects to the server of a URL with credentials found for it.
+    pub async fn connect_url(url: &LocusUrl) -> Result<Client> {
+        Client::connect(&ConnectOptions::for_url(url)?).await
+    }
+
+    /// This connection's id on the server (the address for pushes to it).
+    pub fn client_id(&self) -> u64 {
+        self.client_id
+    }
+
+    /// The authenticated subject.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// Messages the server pushes to this client from now on.
+    pub fn subscribe(&self) -> mpsc::UnboundedReceiver<PushMessage> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.inner.pushes.lock() = Some(tx);
+        rx
+    }
+
+    fn register(&self, waiter: Waiter) -> Result<u32> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let closed = self.inner.closed.lock();
+        if *closed {
+            return Err(ClientError::Closed);
+        }
+        self.inner.waiters.lock().insert(id, waiter);
+        Ok(id)
+    }
+
+    async fn send(&self, op: u16, id: u32, more: bool, meta: &[u8], data: &[u8]) -> Result<()> {
+        let h = Header {
+            kind: Kind::Request,
+            flags: if more { FLAG_MORE } else { 0 },
+            op,
+            id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+        };
+        let mut w = self.inner.writer.lock().await;
+        let r = async {
+            w.write_all(&h.encode()).await?;
+            w.write_all(meta).await?;
+            w.write_all(data).await?;
+            w.flush().await
+        }
+        .await;
+        if r.is_err() {
+            self.inner.waiters.lock().remove(&id);
+        }
+        Ok(r?)
+    }
+
+    /// Sends one request frame without waiting for (or routing) any reply; returns its id.
+    /// For protocol tests and tools that drive frames by hand.
+    pub async fn send_request(&self, op: u16, meta: &[u8], data: &[u8], more: bool) -> Result<u32> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(op, id, more, meta, data).await?;
+        Ok(id)
+    }
+
+    /// Sends a request with bulk data and waits for its single reply frame.
+    pub async fn call_raw(&self, op: u16, meta: &[u8], data: &[u8]) -> Result<Frame> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        self.send(op, id, false, meta, data).await?;
+        rx.await.map_err(|_| ClientError::Closed)?
+    }
+
+    /// Runs an operation and decodes its reply.
+    pub async fn call<O: Operation>(&self, req: O) -> Result<O::Reply> {
+        Ok(self.call_with(req, &[]).await?.0)
+    }
+
+    /// Runs an operation with request data; returns the reply and the reply's data.
+    pub async fn call_with<O: Operation>(&self, req: O, data: &[u8]) -> Result<(O::Reply, Bytes)> {
+        let f = self.call_raw(O::INFO.code, &codec::encode(&req), data).await?;
+        Ok((codec::decode(&f.meta)?, f.data))
+    }
+
+    /// Runs a streamed-reply operation; frames arrive on the returned channel until one
+    /// without the MORE flag.
+    pub async fn call_stream<O: Operation>(&self, req: O) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let id = self.register(Waiter::Many(tx))?;
+        self.send(O::INFO.code, id, false, &codec::encode(&req), &[]).await?;
+        Ok(rx)
+    }
+
+    /// Round trip of the protocol itself.
+    pub async fn ping(&self) -> Result<()> {
+        self.call(Ping {}).await
+    }
+
+    /// Attributes of `path`, following symlinks.
+    pub async fn stat(&self, path: &str) -> Result<Attr> {
+        self.call(Stat { path: path.into() }).await
+    }
+
+    /// Attributes of `path` itself.
+    pub async fn lstat(&self, path: &str) -> Result<Attr> {
+        self.call(Lstat { path: path.into() }).await
+    }
+
+    /// Attributes of an open handle.
+    pub async fn fstat(&self, handle: u64) -> Result<Attr> {
+        self.call(Fstat { handle }).await
+    }
+
+    /// Opens `path` with `open_flags`; returns the handle and attributes.
+    pub async fn open(&self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
+        self.call(Open { path: path.into(), flags, mode }).await
+    }
+
+    /// Closes a handle.
+    pub async fn close(&self, handle: u64) -> Result<()> {
+        self.call(Close { handle }).await
+    }
+
+    /// Reads up to `len` bytes at `offset` (fewer at end of file).
+    pub async fn pread(&self, handle: u64, offset: u64, len: u32) -> Result<Bytes> {
+        Ok(self.call_with(Pread { handle, offset, len }, &[]).await?.1)
+    }
+
+    /// Writes `data` at `offset`.
+    pub async fn pwrite(&self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
+        Ok(self.call_with(Pwrite { handle, offset }, data).await?.0)
+    }
+
+    /// Lists a directory with attributes.
+    pub async fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let mut rx = self.call_stream(Readdir { path: path.into() }).await?;
+        let mut all = Vec::new();
+        while let Some(frame) = rx.recv().await {
+            let frame = frame?;
+            all.extend(codec::decode::<Vec<DirEntry>>(&frame.meta)?);
+            if !frame.header.more() {
+                break;
+            }
+        }
+        Ok(all)
+    }
+
+    /// Streams the file at `path` into `sink`, calling `progress` with the byte count so
+    /// far after each chunk; returns the file's attributes.
+    pub async fn get(
+        &self,
+        path: &str,
+        sink: &mut (impl AsyncWrite + Unpin),
+        mut progress: impl FnMut(u64, &Attr),
+    ) -> Result<Attr> {
+        let mut rx = self.call_stream(Get { path: path.into() }).await?;
+        let first = rx.recv().await.ok_or(ClientError::Closed)??;
+        let attr: Attr = codec::decode(&first.meta)?;
+        let mut more = first.header.more();
+        let mut done = 0u64;
+        while more {
+            let frame = rx.recv().await.ok_or(ClientError::Closed)??;
+            sink.write_all(&frame.data).await?;
+            done += frame.data.len() as u64;
+            progress(done, &attr);
+            more = frame.header.more();
+        }
+        sink.flush().await?;
+        Ok(attr)
+    }
+
+    /// Reads a whole file into memory.
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.get(path, &mut out, |_, _| {}).await?;
+        Ok(out)
+    }
+
+    /// Streams `source` to `path` (mode `mode`), replacing it atomically when done;
+    /// calls `progress` with the byte count after each chunk.
+    pub async fn put(
+        &self,
+        path: &str,
+        mode: u32,
+        source: &mut (impl AsyncRead + Unpin),
+        mut progress: impl FnMut(u64),
+    ) -> Result<Attr> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        let meta = codec::encode(&Put { path: path.into(), mode });
+        let mut chunk = vec![0u8; PUT_CHUNK];
+        let mut next = vec![0u8; PUT_CHUNK];
+        let mut n = read_full(source, &mut chunk).await?;
+        let mut sent = 0u64;
+        let mut first = true;
+        loop {
+            // Read ahead one chunk so the last frame can be flagged as such.
+            let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
+            let more = m > 0;
+            self.send(Put::INFO.code, id, more, if first { &meta } else { &[] }, &chunk[..n]).await?;
+            sent += n as u64;
+            progress(sent);
+            first = false;
+            if !more {
+                break;
+            }
+            std::mem::swap(&mut chunk, &mut next);
+            n = m;
+        }
+        let f = rx.await.map_err(|_| ClientError::Closed)??;
+        Ok(codec::decode(&f.meta)?)
+    }
+
+    /// Writes a whole file from memory.
+    pub async fn write_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        self.put(path, mode, &mut &data[..], |_| {}).await
+    }
+
+    /// Creates a directory.
+    pub async fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
+        self.call(Mkdir { path: path.into(), mode }).await
+    }
+
+    /// Removes an empty directory.
+    pub async fn rmdir(&self, path: &str) -> Result<()> {
+        self.call(Rmdir { path: path.into() }).await
+    }
+
+    /// Removes a file, symlink or other non-directory.
+    pub async fn unlink(&self, path: &str) -> Result<()> {
+        self.call(Unlink { path: path.into() }).await
+    }
+
+    /// Renames `from` to `to`.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        self.call(Rename { from: from.into(), to: to.into() }).await
+    }
+
+    /// Creates a symlink at `path` pointing to `target`.
+    pub async fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        self.call(Symlink { target: target.into(), path: path.into() }).await
+    }
+
+    /// The target of a symlink.
+    pub async fn readlink(&self, path: &str) -> Result<String> {
+        self.call(Readlink { path: path.into() }).await
+    }
+
+    /// Creates a hard link.
+    pub async fn link(&self, from: &str, to: &str) -> Result<()> {
+        self.call(Link { from: from.into(), to: to.into() }).await
+    }
+
+    /// Sets a file's size.
+    pub async fn truncate(&self, path: &str, size: u64) -> Result<()> {
+        self.call(Truncate { path: path.into(), size }).await
+    }
+
+    /// Sets permission bits.
+    pub async fn chmod(&self, path: &str, mode: u32) -> Result<()> {
+        self.call(Chmod { path: path.into(), mode }).await
+    }
+
+    /// Sets access and modification times.
+    pub async fn utimes(&self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
+        self.call(Utimes { path: path.into(), atime, mtime }).await
+    }
+
+    /// Flushes an open file to stable storage.
+    pub async fn fsync(&self, handle: u64) -> Result<()> {
+        self.call(Fsync { handle }).await
+    }
+
+    /// Sets an open file's size.
+    pub async fn ftruncate(&self, handle: u64, size: u64) -> Result<()> {
+        self.call(Ftruncate { handle, size }).await
+    }
+
+    /// File-system statistics.
+    pub async fn statfs(&self, path: &str) -> Result<StatFs> {
+        self.call(Statfs { path: path.into() }).await
+    }
+
+    /// Checks access (R=4, W=2, X=1, 0 for existence).
+    pub async fn access(&self, path: &str, mode: u32) -> Result<()> {
+        self.call(Access { path: path.into(), mode }).await
+    }
+
+    /// The ACL in force on a directory.
+    pub async fn acl_get(&self, path: &str) -> Result<Vec<AclEntry>> {
+        self.call(AclGet { path: path.into() }).await
+    }
+
+    /// Sets a subject's rights on a directory.
+    pub async fn acl_set(&self, path: &str, subject: &str, rights: Rights) -> Result<()> {
+        self.call(AclSet { path: path.into(), subject: subject.into(), rights }).await
+    }
+
+    /// Server statistics with the `top` busiest files.
+    pub async fn stats(&self, top: u32) -> Result<StatsReport> {
+        self.call(Stats { top }).await
+    }
+
+    /// The subject the server knows this connection as.
+    pub async fn whoami(&self) -> Result<String> {
+        self.call(Whoami {}).await
+    }
+}
+
+async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let m = r.read(&mut buf[n..]).await?;
+        if m == 0 {
+            break;
+        }
+        n += m;
+    }
+    Ok(n)
+}
+
+async fn read_frame(r: &mut BufReader<BoxRead>) -> Result<Frame> {
+    let mut head = [0u8; HEADER_LEN];
+    r.read_exact(&mut head).await?;
+    let header = Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let mut meta = BytesMut::zeroed(header.meta_len as usize);
+    r.read_exact(&mut meta).await?;
+    let mut data = BytesMut::zeroed(header.data_len as usize);
+    r.read_exact(&mut data).await?;
+    Ok(Frame { header, meta: meta.freeze(), data: data.freeze() })
+}
+
+/// Routes frames from the server to their waiters until the connection ends, then fails
+/// every request still waiting.
+async fn read_loop(mut reader: BufReader<BoxRead>, inner: std::sync::Weak<Inner>) {
+    loop {
+        let frame = read_frame(&mut reader).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(_) => {
+                *inner.closed.lock() = true;
+                for (_, w) in inner.waiters.lock().drain() {
+                    match w {
+                        Waiter::One(tx) => drop(tx.send(Err(ClientError::Closed))),
+                        Waiter::Many(tx) => drop(tx.send(Err(ClientError::Closed))),
+                    }
+                }
+                return;
+            }
+        };
+        if frame.header.kind == Kind::Push {
+            if let Some(tx) = inner.pushes.lock().as_ref() {
+                let _ = tx.send(PushMessage { topic: frame.header.op, meta: frame.meta, data: frame.data });
+            }
+            continue;
+        }
+        let id = frame.header.id;
+        let result = if frame.header.kind == Kind::Error {
+            match codec::decode::<WireError>(&frame.meta) {
+                Ok(e) => Err(ClientError::Remote(e)),
+                Err(e) => Err(ClientError::Protocol(e.message)),
+            }
+        } else {
+            Ok(frame)
+        };
+        let mut waiters = inner.waiters.lock();
+        let last = result.as_ref().map_or(true, |f| !f.header.more());
+        match waiters.get(&id) {
+            Some(Waiter::Many(tx)) => {
+                let _ = tx.send(result);
+                if last {
+                    waiters.remove(&id);
+                }
+            }
+            Some(Waiter::One(_)) => {
+                if let Some(Waiter::One(tx)) = waiters.remove(&id) {
+                    let _ = tx.send(result);
+                }
+            }
+            None => {} // a reply nobody waits for any more
+        }
+    }
+}
+
+async fn tls_connect(
+    tcp: TcpStream,
+    ca: &std::path::Path,
+    opts: &ConnectOptions,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let pem = std::fs::read(ca).map_err(|e| ClientError::Config(format!("TLS CA file {}: {e}", ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut &pem[..]) {
+        let cert = cert.map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
+        roots.add(cert).map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let host = opts.tls_name.clone().unwrap_or_else(|| {
+        opts.addr.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']']).to_string()).unwrap_or_default()
+    });
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| ClientError::Config(e.to_string()))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    Ok(connector.connect(name, tcp).await?)
+}
+
+/// An [`AsyncWrite`] that discards bytes but counts them (for benchmarks and `get` to nowhere).
+#[derive(Default)]
+pub struct CountingSink(pub u64);
+
+impl AsyncWrite for CountingSink {
+    fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.0 += buf.len() as u64;
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}

@@ -1,1 +1,272 @@
-//! placeholder
+//! The Locus server as a library: [`Server::run`] takes a bound listener and a shutdown
+//! signal, so the `locus serve` binary and the tests start it the same way.
+//!
+//! - [`config`]: [`ServerConfig`], the token file and the TLS identity.
+//! - [`dispatch`]: the [`dispatch::Handler`] trait and dispatch, generated from the
+//!   operation table in `locus-proto`.
+//! - [`session`]: one connection's state and the handler that runs operations on the store.
+//! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
+//! - [`error`]: [`ServerError`].
+//!
+//! Each connection is one task that reads a frame, runs it to completion and queues the
+//! reply; replies are flushed when no further request is already buffered, so a client
+//! that pipelines gets its replies batched. A bad request gets an error frame and the
+//! connection goes on; only a broken frame (bad header, oversized) closes it.
+
+pub mod config;
+pub mod dispatch;
+pub mod error;
+pub mod session;
+pub mod transport;
+
+pub use config::{ServerConfig, Tokens};
+pub use error::ServerError;
+
+use bytes::{Bytes, BytesMut};
+use locus_proto::frame::{self, Header, Kind, HEADER_LEN};
+use locus_proto::{codec, Code, Error as WireError};
+use locus_store::{Acl, Store};
+use parking_lot::Mutex;
+use session::Session;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use transport::{FrameWriter, WriteHalf};
+
+/// A message pushed to a client outside any request (callbacks from scripts, later).
+#[derive(Debug, Clone)]
+pub struct Push {
+    pub topic: u16,
+    pub meta: Vec<u8>,
+    pub data: Bytes,
+}
+
+/// Connected clients, by id, with a way to push messages to each.
+#[derive(Default)]
+pub struct Registry {
+    next: AtomicU64,
+    clients: Mutex<HashMap<u64, (String, mpsc::UnboundedSender<Push>)>>,
+}
+
+impl Registry {
+    fn add(&self, push: mpsc::UnboundedSender<Push>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.clients.lock().insert(id, (String::new(), push));
+        id
+    }
+
+    fn set_subject(&self, id: u64, subject: &str) {
+        if let Some(c) = self.clients.lock().get_mut(&id) {
+            c.0 = subject.to_string();
+        }
+    }
+
+    fn remove(&self, id: u64) {
+        self.clients.lock().remove(&id);
+    }
+
+    /// Clients connected now.
+    pub fn count(&self) -> usize {
+        self.clients.lock().len()
+    }
+
+    /// Queues a message for a client; false if it is not connected.
+    pub fn push(&self, client: u64, msg: Push) -> bool {
+        self.clients.lock().get(&client).is_some_and(|(_, tx)| tx.send(msg).is_ok())
+    }
+}
+
+/// What every connection of a server shares.
+pub struct Shared {
+    pub config: ServerConfig,
+    pub store: Store,
+    pub tokens: Tokens,
+    pub registry: Registry,
+}
+
+/// A configured server, ready to run on a listener.
+pub struct Server {
+    shared: Arc<Shared>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+}
+
+/// How long a shutdown waits for connections to finish their current request.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Server {
+    /// Prepares the export and state directories, loads tokens (creating an admin token
+    /// on first start) and the TLS identity when enabled.
+    pub fn new(config: ServerConfig, tokens: Tokens) -> Result<Server, ServerError> {
+        config.prepare()?;
+        let mut initial = Acl::default();
+        initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
+        let store = Store::new(&config.root, &initial)?;
+        let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
+        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default() });
+        Ok(Server { shared, tls })
+    }
+
+    /// What the connections share (the store, the registry).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Serves connections from `listener` until `shutdown` completes, then stops
+    /// accepting and gives open connections a moment to finish.
+    pub async fn run(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                p = limit.clone().acquire_owned() => p.expect("semaphore is never closed"),
+                _ = &mut shutdown => break,
+            };
+            let (stream, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = &mut shutdown => break,
+            };
+            let shared = self.shared.clone();
+            let tls = self.tls.clone();
+            let stop = stop_rx.clone();
+            tasks.spawn(async move {
+                if let Err(e) = serve(shared, tls, stream, stop).await {
+                    tracing::debug!(%peer, "connection ended: {e}");
+                }
+                drop(permit);
+            });
+            while tasks.try_join_next().is_some() {}
+        }
+        let _ = stop_tx.send(true);
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while tasks.join_next().await.is_some() {} }).await;
+    }
+}
+
+/// Reads exactly `len` bytes into a new buffer (the length was checked against limits).
+async fn read_vec(r: &mut (impl AsyncRead + Unpin), len: u32) -> std::io::Result<BytesMut> {
+    let mut buf = BytesMut::zeroed(len as usize);
+    r.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stream: TcpStream,
+    stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let (reader, writer): (Box<dyn AsyncRead + Unpin + Send>, WriteHalf) = match tls {
+        Some(acceptor) => {
+            let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                .await
+                .map_err(|_| std::io::Error::other("TLS handshake timed out"))??;
+            let (r, w) = tokio::io::split(tls);
+            (Box::new(r), WriteHalf::Tls(w))
+        }
+        None => {
+            let (r, w) = stream.into_split();
+            (Box::new(r), WriteHalf::Plain(w))
+        }
+    };
+    let mut reader = BufReader::with_capacity(256 * 1024, reader);
+    let mut writer = FrameWriter::new(writer);
+
+    let mut preamble = [0u8; 8];
+    tokio::time::timeout(Duration::from_secs(10), reader.read_exact(&mut preamble))
+        .await
+        .map_err(|_| std::io::Error::other("no preamble"))??;
+    frame::parse_preamble(&preamble).map_err(std::io::Error::other)?;
+    writer.out_raw(&frame::preamble(frame::VERSION)).await?;
+
+    let (push_tx, push_rx) = mpsc::unbounded_channel();
+    let client_id = shared.registry.add(push_tx);
+    let writer = Arc::new(tokio::sync::Mutex::new(writer));
+    let pusher = tokio::spawn(forward_pushes(push_rx, writer.clone()));
+    let mut session = Session::new(shared.clone(), client_id);
+    let result = frame_loop(&shared, &mut session, &mut reader, &writer, stop).await;
+    pusher.abort();
+    shared.registry.remove(client_id);
+    drop(session);
+    result
+}
+
+async fn forward_pushes(mut rx: mpsc::UnboundedReceiver<Push>, writer: Arc<tokio::sync::Mutex<FrameWriter>>) {
+    while let Some(p) = rx.recv().await {
+        let mut w = writer.lock().await;
+        if w.frame(Kind::Push, false, p.topic, 0, &p.meta, &p.data).await.is_err() || w.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn frame_loop(
+    shared: &Shared,
+    session: &mut Session,
+    reader: &mut BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    writer: &tokio::sync::Mutex<FrameWriter>,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let limits = shared.config.limits;
+    loop {
+        let mut head = [0u8; HEADER_LEN];
+        tokio::select! {
+            r = reader.read_exact(&mut head) => match r {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            },
+            _ = stop.changed() => return Ok(()),
+        }
+        let header = match Header::decode(&head, limits) {
+            Ok(h) if h.kind == Kind::Request => h,
+            Ok(h) => return broken(writer, &head, format!("clients send requests, not {:?} frames", h.kind)).await,
+            Err(e) => return broken(writer, &head, e.to_string()).await,
+        };
+        let meta = read_vec(reader, header.meta_len).await?;
+        let data = read_vec(reader, header.data_len).await?.freeze();
+        let started = Instant::now();
+        let outcome = if session.is_uploading(header.id) {
+            session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
+        } else if !session.authenticated() && header.op > 0x03 {
+            Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+        } else {
+            session.set_current(header.id, header.more());
+            dispatch::dispatch(session, header.op, &meta, data)
+        };
+        shared.store.counters().op(header.op, started.elapsed());
+        let mut w = writer.lock().await;
+        match outcome {
+            Ok(enc) if enc.deferred => {}
+            Ok(enc) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
+            Err(err) => w.frame(Kind::Error, false, header.op, header.id, &codec::encode(&err), &[]).await?,
+        }
+        if reader.buffer().is_empty() {
+            w.flush().await?;
+        }
+    }
+}
+
+/// Answers a frame that cannot be parsed with an error frame, then ends the connection.
+async fn broken(writer: &tokio::sync::Mutex<FrameWriter>, head: &[u8; HEADER_LEN], why: String) -> std::io::Result<()> {
+    let id = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    let err = WireError::new(Code::BAD_REQUEST, format!("broken frame, closing: {why}"));
+    let mut w = writer.lock().await;
+    w.frame(Kind::Error, false, 0, id, &codec::encode(&err), &[]).await?;
+    w.flush().await?;
+    Err(std::io::Error::other(why))
+}
+

@@ -1,0 +1,186 @@
+//! Server configuration, the token file and the TLS identity.
+//!
+//! A fresh server needs no configuration: [`ServerConfig::embedded`] exports a directory
+//! it creates, and the first start writes a token for the `admin` subject (and, with TLS,
+//! a self-signed certificate) into the state directory, which is never exported.
+
+use crate::error::ServerError;
+use locus_proto::Limits;
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// File in the state directory holding `SUBJECT TOKEN` lines.
+pub const TOKENS_FILE: &str = "tokens";
+/// Subject created on first start, with every right on the export root.
+pub const ADMIN_SUBJECT: &str = "admin";
+
+/// Everything a server needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The directory exported to clients.
+    pub root: PathBuf,
+    /// Tokens, TLS identity and other server-private files; must not be inside `root`.
+    pub state_dir: PathBuf,
+    /// Serve TLS (rustls) instead of plain TCP.
+    pub tls: bool,
+    /// Connections served at once; further clients wait in the accept queue.
+    pub max_connections: usize,
+    /// Open handles one connection may hold.
+    pub max_handles: usize,
+    /// Frame size limits enforced on every client frame.
+    pub limits: Limits,
+    /// A name for this server in the handshake.
+    pub name: String,
+}
+
+impl ServerConfig {
+    /// A configuration exporting `root` and keeping state in `state_dir`.
+    pub fn new(root: impl Into<PathBuf>, state_dir: impl Into<PathBuf>) -> Self {
+        ServerConfig {
+            root: root.into(),
+            state_dir: state_dir.into(),
+            tls: false,
+            max_connections: 1024,
+            max_handles: 4096,
+            limits: Limits::SERVER,
+            name: format!("locus {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+
+    /// The embedded default: `export/` and `server/` under `base` (`~/.locus` by default).
+    pub fn embedded(base: &Path) -> Self {
+        ServerConfig::new(base.join("export"), base.join("server"))
+    }
+
+    /// Creates the directories and checks that the state is not exported.
+    pub fn prepare(&self) -> Result<(), ServerError> {
+        for dir in [&self.root, &self.state_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+        }
+        let root = self.root.canonicalize().map_err(|e| ServerError::io("export root", e))?;
+        let state = self.state_dir.canonicalize().map_err(|e| ServerError::io("state dir", e))?;
+        if state.starts_with(&root) {
+            return Err(ServerError::Config(format!(
+                "the state directory {} must not be inside the export {}",
+                state.display(),
+                root.display()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Secret tokens by subject name.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    by_subject: Arc<HashMap<String, Vec<u8>>>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens({} subjects)", self.by_subject.len())
+    }
+}
+
+impl Tokens {
+    /// Loads the token file, creating it with a fresh `admin` token if it does not exist.
+    /// Returns the tokens and, when one was just created, the admin token.
+    pub fn load_or_create(state_dir: &Path) -> Result<(Tokens, Option<String>), ServerError> {
+        let path = state_dir.join(TOKENS_FILE);
+        let mut created = None;
+        if !path.exists() {
+            let token = new_token();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| ServerError::io(format!("create {}", path.display()), e))?;
+            writeln!(f, "{ADMIN_SUBJECT} {token}").map_err(|e| ServerError::io("write tokens", e))?;
+            created = Some(token);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| ServerError::io(format!("read {}", path.display()), e))?;
+        Ok((Tokens::parse(&text)?, created))
+    }
+
+    /// Parses `SUBJECT TOKEN` lines.
+    pub fn parse(text: &str) -> Result<Tokens, ServerError> {
+        let mut map = HashMap::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let mut parts = line.split_whitespace();
+            match (parts.next(), parts.next()) {
+                (Some(subject), Some(token)) => {
+                    map.insert(subject.to_string(), token.as_bytes().to_vec());
+                }
+                _ => return Err(ServerError::Config(format!("malformed token line for {:?}", line.split_whitespace().next()))),
+            }
+        }
+        Ok(Tokens { by_subject: Arc::new(map) })
+    }
+
+    /// A token set from pairs (tests and embedding).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Tokens {
+        let map = pairs.into_iter().map(|(s, t)| (s.to_string(), t.as_bytes().to_vec())).collect();
+        Tokens { by_subject: Arc::new(map) }
+    }
+
+    /// The token of a subject.
+    pub fn get(&self, subject: &str) -> Option<&[u8]> {
+        self.by_subject.get(subject).map(Vec::as_slice)
+    }
+}
+
+/// A fresh random token (256 bits, hex).
+pub fn new_token() -> String {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).expect("the OS provides randomness");
+    hex::encode(b)
+}
+
+/// Names of the certificate and key files in the state directory.
+pub const CERT_FILE: &str = "cert.pem";
+const KEY_FILE: &str = "key.pem";
+
+/// Loads the TLS identity from the state directory, creating a self-signed one (for
+/// `localhost`, `127.0.0.1`, `::1` and this host's name) on first use.
+pub fn tls_acceptor(state_dir: &Path) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
+    let cert_path = state_dir.join(CERT_FILE);
+    let key_path = state_dir.join(KEY_FILE);
+    if !cert_path.exists() || !key_path.exists() {
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+        if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+            names.push(host.trim().to_string());
+        }
+        let ck = rcgen::generate_simple_self_signed(names).map_err(|e| ServerError::Tls(e.to_string()))?;
+        let mut key = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&key_path)
+            .map_err(|e| ServerError::io("write TLS key", e))?;
+        key.write_all(ck.signing_key.serialize_pem().as_bytes()).map_err(|e| ServerError::io("write TLS key", e))?;
+        std::fs::write(&cert_path, ck.cert.pem()).map_err(|e| ServerError::io("write TLS certificate", e))?;
+    }
+    let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
+        std::fs::File::open(&cert_path).map_err(|e| ServerError::io("open TLS certificate", e))?,
+    ))
+    .collect::<Result<Vec<_>, _>>()
+    .map_err(|e| ServerError::Tls(e.to_string()))?;
+    let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
+        std::fs::File::open(&key_path).map_err(|e| ServerError::io("open TLS key", e))?,
+    ))
+    .map_err(|e| ServerError::Tls(e.to_string()))?
+    .ok_or_else(|| ServerError::Tls("no private key in key.pem".into()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ServerError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| ServerError::Tls(e.to_string()))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}

@@ -1,0 +1,280 @@
+//! One client's session: its identity, open handles and uploads in progress, and the
+//! [`Handler`] that carries each operation out on the store.
+//!
+//! Everything a session holds is released when it is dropped, which happens when its
+//! connection ends for any reason: handles close, unfinished uploads are removed.
+
+use crate::dispatch::{Answer, Handler};
+use crate::transport::Body;
+use crate::Shared;
+use bytes::Bytes;
+use locus_proto::auth;
+use locus_proto::ops::*;
+use locus_proto::types::*;
+use locus_proto::{Code, Error as WireError};
+use locus_store::{OpenFile, PutFile, StoreError};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Directory entries per reply frame of `readdir`.
+const READDIR_PAGE: usize = 2048;
+
+/// State of one connection.
+pub struct Session {
+    shared: Arc<Shared>,
+    pub(crate) client_id: u64,
+    subject: Option<String>,
+    server_nonce: Option<Vec<u8>>,
+    handles: HashMap<u64, Arc<OpenFile>>,
+    next_handle: u64,
+    puts: HashMap<u32, PutFile>,
+    /// Id and MORE flag of the request frame being handled (for streamed uploads).
+    current: (u32, bool),
+}
+
+type Reply<T> = Result<Answer<T>, WireError>;
+
+fn store<T>(r: Result<T, StoreError>) -> Result<T, WireError> {
+    r.map_err(WireError::from)
+}
+
+impl Session {
+    /// A session that has not authenticated yet.
+    pub fn new(shared: Arc<Shared>, client_id: u64) -> Self {
+        Session {
+            shared,
+            client_id,
+            subject: None,
+            server_nonce: None,
+            handles: HashMap::new(),
+            next_handle: 1,
+            puts: HashMap::new(),
+            current: (0, false),
+        }
+    }
+
+    /// True once the handshake has succeeded.
+    pub fn authenticated(&self) -> bool {
+        self.subject.is_some()
+    }
+
+    /// The authenticated subject.
+    pub fn subject(&self) -> Option<&str> {
+        self.subject.as_deref()
+    }
+
+    /// Records the id and MORE flag of the frame about to be dispatched.
+    pub fn set_current(&mut self, id: u32, more: bool) {
+        self.current = (id, more);
+    }
+
+    /// True when `id` is an upload in progress (its next frames are continuations).
+    pub fn is_uploading(&self, id: u32) -> bool {
+        self.puts.contains_key(&id)
+    }
+
+    /// Handles a continuation frame of an upload: appends, and finishes on the last.
+    pub fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
+        let put = self.puts.get_mut(&id).expect("caller checked is_uploading");
+        if let Err(e) = put.write(data) {
+            self.puts.remove(&id);
+            return Err(e.into());
+        }
+        if more {
+            return Ok(Answer::deferred());
+        }
+        let put = self.puts.remove(&id).expect("present");
+        Ok(store(put.finish())?.into())
+    }
+
+    fn who(&self) -> Result<&str, WireError> {
+        self.subject.as_deref().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+    }
+
+    fn handle(&self, h: u64) -> Result<&Arc<OpenFile>, WireError> {
+        self.handles.get(&h).ok_or_else(|| StoreError::BadHandle(h).into())
+    }
+}
+
+impl Handler for Session {
+    fn hello(&mut self, req: Hello, _: Bytes) -> Reply<Challenge> {
+        if req.version == 0 {
+            return Err(WireError::new(Code::PROTO, "protocol version 0 is not a version"));
+        }
+        let mut nonce = vec![0u8; auth::NONCE_LEN];
+        getrandom::fill(&mut nonce).expect("the OS provides randomness");
+        self.server_nonce = Some(nonce.clone());
+        Ok(Challenge { version: locus_proto::frame::VERSION, server: self.shared.config.name.clone(), nonce }.into())
+    }
+
+    fn auth(&mut self, req: Auth, _: Bytes) -> Reply<Welcome> {
+        let denied = || WireError::new(Code::AUTH_FAILED, "authentication failed: unknown subject or wrong token");
+        // A nonce is good for one attempt, so a failed guess cannot be retried against it.
+        let server_nonce = self
+            .server_nonce
+            .take()
+            .ok_or_else(|| WireError::new(Code::AUTH_FAILED, "send hello before auth"))?;
+        if req.nonce.len() != auth::NONCE_LEN {
+            return Err(denied());
+        }
+        let token = self.shared.tokens.get(&req.subject).ok_or_else(denied)?;
+        let expected = auth::client_proof(token, &server_nonce, &req.nonce, &req.subject);
+        if !auth::proofs_equal(&expected, &req.proof) {
+            tracing::warn!(subject = %req.subject, "authentication failed");
+            return Err(denied());
+        }
+        let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
+        self.shared.registry.set_subject(self.client_id, &req.subject);
+        self.subject = Some(req.subject.clone());
+        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof }.into())
+    }
+
+    fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
+        Ok(().into())
+    }
+
+    fn whoami(&mut self, _: Whoami, _: Bytes) -> Reply<String> {
+        Ok(self.who()?.to_string().into())
+    }
+
+    fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
+        Ok(store(self.shared.store.stat(self.who()?, &req.path))?.into())
+    }
+
+    fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
+        Ok(store(self.shared.store.lstat(self.who()?, &req.path))?.into())
+    }
+
+    fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
+        Ok(store(self.handle(req.handle)?.stat())?.into())
+    }
+
+    fn open(&mut self, req: Open, _: Bytes) -> Reply<Opened> {
+        if self.handles.len() >= self.shared.config.max_handles {
+            return Err(WireError::new(Code(24), "too many open handles on this connection")); // EMFILE
+        }
+        let file = store(self.shared.store.open(self.who()?, &req.path, req.flags, req.mode))?;
+        let attr = store(file.stat())?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.handles.insert(handle, Arc::new(file));
+        Ok(Opened { handle, attr }.into())
+    }
+
+    fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {
+        self.handles.remove(&req.handle).ok_or(StoreError::BadHandle(req.handle))?;
+        Ok(().into())
+    }
+
+    fn pread(&mut self, req: Pread, _: Bytes) -> Reply<()> {
+        let file = self.handle(req.handle)?.clone();
+        store(file.check_readable())?;
+        let max = self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data);
+        let size = store(file.stat())?.size;
+        let len = (req.len.min(max) as u64).min(size.saturating_sub(req.offset));
+        Ok(Answer::with_body((), Body::File { file, offset: req.offset, len }))
+    }
+
+    fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
+        Ok(store(self.handle(req.handle)?.pwrite(req.offset, &data))?.into())
+    }
+
+    fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
+        let file = store(self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0))?;
+        let attr = store(file.stat())?;
+        if attr.is_dir() {
+            return Err(WireError::new(Code::ISDIR, format!("{}: is a directory", req.path)));
+        }
+        Ok(Answer::with_body(attr, Body::Stream(Arc::new(file))))
+    }
+
+    fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
+        let (id, more) = self.current;
+        let mut put = store(self.shared.store.begin_put(self.who()?, &req.path, req.mode))?;
+        store(put.write(&data))?;
+        if more {
+            self.puts.insert(id, put);
+            return Ok(Answer::deferred());
+        }
+        Ok(store(put.finish())?.into())
+    }
+
+    fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
+        let entries = store(self.shared.store.readdir(self.who()?, &req.path))?;
+        let mut pages: Vec<Vec<DirEntry>> = entries.chunks(READDIR_PAGE).map(<[DirEntry]>::to_vec).collect();
+        if pages.is_empty() {
+            pages.push(Vec::new());
+        }
+        Ok(Answer::paged(pages))
+    }
+
+    fn mkdir(&mut self, req: Mkdir, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.mkdir(self.who()?, &req.path, req.mode))?.into())
+    }
+
+    fn rmdir(&mut self, req: Rmdir, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.rmdir(self.who()?, &req.path))?.into())
+    }
+
+    fn unlink(&mut self, req: Unlink, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.unlink(self.who()?, &req.path))?.into())
+    }
+
+    fn rename(&mut self, req: Rename, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.rename(self.who()?, &req.from, &req.to))?.into())
+    }
+
+    fn symlink(&mut self, req: Symlink, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.symlink(self.who()?, &req.target, &req.path))?.into())
+    }
+
+    fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
+        Ok(store(self.shared.store.readlink(self.who()?, &req.path))?.into())
+    }
+
+    fn link(&mut self, req: Link, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.link(self.who()?, &req.from, &req.to))?.into())
+    }
+
+    fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.truncate(self.who()?, &req.path, req.size))?.into())
+    }
+
+    fn chmod(&mut self, req: Chmod, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.chmod(self.who()?, &req.path, req.mode))?.into())
+    }
+
+    fn utimes(&mut self, req: Utimes, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.utimes(self.who()?, &req.path, req.atime, req.mtime))?.into())
+    }
+
+    fn fsync(&mut self, req: Fsync, _: Bytes) -> Reply<()> {
+        Ok(store(self.handle(req.handle)?.fsync())?.into())
+    }
+
+    fn statfs(&mut self, req: Statfs, _: Bytes) -> Reply<StatFs> {
+        Ok(store(self.shared.store.statfs(self.who()?, &req.path))?.into())
+    }
+
+    fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.access(self.who()?, &req.path, req.mode))?.into())
+    }
+
+    fn ftruncate(&mut self, req: Ftruncate, _: Bytes) -> Reply<()> {
+        Ok(store(self.handle(req.handle)?.ftruncate(req.size))?.into())
+    }
+
+    fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
+        Ok(store(self.shared.store.acl_get(self.who()?, &req.path))?.entries.into())
+    }
+
+    fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
+        Ok(store(self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?.into())
+    }
+
+    fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {
+        let mut report = store(self.shared.store.stats(self.who()?, req.top))?;
+        report.clients = self.shared.registry.count() as u64;
+        Ok(report.into())
+    }
+}

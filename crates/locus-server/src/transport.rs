@@ -1,0 +1,181 @@
+//! The byte streams under a connection, and the frame writer.
+//!
+//! Plain TCP keeps its raw socket so bulk reads go out with `sendfile` (no copy through
+//! user space); TLS streams copy through a buffer, as encryption needs.
+
+use bytes::Bytes;
+use locus_proto::frame::{Header, Kind, FLAG_MORE};
+use locus_store::OpenFile;
+use std::io;
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter, Interest};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+
+/// The write half of a connection.
+pub enum WriteHalf {
+    Plain(OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Reads at least this many bytes go out with sendfile on plain TCP.
+const SENDFILE_MIN: u64 = 64 * 1024;
+/// Size of the data frames of a streamed `get`.
+pub const STREAM_CHUNK: usize = 1 << 20;
+
+/// What follows a reply's metadata.
+pub enum Body {
+    None,
+    /// Bytes already in memory.
+    Bytes(Bytes),
+    /// `len` bytes of an open file at `offset`, already clamped to the file's size.
+    File { file: Arc<OpenFile>, offset: u64, len: u64 },
+    /// A whole file, sent as data frames of [`STREAM_CHUNK`] bytes until end of file.
+    Stream(Arc<OpenFile>),
+}
+
+/// Writes frames to a connection, buffering small ones so that replies to pipelined
+/// requests leave in as few system calls as possible.
+pub struct FrameWriter {
+    out: BufWriter<WriteHalf>,
+}
+
+impl FrameWriter {
+    /// A writer over a connection's write half.
+    pub fn new(w: WriteHalf) -> Self {
+        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w) }
+    }
+
+    /// Writes one frame whose data is in memory.
+    pub async fn frame(&mut self, kind: Kind, more: bool, op: u16, id: u32, meta: &[u8], data: &[u8]) -> io::Result<()> {
+        let h = Header {
+            kind,
+            flags: if more { FLAG_MORE } else { 0 },
+            op,
+            id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+        };
+        self.out.write_all(&h.encode()).await?;
+        self.out.write_all(meta).await?;
+        self.out.write_all(data).await
+    }
+
+    /// Writes a reply: one frame per metadata page, the body after the last.
+    pub async fn reply(&mut self, op: u16, id: u32, metas: &[Vec<u8>], body: Body) -> io::Result<()> {
+        let streaming = matches!(body, Body::Stream(_));
+        for (i, meta) in metas.iter().enumerate() {
+            let last = i + 1 == metas.len();
+            if !last {
+                self.frame(Kind::Reply, true, op, id, meta, &[]).await?;
+                continue;
+            }
+            match &body {
+                Body::None | Body::Stream(_) => self.frame(Kind::Reply, streaming, op, id, meta, &[]).await?,
+                Body::Bytes(b) => self.frame(Kind::Reply, false, op, id, meta, b).await?,
+                Body::File { file, offset, len } => self.file_frame(op, id, meta, file, *offset, *len).await?,
+            }
+        }
+        if let Body::Stream(file) = body {
+            self.stream(op, id, &file).await?;
+        }
+        Ok(())
+    }
+
+    async fn file_frame(&mut self, op: u16, id: u32, meta: &[u8], file: &OpenFile, offset: u64, len: u64) -> io::Result<()> {
+        let sock = match self.out.get_ref() {
+            WriteHalf::Plain(w) if len >= SENDFILE_MIN => Some(w.as_ref()),
+            _ => None,
+        };
+        let Some(_) = sock else {
+            let data = file.pread(offset, len as usize).map_err(io::Error::other)?;
+            return self.frame(Kind::Reply, false, op, id, meta, &data).await;
+        };
+        let h = Header { kind: Kind::Reply, flags: 0, op, id, meta_len: meta.len() as u32, data_len: len as u32 };
+        self.out.write_all(&h.encode()).await?;
+        self.out.write_all(meta).await?;
+        self.out.flush().await?;
+        let start = Instant::now();
+        let sent = match self.out.get_ref() {
+            WriteHalf::Plain(w) => sendfile_all(w.as_ref(), file, offset, len).await?,
+            WriteHalf::Tls(_) => unreachable!("checked above"),
+        };
+        if sent < len {
+            // The file shrank after its size was read: the frame promised `len` bytes.
+            self.out.write_all(&vec![0u8; (len - sent) as usize]).await?;
+        }
+        file.io.read(sent, start.elapsed());
+        Ok(())
+    }
+
+    async fn stream(&mut self, op: u16, id: u32, file: &OpenFile) -> io::Result<()> {
+        let mut offset = 0u64;
+        loop {
+            let chunk = file.pread(offset, STREAM_CHUNK).map_err(io::Error::other)?;
+            let last = chunk.len() < STREAM_CHUNK;
+            self.frame(Kind::Reply, !last, op, id, &[], &chunk).await?;
+            offset += chunk.len() as u64;
+            if last {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Sends buffered frames.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        self.out.flush().await
+    }
+}
+
+/// Sends `len` bytes of `file` from `offset` with sendfile; returns how many were sent
+/// (fewer only if the file ended early).
+async fn sendfile_all(sock: &TcpStream, file: &OpenFile, mut offset: u64, len: u64) -> io::Result<u64> {
+    let mut sent = 0u64;
+    while sent < len {
+        sock.writable().await?;
+        let r = sock.try_io(Interest::WRITABLE, || {
+            let want = (len - sent).min(1 << 30) as usize;
+            rustix::fs::sendfile(sock.as_fd(), file.file.as_fd(), Some(&mut offset), want).map_err(io::Error::from)
+        });
+        match r {
+            Ok(0) => break,
+            Ok(n) => sent += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(sent)
+}
+
+impl FrameWriter {
+    /// Writes raw bytes (the preamble) and flushes them.
+    pub async fn out_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(bytes).await?;
+        self.out.flush().await
+    }
+}
