@@ -1,1 +1,41 @@
-//! placeholder
+//! Benchmarks of Locus side by side with its peers, in one run on one machine.
+//!
+//! - [`ops`]: `locus bench ops`, per-operation latency and bandwidth (Parrot's Figure 11
+//!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
+//! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
+//! - [`pingpong`]: the bare TCP request/reply floor.
+//! - [`chirp`]: a client for the Chirp protocol, so chirp_server is measured without
+//!   process start-up in the loop.
+//! - [`peers`]: starting and stopping the servers under test.
+//! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
+
+pub mod chirp;
+pub mod ops;
+pub mod peers;
+pub mod pingpong;
+pub mod proxy;
+pub mod stats;
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("locus: {0}")]
+    Locus(#[from] locus_client::ClientError),
+}
+
+impl BenchError {
+    /// An I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        BenchError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

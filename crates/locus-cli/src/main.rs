@@ -1,1 +1,148 @@
-fn main(){}
+//! `locus`: serve an export, use one from the command line, and benchmark it.
+//!
+//! - [`serve`]: `locus serve`, the embedded default and its options.
+//! - [`files`]: `ls`, `stat`, `cat`, `get`, `put`, `cp`, `rm`, `mkdir`, `mv`, `df`, `acl`, `stats`.
+//! - [`output`]: human and `--json` rendering.
+//!
+//! Every failure prints one line, `locus: ...`, and exits non-zero.
+
+mod files;
+mod output;
+mod serve;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Locus: a remote file server that runs your code next to your data.
+#[derive(Parser)]
+#[command(name = "locus", version, about, long_about = None)]
+struct Cli {
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a directory (by default ~/.locus/export, created on first start).
+    Serve(serve::ServeArgs),
+    /// Create a token for a subject in a server's token file and print it.
+    Token {
+        /// The subject name.
+        subject: String,
+        /// The server's state directory.
+        #[arg(long, default_value_os_t = locus_client::credentials::locus_home().join("server"))]
+        state: PathBuf,
+    },
+    /// List a directory (or describe a file).
+    Ls {
+        url: String,
+        /// Long format: mode, links, owner, size, time.
+        #[arg(short, long)]
+        long: bool,
+    },
+    /// Show the attributes of a path.
+    Stat {
+        url: String,
+        /// Describe a symlink itself instead of following it.
+        #[arg(short = 'L', long)]
+        no_follow: bool,
+    },
+    /// Write a remote file to standard output.
+    Cat { url: String },
+    /// Download a remote file.
+    Get { url: String, local: PathBuf },
+    /// Upload a local file.
+    Put { local: PathBuf, url: String },
+    /// Copy files; either side may be remote (`-r` for directories).
+    Cp {
+        source: String,
+        dest: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Remove files (`-r` for directories and their contents).
+    Rm {
+        #[arg(required = true)]
+        urls: Vec<String>,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Create directories (`-p` creates parents and tolerates existing ones).
+    Mkdir {
+        #[arg(required = true)]
+        urls: Vec<String>,
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Rename a remote path (both on one server).
+    Mv { from: String, to: String },
+    /// Show file-system space of an export.
+    Df { url: String },
+    /// Read or change a directory's access-control list.
+    #[command(subcommand)]
+    Acl(AclCommand),
+    /// Show server statistics: totals, operations and the busiest files.
+    Stats {
+        url: String,
+        /// How many of the busiest files to show.
+        #[arg(long, default_value_t = 10)]
+        top: u32,
+    },
+    /// Run benchmarks side by side with peers.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Show the ACL in force on a directory.
+    Get { url: String },
+    /// Give SUBJECT the RIGHTS (letters from rwldax; `-` for none) on a directory.
+    Set {
+        url: String,
+        subject: String,
+        rights: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Per-operation latency and bandwidth against Locus, chirp_server, XRootD and a bare TCP ping-pong.
+    Ops(locus_bench::ops::OpsArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(BenchCommand::Ops(args)) => {
+            locus_bench::ops::run(args).map_err(|e| e.to_string())
+        }
+        Command::Token { subject, state } => serve::add_token(&subject, &state),
+        other => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(files::run(other, cli.json))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("locus: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

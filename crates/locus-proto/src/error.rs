@@ -56,8 +56,8 @@ impl Code {
             Code::BAD_REQUEST => Code::INVAL.0 as i32,
             Code::AUTH_FAILED | Code::NOT_AUTHENTICATED => Code::ACCES.0 as i32,
             Code::UNKNOWN_OP => Code::NOSYS.0 as i32,
-            Code::TOO_LARGE => 7, // E2BIG
-            Code::LIMIT => 122,   // EDQUOT: a quota of some resource was exceeded
+            Code::TOO_LARGE => 7,  // E2BIG
+            Code::LIMIT => 122,    // EDQUOT: a quota of some resource was exceeded
             Code::SHUTDOWN => 108, // ESHUTDOWN
             Code(c) if c < 1000 => c as i32,
             _ => Code::IO.0 as i32,
@@ -136,6 +136,9 @@ pub struct Error {
 impl Error {
     /// An error with a code and a message.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Error { code, message: message.into() }
+        Error {
+            code,
+            message: message.into(),
+        }
     }
 }

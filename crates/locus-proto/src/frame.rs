@@ -55,9 +55,15 @@ pub struct Limits {
 
 impl Limits {
     /// What a server accepts from clients: paths and arguments are small, writes are chunked.
-    pub const SERVER: Limits = Limits { max_meta: 1 << 20, max_data: 16 << 20 };
+    pub const SERVER: Limits = Limits {
+        max_meta: 1 << 20,
+        max_data: 16 << 20,
+    };
     /// What a client accepts from servers: directory listings can be large.
-    pub const CLIENT: Limits = Limits { max_meta: 64 << 20, max_data: 64 << 20 };
+    pub const CLIENT: Limits = Limits {
+        max_meta: 64 << 20,
+        max_data: 64 << 20,
+    };
 }
 
 /// Why a header or preamble was rejected.
@@ -165,7 +171,9 @@ pub struct FrameRef<'a> {
 /// It checks cheaply that the whole frame has arrived before handing out slices, the way
 /// a streaming decoder must; the fuzz target drives this function.
 pub fn decode_frame(buf: &[u8], limits: Limits) -> Result<Option<FrameRef<'_>>, FrameError> {
-    let Some(head) = buf.get(..HEADER_LEN) else { return Ok(None) };
+    let Some(head) = buf.get(..HEADER_LEN) else {
+        return Ok(None);
+    };
     let header = Header::decode(head.try_into().expect("16 bytes"), limits)?;
     if buf.len() < header.frame_len() {
         return Ok(None);
@@ -183,7 +191,14 @@ mod tests {
     use super::*;
 
     fn h() -> Header {
-        Header { kind: Kind::Request, flags: 0, op: 0x10, id: 7, meta_len: 3, data_len: 2 }
+        Header {
+            kind: Kind::Request,
+            flags: 0,
+            op: 0x10,
+            id: 7,
+            meta_len: 3,
+            data_len: 2,
+        }
     }
 
     #[test]
@@ -202,13 +217,22 @@ mod tests {
         );
         big = h();
         big.meta_len = (1 << 20) + 1;
-        assert!(matches!(Header::decode(&big.encode(), Limits::SERVER), Err(FrameError::MetaTooLarge(..))));
+        assert!(matches!(
+            Header::decode(&big.encode(), Limits::SERVER),
+            Err(FrameError::MetaTooLarge(..))
+        ));
         let mut b = h().encode();
         b[0] = 9;
-        assert_eq!(Header::decode(&b, Limits::SERVER), Err(FrameError::BadKind(9)));
+        assert_eq!(
+            Header::decode(&b, Limits::SERVER),
+            Err(FrameError::BadKind(9))
+        );
         b = h().encode();
         b[1] = 0x80;
-        assert_eq!(Header::decode(&b, Limits::SERVER), Err(FrameError::BadFlags(0x80)));
+        assert_eq!(
+            Header::decode(&b, Limits::SERVER),
+            Err(FrameError::BadFlags(0x80))
+        );
     }
 
     #[test]

@@ -169,7 +169,10 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_reject_junk() {
-        let r = Rename { from: "a".into(), to: "b/c".into() };
+        let r = Rename {
+            from: "a".into(),
+            to: "b/c".into(),
+        };
         let bytes = encode(&r);
         assert_eq!(decode::<Rename>(&bytes).unwrap(), r);
         let mut junk = bytes.clone();

@@ -77,7 +77,10 @@ impl Registry {
 
     /// Queues a message for a client; false if it is not connected.
     pub fn push(&self, client: u64, msg: Push) -> bool {
-        self.clients.lock().get(&client).is_some_and(|(_, tx)| tx.send(msg).is_ok())
+        self.clients
+            .lock()
+            .get(&client)
+            .is_some_and(|(_, tx)| tx.send(msg).is_ok())
     }
 }
 
@@ -95,6 +98,9 @@ pub struct Server {
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
+/// Socket send and receive buffer size requested for every connection.
+pub const SOCKET_BUFFER: usize = 4 << 20;
+
 /// How long a shutdown waits for connections to finish their current request.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -106,8 +112,17 @@ impl Server {
         let mut initial = Acl::default();
         initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
         let store = Store::new(&config.root, &initial)?;
-        let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
-        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default() });
+        let tls = if config.tls {
+            Some(config::tls_acceptor(&config.state_dir)?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            tokens,
+            registry: Registry::default(),
+        });
         Ok(Server { shared, tls })
     }
 
@@ -151,14 +166,25 @@ impl Server {
             while tasks.try_join_next().is_some() {}
         }
         let _ = stop_tx.send(true);
-        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async { while tasks.join_next().await.is_some() {} }).await;
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
     }
 }
 
 /// Reads exactly `len` bytes into a new buffer (the length was checked against limits).
-async fn read_vec(r: &mut (impl AsyncRead + Unpin), len: u32) -> std::io::Result<BytesMut> {
-    let mut buf = BytesMut::zeroed(len as usize);
-    r.read_exact(&mut buf).await?;
+/// The buffer is not zero-filled first: bulk writes arrive straight into it.
+pub async fn read_vec(r: &mut (impl AsyncRead + Unpin), len: u32) -> std::io::Result<BytesMut> {
+    use bytes::BufMut;
+    let len = len as usize;
+    let mut buf = BytesMut::with_capacity(len);
+    while buf.len() < len {
+        let want = len - buf.len();
+        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
     Ok(buf)
 }
 
@@ -169,6 +195,9 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    // Big socket buffers let bulk transfers move megabytes per wake-up.
+    let _ = rustix::net::sockopt::set_socket_send_buffer_size(&stream, SOCKET_BUFFER);
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&stream, SOCKET_BUFFER);
     let (reader, writer): (Box<dyn AsyncRead + Unpin + Send>, WriteHalf) = match tls {
         Some(acceptor) => {
             let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
@@ -204,10 +233,17 @@ async fn serve(
     result
 }
 
-async fn forward_pushes(mut rx: mpsc::UnboundedReceiver<Push>, writer: Arc<tokio::sync::Mutex<FrameWriter>>) {
+async fn forward_pushes(
+    mut rx: mpsc::UnboundedReceiver<Push>,
+    writer: Arc<tokio::sync::Mutex<FrameWriter>>,
+) {
     while let Some(p) = rx.recv().await {
         let mut w = writer.lock().await;
-        if w.frame(Kind::Push, false, p.topic, 0, &p.meta, &p.data).await.is_err() || w.flush().await.is_err() {
+        if w.frame(Kind::Push, false, p.topic, 0, &p.meta, &p.data)
+            .await
+            .is_err()
+            || w.flush().await.is_err()
+        {
             return;
         }
     }
@@ -233,16 +269,28 @@ async fn frame_loop(
         }
         let header = match Header::decode(&head, limits) {
             Ok(h) if h.kind == Kind::Request => h,
-            Ok(h) => return broken(writer, &head, format!("clients send requests, not {:?} frames", h.kind)).await,
+            Ok(h) => {
+                return broken(
+                    writer,
+                    &head,
+                    format!("clients send requests, not {:?} frames", h.kind),
+                )
+                .await
+            }
             Err(e) => return broken(writer, &head, e.to_string()).await,
         };
         let meta = read_vec(reader, header.meta_len).await?;
         let data = read_vec(reader, header.data_len).await?.freeze();
         let started = Instant::now();
         let outcome = if session.is_uploading(header.id) {
-            session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
+            session
+                .put_more(header.id, &data, header.more())
+                .map(dispatch::Answer::encode)
         } else if !session.authenticated() && header.op > 0x03 {
-            Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+            Err(WireError::new(
+                Code::NOT_AUTHENTICATED,
+                "authenticate first",
+            ))
         } else {
             session.set_current(header.id, header.more());
             dispatch::dispatch(session, header.op, &meta, data)
@@ -252,7 +300,17 @@ async fn frame_loop(
         match outcome {
             Ok(enc) if enc.deferred => {}
             Ok(enc) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
-            Err(err) => w.frame(Kind::Error, false, header.op, header.id, &codec::encode(&err), &[]).await?,
+            Err(err) => {
+                w.frame(
+                    Kind::Error,
+                    false,
+                    header.op,
+                    header.id,
+                    &codec::encode(&err),
+                    &[],
+                )
+                .await?
+            }
         }
         if reader.buffer().is_empty() {
             w.flush().await?;
@@ -261,12 +319,16 @@ async fn frame_loop(
 }
 
 /// Answers a frame that cannot be parsed with an error frame, then ends the connection.
-async fn broken(writer: &tokio::sync::Mutex<FrameWriter>, head: &[u8; HEADER_LEN], why: String) -> std::io::Result<()> {
+async fn broken(
+    writer: &tokio::sync::Mutex<FrameWriter>,
+    head: &[u8; HEADER_LEN],
+    why: String,
+) -> std::io::Result<()> {
     let id = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
     let err = WireError::new(Code::BAD_REQUEST, format!("broken frame, closing: {why}"));
     let mut w = writer.lock().await;
-    w.frame(Kind::Error, false, 0, id, &codec::encode(&err), &[]).await?;
+    w.frame(Kind::Error, false, 0, id, &codec::encode(&err), &[])
+        .await?;
     w.flush().await?;
     Err(std::io::Error::other(why))
 }
-

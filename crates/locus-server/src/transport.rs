@@ -23,7 +23,11 @@ pub enum WriteHalf {
 }
 
 impl AsyncWrite for WriteHalf {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
@@ -54,7 +58,11 @@ pub enum Body {
     /// Bytes already in memory.
     Bytes(Bytes),
     /// `len` bytes of an open file at `offset`, already clamped to the file's size.
-    File { file: Arc<OpenFile>, offset: u64, len: u64 },
+    File {
+        file: Arc<OpenFile>,
+        offset: u64,
+        len: u64,
+    },
     /// A whole file, sent as data frames of [`STREAM_CHUNK`] bytes until end of file.
     Stream(Arc<OpenFile>),
 }
@@ -68,11 +76,21 @@ pub struct FrameWriter {
 impl FrameWriter {
     /// A writer over a connection's write half.
     pub fn new(w: WriteHalf) -> Self {
-        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w) }
+        FrameWriter {
+            out: BufWriter::with_capacity(128 * 1024, w),
+        }
     }
 
     /// Writes one frame whose data is in memory.
-    pub async fn frame(&mut self, kind: Kind, more: bool, op: u16, id: u32, meta: &[u8], data: &[u8]) -> io::Result<()> {
+    pub async fn frame(
+        &mut self,
+        kind: Kind,
+        more: bool,
+        op: u16,
+        id: u32,
+        meta: &[u8],
+        data: &[u8],
+    ) -> io::Result<()> {
         let h = Header {
             kind,
             flags: if more { FLAG_MORE } else { 0 },
@@ -87,7 +105,13 @@ impl FrameWriter {
     }
 
     /// Writes a reply: one frame per metadata page, the body after the last.
-    pub async fn reply(&mut self, op: u16, id: u32, metas: &[Vec<u8>], body: Body) -> io::Result<()> {
+    pub async fn reply(
+        &mut self,
+        op: u16,
+        id: u32,
+        metas: &[Vec<u8>],
+        body: Body,
+    ) -> io::Result<()> {
         let streaming = matches!(body, Body::Stream(_));
         for (i, meta) in metas.iter().enumerate() {
             let last = i + 1 == metas.len();
@@ -96,9 +120,14 @@ impl FrameWriter {
                 continue;
             }
             match &body {
-                Body::None | Body::Stream(_) => self.frame(Kind::Reply, streaming, op, id, meta, &[]).await?,
+                Body::None | Body::Stream(_) => {
+                    self.frame(Kind::Reply, streaming, op, id, meta, &[])
+                        .await?
+                }
                 Body::Bytes(b) => self.frame(Kind::Reply, false, op, id, meta, b).await?,
-                Body::File { file, offset, len } => self.file_frame(op, id, meta, file, *offset, *len).await?,
+                Body::File { file, offset, len } => {
+                    self.file_frame(op, id, meta, file, *offset, *len).await?
+                }
             }
         }
         if let Body::Stream(file) = body {
@@ -107,42 +136,94 @@ impl FrameWriter {
         Ok(())
     }
 
-    async fn file_frame(&mut self, op: u16, id: u32, meta: &[u8], file: &OpenFile, offset: u64, len: u64) -> io::Result<()> {
-        let sock = match self.out.get_ref() {
-            WriteHalf::Plain(w) if len >= SENDFILE_MIN => Some(w.as_ref()),
-            _ => None,
+    async fn file_frame(
+        &mut self,
+        op: u16,
+        id: u32,
+        meta: &[u8],
+        file: &OpenFile,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        let h = Header {
+            kind: Kind::Reply,
+            flags: 0,
+            op,
+            id,
+            meta_len: meta.len() as u32,
+            data_len: len as u32,
         };
-        let Some(_) = sock else {
-            let data = file.pread(offset, len as usize).map_err(io::Error::other)?;
-            return self.frame(Kind::Reply, false, op, id, meta, &data).await;
-        };
-        let h = Header { kind: Kind::Reply, flags: 0, op, id, meta_len: meta.len() as u32, data_len: len as u32 };
         self.out.write_all(&h.encode()).await?;
         self.out.write_all(meta).await?;
-        self.out.flush().await?;
-        let start = Instant::now();
-        let sent = match self.out.get_ref() {
-            WriteHalf::Plain(w) => sendfile_all(w.as_ref(), file, offset, len).await?,
-            WriteHalf::Tls(_) => unreachable!("checked above"),
-        };
-        if sent < len {
-            // The file shrank after its size was read: the frame promised `len` bytes.
-            self.out.write_all(&vec![0u8; (len - sent) as usize]).await?;
-        }
-        file.io.read(sent, start.elapsed());
-        Ok(())
+        self.file_data(file, offset, len).await.map(drop)
     }
 
-    async fn stream(&mut self, op: u16, id: u32, file: &OpenFile) -> io::Result<()> {
-        let mut offset = 0u64;
-        loop {
-            let chunk = file.pread(offset, STREAM_CHUNK).map_err(io::Error::other)?;
-            let last = chunk.len() < STREAM_CHUNK;
-            self.frame(Kind::Reply, !last, op, id, &[], &chunk).await?;
-            offset += chunk.len() as u64;
-            if last {
-                return Ok(());
+    /// Writes exactly `len` bytes of `file` from `offset` after a header that announced
+    /// them: by sendfile on plain TCP when large, else through memory. Returns how many
+    /// came from the file; if it ended early the rest is zeros.
+    async fn file_data(&mut self, file: &OpenFile, offset: u64, len: u64) -> io::Result<u64> {
+        let start = Instant::now();
+        let plain = matches!(self.out.get_ref(), WriteHalf::Plain(_));
+        let sent = if plain && len >= SENDFILE_MIN {
+            self.out.flush().await?;
+            match self.out.get_ref() {
+                WriteHalf::Plain(w) => sendfile_all(w.as_ref(), file, offset, len).await?,
+                WriteHalf::Tls(_) => unreachable!("checked above"),
             }
+        } else {
+            let data = file
+                .read_at(offset, len as usize)
+                .map_err(io::Error::other)?;
+            self.out.write_all(&data).await?;
+            data.len() as u64
+        };
+        if sent < len {
+            self.out
+                .write_all(&vec![0u8; (len - sent) as usize])
+                .await?;
+        }
+        file.io.read(sent, start.elapsed());
+        Ok(sent)
+    }
+
+    /// Sends a whole file as data frames flagged MORE, then an empty closing frame, or
+    /// an error frame if the file shrank under the transfer (the client must not trust
+    /// the zeros that then filled the frames already announced).
+    async fn stream(&mut self, op: u16, id: u32, file: &OpenFile) -> io::Result<()> {
+        let size = file.stat().map_err(io::Error::other)?.size;
+        let mut offset = 0u64;
+        let mut intact = true;
+        while offset < size {
+            let len = (size - offset).min(STREAM_CHUNK as u64);
+            let h = Header {
+                kind: Kind::Reply,
+                flags: FLAG_MORE,
+                op,
+                id,
+                meta_len: 0,
+                data_len: len as u32,
+            };
+            self.out.write_all(&h.encode()).await?;
+            let sent = self.file_data(file, offset, len).await?;
+            intact &= sent == len;
+            offset += len;
+        }
+        if intact {
+            self.frame(Kind::Reply, false, op, id, &[], &[]).await
+        } else {
+            let err = locus_proto::Error::new(
+                locus_proto::Code::IO,
+                "the file shrank while it was being sent; try again",
+            );
+            self.frame(
+                Kind::Error,
+                false,
+                op,
+                id,
+                &locus_proto::codec::encode(&err),
+                &[],
+            )
+            .await
         }
     }
 
@@ -154,13 +235,19 @@ impl FrameWriter {
 
 /// Sends `len` bytes of `file` from `offset` with sendfile; returns how many were sent
 /// (fewer only if the file ended early).
-async fn sendfile_all(sock: &TcpStream, file: &OpenFile, mut offset: u64, len: u64) -> io::Result<u64> {
+async fn sendfile_all(
+    sock: &TcpStream,
+    file: &OpenFile,
+    mut offset: u64,
+    len: u64,
+) -> io::Result<u64> {
     let mut sent = 0u64;
     while sent < len {
         sock.writable().await?;
         let r = sock.try_io(Interest::WRITABLE, || {
             let want = (len - sent).min(1 << 30) as usize;
-            rustix::fs::sendfile(sock.as_fd(), file.file.as_fd(), Some(&mut offset), want).map_err(io::Error::from)
+            rustix::fs::sendfile(sock.as_fd(), file.file.as_fd(), Some(&mut offset), want)
+                .map_err(io::Error::from)
         });
         match r {
             Ok(0) => break,

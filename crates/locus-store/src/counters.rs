@@ -102,7 +102,10 @@ impl Counters {
     pub fn file(&self, path: &str) -> FileIo {
         let mut files = self.files.lock();
         let file = files.entry(path.to_string()).or_default().clone();
-        FileIo { file, export: self.export.clone() }
+        FileIo {
+            file,
+            export: self.export.clone(),
+        }
     }
 
     /// Keeps a file's counters under its new name.
@@ -152,7 +155,10 @@ impl Counters {
             .files
             .lock()
             .iter()
-            .map(|(path, s)| FileStats { path: path.clone(), io: s.snapshot() })
+            .map(|(path, s)| FileStats {
+                path: path.clone(),
+                io: s.snapshot(),
+            })
             .collect();
         let load = |f: &FileStats| (f.io.read_bytes + f.io.write_bytes, f.io.reads + f.io.writes);
         all.sort_by(|a, b| load(b).cmp(&load(a)).then_with(|| a.path.cmp(&b.path)));

@@ -22,9 +22,7 @@ pub use counters::{Counters, FileIo};
 pub use error::{Result, StoreError};
 
 use error::OsContext;
-use locus_proto::types::{
-    open_flags, Attr, DirEntry, Rights, SetTime, StatFs, StatsReport, Time,
-};
+use locus_proto::types::{open_flags, Attr, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::fs::File;
@@ -57,7 +55,10 @@ struct Target {
 
 impl Target {
     fn dir<'a>(&'a self, store: &'a Store) -> BorrowedFd<'a> {
-        self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(store.root.as_fd())
+        self.dir
+            .as_ref()
+            .map(|d| d.as_fd())
+            .unwrap_or(store.root.as_fd())
     }
 }
 
@@ -97,9 +98,18 @@ fn attr_of(st: &rustix::fs::Stat) -> Attr {
         size: st.st_size as u64,
         blksize: st.st_blksize as u32,
         blocks: st.st_blocks as u64,
-        atime: Time { sec: st.st_atime as i64, nsec: st.st_atime_nsec as u32 },
-        mtime: Time { sec: st.st_mtime as i64, nsec: st.st_mtime_nsec as u32 },
-        ctime: Time { sec: st.st_ctime as i64, nsec: st.st_ctime_nsec as u32 },
+        atime: Time {
+            sec: st.st_atime as i64,
+            nsec: st.st_atime_nsec as u32,
+        },
+        mtime: Time {
+            sec: st.st_mtime as i64,
+            nsec: st.st_mtime_nsec as u32,
+        },
+        ctime: Time {
+            sec: st.st_ctime as i64,
+            nsec: st.st_ctime_nsec as u32,
+        },
     }
 }
 
@@ -110,14 +120,23 @@ fn resolve_flags() -> ResolveFlags {
 /// Splits a client path into (parent, final name, normalized relative path).
 fn split(path: &str) -> Result<(String, String, String)> {
     if path.len() > MAX_PATH {
-        return Err(StoreError::Os { op: "resolve", path: path.chars().take(64).collect(), errno: Errno::NAMETOOLONG });
+        return Err(StoreError::Os {
+            op: "resolve",
+            path: path.chars().take(64).collect(),
+            errno: Errno::NAMETOOLONG,
+        });
     }
     if path.contains('\0') {
         return Err(StoreError::Invalid("path contains a NUL byte".into()));
     }
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let comps: Vec<&str> = path
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     if comps.iter().any(|c| c.starts_with(RESERVED_PREFIX)) {
-        return Err(StoreError::Reserved { path: path.to_string() });
+        return Err(StoreError::Reserved {
+            path: path.to_string(),
+        });
     }
     let rel = comps.join("/");
     Ok(match comps.split_last() {
@@ -130,9 +149,18 @@ fn split(path: &str) -> Result<(String, String, String)> {
 
 fn to_timespec(t: SetTime) -> Timespec {
     match t {
-        SetTime::Omit => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
-        SetTime::Now => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
-        SetTime::At(t) => Timespec { tv_sec: t.sec, tv_nsec: t.nsec as _ },
+        SetTime::Omit => Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        SetTime::Now => Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_NOW,
+        },
+        SetTime::At(t) => Timespec {
+            tv_sec: t.sec,
+            tv_nsec: t.nsec as _,
+        },
     }
 }
 
@@ -147,8 +175,12 @@ impl Store {
     /// becomes its ACL (this is how a fresh export gets its first administrator).
     pub fn new(root: &Path, initial_acl: &Acl) -> Result<Store> {
         let shown = root.display().to_string();
-        let fd = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .ctx("open export root", &shown)?;
+        let fd = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ctx("open export root", &shown)?;
         let st = rustix::fs::fstat(&fd).ctx("stat", &shown)?;
         let store = Store {
             root: fd,
@@ -201,19 +233,32 @@ impl Store {
             if st.st_mode as u32 & locus_proto::types::S_IFMT != locus_proto::types::S_IFLNK {
                 return Ok(Target { dir, name, rel });
             }
-            let link = rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
-            let link = link.to_str().map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))?;
+            let link =
+                rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
+            let link = link
+                .to_str()
+                .map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))?;
             if link.starts_with('/') {
-                return Err(StoreError::Escape { path: path.to_string() });
+                return Err(StoreError::Escape {
+                    path: path.to_string(),
+                });
             }
-            let joined = if parent == "." { link.to_string() } else { format!("{parent}/{link}") };
+            let joined = if parent == "." {
+                link.to_string()
+            } else {
+                format!("{parent}/{link}")
+            };
             (parent, name, rel) = split(&joined)?;
             dir = self.open_dir(&parent, path)?;
             if name == "." {
                 return Ok(Target { dir, name, rel });
             }
         }
-        Err(StoreError::Os { op: "resolve", path: path.to_string(), errno: Errno::LOOP })
+        Err(StoreError::Os {
+            op: "resolve",
+            path: path.to_string(),
+            errno: Errno::LOOP,
+        })
     }
 
     fn rights_in(&self, dir: BorrowedFd<'_>, who: &str) -> Result<Rights> {
@@ -224,7 +269,10 @@ impl Store {
         if self.rights_in(dir, who)?.contains(need) {
             Ok(())
         } else {
-            Err(StoreError::Denied { path: path.to_string(), need })
+            Err(StoreError::Denied {
+                path: path.to_string(),
+                need,
+            })
         }
     }
 
@@ -239,7 +287,14 @@ impl Store {
     fn open_target_dir(&self, path: &str) -> Result<OwnedFd> {
         let t = self.locate(path, true)?;
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        rustix::fs::openat2(t.dir(self), t.name.as_str(), flags, Mode::empty(), resolve_flags()).ctx("opendir", path)
+        rustix::fs::openat2(
+            t.dir(self),
+            t.name.as_str(),
+            flags,
+            Mode::empty(),
+            resolve_flags(),
+        )
+        .ctx("opendir", path)
     }
 
     /// The rights `who` holds in the directory `path`.
@@ -251,27 +306,33 @@ impl Store {
     /// `stat`, following symlinks.
     pub fn stat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("stat", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("stat", path)?;
         Ok(attr_of(&st))
     }
 
     /// `lstat`: a final symlink is described, not followed.
     pub fn lstat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, false, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("lstat", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("lstat", path)?;
         Ok(attr_of(&st))
     }
 
     /// Opens a file with Locus `open_flags`.
     pub fn open(&self, who: &str, path: &str, flags: u32, mode: u32) -> Result<OpenFile> {
         if flags & !open_flags::ALL != 0 {
-            return Err(StoreError::Invalid(format!("unknown open flags {flags:#x}")));
+            return Err(StoreError::Invalid(format!(
+                "unknown open flags {flags:#x}"
+            )));
         }
         let readable = flags & open_flags::READ != 0;
         let writable = flags & open_flags::WRITE != 0;
         let creates = flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0;
         if (creates || flags & open_flags::APPEND != 0) && !writable {
-            return Err(StoreError::Invalid("create, truncate and append need write access".into()));
+            return Err(StoreError::Invalid(
+                "create, truncate and append need write access".into(),
+            ));
         }
         let mut need = Rights(0);
         if readable {
@@ -302,9 +363,21 @@ impl Store {
         }
         let follow = flags & open_flags::NOFOLLOW == 0;
         let t = self.locate_checked(who, path, follow, need)?;
-        let fd = rustix::fs::openat2(t.dir(self), t.name.as_str(), o, Mode::from_raw_mode(mode & 0o7777), resolve_flags())
-            .ctx("open", path)?;
-        Ok(OpenFile { file: File::from(fd), readable, writable, io: self.counters.file(&t.rel), rel: t.rel })
+        let fd = rustix::fs::openat2(
+            t.dir(self),
+            t.name.as_str(),
+            o,
+            Mode::from_raw_mode(mode & 0o7777),
+            resolve_flags(),
+        )
+        .ctx("open", path)?;
+        Ok(OpenFile {
+            file: File::from(fd),
+            readable,
+            writable,
+            io: self.counters.file(&t.rel),
+            rel: t.rel,
+        })
     }
 
     /// Lists a directory with each entry's attributes (Locus' own files are hidden).
@@ -314,12 +387,17 @@ impl Store {
         let mut out = Vec::new();
         for entry in rustix::fs::Dir::read_from(&dir).ctx("readdir", path)? {
             let entry = entry.ctx("readdir", path)?;
-            let Ok(name) = entry.file_name().to_str() else { continue };
+            let Ok(name) = entry.file_name().to_str() else {
+                continue;
+            };
             if name == "." || name == ".." || name.starts_with(RESERVED_PREFIX) {
                 continue;
             }
             match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => out.push(DirEntry { name: name.to_string(), attr: attr_of(&st) }),
+                Ok(st) => out.push(DirEntry {
+                    name: name.to_string(),
+                    attr: attr_of(&st),
+                }),
                 Err(Errno::NOENT) => continue, // removed while we listed
                 Err(e) => return Err(e).ctx("stat", name),
             }
@@ -330,7 +408,12 @@ impl Store {
     /// Creates a directory; it inherits its parent's ACL until it is given its own.
     pub fn mkdir(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::WRITE)?;
-        rustix::fs::mkdirat(t.dir(self), t.name.as_str(), Mode::from_raw_mode(mode & 0o7777)).ctx("mkdir", path)
+        rustix::fs::mkdirat(
+            t.dir(self),
+            t.name.as_str(),
+            Mode::from_raw_mode(mode & 0o7777),
+        )
+        .ctx("mkdir", path)
     }
 
     /// Removes an empty directory (its hidden ACL file does not count as content).
@@ -340,7 +423,8 @@ impl Store {
         match rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR) {
             Err(Errno::NOTEMPTY) if self.only_acl_inside(d, &t.name)? => {
                 let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let sub = rustix::fs::openat(d, t.name.as_str(), flags, Mode::empty()).ctx("rmdir", path)?;
+                let sub = rustix::fs::openat(d, t.name.as_str(), flags, Mode::empty())
+                    .ctx("rmdir", path)?;
                 rustix::fs::unlinkat(&sub, ACL_FILE, AtFlags::empty()).ctx("rmdir", path)?;
                 rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR).ctx("rmdir", path)?;
             }
@@ -375,7 +459,8 @@ impl Store {
     pub fn rename(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::DELETE)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
-        rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str()).ctx("rename", from)?;
+        rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str())
+            .ctx("rename", from)?;
         self.counters.renamed(&a.rel, &b.rel);
         self.acls.invalidate();
         Ok(())
@@ -393,15 +478,24 @@ impl Store {
     /// The target of a symlink.
     pub fn readlink(&self, who: &str, path: &str) -> Result<String> {
         let t = self.locate_checked(who, path, false, Rights::LIST)?;
-        let link = rustix::fs::readlinkat(t.dir(self), t.name.as_str(), Vec::new()).ctx("readlink", path)?;
-        link.into_string().map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))
+        let link = rustix::fs::readlinkat(t.dir(self), t.name.as_str(), Vec::new())
+            .ctx("readlink", path)?;
+        link.into_string()
+            .map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))
     }
 
     /// Creates a hard link `to` for the file `from`.
     pub fn link(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::READ)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
-        rustix::fs::linkat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str(), AtFlags::empty()).ctx("link", to)
+        rustix::fs::linkat(
+            a.dir(self),
+            a.name.as_str(),
+            b.dir(self),
+            b.name.as_str(),
+            AtFlags::empty(),
+        )
+        .ctx("link", to)
     }
 
     /// Sets the size of the file at `path`.
@@ -414,18 +508,33 @@ impl Store {
     pub fn chmod(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty()).ctx("chmod", path)?;
+        let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty())
+            .ctx("chmod", path)?;
         // An O_PATH descriptor cannot be fchmod'ed; its /proc entry names exactly this object.
         let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        rustix::fs::chmodat(rustix::fs::CWD, proc_path.as_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())
-            .ctx("chmod", path)
+        rustix::fs::chmodat(
+            rustix::fs::CWD,
+            proc_path.as_str(),
+            Mode::from_raw_mode(mode & 0o7777),
+            AtFlags::empty(),
+        )
+        .ctx("chmod", path)
     }
 
     /// Sets access and modification times of the object at `path`.
     pub fn utimes(&self, who: &str, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
-        let times = Timestamps { last_access: to_timespec(atime), last_modification: to_timespec(mtime) };
-        rustix::fs::utimensat(t.dir(self), t.name.as_str(), &times, AtFlags::SYMLINK_NOFOLLOW).ctx("utimes", path)
+        let times = Timestamps {
+            last_access: to_timespec(atime),
+            last_modification: to_timespec(mtime),
+        };
+        rustix::fs::utimensat(
+            t.dir(self),
+            t.name.as_str(),
+            &times,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ctx("utimes", path)
     }
 
     /// File-system statistics of the file system that holds `path`.
@@ -447,12 +556,21 @@ impl Store {
     /// Checks existence and, for mode bits R=4, W=2, X=1, the ACL right each needs.
     pub fn access(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("access", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("access", path)?;
         let rights = self.rights_in(t.dir(self), who)?;
-        let wanted = [(4, Rights::READ, 0o444), (2, Rights::WRITE, 0o222), (1, Rights::LIST, 0o111)];
+        let wanted = [
+            (4, Rights::READ, 0o444),
+            (2, Rights::WRITE, 0o222),
+            (1, Rights::LIST, 0o111),
+        ];
         for (bit, right, perm_bits) in wanted {
             if mode & bit != 0 && (!rights.contains(right) || st.st_mode as u32 & perm_bits == 0) {
-                return Err(StoreError::Os { op: "access", path: path.to_string(), errno: Errno::ACCESS });
+                return Err(StoreError::Os {
+                    op: "access",
+                    path: path.to_string(),
+                    errno: Errno::ACCESS,
+                });
             }
         }
         Ok(())
@@ -481,10 +599,12 @@ impl Store {
     fn write_acl(&self, dir: BorrowedFd<'_>, acl: &Acl) -> Result<()> {
         let tmp = format!("{RESERVED_PREFIX}_acl_{}", random_hex());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("write ACL", &tmp)?;
+        let fd = rustix::fs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600))
+            .ctx("write ACL", &tmp)?;
         let text = acl.render();
         let written = rustix::io::write(&fd, text.as_bytes()).and_then(|_| rustix::fs::fsync(&fd));
-        if let Err(e) = written.and_then(|_| rustix::fs::renameat(dir, tmp.as_str(), dir, ACL_FILE)) {
+        if let Err(e) = written.and_then(|_| rustix::fs::renameat(dir, tmp.as_str(), dir, ACL_FILE))
+        {
             let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
             return Err(e).ctx("write ACL", ACL_FILE);
         }
@@ -507,15 +627,23 @@ impl Store {
     pub fn begin_put(&self, who: &str, path: &str, mode: u32) -> Result<PutFile> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
         if t.name == "." {
-            return Err(StoreError::Os { op: "put", path: path.to_string(), errno: Errno::ISDIR });
+            return Err(StoreError::Os {
+                op: "put",
+                path: path.to_string(),
+                errno: Errno::ISDIR,
+            });
         }
         let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("put", path)?;
+        let fd = rustix::fs::openat(t.dir(self), tmp.as_str(), flags, Mode::from_raw_mode(0o600))
+            .ctx("put", path)?;
         Ok(PutFile {
             file: File::from(fd),
             dir: t.dir,
-            store_root: self.root.try_clone().map_err(|e| StoreError::Invalid(e.to_string()))?,
+            store_root: self
+                .root
+                .try_clone()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?,
             tmp,
             name: t.name,
             mode: mode & 0o7777,
@@ -529,20 +657,34 @@ impl Store {
 impl OpenFile {
     fn need(&self, write: bool) -> Result<()> {
         if (write && !self.writable) || (!write && !self.readable) {
-            return Err(StoreError::Os { op: if write { "write" } else { "read" }, path: self.rel.clone(), errno: Errno::BADF });
+            return Err(StoreError::Os {
+                op: if write { "write" } else { "read" },
+                path: self.rel.clone(),
+                errno: Errno::BADF,
+            });
         }
         Ok(())
     }
 
     /// Attributes of the open object.
     pub fn stat(&self) -> Result<Attr> {
-        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("fstat", &self.rel)?))
+        Ok(attr_of(
+            &rustix::fs::fstat(&self.file).ctx("fstat", &self.rel)?,
+        ))
     }
 
-    /// Reads up to `len` bytes at `offset` into a new buffer (short at end of file).
+    /// Reads up to `len` bytes at `offset` into a new buffer (short at end of file),
+    /// and counts the read.
     pub fn pread(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.need(false)?;
         let start = Instant::now();
+        let buf = self.read_at(offset, len)?;
+        self.io.read(buf.len() as u64, start.elapsed());
+        Ok(buf)
+    }
+
+    /// Reads like [`OpenFile::pread`] without counting, for callers that count themselves.
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        self.need(false)?;
         let mut buf = vec![0u8; len];
         let mut got = 0;
         while got < len {
@@ -554,7 +696,6 @@ impl OpenFile {
             }
         }
         buf.truncate(got);
-        self.io.read(got as u64, start.elapsed());
         Ok(buf)
     }
 
@@ -613,19 +754,30 @@ impl PutFile {
 
     /// Makes the upload durable and moves it over the target in one atomic rename.
     pub fn finish(mut self) -> Result<Attr> {
-        let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
+        let dir = self
+            .dir
+            .as_ref()
+            .map(|d| d.as_fd())
+            .unwrap_or(self.store_root.as_fd());
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
         rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
-        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
+        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str())
+            .ctx("put", &self.name)?;
         self.done = true;
-        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("put", &self.name)?))
+        Ok(attr_of(
+            &rustix::fs::fstat(&self.file).ctx("put", &self.name)?,
+        ))
     }
 }
 
 impl Drop for PutFile {
     fn drop(&mut self) {
         if !self.done {
-            let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
+            let dir = self
+                .dir
+                .as_ref()
+                .map(|d| d.as_fd())
+                .unwrap_or(self.store_root.as_fd());
             let _ = rustix::fs::unlinkat(dir, self.tmp.as_str(), AtFlags::empty());
         }
     }
@@ -638,10 +790,19 @@ mod tests {
     #[test]
     fn split_normalizes_and_refuses_reserved_names() {
         assert_eq!(split("/").unwrap(), (".".into(), ".".into(), "".into()));
-        assert_eq!(split("/a//./b/").unwrap(), ("a".into(), "b".into(), "a/b".into()));
+        assert_eq!(
+            split("/a//./b/").unwrap(),
+            ("a".into(), "b".into(), "a/b".into())
+        );
         assert_eq!(split("x").unwrap(), (".".into(), "x".into(), "x".into()));
-        assert_eq!(split("a/..").unwrap(), ("a/..".into(), ".".into(), "a/..".into()));
-        assert!(matches!(split("a/.__locus_acl"), Err(StoreError::Reserved { .. })));
+        assert_eq!(
+            split("a/..").unwrap(),
+            ("a/..".into(), ".".into(), "a/..".into())
+        );
+        assert!(matches!(
+            split("a/.__locus_acl"),
+            Err(StoreError::Reserved { .. })
+        ));
         assert!(split("a\0b").is_err());
         assert!(split(&"a/".repeat(3000)).is_err());
     }

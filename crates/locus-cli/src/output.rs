@@ -1,0 +1,156 @@
+//! Rendering for people (`ls -l` style) and for programs (`--json`).
+
+use locus_client::types::{Attr, DirEntry, StatFs, StatsReport, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use serde_json::{json, Value};
+
+/// `drwxr-xr-x` for a mode.
+pub fn mode_string(mode: u32) -> String {
+    let kind = match mode & S_IFMT {
+        S_IFDIR => 'd',
+        S_IFLNK => 'l',
+        S_IFREG => '-',
+        0o020000 => 'c',
+        0o060000 => 'b',
+        0o010000 => 'p',
+        0o140000 => 's',
+        _ => '?',
+    };
+    let mut s = String::from(kind);
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+/// One `ls -l` line.
+pub fn long_line(name: &str, a: &Attr) -> String {
+    format!(
+        "{} {:>3} {:>5} {:>5} {:>12} {:>12} {}",
+        mode_string(a.mode),
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.size,
+        a.mtime.sec,
+        name
+    )
+}
+
+/// Attributes as JSON.
+pub fn attr_json(a: &Attr) -> Value {
+    json!({
+        "mode": format!("{:o}", a.mode), "type": mode_string(a.mode)[..1].to_string(),
+        "size": a.size, "nlink": a.nlink, "uid": a.uid, "gid": a.gid, "ino": a.ino, "dev": a.dev,
+        "blocks": a.blocks, "blksize": a.blksize,
+        "atime": a.atime.sec, "mtime": a.mtime.sec, "ctime": a.ctime.sec,
+    })
+}
+
+/// A listing as JSON.
+pub fn entries_json(entries: &[DirEntry]) -> Value {
+    Value::Array(
+        entries
+            .iter()
+            .map(|e| json!({"name": e.name, "attr": attr_json(&e.attr)}))
+            .collect(),
+    )
+}
+
+/// `stat` output for people.
+pub fn attr_text(path: &str, a: &Attr) -> String {
+    format!(
+        "  path: {path}\n  type: {}\n  mode: {:o} ({})\n  size: {}\n links: {}\n owner: {}:{}\n inode: {}\n mtime: {}.{:09}\n atime: {}.{:09}\n ctime: {}.{:09}",
+        match a.mode & S_IFMT { S_IFDIR => "directory", S_IFLNK => "symlink", S_IFREG => "file", _ => "other" },
+        a.mode & 0o7777, mode_string(a.mode), a.size, a.nlink, a.uid, a.gid, a.ino,
+        a.mtime.sec, a.mtime.nsec, a.atime.sec, a.atime.nsec, a.ctime.sec, a.ctime.nsec
+    )
+}
+
+/// `df` as JSON.
+pub fn statfs_json(s: &StatFs) -> Value {
+    json!({"block_size": s.frsize, "blocks": s.blocks, "free": s.bfree, "available": s.bavail,
+           "files": s.files, "files_free": s.ffree, "name_max": s.namemax})
+}
+
+/// Bytes for people: 1.5 GiB.
+pub fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
+}
+
+/// `stats` for people.
+pub fn stats_text(r: &StatsReport) -> String {
+    let e = &r.export;
+    let mut s = format!(
+        "clients connected: {}\nexport: {} reads ({}), {} writes ({})\n",
+        r.clients,
+        e.reads,
+        human(e.read_bytes),
+        e.writes,
+        human(e.write_bytes)
+    );
+    s.push_str("\noperation        count   mean µs\n");
+    let mut ops = r.ops.clone();
+    ops.sort_by(|a, b| b.count.cmp(&a.count));
+    for o in &ops {
+        s.push_str(&format!(
+            "{:<12} {:>9} {:>9.1}\n",
+            o.op,
+            o.count,
+            o.total_ns as f64 / o.count.max(1) as f64 / 1000.0
+        ));
+    }
+    s.push_str("\nbusiest files (bytes read + written)\n");
+    for f in &r.busiest {
+        s.push_str(&format!(
+            "{:>10} {:>10}  {:>6} reads {:>6} writes  {}\n",
+            human(f.io.read_bytes),
+            human(f.io.write_bytes),
+            f.io.reads,
+            f.io.writes,
+            f.path
+        ));
+    }
+    s
+}
+
+/// `stats` as JSON.
+pub fn stats_json(r: &StatsReport) -> Value {
+    let io = |c: &locus_client::types::IoCounters| {
+        json!({"reads": c.reads, "read_bytes": c.read_bytes, "read_ns": c.read_ns,
+        "writes": c.writes, "write_bytes": c.write_bytes, "write_ns": c.write_ns})
+    };
+    json!({
+        "clients": r.clients,
+        "export": io(&r.export),
+        "ops": r.ops.iter().map(|o| json!({"op": o.op, "count": o.count, "total_ns": o.total_ns})).collect::<Vec<_>>(),
+        "busiest": r.busiest.iter().map(|f| json!({"path": f.path, "io": io(&f.io)})).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_render_like_ls() {
+        assert_eq!(mode_string(0o040755), "drwxr-xr-x");
+        assert_eq!(mode_string(0o100644), "-rw-r--r--");
+        assert_eq!(mode_string(0o120777), "lrwxrwxrwx");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
+}

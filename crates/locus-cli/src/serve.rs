@@ -1,0 +1,146 @@
+//! `locus serve` and `locus token`.
+
+use clap::Args;
+use locus_client::credentials::{credentials_file, locus_home};
+use locus_server::{config, Server, ServerConfig, Tokens};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// Options of `locus serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Directory to export (default: ~/.locus/export, created if missing).
+    #[arg(long)]
+    root: Option<PathBuf>,
+    /// Server-private state: tokens, TLS identity (default: ~/.locus/server).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:9610")]
+    listen: String,
+    /// Serve TLS with the certificate in the state directory (self-signed on first use).
+    #[arg(long)]
+    tls: bool,
+    /// Write the port actually bound to this file (useful with port 0).
+    #[arg(long)]
+    port_file: Option<PathBuf>,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+}
+
+/// Starts a server and runs it until SIGINT or SIGTERM.
+pub fn run(args: ServeArgs) -> Result<(), String> {
+    let home = locus_home();
+    let embedded = args.root.is_none() && args.state.is_none();
+    let mut config = ServerConfig::embedded(&home);
+    if let Some(root) = args.root {
+        config.root = root;
+    }
+    if let Some(state) = args.state {
+        config.state_dir = state;
+    }
+    config.tls = args.tls;
+    config.max_connections = args.max_connections.max(1);
+    config.prepare().map_err(|e| e.to_string())?;
+    let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
+    if let Some(token) = &created {
+        if embedded {
+            remember_admin_token(token)?;
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        if let Some(p) = &args.port_file {
+            std::fs::write(p, format!("{}\n", addr.port()))
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+        let server = Server::new(config.clone(), tokens).map_err(|e| e.to_string())?;
+        let scheme = if config.tls { "locus+tls" } else { "locus" };
+        eprintln!(
+            "Locus is serving {} at {scheme}://{addr}/",
+            config.root.display()
+        );
+        eprintln!("  state (tokens, TLS): {}", config.state_dir.display());
+        match (&created, embedded) {
+            (Some(_), true) => eprintln!("  admin token saved to {}", credentials_file().display()),
+            (Some(token), false) => {
+                eprintln!("  new admin token: {token} (use LOCUS_TOKEN=admin:{token})")
+            }
+            _ => {}
+        }
+        eprintln!("  try: locus ls {scheme}://{addr}/");
+        server.run(listener, shutdown_signal()).await;
+        eprintln!("Locus stopped.");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+/// Saves the embedded server's admin token as the client's default credentials, unless
+/// the user already keeps credentials there.
+fn remember_admin_token(token: &str) -> Result<(), String> {
+    let path = credentials_file();
+    if path.exists() {
+        return Ok(());
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(
+        f,
+        "# HOST:PORT SUBJECT TOKEN; * matches any server\n* {} {token}",
+        config::ADMIN_SUBJECT
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// `locus token SUBJECT`: appends a new token to the server's token file.
+pub fn add_token(subject: &str, state: &Path) -> Result<(), String> {
+    if subject.is_empty() || subject.chars().any(|c| c.is_whitespace() || c == ':') {
+        return Err(format!("bad subject name {subject:?}"));
+    }
+    std::fs::create_dir_all(state).map_err(|e| format!("{}: {e}", state.display()))?;
+    Tokens::load_or_create(state).map_err(|e| e.to_string())?;
+    let path = state.join(config::TOKENS_FILE);
+    let existing =
+        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if Tokens::parse(&existing)
+        .map_err(|e| e.to_string())?
+        .get(subject)
+        .is_some()
+    {
+        return Err(format!(
+            "{subject} already has a token in {}",
+            path.display()
+        ));
+    }
+    let token = config::new_token();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{subject} {token}").map_err(|e| e.to_string())?;
+    println!("{subject}:{token}");
+    eprintln!("(a running server picks new tokens up when restarted)");
+    Ok(())
+}
