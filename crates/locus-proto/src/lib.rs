@@ -15,6 +15,7 @@ pub mod auth;
 pub mod codec;
 pub mod error;
 pub mod frame;
+pub mod fuzz;
 pub mod ops;
 pub mod types;
 

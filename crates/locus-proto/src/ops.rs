@@ -181,3 +181,20 @@ mod tests {
         assert!(decode::<Rename>(&bytes[..bytes.len() - 1]).is_err());
     }
 }
+
+#[cfg(test)]
+mod docs_tests {
+    use super::*;
+
+    /// `docs/protocol.md` lists every operation with its code, name and shape.
+    #[test]
+    fn docs_list_every_operation() {
+        let doc = include_str!("../../../docs/protocol.md");
+        for op in OPERATIONS {
+            let row = format!("| {:#04x} | `{}` | {:?} |", op.code, op.name, op.shape);
+            assert!(doc.contains(&row), "docs/protocol.md lacks the row starting {row}");
+        }
+        let rows = doc.lines().filter(|l| l.starts_with("| 0x")).count();
+        assert_eq!(rows, OPERATIONS.len(), "docs/protocol.md lists operations the code does not have");
+    }
+}
