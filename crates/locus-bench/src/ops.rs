@@ -76,8 +76,8 @@ pub struct TargetReport {
 }
 
 const SMALL: usize = 16 * 1024;
-const WRITE_CHUNK: usize = 1 << 20;
-const WRITE_DEPTH: usize = 8;
+const WRITE_CHUNK: usize = 8 << 20;
+const WRITE_DEPTH: usize = 4;
 /// Chunk of the peers' sequential writes (they do not pipeline).
 const BIG_CHUNK: usize = 8 << 20;
 
@@ -181,7 +181,7 @@ fn measure_locus(
     Ok(r)
 }
 
-/// Sequential writes of 1 MiB with up to [`WRITE_DEPTH`] in flight on one connection.
+/// Sequential writes of 8 MiB (as the peers write) with up to [`WRITE_DEPTH`] in flight on one connection.
 async fn pipelined_write(c: &locus_client::Client, h: u64, size: u64) -> locus_client::Result<()> {
     let block = bytes::Bytes::from(vec![b'z'; WRITE_CHUNK]);
     let mut inflight = tokio::task::JoinSet::new();

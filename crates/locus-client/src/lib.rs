@@ -114,9 +114,6 @@ impl Client {
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
         let tcp = TcpStream::connect(&opts.addr).await?;
         tcp.set_nodelay(true)?;
-        // Big socket buffers let bulk transfers move megabytes per wake-up.
-        let _ = rustix::net::sockopt::set_socket_send_buffer_size(&tcp, 4 << 20);
-        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&tcp, 4 << 20);
         let (r, w): (BoxRead, BoxWrite) = match &opts.tls_ca {
             None => {
                 let (r, w) = tcp.into_split();
@@ -575,34 +572,41 @@ async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<u
     Ok(n)
 }
 
-async fn read_frame(r: &mut BufReader<BoxRead>) -> Result<Frame> {
+async fn read_frame(r: &mut BufReader<BoxRead>, pool: &mut BytesMut) -> Result<Frame> {
     let mut head = [0u8; HEADER_LEN];
     r.read_exact(&mut head).await?;
     let header =
         Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let meta = read_exact_buf(r, header.meta_len as usize).await?;
-    let data = read_exact_buf(r, header.data_len as usize).await?;
+    let meta = read_exact_buf(r, pool, header.meta_len as usize).await?;
+    let data = read_exact_buf(r, pool, header.data_len as usize).await?;
     Ok(Frame { header, meta, data })
 }
 
-/// Reads exactly `len` bytes into a fresh buffer without zero-filling it first.
-async fn read_exact_buf(r: &mut BufReader<BoxRead>, len: usize) -> Result<Bytes> {
+/// Reads exactly `len` bytes, without zero-filling, into space split off `pool`. Once
+/// every `Bytes` split from the pool is dropped, `reserve` reuses its memory, so a long
+/// transfer does not fault in fresh pages for every frame.
+async fn read_exact_buf(r: &mut BufReader<BoxRead>, pool: &mut BytesMut, len: usize) -> Result<Bytes> {
     use bytes::BufMut;
-    let mut buf = BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let want = len - buf.len();
-        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+    pool.clear();
+    pool.reserve(len.max(POOL_MIN));
+    while pool.len() < len {
+        let want = len - pool.len();
+        if r.read_buf(&mut (&mut *pool).limit(want)).await? == 0 {
             return Err(ClientError::Closed);
         }
     }
-    Ok(buf.freeze())
+    Ok(pool.split_to(len).freeze())
 }
+
+/// Smallest reservation of the receive pool, so small frames share one allocation.
+const POOL_MIN: usize = 4 << 20;
 
 /// Routes frames from the server to their waiters until the connection ends, then fails
 /// every request still waiting.
 async fn read_loop(mut reader: BufReader<BoxRead>, inner: std::sync::Weak<Inner>) {
+    let mut pool = BytesMut::new();
     loop {
-        let frame = read_frame(&mut reader).await;
+        let frame = read_frame(&mut reader, &mut pool).await;
         let Some(inner) = inner.upgrade() else { return };
         let frame = match frame {
             Ok(f) => f,

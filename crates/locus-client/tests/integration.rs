@@ -506,3 +506,31 @@ async fn tls_connections_work_and_verify_the_server() {
     o.tls_ca = Some(other.state_dir().join("cert.pem"));
     assert!(Client::connect(&o).await.is_err());
 }
+
+#[tokio::test]
+async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
+    let s = TestServer::start();
+    let c = s.client("admin").await;
+    let h = c.open("/big", of::READ | of::WRITE | of::CREATE, 0o644).await.unwrap().handle;
+    let pattern = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+    // sizes around the zero-copy threshold, at unaligned offsets, several in flight
+    let a = pattern(256 * 1024, 1);
+    let b = pattern(5 * 1024 * 1024 + 17, 2);
+    let (ra, rb) = tokio::join!(c.pwrite(h, 3, &a), c.pwrite(h, 3 + a.len() as u64, &b));
+    assert_eq!((ra.unwrap(), rb.unwrap()), (a.len() as u64, b.len() as u64));
+    let mut want = vec![0u8; 3];
+    want.extend(&a);
+    want.extend(&b);
+    assert_eq!(std::fs::read(s.local("big")).unwrap(), want);
+    assert_eq!(c.read_file("/big").await.unwrap(), want);
+    // a large write to a read-only handle fails, and the next request is understood
+    let ro = c.open("/big", of::READ, 0).await.unwrap().handle;
+    assert_eq!(code(c.pwrite(ro, 0, &b).await.unwrap_err()), Code::BADF);
+    c.ping().await.unwrap();
+    // appending handles take the ordinary path and append
+    let ap = c.open("/big", of::WRITE | of::APPEND, 0).await.unwrap().handle;
+    c.pwrite(ap, 0, &a).await.unwrap();
+    assert_eq!(c.stat("/big").await.unwrap().size, (want.len() + a.len()) as u64);
+    let r = c.stats(5).await.unwrap();
+    assert!(r.export.write_bytes >= (a.len() * 2 + b.len()) as u64);
+}

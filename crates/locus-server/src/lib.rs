@@ -17,6 +17,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod session;
+pub mod splice;
 pub mod transport;
 
 pub use config::{ServerConfig, Tokens};
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
-use transport::{FrameWriter, WriteHalf};
+use transport::{FrameWriter, ReadHalf, WriteHalf};
 
 /// A message pushed to a client outside any request (callbacks from scripts, later).
 #[derive(Debug, Clone)]
@@ -97,9 +98,6 @@ pub struct Server {
     shared: Arc<Shared>,
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
-
-/// Socket send and receive buffer size requested for every connection.
-pub const SOCKET_BUFFER: usize = 4 << 20;
 
 /// How long a shutdown waits for connections to finish their current request.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -173,19 +171,21 @@ impl Server {
     }
 }
 
-/// Reads exactly `len` bytes into a new buffer (the length was checked against limits).
-/// The buffer is not zero-filled first: bulk writes arrive straight into it.
-pub async fn read_vec(r: &mut (impl AsyncRead + Unpin), len: u32) -> std::io::Result<BytesMut> {
+/// Reads exactly `len` bytes (already checked against the limits) into space split off
+/// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
+/// their memory, so bulk writes do not fault in fresh pages for every frame.
+async fn read_vec(r: &mut (impl AsyncRead + Unpin), pool: &mut BytesMut, len: u32) -> std::io::Result<Bytes> {
     use bytes::BufMut;
     let len = len as usize;
-    let mut buf = BytesMut::with_capacity(len);
-    while buf.len() < len {
-        let want = len - buf.len();
-        if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+    pool.clear();
+    pool.reserve(len.max(64 * 1024));
+    while pool.len() < len {
+        let want = len - pool.len();
+        if r.read_buf(&mut (&mut *pool).limit(want)).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
-    Ok(buf)
+    Ok(pool.split_to(len).freeze())
 }
 
 async fn serve(
@@ -195,20 +195,17 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
-    // Big socket buffers let bulk transfers move megabytes per wake-up.
-    let _ = rustix::net::sockopt::set_socket_send_buffer_size(&stream, SOCKET_BUFFER);
-    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&stream, SOCKET_BUFFER);
-    let (reader, writer): (Box<dyn AsyncRead + Unpin + Send>, WriteHalf) = match tls {
+    let (reader, writer) = match tls {
         Some(acceptor) => {
             let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
                 .await
                 .map_err(|_| std::io::Error::other("TLS handshake timed out"))??;
             let (r, w) = tokio::io::split(tls);
-            (Box::new(r), WriteHalf::Tls(w))
+            (ReadHalf::Tls(r), WriteHalf::Tls(w))
         }
         None => {
             let (r, w) = stream.into_split();
-            (Box::new(r), WriteHalf::Plain(w))
+            (ReadHalf::Plain(r), WriteHalf::Plain(w))
         }
     };
     let mut reader = BufReader::with_capacity(256 * 1024, reader);
@@ -252,11 +249,14 @@ async fn forward_pushes(
 async fn frame_loop(
     shared: &Shared,
     session: &mut Session,
-    reader: &mut BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    reader: &mut BufReader<ReadHalf>,
     writer: &tokio::sync::Mutex<FrameWriter>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let limits = shared.config.limits;
+    let mut pool = BytesMut::new();
+    let mut pipe = splice::SplicePipe::default();
+    let pwrite_code = <locus_proto::ops::Pwrite as locus_proto::Operation>::INFO.code;
     loop {
         let mut head = [0u8; HEADER_LEN];
         tokio::select! {
@@ -279,21 +279,29 @@ async fn frame_loop(
             }
             Err(e) => return broken(writer, &head, e.to_string()).await,
         };
-        let meta = read_vec(reader, header.meta_len).await?;
-        let data = read_vec(reader, header.data_len).await?.freeze();
+        let meta = read_vec(reader, &mut pool, header.meta_len).await?;
         let started = Instant::now();
-        let outcome = if session.is_uploading(header.id) {
-            session
-                .put_more(header.id, &data, header.more())
-                .map(dispatch::Answer::encode)
-        } else if !session.authenticated() && header.op > 0x03 {
-            Err(WireError::new(
-                Code::NOT_AUTHENTICATED,
-                "authenticate first",
-            ))
+        let direct = (header.op == pwrite_code
+            && header.data_len >= splice::SPLICE_MIN
+            && session.authenticated()
+            && reader.get_ref().plain_socket().is_some())
+        .then(|| session.direct_write_target(&meta))
+        .flatten();
+        let outcome = if let Some((file, offset)) = direct {
+            match splice::receive_into_file(reader, &mut pipe, &file, offset, header.data_len as u64).await? {
+                Ok(n) => Ok(dispatch::Answer::from(n).encode()),
+                Err(errno) => Err(locus_store::StoreError::Os { op: "write", path: file.rel.clone(), errno }.into()),
+            }
         } else {
-            session.set_current(header.id, header.more());
-            dispatch::dispatch(session, header.op, &meta, data)
+            let data = read_vec(reader, &mut pool, header.data_len).await?;
+            if session.is_uploading(header.id) {
+                session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
+            } else if !session.authenticated() && header.op > 0x03 {
+                Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+            } else {
+                session.set_current(header.id, header.more());
+                dispatch::dispatch(session, header.op, &meta, data)
+            }
         };
         shared.store.counters().op(header.op, started.elapsed());
         let mut w = writer.lock().await;

@@ -87,6 +87,15 @@ impl Session {
         Ok(store(put.finish())?.into())
     }
 
+    /// For a `pwrite` whose data may go straight from the socket into the file: the open
+    /// file and offset, when the request decodes and names a writable, non-append handle.
+    /// Anything else takes the ordinary path, which reports the error.
+    pub fn direct_write_target(&self, meta: &[u8]) -> Option<(Arc<OpenFile>, u64)> {
+        let req: Pwrite = locus_proto::codec::decode(meta).ok()?;
+        let file = self.handles.get(&req.handle)?;
+        (file.check_writable().is_ok() && !file.append).then(|| (file.clone(), req.offset))
+    }
+
     fn who(&self) -> Result<&str, WireError> {
         self.subject
             .as_deref()

@@ -47,6 +47,31 @@ impl AsyncWrite for WriteHalf {
     }
 }
 
+/// The read half of a connection.
+pub enum ReadHalf {
+    Plain(tokio::net::tcp::OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl ReadHalf {
+    /// The TCP socket, when bytes can be moved from it without passing through user space.
+    pub fn plain_socket(&self) -> Option<&TcpStream> {
+        match self {
+            ReadHalf::Plain(r) => Some(r.as_ref()),
+            ReadHalf::Tls(_) => None,
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ReadHalf {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
+            ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
 /// Reads at least this many bytes go out with sendfile on plain TCP.
 const SENDFILE_MIN: u64 = 64 * 1024;
 /// Size of the data frames of a streamed `get`.

@@ -67,6 +67,8 @@ pub struct OpenFile {
     pub file: File,
     pub readable: bool,
     pub writable: bool,
+    /// Opened to append: writes go to the end whatever their offset.
+    pub append: bool,
     /// Counters of the file, charged on every read and write through this handle.
     pub io: FileIo,
     pub rel: String,
@@ -375,6 +377,7 @@ impl Store {
             file: File::from(fd),
             readable,
             writable,
+            append: flags & open_flags::APPEND != 0,
             io: self.counters.file(&t.rel),
             rel: t.rel,
         })
@@ -702,6 +705,11 @@ impl OpenFile {
     /// Checks that the handle may be read, for callers that move bytes themselves (sendfile).
     pub fn check_readable(&self) -> Result<()> {
         self.need(false)
+    }
+
+    /// Checks that the handle may be written, for callers that move bytes themselves (splice).
+    pub fn check_writable(&self) -> Result<()> {
+        self.need(true)
     }
 
     /// Writes `data` at `offset` (at the end for a handle opened to append).
