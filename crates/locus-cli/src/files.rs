@@ -172,11 +172,7 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                     "size", "used", "available", "use%"
                 );
                 let used = s.blocks - s.bfree;
-                let pct = if s.blocks > 0 {
-                    used * 100 / s.blocks
-                } else {
-                    0
-                };
+                let pct = (used * 100).checked_div(s.blocks).unwrap_or(0);
                 println!(
                     "{:>12} {:>12} {:>12} {:>4}%",
                     size(s.blocks),

@@ -104,7 +104,7 @@ pub fn stats_text(r: &StatsReport) -> String {
     );
     s.push_str("\noperation        count   mean µs\n");
     let mut ops = r.ops.clone();
-    ops.sort_by(|a, b| b.count.cmp(&a.count));
+    ops.sort_by_key(|o| std::cmp::Reverse(o.count));
     for o in &ops {
         s.push_str(&format!(
             "{:<12} {:>9} {:>9.1}\n",

@@ -585,7 +585,11 @@ async fn read_frame(r: &mut BufReader<BoxRead>, pool: &mut BytesMut) -> Result<F
 /// Reads exactly `len` bytes, without zero-filling, into space split off `pool`. Once
 /// every `Bytes` split from the pool is dropped, `reserve` reuses its memory, so a long
 /// transfer does not fault in fresh pages for every frame.
-async fn read_exact_buf(r: &mut BufReader<BoxRead>, pool: &mut BytesMut, len: usize) -> Result<Bytes> {
+async fn read_exact_buf(
+    r: &mut BufReader<BoxRead>,
+    pool: &mut BytesMut,
+    len: usize,
+) -> Result<Bytes> {
     use bytes::BufMut;
     pool.clear();
     pool.reserve(len.max(POOL_MIN));

@@ -298,7 +298,7 @@ async fn a_symlink_swapped_in_during_operations_never_escapes() {
         while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
             let _ = std::fs::remove_file(&tmp);
             let _ = std::fs::remove_dir_all(&tmp);
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let _ = std::os::unix::fs::symlink(&outside, &tmp);
             } else {
                 let _ = std::fs::create_dir(&tmp);
@@ -511,8 +511,16 @@ async fn tls_connections_work_and_verify_the_server() {
 async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
     let s = TestServer::start();
     let c = s.client("admin").await;
-    let h = c.open("/big", of::READ | of::WRITE | of::CREATE, 0o644).await.unwrap().handle;
-    let pattern = |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
+    let h = c
+        .open("/big", of::READ | of::WRITE | of::CREATE, 0o644)
+        .await
+        .unwrap()
+        .handle;
+    let pattern = |n: usize, seed: u8| {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<u8>>()
+    };
     // sizes around the zero-copy threshold, at unaligned offsets, several in flight
     let a = pattern(256 * 1024, 1);
     let b = pattern(5 * 1024 * 1024 + 17, 2);
@@ -528,9 +536,16 @@ async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
     assert_eq!(code(c.pwrite(ro, 0, &b).await.unwrap_err()), Code::BADF);
     c.ping().await.unwrap();
     // appending handles take the ordinary path and append
-    let ap = c.open("/big", of::WRITE | of::APPEND, 0).await.unwrap().handle;
+    let ap = c
+        .open("/big", of::WRITE | of::APPEND, 0)
+        .await
+        .unwrap()
+        .handle;
     c.pwrite(ap, 0, &a).await.unwrap();
-    assert_eq!(c.stat("/big").await.unwrap().size, (want.len() + a.len()) as u64);
+    assert_eq!(
+        c.stat("/big").await.unwrap().size,
+        (want.len() + a.len()) as u64
+    );
     let r = c.stats(5).await.unwrap();
     assert!(r.export.write_bytes >= (a.len() * 2 + b.len()) as u64);
 }

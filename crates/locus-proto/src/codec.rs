@@ -12,7 +12,7 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 /// Decodes a metadata value; the whole input must be consumed, so trailing junk is an error.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     match postcard::take_from_bytes::<T>(bytes) {
-        Ok((v, rest)) if rest.is_empty() => Ok(v),
+        Ok((v, [])) => Ok(v),
         Ok(_) => Err(Error::new(
             Code::BAD_REQUEST,
             "trailing bytes after metadata",

@@ -192,9 +192,16 @@ mod docs_tests {
         let doc = include_str!("../../../docs/protocol.md");
         for op in OPERATIONS {
             let row = format!("| {:#04x} | `{}` | {:?} |", op.code, op.name, op.shape);
-            assert!(doc.contains(&row), "docs/protocol.md lacks the row starting {row}");
+            assert!(
+                doc.contains(&row),
+                "docs/protocol.md lacks the row starting {row}"
+            );
         }
         let rows = doc.lines().filter(|l| l.starts_with("| 0x")).count();
-        assert_eq!(rows, OPERATIONS.len(), "docs/protocol.md lists operations the code does not have");
+        assert_eq!(
+            rows,
+            OPERATIONS.len(),
+            "docs/protocol.md lists operations the code does not have"
+        );
     }
 }

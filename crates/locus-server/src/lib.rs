@@ -6,7 +6,7 @@
 //!   operation table in `locus-proto`.
 //! - [`session`]: one connection's state and the handler that runs operations on the store.
 //! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
-//! - [`error`]: [`ServerError`].
+//! - [`error`]: the crate's error type, `ServerError`.
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client
@@ -174,7 +174,11 @@ impl Server {
 /// Reads exactly `len` bytes (already checked against the limits) into space split off
 /// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
 /// their memory, so bulk writes do not fault in fresh pages for every frame.
-async fn read_vec(r: &mut (impl AsyncRead + Unpin), pool: &mut BytesMut, len: u32) -> std::io::Result<Bytes> {
+async fn read_vec(
+    r: &mut (impl AsyncRead + Unpin),
+    pool: &mut BytesMut,
+    len: u32,
+) -> std::io::Result<Bytes> {
     use bytes::BufMut;
     let len = len as usize;
     pool.clear();
@@ -288,16 +292,34 @@ async fn frame_loop(
         .then(|| session.direct_write_target(&meta))
         .flatten();
         let outcome = if let Some((file, offset)) = direct {
-            match splice::receive_into_file(reader, &mut pipe, &file, offset, header.data_len as u64).await? {
+            match splice::receive_into_file(
+                reader,
+                &mut pipe,
+                &file,
+                offset,
+                header.data_len as u64,
+            )
+            .await?
+            {
                 Ok(n) => Ok(dispatch::Answer::from(n).encode()),
-                Err(errno) => Err(locus_store::StoreError::Os { op: "write", path: file.rel.clone(), errno }.into()),
+                Err(errno) => Err(locus_store::StoreError::Os {
+                    op: "write",
+                    path: file.rel.clone(),
+                    errno,
+                }
+                .into()),
             }
         } else {
             let data = read_vec(reader, &mut pool, header.data_len).await?;
             if session.is_uploading(header.id) {
-                session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
+                session
+                    .put_more(header.id, &data, header.more())
+                    .map(dispatch::Answer::encode)
             } else if !session.authenticated() && header.op > 0x03 {
-                Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+                Err(WireError::new(
+                    Code::NOT_AUTHENTICATED,
+                    "authenticate first",
+                ))
             } else {
                 session.set_current(header.id, header.more());
                 dispatch::dispatch(session, header.op, &meta, data)

@@ -64,7 +64,11 @@ impl ReadHalf {
 }
 
 impl tokio::io::AsyncRead for ReadHalf {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
@@ -75,7 +79,7 @@ impl tokio::io::AsyncRead for ReadHalf {
 /// Reads at least this many bytes go out with sendfile on plain TCP.
 const SENDFILE_MIN: u64 = 64 * 1024;
 /// Size of the data frames of a streamed `get`.
-pub const STREAM_CHUNK: usize = 1 << 20;
+pub const STREAM_CHUNK: usize = 4 << 20;
 
 /// What follows a reply's metadata.
 pub enum Body {

@@ -88,6 +88,8 @@ pub struct PutFile {
     pub io: FileIo,
 }
 
+// `struct stat` field types differ between architectures; the casts are for the others.
+#[allow(clippy::unnecessary_cast)]
 fn attr_of(st: &rustix::fs::Stat) -> Attr {
     Attr {
         dev: st.st_dev as u64,
