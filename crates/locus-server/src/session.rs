@@ -251,6 +251,9 @@ impl Handler for Session {
 
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
         let (id, more) = self.current;
+        if more && self.puts.len() >= self.shared.config.max_handles {
+            return Err(WireError::new(Code(24), "too many uploads in progress on this connection")); // EMFILE
+        }
         let mut put = store(
             self.shared
                 .store
