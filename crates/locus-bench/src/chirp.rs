@@ -21,19 +21,12 @@ pub type ChirpResult<T> = Result<T, String>;
 impl ChirpClient {
     /// Connects and authenticates by network address.
     pub fn connect(addr: SocketAddr) -> ChirpResult<ChirpClient> {
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("chirp connect: {e}"))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| format!("chirp connect: {e}"))?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))
-            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
         let writer = s.try_clone().map_err(|e| e.to_string())?;
-        let mut c = ChirpClient {
-            reader: BufReader::with_capacity(1 << 20, s),
-            writer,
-        };
-        c.writer
-            .write_all(b"address\n")
-            .map_err(|e| e.to_string())?;
+        let mut c = ChirpClient { reader: BufReader::with_capacity(1 << 20, s), writer };
+        c.writer.write_all(b"address\n").map_err(|e| e.to_string())?;
         // The server answers "yes" until it names the method and the subject it accepted.
         loop {
             let line = c.line()?;
@@ -58,10 +51,7 @@ impl ChirpClient {
 
     fn result(&mut self) -> ChirpResult<i64> {
         let line = self.line()?;
-        let n: i64 = line
-            .trim()
-            .parse()
-            .map_err(|_| format!("chirp: bad result line {line:?}"))?;
+        let n: i64 = line.trim().parse().map_err(|_| format!("chirp: bad result line {line:?}"))?;
         if n < 0 {
             return Err(format!("chirp error {n}"));
         }
@@ -69,9 +59,7 @@ impl ChirpClient {
     }
 
     fn command(&mut self, cmd: &str) -> ChirpResult<i64> {
-        self.writer
-            .write_all(cmd.as_bytes())
-            .map_err(|e| format!("chirp: {e}"))?;
+        self.writer.write_all(cmd.as_bytes()).map_err(|e| format!("chirp: {e}"))?;
         self.result()
     }
 
@@ -79,11 +67,7 @@ impl ChirpClient {
     pub fn stat(&mut self, path: &str) -> ChirpResult<u64> {
         self.command(&format!("stat {path}\n"))?;
         let fields = self.line()?;
-        fields
-            .split_whitespace()
-            .nth(7)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| "chirp: bad stat line".into())
+        fields.split_whitespace().nth(7).and_then(|s| s.parse().ok()).ok_or_else(|| "chirp: bad stat line".into())
     }
 
     /// `open` with Chirp flag letters (`r`, `w`, `rw`, `c`, `t`, ...); returns the fd.
@@ -101,9 +85,7 @@ impl ChirpClient {
     /// `pread` into `buf`; returns the count read.
     pub fn pread(&mut self, fd: i64, buf: &mut [u8], offset: u64) -> ChirpResult<usize> {
         let n = self.command(&format!("pread {fd} {} {offset}\n", buf.len()))? as usize;
-        self.reader
-            .read_exact(&mut buf[..n])
-            .map_err(|e| format!("chirp: {e}"))?;
+        self.reader.read_exact(&mut buf[..n]).map_err(|e| format!("chirp: {e}"))?;
         Ok(n)
     }
 
@@ -119,8 +101,7 @@ impl ChirpClient {
     /// `getfile`: streams a whole file into `sink`; returns its length.
     pub fn getfile(&mut self, path: &str, sink: &mut impl Write) -> ChirpResult<u64> {
         let len = self.command(&format!("getfile {path}\n"))? as u64;
-        let copied =
-            std::io::copy(&mut (&mut self.reader).take(len), sink).map_err(|e| e.to_string())?;
+        let copied = std::io::copy(&mut (&mut self.reader).take(len), sink).map_err(|e| e.to_string())?;
         if copied != len {
             return Err("chirp: short getfile".into());
         }
@@ -128,16 +109,9 @@ impl ChirpClient {
     }
 
     /// `putfile`: sends `len` bytes from `source` as a whole file.
-    pub fn putfile(
-        &mut self,
-        path: &str,
-        mode: u32,
-        len: u64,
-        source: &mut impl Read,
-    ) -> ChirpResult<()> {
+    pub fn putfile(&mut self, path: &str, mode: u32, len: u64, source: &mut impl Read) -> ChirpResult<()> {
         self.command(&format!("putfile {path} {mode} {len}\n"))?;
-        let sent =
-            std::io::copy(&mut source.take(len), &mut self.writer).map_err(|e| e.to_string())?;
+        let sent = std::io::copy(&mut source.take(len), &mut self.writer).map_err(|e| e.to_string())?;
         if sent != len {
             return Err("chirp: short putfile source".into());
         }

@@ -22,10 +22,7 @@ pub enum BenchError {
     #[error("{0}")]
     Setup(String),
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
+    Io { context: String, source: std::io::Error },
     #[error("locus: {0}")]
     Locus(#[from] locus_client::ClientError),
 }
@@ -33,9 +30,6 @@ pub enum BenchError {
 impl BenchError {
     /// An I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        BenchError::Io {
-            context: context.into(),
-            source,
-        }
+        BenchError::Io { context: context.into(), source }
     }
 }

@@ -17,21 +17,18 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The latency rows, in table order.
-pub const ROWS: [&str; 6] = [
-    "stat",
-    "open+close",
-    "read 1B",
-    "read 8KB",
-    "write 1B",
-    "write 8KB",
-];
+pub const ROWS: [&str; 6] = ["stat", "open+close", "read 1B", "read 8KB", "write 1B", "write 8KB"];
 
 /// Options of `locus bench ops`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct OpsArgs {
-    /// Timed calls per latency row (after a short warm-up).
+    /// Timed calls per latency row and target in each repeat.
     #[arg(long, default_value_t = 2000)]
     pub iterations: usize,
+    /// Calls per block: targets take turns in blocks this long, so that every target sees
+    /// the machine in the same states (its speed flips between modes within seconds).
+    #[arg(long, default_value_t = 100)]
+    pub block: usize,
     /// Repeats of every target; the report gives medians across them.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
@@ -42,16 +39,15 @@ pub struct OpsArgs {
     #[arg(long, default_value_t = 0.0)]
     pub rtt_ms: f64,
     /// Targets to measure, comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "pingpong,locus,chirp,xrootd"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "pingpong,locus,chirp,xrootd")]
     pub targets: Vec<String>,
     /// Scratch directory for the exported trees (default: /dev/shm, so that the disk's
     /// write-back stalls do not drown the protocols' differences).
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
+    /// Worker threads of the Locus server under test (default: one per CPU).
+    #[arg(long)]
+    pub server_threads: Option<usize>,
     /// Also save all results (every run) as JSON to this file.
     #[arg(long)]
     pub save: Option<PathBuf>,
@@ -84,8 +80,7 @@ const BIG_CHUNK: usize = 8 << 20;
 fn make_root(work: &Path, name: &str, big: u64) -> Result<PathBuf, BenchError> {
     let root = work.join(name);
     std::fs::create_dir_all(&root).map_err(|e| BenchError::io("mkdir", e))?;
-    std::fs::write(root.join("small"), vec![b's'; SMALL])
-        .map_err(|e| BenchError::io("write small", e))?;
+    std::fs::write(root.join("small"), vec![b's'; SMALL]).map_err(|e| BenchError::io("write small", e))?;
     let f = std::fs::File::create(root.join("big")).map_err(|e| BenchError::io("create big", e))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
     let block = vec![b'b'; 1 << 20];
@@ -94,15 +89,11 @@ fn make_root(work: &Path, name: &str, big: u64) -> Result<PathBuf, BenchError> {
     }
     std::io::Write::flush(&mut w).map_err(|e| BenchError::io("write big", e))?;
     // The write rows overwrite this file in place, so no peer pays for allocating blocks.
-    std::fs::copy(root.join("big"), root.join("bigw"))
-        .map_err(|e| BenchError::io("write bigw", e))?;
+    std::fs::copy(root.join("big"), root.join("bigw")).map_err(|e| BenchError::io("write bigw", e))?;
     // Peers that run as `nobody` must be able to write it.
     for f in ["small", "big", "bigw"] {
-        std::fs::set_permissions(
-            root.join(f),
-            std::os::unix::fs::PermissionsExt::from_mode(0o666),
-        )
-        .map_err(|e| BenchError::io("chmod", e))?;
+        std::fs::set_permissions(root.join(f), std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .map_err(|e| BenchError::io("chmod", e))?;
     }
     Ok(root)
 }
@@ -111,88 +102,94 @@ fn mbps(bytes: u64, took: Duration) -> f64 {
     bytes as f64 / took.as_secs_f64() / 1e6
 }
 
-fn measure_locus(
-    addr: SocketAddr,
-    token: &str,
-    iters: usize,
-    size: u64,
-) -> Result<RunResult, String> {
-    let opts = ConnectOptions {
-        addr: addr.to_string(),
-        credentials: Credentials {
-            subject: "admin".into(),
-            token: token.into(),
-        },
-        tls_ca: None,
-        tls_name: None,
-    };
-    let c = blocking::Client::connect(&opts).map_err(|e| e.to_string())?;
-    let e = |e: locus_client::ClientError| e.to_string();
-    let mut r = RunResult::default();
-    r.rows.insert(
-        "stat".into(),
-        time_each(iters, || c.run(|c| c.stat("/small")).map(drop).map_err(e))?,
-    );
-    r.rows.insert(
-        "open+close".into(),
-        time_each(iters, || {
-            let h = c.run(|c| c.open("/small", of::READ, 0)).map_err(e)?.handle;
-            c.run(|c| c.close(h)).map_err(e)
-        })?,
-    );
-    let h = c.run(|c| c.open("/small", of::READ, 0)).map_err(e)?.handle;
-    r.rows.insert(
-        "read 1B".into(),
-        time_each(iters, || c.run(|c| c.pread(h, 0, 1)).map(drop).map_err(e))?,
-    );
-    r.rows.insert(
-        "read 8KB".into(),
-        time_each(iters, || {
-            c.run(|c| c.pread(h, 0, 8192)).map(drop).map_err(e)
-        })?,
-    );
-    let w = c
-        .run(|c| c.open("/wfile", of::READ | of::WRITE | of::CREATE, 0o644))
-        .map_err(e)?
-        .handle;
-    let eight = vec![b'y'; 8192];
-    r.rows.insert(
-        "write 1B".into(),
-        time_each(iters, || {
-            c.run(|c| c.pwrite(w, 0, b"x")).map(drop).map_err(e)
-        })?,
-    );
-    r.rows.insert(
-        "write 8KB".into(),
-        time_each(iters, || {
-            c.run(|c| c.pwrite(w, 0, &eight)).map(drop).map_err(e)
-        })?,
-    );
-
-    let t = Instant::now();
-    let mut sink = CountingSink::default();
-    c.run(|c| c.get("/big", &mut sink, |_, _| {})).map_err(e)?;
-    r.read_mbps = mbps(sink.0, t.elapsed());
-
-    let bw = c.run(|c| c.open("/bigw", of::WRITE, 0)).map_err(e)?.handle;
-    let t = Instant::now();
-    c.run(|c| pipelined_write(c, bw, size)).map_err(e)?;
-    r.write_mbps = mbps(size, t.elapsed());
-    Ok(r)
+/// A long-lived client of one target that can time any row on demand, so that rows of
+/// different targets are measured side by side in the same minute.
+trait Driver {
+    /// Times `iters` calls of one latency row; returns each call's duration.
+    fn row(&mut self, row: &str, iters: usize) -> Result<Vec<Duration>, String>;
+    /// Sequential read and write bandwidth in MB/s over `size` bytes.
+    fn bandwidth(&mut self, size: u64) -> Result<(f64, f64), String>;
 }
 
-/// Sequential writes of 8 MiB (as the peers write) with up to [`WRITE_DEPTH`] in flight on one connection.
+/// The bare TCP floor: every row is one small round trip.
+struct PingPongDriver(std::net::TcpStream);
+
+impl Driver for PingPongDriver {
+    fn row(&mut self, _: &str, iters: usize) -> Result<Vec<Duration>, String> {
+        pingpong::measure_on(&mut self.0, iters)
+    }
+    fn bandwidth(&mut self, _: u64) -> Result<(f64, f64), String> {
+        Ok((0.0, 0.0))
+    }
+}
+
+struct LocusDriver {
+    client: blocking::Client,
+    read: u64,
+    write: u64,
+}
+
+impl LocusDriver {
+    fn connect(addr: SocketAddr, token: &str) -> Result<LocusDriver, String> {
+        let opts = ConnectOptions {
+            addr: addr.to_string(),
+            credentials: Credentials { subject: "admin".into(), token: token.into() },
+            tls_ca: None,
+            tls_name: None,
+        };
+        let client = blocking::Client::connect(&opts).map_err(|e| e.to_string())?;
+        let read = client.run(|c| c.open("/small", of::READ, 0)).map_err(|e| e.to_string())?.handle;
+        let write = client
+            .run(|c| c.open("/wfile", of::READ | of::WRITE | of::CREATE, 0o644))
+            .map_err(|e| e.to_string())?
+            .handle;
+        Ok(LocusDriver { client, read, write })
+    }
+}
+
+impl Driver for LocusDriver {
+    fn row(&mut self, row: &str, iters: usize) -> Result<Vec<Duration>, String> {
+        let (c, r, w) = (&self.client, self.read, self.write);
+        let e = |e: locus_client::ClientError| e.to_string();
+        let eight = vec![b'y'; 8192];
+        match row {
+            "stat" => time_each(iters, || c.run(|c| c.stat("/small")).map(drop).map_err(e)),
+            "open+close" => time_each(iters, || {
+                let h = c.run(|c| c.open("/small", of::READ, 0)).map_err(e)?.handle;
+                c.run(|c| c.close(h)).map_err(e)
+            }),
+            "read 1B" => time_each(iters, || c.run(|c| c.pread(r, 0, 1)).map(drop).map_err(e)),
+            "read 8KB" => time_each(iters, || c.run(|c| c.pread(r, 0, 8192)).map(drop).map_err(e)),
+            "write 1B" => time_each(iters, || c.run(|c| c.pwrite(w, 0, b"x")).map(drop).map_err(e)),
+            "write 8KB" => time_each(iters, || c.run(|c| c.pwrite(w, 0, &eight)).map(drop).map_err(e)),
+            other => Err(format!("unknown row {other}")),
+        }
+    }
+
+    fn bandwidth(&mut self, size: u64) -> Result<(f64, f64), String> {
+        let c = &self.client;
+        let e = |e: locus_client::ClientError| e.to_string();
+        let t = Instant::now();
+        let mut sink = CountingSink::default();
+        c.run(|c| c.get("/big", &mut sink, |_, _| {})).map_err(e)?;
+        let read = mbps(sink.0, t.elapsed());
+        let h = c.run(|c| c.open("/bigw", of::WRITE, 0)).map_err(e)?.handle;
+        let t = Instant::now();
+        c.run(|c| pipelined_write(c, h, size)).map_err(e)?;
+        let write = mbps(size, t.elapsed());
+        c.run(|c| c.close(h)).map_err(e)?;
+        Ok((read, write))
+    }
+}
+
+/// Sequential writes of 8 MiB (as the peers write) with up to [`WRITE_DEPTH`] in flight.
 async fn pipelined_write(c: &locus_client::Client, h: u64, size: u64) -> locus_client::Result<()> {
     let block = bytes::Bytes::from(vec![b'z'; WRITE_CHUNK]);
     let mut inflight = tokio::task::JoinSet::new();
     let mut off = 0u64;
     while off < size {
         if inflight.len() >= WRITE_DEPTH {
-            inflight
-                .join_next()
-                .await
-                .expect("non-empty")
-                .expect("task")?;
+            inflight.join_next().await.expect("non-empty").expect("task")?;
         }
         let (c, block) = (c.clone(), block.clone());
         inflight.spawn(async move { c.pwrite(h, off, &block).await });
@@ -204,101 +201,186 @@ async fn pipelined_write(c: &locus_client::Client, h: u64, size: u64) -> locus_c
     Ok(())
 }
 
-fn measure_chirp(addr: SocketAddr, iters: usize, size: u64) -> Result<RunResult, String> {
-    let mut c = ChirpClient::connect(addr)?;
-    let mut r = RunResult::default();
-    r.rows.insert(
-        "stat".into(),
-        time_each(iters, || c.stat("/small").map(drop))?,
-    );
-    r.rows.insert(
-        "open+close".into(),
-        time_each(iters, || {
-            let fd = c.open("/small", "r", 0)?;
-            c.close(fd)
-        })?,
-    );
-    let fd = c.open("/small", "r", 0)?;
-    let mut buf = vec![0u8; 8192];
-    r.rows.insert(
-        "read 1B".into(),
-        time_each(iters, || c.pread(fd, &mut buf[..1], 0).map(drop))?,
-    );
-    let mut buf = vec![0u8; 8192];
-    r.rows.insert(
-        "read 8KB".into(),
-        time_each(iters, || c.pread(fd, &mut buf, 0).map(drop))?,
-    );
-    let w = c.open("/wfile", "rwc", 0o644)?;
-    let eight = vec![b'y'; 8192];
-    r.rows.insert(
-        "write 1B".into(),
-        time_each(iters, || c.pwrite(w, b"x", 0).map(drop))?,
-    );
-    r.rows.insert(
-        "write 8KB".into(),
-        time_each(iters, || c.pwrite(w, &eight, 0).map(drop))?,
-    );
-    let t = Instant::now();
-    let n = c.getfile("/big", &mut std::io::sink())?;
-    r.read_mbps = mbps(n, t.elapsed());
-    let w = c.open("/bigw", "w", 0)?;
-    let block = vec![b'z'; BIG_CHUNK];
-    let t = Instant::now();
-    let mut off = 0u64;
-    while off < size {
-        off += c.pwrite(w, &block, off)? as u64;
+struct ChirpDriver {
+    client: ChirpClient,
+    read: i64,
+    write: i64,
+}
+
+impl ChirpDriver {
+    fn connect(addr: SocketAddr) -> Result<ChirpDriver, String> {
+        let mut client = ChirpClient::connect(addr)?;
+        let read = client.open("/small", "r", 0)?;
+        let write = client.open("/wfile", "rwc", 0o644)?;
+        Ok(ChirpDriver { client, read, write })
     }
-    r.write_mbps = mbps(size, t.elapsed());
-    Ok(r)
+}
+
+impl Driver for ChirpDriver {
+    fn row(&mut self, row: &str, iters: usize) -> Result<Vec<Duration>, String> {
+        let (c, r, w) = (&mut self.client, self.read, self.write);
+        let mut buf = vec![0u8; 8192];
+        let eight = vec![b'y'; 8192];
+        match row {
+            "stat" => time_each(iters, || c.stat("/small").map(drop)),
+            "open+close" => time_each(iters, || {
+                let fd = c.open("/small", "r", 0)?;
+                c.close(fd)
+            }),
+            "read 1B" => time_each(iters, || c.pread(r, &mut buf[..1], 0).map(drop)),
+            "read 8KB" => time_each(iters, || c.pread(r, &mut buf, 0).map(drop)),
+            "write 1B" => time_each(iters, || c.pwrite(w, b"x", 0).map(drop)),
+            "write 8KB" => time_each(iters, || c.pwrite(w, &eight, 0).map(drop)),
+            other => Err(format!("unknown row {other}")),
+        }
+    }
+
+    fn bandwidth(&mut self, size: u64) -> Result<(f64, f64), String> {
+        let c = &mut self.client;
+        let t = Instant::now();
+        let n = c.getfile("/big", &mut std::io::sink())?;
+        let read = mbps(n, t.elapsed());
+        let w = c.open("/bigw", "w", 0)?;
+        let block = vec![b'z'; BIG_CHUNK];
+        let t = Instant::now();
+        let mut off = 0u64;
+        while off < size {
+            off += c.pwrite(w, &block, off)? as u64;
+        }
+        let write = mbps(size, t.elapsed());
+        c.close(w)?;
+        Ok((read, write))
+    }
+}
+
+/// XRootD through its Python bindings (the C++ client underneath), in one long-lived
+/// process driven line by line.
+struct XrootdDriver {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl XrootdDriver {
+    fn start(python: &Path, script: &Path, addr: SocketAddr) -> Result<XrootdDriver, String> {
+        let mut child = std::process::Command::new(python)
+            .arg(script)
+            .arg(format!("root://{addr}"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("run {}: {e}", python.display()))?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut d = XrootdDriver { child, stdin, stdout };
+        d.answer::<serde_json::Value>()?;
+        Ok(d)
+    }
+
+    fn ask<T: serde::de::DeserializeOwned>(&mut self, line: String) -> Result<T, String> {
+        std::io::Write::write_all(&mut self.stdin, line.as_bytes()).map_err(|e| format!("xrootd driver: {e}"))?;
+        self.answer()
+    }
+
+    fn answer<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, String> {
+        let mut out = String::new();
+        std::io::BufRead::read_line(&mut self.stdout, &mut out).map_err(|e| format!("xrootd driver: {e}"))?;
+        serde_json::from_str(&out).map_err(|e| format!("xrootd driver said {out:?}: {e}"))
+    }
+}
+
+impl Drop for XrootdDriver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Driver for XrootdDriver {
+    fn row(&mut self, row: &str, iters: usize) -> Result<Vec<Duration>, String> {
+        let us: Vec<f64> = self.ask(format!("row {row} {iters}\n"))?;
+        Ok(us.into_iter().map(|u| Duration::from_secs_f64(u / 1e6)).collect())
+    }
+
+    fn bandwidth(&mut self, size: u64) -> Result<(f64, f64), String> {
+        let v: serde_json::Value = self.ask(format!("bw {size}\n"))?;
+        Ok((v["read_mbps"].as_f64().unwrap_or(0.0), v["write_mbps"].as_f64().unwrap_or(0.0)))
+    }
 }
 
 fn xrootd_python() -> Option<PathBuf> {
-    ["/usr/bin/python3", "python3"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| {
-            std::process::Command::new(p)
-                .args(["-c", "import XRootD.client"])
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+    ["/usr/bin/python3", "python3"].iter().map(PathBuf::from).find(|p| {
+        std::process::Command::new(p)
+            .args(["-c", "import XRootD.client"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
-fn measure_xrootd(
-    python: &Path,
-    script: &Path,
-    addr: SocketAddr,
-    iters: usize,
-    size: u64,
-) -> Result<RunResult, String> {
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .arg(format!("root://{addr}"))
-        .arg(iters.to_string())
-        .arg(size.to_string())
-        .output()
-        .map_err(|e| format!("run {}: {e}", python.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "xrootd bench failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("xrootd bench output: {e}"))
-}
-
-/// A target ready to measure: where to connect (maybe a proxy) and what keeps it alive.
+/// A target ready to measure: its driver and what keeps its server (and proxy) alive.
 struct Target {
     name: String,
-    addr: SocketAddr,
-    token: String,
+    driver: Box<dyn Driver>,
     _peer: Option<Peer>,
     _proxy: Option<DelayProxy>,
 }
 
+/// Starts a target's server (and a delay proxy in front when asked) and connects a driver.
+fn start_target(
+    name: &str,
+    args: &OpsArgs,
+    work: &Path,
+    size: u64,
+    one_way: Duration,
+    python: Option<&Path>,
+    script: &Path,
+) -> Result<Target, BenchError> {
+    let setup = |e: String| BenchError::Setup(e);
+    let behind_proxy = |addr: SocketAddr| -> Result<(SocketAddr, Option<DelayProxy>), BenchError> {
+        if one_way > Duration::ZERO {
+            let p = DelayProxy::start(addr, one_way).map_err(|e| BenchError::io("delay proxy", e))?;
+            Ok((p.addr, Some(p)))
+        } else {
+            Ok((addr, None))
+        }
+    };
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
+    let (driver, peer, proxy): (Box<dyn Driver>, Option<Peer>, Option<DelayProxy>) = match name {
+        "pingpong" => {
+            let (addr, proxy) = behind_proxy(pingpong::start_echo().map_err(|e| BenchError::io("echo", e))?)?;
+            (Box::new(PingPongDriver(pingpong::connect(addr).map_err(setup)?)), None, proxy)
+        }
+        "locus" => {
+            let root = make_root(work, "locus-root", size)?;
+            let (peer, token) = peers::start_locus(&exe, work, &root, args.server_threads)?;
+            let (addr, proxy) = behind_proxy(peer.addr)?;
+            (Box::new(LocusDriver::connect(addr, &token).map_err(setup)?), Some(peer), proxy)
+        }
+        "chirp" => {
+            let root = make_root(work, "chirp-root", size)?;
+            let peer = peers::start_chirp(work, &root)?;
+            let (addr, proxy) = behind_proxy(peer.addr)?;
+            (Box::new(ChirpDriver::connect(addr).map_err(setup)?), Some(peer), proxy)
+        }
+        "xrootd" => {
+            let python = python
+                .ok_or_else(|| setup("no python3 with XRootD bindings (apt-get install python3-xrootd)".into()))?;
+            let root = make_root(work, "xrootd-root", size)?;
+            let peer = peers::start_xrootd(work, &root)?;
+            let (addr, proxy) = behind_proxy(peer.addr)?;
+            (Box::new(XrootdDriver::start(python, script, addr).map_err(setup)?), Some(peer), proxy)
+        }
+        other => return Err(setup(format!("unknown target {other:?}"))),
+    };
+    Ok(Target { name: name.to_string(), driver, _peer: peer, _proxy: proxy })
+}
+
 /// Runs the benchmark and prints the report; see [`OpsArgs`].
+///
+/// Every repeat measures each row for all targets back to back, in a rotating order, so
+/// that drifts in the machine's speed hit all targets alike; the ping-pong floor is
+/// measured in the same window as every row.
 pub fn run(args: OpsArgs) -> Result<(), BenchError> {
     let base = args.work_dir.clone().unwrap_or_else(|| {
         let shm = PathBuf::from("/dev/shm");
@@ -313,61 +395,19 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
         .tempdir_in(&base)
         .map_err(|e| BenchError::io(format!("temp dir in {}", base.display()), e))?;
     // Peers that drop root privileges to `nobody` must reach their config and logs here.
-    std::fs::set_permissions(
-        work.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .map_err(|e| BenchError::io("chmod work dir", e))?;
+    std::fs::set_permissions(work.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| BenchError::io("chmod work dir", e))?;
     let size = args.size_mb.max(1) << 20;
-    let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let one_way = Duration::from_secs_f64(args.rtt_ms / 2000.0);
     let script = work.path().join("xrootd_ops.py");
-    std::fs::write(&script, include_str!("xrootd_ops.py"))
-        .map_err(|e| BenchError::io("write script", e))?;
+    std::fs::write(&script, include_str!("xrootd_ops.py")).map_err(|e| BenchError::io("write script", e))?;
     let python = xrootd_python();
 
     let mut targets = Vec::new();
     let mut skipped = Vec::new();
     for name in &args.targets {
-        let started: Result<(SocketAddr, String, Option<Peer>), BenchError> = match name.as_str() {
-            "pingpong" => pingpong::start_echo()
-                .map(|a| (a, String::new(), None))
-                .map_err(|e| BenchError::io("echo", e)),
-            "locus" => make_root(work.path(), "locus-root", size)
-                .and_then(|root| peers::start_locus(&exe, work.path(), &root))
-                .map(|(p, token)| (p.addr, token, Some(p))),
-            "chirp" => make_root(work.path(), "chirp-root", size)
-                .and_then(|root| peers::start_chirp(work.path(), &root))
-                .map(|p| (p.addr, String::new(), Some(p))),
-            "xrootd" => match &python {
-                None => Err(BenchError::Setup(
-                    "no python3 with XRootD bindings (apt-get install python3-xrootd)".into(),
-                )),
-                Some(_) => make_root(work.path(), "xrootd-root", size)
-                    .and_then(|root| peers::start_xrootd(work.path(), &root))
-                    .map(|p| (p.addr, String::new(), Some(p))),
-            },
-            other => Err(BenchError::Setup(format!("unknown target {other:?}"))),
-        };
-        match started {
-            Ok((addr, token, peer)) => {
-                let proxy = if one_way > Duration::ZERO {
-                    Some(
-                        DelayProxy::start(addr, one_way)
-                            .map_err(|e| BenchError::io("delay proxy", e))?,
-                    )
-                } else {
-                    None
-                };
-                let addr = proxy.as_ref().map_or(addr, |p| p.addr);
-                targets.push(Target {
-                    name: name.clone(),
-                    addr,
-                    token,
-                    _peer: peer,
-                    _proxy: proxy,
-                });
-            }
+        match start_target(name, &args, work.path(), size, one_way, python.as_deref(), &script) {
+            Ok(t) => targets.push(t),
             Err(e) => {
                 eprintln!("skipping {name}: {e}");
                 skipped.push(name.clone());
@@ -375,30 +415,35 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
         }
     }
 
-    let mut runs: BTreeMap<String, Vec<RunResult>> = BTreeMap::new();
-    for rep in 0..args.repeat.max(1) {
-        // Rotate the order so no target always runs first (or last) on a warming machine.
-        for i in 0..targets.len() {
-            let t = &targets[(i + rep) % targets.len()];
-            eprintln!("run {}/{}: {}", rep + 1, args.repeat.max(1), t.name);
-            let r = match t.name.as_str() {
-                "pingpong" => pingpong::measure(t.addr, args.iterations).map(|s| RunResult {
-                    rows: [("round trip".to_string(), s)].into(),
-                    ..Default::default()
-                }),
-                "locus" => measure_locus(t.addr, &t.token, args.iterations, size),
-                "chirp" => measure_chirp(t.addr, args.iterations, size),
-                "xrootd" => measure_xrootd(
-                    python.as_deref().expect("checked"),
-                    &script,
-                    t.addr,
-                    args.iterations,
-                    size,
-                ),
-                _ => unreachable!(),
+    let repeats = args.repeat.max(1);
+    let mut runs: BTreeMap<String, Vec<RunResult>> =
+        targets.iter().map(|t| (t.name.clone(), vec![RunResult::default(); repeats])).collect();
+    let n = targets.len().max(1);
+    for rep in 0..repeats {
+        eprintln!("repeat {}/{repeats}", rep + 1);
+        for row in ROWS {
+            let block = args.block.clamp(1, args.iterations.max(1));
+            let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+            for b in 0..args.iterations.max(1).div_ceil(block) {
+                for k in 0..targets.len() {
+                    let idx = (k + b) % n;
+                    let t = &mut targets[idx];
+                    let got = t.driver.row(row, block).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
+                    samples[idx].extend(got);
+                }
             }
-            .map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
-            runs.entry(t.name.clone()).or_default().push(r);
+            for (t, mut got) in targets.iter().zip(samples) {
+                runs.get_mut(&t.name).expect("present")[rep].rows.insert(row.to_string(), Summary::of(&mut got));
+            }
+        }
+        for k in 0..targets.len() {
+            let t = &mut targets[(k + rep) % n];
+            if t.name == "pingpong" {
+                continue;
+            }
+            let (r, w) = t.driver.bandwidth(size).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
+            let run = &mut runs.get_mut(&t.name).expect("present")[rep];
+            (run.read_mbps, run.write_mbps) = (r, w);
         }
     }
 
@@ -406,15 +451,13 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
         .iter()
         .map(|t| {
             let rs = runs.remove(&t.name).unwrap_or_default();
-            let mut rows = BTreeMap::new();
-            let keys: Vec<String> = rs
-                .first()
-                .map(|r| r.rows.keys().cloned().collect())
-                .unwrap_or_default();
-            for k in keys {
-                let all: Vec<Summary> = rs.iter().filter_map(|r| r.rows.get(&k).copied()).collect();
-                rows.insert(k, Summary::median(&all));
-            }
+            let rows = ROWS
+                .iter()
+                .map(|k| {
+                    let all: Vec<Summary> = rs.iter().filter_map(|r| r.rows.get(*k).copied()).collect();
+                    (k.to_string(), Summary::median(&all))
+                })
+                .collect();
             TargetReport {
                 target: t.name.clone(),
                 rows,
@@ -433,80 +476,71 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-/// The report as Markdown tables: latency p50 (p99) per row and target, ratios to Locus.
+/// The report as a Markdown table: per row, the ping-pong floor measured beside it,
+/// Locus' p50 (p99), each peer's and the peer ÷ Locus ratio; then bandwidth.
 pub fn render(args: &OpsArgs, reports: &[TargetReport], skipped: &[String]) -> String {
     let get = |name: &str| reports.iter().find(|r| r.target == name);
-    let floor = get("pingpong")
-        .and_then(|r| r.rows.get("round trip"))
-        .map(|s| s.p50);
+    let pingpong = get("pingpong");
     let locus = get("locus");
-    let peers: Vec<&TargetReport> = reports
-        .iter()
-        .filter(|r| r.target != "pingpong" && r.target != "locus")
-        .collect();
+    let peers: Vec<&TargetReport> = reports.iter().filter(|r| r.target != "pingpong" && r.target != "locus").collect();
+    let cell = |x: Option<&Summary>| x.map_or("-".to_string(), |x| format!("{:.1} ({:.1})", x.p50, x.p99));
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".to_string(),
+    };
     let mut s = format!(
         "\n### bench ops: {} iterations x {} repeats, {} MiB file, emulated RTT {} ms (medians of repeats)\n\n",
         args.iterations, args.repeat, args.size_mb, args.rtt_ms
     );
-    if let Some(f) = floor {
-        s.push_str(&format!("Bare TCP ping-pong round trip: p50 {f:.1} µs\n\n"));
+    let mut header = vec!["row".to_string()];
+    if pingpong.is_some() {
+        header.push("ping-pong p50 µs".into());
     }
-    s.push_str("| row | locus p50 (p99) µs |");
+    header.push("locus p50 (p99) µs".into());
+    if pingpong.is_some() {
+        header.push("locus ÷ ping-pong".into());
+    }
     for p in &peers {
-        s.push_str(&format!(
-            " {} p50 (p99) µs | {} ÷ locus |",
-            p.target, p.target
-        ));
+        header.push(format!("{} p50 (p99) µs", p.target));
+        header.push(format!("{} ÷ locus", p.target));
     }
-    if floor.is_some() {
-        s.push_str(" locus ÷ ping-pong |");
-    }
-    s.push('\n');
-    s.push_str(&"|---".repeat(2 + peers.len() * 2 + usize::from(floor.is_some())));
-    s.push_str("|\n");
+    s.push_str(&format!("| {} |\n|{}\n", header.join(" | "), "---|".repeat(header.len())));
     for row in ROWS {
         let l = locus.and_then(|r| r.rows.get(row));
-        s.push_str(&format!(
-            "| {row} | {} |",
-            l.map_or("-".into(), |x| format!("{:.1} ({:.1})", x.p50, x.p99))
-        ));
+        let mut cells = vec![row.to_string()];
+        if let Some(pp) = pingpong {
+            let f = pp.rows.get(row);
+            cells.push(f.map_or("-".into(), |f| format!("{:.1}", f.p50)));
+            cells.push(cell(l));
+            cells.push(ratio(l.map(|l| l.p50), f.map(|f| f.p50)));
+        } else {
+            cells.push(cell(l));
+        }
         for p in &peers {
             let v = p.rows.get(row);
-            s.push_str(&format!(
-                " {} |",
-                v.map_or("-".into(), |x| format!("{:.1} ({:.1})", x.p50, x.p99))
-            ));
-            s.push_str(&match (v, l) {
-                (Some(v), Some(l)) => format!(" {:.2}x |", v.p50 / l.p50),
-                _ => " - |".into(),
-            });
+            cells.push(cell(v));
+            cells.push(ratio(v.map(|v| v.p50), l.map(|l| l.p50)));
         }
-        if let Some(f) = floor {
-            s.push_str(&l.map_or(" - |".into(), |l| format!(" {:.2}x |", l.p50 / f)));
-        }
-        s.push('\n');
+        s.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
-    for (label, pick) in [("seq read MB/s", 0), ("seq write MB/s", 1)] {
-        let bw = |r: &TargetReport| if pick == 0 { r.read_mbps } else { r.write_mbps };
-        let l = locus.map(bw);
-        s.push_str(&format!(
-            "| {label} | {} |",
-            l.map_or("-".into(), |v| format!("{v:.0}"))
-        ));
+    for (label, read) in [("seq read MB/s", true), ("seq write MB/s", false)] {
+        let bw = |r: &TargetReport| if read { r.read_mbps } else { r.write_mbps };
+        let mut cells = vec![label.to_string()];
+        if pingpong.is_some() {
+            cells.push(String::new());
+        }
+        cells.push(locus.map_or("-".into(), |l| format!("{:.0}", bw(l))));
+        if pingpong.is_some() {
+            cells.push(String::new());
+        }
         for p in &peers {
-            s.push_str(&format!(" {:.0} |", bw(p)));
-            s.push_str(&l.map_or(" - |".into(), |l| format!(" locus is {:.2}x |", l / bw(p))));
+            cells.push(format!("{:.0}", bw(p)));
+            cells.push(locus.map_or("-".into(), |l| format!("locus is {}", ratio(Some(bw(l)), Some(bw(p))))));
         }
-        if floor.is_some() {
-            s.push_str(" |");
-        }
-        s.push('\n');
+        s.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
     if !skipped.is_empty() {
-        s.push_str(&format!(
-            "\nSkipped (not available here): {}\n",
-            skipped.join(", ")
-        ));
+        s.push_str(&format!("\nSkipped (not available here): {}\n", skipped.join(", ")));
     }
     s
 }

@@ -30,9 +30,7 @@ fn wait_for_port_file(path: &Path, child: &mut Child, what: &str) -> Result<u16,
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(BenchError::Setup(format!(
-                "{what} exited at start ({status})"
-            )));
+            return Err(BenchError::Setup(format!("{what} exited at start ({status})")));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -46,46 +44,35 @@ fn wait_for_listen(addr: SocketAddr, child: &mut Child, what: &str) -> Result<()
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(BenchError::Setup(format!(
-                "{what} exited at start ({status})"
-            )));
+            return Err(BenchError::Setup(format!("{what} exited at start ({status})")));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(BenchError::Setup(format!(
-        "{what} is not listening on {addr}"
-    )))
+    Err(BenchError::Setup(format!("{what} is not listening on {addr}")))
 }
 
 /// A port that was free a moment ago, for servers that cannot pick their own.
 pub fn free_port() -> Result<u16, BenchError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| BenchError::io("bind", e))?;
-    Ok(l.local_addr()
-        .map_err(|e| BenchError::io("bind", e))?
-        .port())
+    Ok(l.local_addr().map_err(|e| BenchError::io("bind", e))?.port())
 }
 
 /// Peers refuse to run as root; when we are root they are told to drop to `nobody`.
 fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0")))
         .unwrap_or(false)
 }
 
 /// Makes a directory world-writable so a server that drops to `nobody` can use it.
 fn open_up(dir: &Path) -> Result<(), BenchError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
-        .map_err(|e| BenchError::io("chmod", e))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(|e| BenchError::io("chmod", e))
 }
 
 /// `locus serve` from this very binary, exporting `root`; returns the peer and its token.
-pub fn start_locus(exe: &Path, work: &Path, root: &Path) -> Result<(Peer, String), BenchError> {
+pub fn start_locus(exe: &Path, work: &Path, root: &Path, threads: Option<usize>) -> Result<(Peer, String), BenchError> {
     let state = work.join("locus-state");
     let port_file = work.join("locus.port");
     let _ = std::fs::remove_file(&port_file);
@@ -97,117 +84,71 @@ pub fn start_locus(exe: &Path, work: &Path, root: &Path) -> Result<(Peer, String
         .arg(&state)
         .arg("--port-file")
         .arg(&port_file)
+        .args(threads.map(|n| format!("--threads={n}")))
         .env("LOCUS_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| BenchError::io("start locus serve", e))?;
     let port = wait_for_port_file(&port_file, &mut child, "locus serve")?;
-    let tokens = std::fs::read_to_string(state.join("tokens"))
-        .map_err(|e| BenchError::io("read tokens", e))?;
+    let tokens = std::fs::read_to_string(state.join("tokens")).map_err(|e| BenchError::io("read tokens", e))?;
     let token = tokens
         .lines()
         .find_map(|l| l.strip_prefix("admin "))
         .ok_or_else(|| BenchError::Setup("no admin token".into()))?
         .to_string();
-    Ok((
-        Peer {
-            name: "locus",
-            addr: ([127, 0, 0, 1], port).into(),
-            child,
-        },
-        token,
-    ))
+    Ok((Peer { name: "locus", addr: ([127, 0, 0, 1], port).into(), child }, token))
 }
 
 /// CCTools' chirp_server exporting `root`, accepting address authentication from loopback.
 pub fn start_chirp(work: &Path, root: &Path) -> Result<Peer, BenchError> {
-    let bin = which("chirp_server").ok_or_else(|| {
-        BenchError::Setup(
-            "chirp_server not installed (apt-get install coop-computing-tools)".into(),
-        )
-    })?;
+    let bin = which("chirp_server")
+        .ok_or_else(|| BenchError::Setup("chirp_server not installed (apt-get install coop-computing-tools)".into()))?;
     let acl = work.join("chirp.acl");
-    std::fs::write(&acl, "address:127.0.0.1 rwldpa\n")
-        .map_err(|e| BenchError::io("write chirp acl", e))?;
+    std::fs::write(&acl, "address:127.0.0.1 rwldpa\n").map_err(|e| BenchError::io("write chirp acl", e))?;
     let port_file = work.join("chirp.port");
     let _ = std::fs::remove_file(&port_file);
     open_up(root)?;
     let mut cmd = Command::new(bin);
-    cmd.arg("-r")
-        .arg(root)
-        .args(["-p", "0", "-u", "-", "-a", "address", "-I", "127.0.0.1"]);
-    cmd.arg("-A")
-        .arg(&acl)
-        .arg("-Z")
-        .arg(&port_file)
-        .arg("-y")
-        .arg(root);
+    cmd.arg("-r").arg(root).args(["-p", "0", "-u", "-", "-a", "address", "-I", "127.0.0.1"]);
+    cmd.arg("-A").arg(&acl).arg("-Z").arg(&port_file).arg("-y").arg(root);
     if running_as_root() {
         cmd.args(["-i", "nobody"]);
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| BenchError::io("start chirp_server", e))?;
+    let mut child =
+        cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| BenchError::io("start chirp_server", e))?;
     let port = wait_for_port_file(&port_file, &mut child, "chirp_server")?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_for_listen(addr, &mut child, "chirp_server")?;
-    Ok(Peer {
-        name: "chirp",
-        addr,
-        child,
-    })
+    Ok(Peer { name: "chirp", addr, child })
 }
 
 /// An XRootD server exporting `root`.
 pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, BenchError> {
-    let bin = which("xrootd").ok_or_else(|| {
-        BenchError::Setup("xrootd not installed (apt-get install xrootd-server)".into())
-    })?;
+    let bin = which("xrootd")
+        .ok_or_else(|| BenchError::Setup("xrootd not installed (apt-get install xrootd-server)".into()))?;
     let cfg = work.join("xrootd.cfg");
-    std::fs::write(
-        &cfg,
-        format!(
-            "all.export /\noss.localroot {}\nxrd.trace off\n",
-            root.display()
-        ),
-    )
-    .map_err(|e| BenchError::io("write xrootd config", e))?;
+    std::fs::write(&cfg, format!("all.export /\noss.localroot {}\nxrd.trace off\n", root.display()))
+        .map_err(|e| BenchError::io("write xrootd config", e))?;
     open_up(root)?;
     let port = free_port()?;
     let mut cmd = Command::new(bin);
     let logs = work.join("xrootd-logs");
     std::fs::create_dir_all(&logs).map_err(|e| BenchError::io("mkdir", e))?;
     open_up(&logs)?;
-    cmd.args(["-p", &port.to_string(), "-n", "locusbench", "-c"])
-        .arg(&cfg)
-        .arg("-l")
-        .arg(logs.join("xrootd.log"));
+    cmd.args(["-p", &port.to_string(), "-n", "locusbench", "-c"]).arg(&cfg).arg("-l").arg(logs.join("xrootd.log"));
     cmd.current_dir(&logs);
     if running_as_root() {
         cmd.args(["-R", "nobody"]);
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| BenchError::io("start xrootd", e))?;
+    let mut child =
+        cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| BenchError::io("start xrootd", e))?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_for_listen(addr, &mut child, "xrootd")?;
-    Ok(Peer {
-        name: "xrootd",
-        addr,
-        child,
-    })
+    Ok(Peer { name: "xrootd", addr, child })
 }
 
 /// The full path of a program on PATH.
 pub fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
 }

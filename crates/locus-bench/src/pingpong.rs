@@ -1,9 +1,10 @@
 //! The floor for any request/reply on this machine: a blocking client and a blocking
 //! echo thread exchanging one small message over loopback TCP.
 
-use crate::stats::{time_each, Summary};
+use crate::stats::time_each;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
 
 /// Size of the message, the same as a Locus frame header.
 const MESSAGE: usize = 16;
@@ -24,10 +25,15 @@ pub fn start_echo() -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// Round-trip latency of one small message to `addr` (an echo server, maybe behind a proxy).
-pub fn measure(addr: SocketAddr, iterations: usize) -> Result<Summary, String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+/// A client connection to an echo server (maybe behind a proxy).
+pub fn connect(addr: SocketAddr) -> Result<TcpStream, String> {
+    let s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
+    Ok(s)
+}
+
+/// Round-trip latency of one small message on a connection to an echo server.
+pub fn measure_on(s: &mut TcpStream, iterations: usize) -> Result<Vec<Duration>, String> {
     let mut b = [7u8; MESSAGE];
     time_each(iterations, || {
         s.write_all(&b).map_err(|e| e.to_string())?;

@@ -17,10 +17,7 @@ pub struct DelayProxy {
 impl DelayProxy {
     /// Starts forwarding a fresh port on 127.0.0.1 to `target` with `one_way` delay.
     pub fn start(target: SocketAddr, one_way: Duration) -> std::io::Result<DelayProxy> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
         let listener = rt.block_on(TcpListener::bind("127.0.0.1:0"))?;
         let addr = listener.local_addr()?;
         rt.spawn(async move {
@@ -43,11 +40,7 @@ impl DelayProxy {
 }
 
 /// Copies one direction, delivering each chunk `delay` after it was read, in order.
-async fn forward(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
+async fn forward(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, delay: Duration) {
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let writer = tokio::spawn(async move {
         while let Some((due, chunk)) = rx.recv().await {
@@ -63,10 +56,7 @@ async fn forward(
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => {
-                if tx
-                    .send((Instant::now() + delay, buf[..n].to_vec()))
-                    .is_err()
-                {
+                if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
                     break;
                 }
             }

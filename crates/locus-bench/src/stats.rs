@@ -21,11 +21,7 @@ impl Summary {
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         let pick = |q: f64| us(samples[((samples.len() - 1) as f64 * q).round() as usize]);
         let mean = samples.iter().map(|d| us(*d)).sum::<f64>() / samples.len() as f64;
-        Summary {
-            mean,
-            p50: pick(0.5),
-            p99: pick(0.99),
-        }
+        Summary { mean, p50: pick(0.5), p99: pick(0.99) }
     }
 
     /// The field-wise median of several summaries (one per repeat).
@@ -52,12 +48,9 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Times `iterations` calls of `f` after a short warm-up.
-pub fn time_each(
-    iterations: usize,
-    mut f: impl FnMut() -> Result<(), String>,
-) -> Result<Summary, String> {
-    for _ in 0..(iterations / 20).max(5) {
+/// Times `iterations` calls of `f` after a short warm-up; returns each call's duration.
+pub fn time_each(iterations: usize, mut f: impl FnMut() -> Result<(), String>) -> Result<Vec<Duration>, String> {
+    for _ in 0..(iterations / 20).max(3) {
         f()?;
     }
     let mut samples = Vec::with_capacity(iterations);
@@ -66,7 +59,7 @@ pub fn time_each(
         f()?;
         samples.push(t.elapsed());
     }
-    Ok(Summary::of(&mut samples))
+    Ok(samples)
 }
 
 #[cfg(test)]

@@ -1,64 +1,65 @@
-# Times the `locus bench ops` rows against an XRootD server through its Python bindings
-# (the C++ client underneath). Usage: xrootd_ops.py URL ITERATIONS BIG_FILE_BYTES
-# Prints one JSON object: {"rows": {row: {mean, p50, p99}}, "read_mbps": x, "write_mbps": y}
+# A long-lived XRootD client for `locus bench ops`, driven over stdin so that every row
+# can be measured right beside the other targets' (the machine's speed drifts).
+# Usage: xrootd_ops.py URL. Commands, one per line:
+#   row NAME ITERATIONS   -> [microseconds of each call]
+#   bw BYTES              -> {"read_mbps": x, "write_mbps": y}
 import json, sys, time
 from XRootD import client
 from XRootD.client.flags import OpenFlags
 
-url, iters, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+url = sys.argv[1]
 fs = client.FileSystem(url)
 
 def check(st):
     if not st.ok:
         raise SystemExit("xrootd: " + st.message)
 
-def summary(samples):
-    samples.sort()
-    us = [s * 1e6 for s in samples]
-    pick = lambda q: us[int(round((len(us) - 1) * q))]
-    return {"mean": sum(us) / len(us), "p50": pick(0.5), "p99": pick(0.99)}
-
-def timed(f):
-    for _ in range(max(5, iters // 20)):
+def timed(f, iters):
+    for _ in range(max(3, iters // 20)):
         f()
     out = []
     for _ in range(iters):
-        t = time.perf_counter(); f(); out.append(time.perf_counter() - t)
-    return summary(out)
-
-rows = {}
-rows["stat"] = timed(lambda: check(fs.stat("/small")[0]))
+        t = time.perf_counter(); f(); out.append((time.perf_counter() - t) * 1e6)
+    return out
 
 def open_close():
     f = client.File(); check(f.open(url + "//small", OpenFlags.READ)[0]); check(f.close()[0])
-rows["open+close"] = timed(open_close)
 
 rf = client.File(); check(rf.open(url + "//small", OpenFlags.READ)[0])
-rows["read 1B"] = timed(lambda: check(rf.read(0, 1)[0]))
-rows["read 8KB"] = timed(lambda: check(rf.read(0, 8192)[0]))
-rf.close()
-
-wf = client.File(); check(wf.open(url + "//wfile", OpenFlags.UPDATE | OpenFlags.DELETE)[0])
+wf = client.File(); check(wf.open(url + "//wfile", OpenFlags.UPDATE | OpenFlags.NEW)[0])
 one, eight = b"x", b"y" * 8192
-rows["write 1B"] = timed(lambda: check(wf.write(one, 0)[0]))
-rows["write 8KB"] = timed(lambda: check(wf.write(eight, 0)[0]))
-wf.close()
+rows = {
+    "stat": lambda: check(fs.stat("/small")[0]),
+    "open+close": open_close,
+    "read 1B": lambda: check(rf.read(0, 1)[0]),
+    "read 8KB": lambda: check(rf.read(0, 8192)[0]),
+    "write 1B": lambda: check(wf.write(one, 0)[0]),
+    "write 8KB": lambda: check(wf.write(eight, 0)[0]),
+}
 
-chunk = 8 << 20
-bf = client.File(); check(bf.open(url + "//big", OpenFlags.READ)[0])
-t = time.perf_counter(); off = 0
-while off < size:
-    st, data = bf.read(off, chunk); check(st); off += len(data)
-    if not data: break
-read_mbps = off / (time.perf_counter() - t) / 1e6
-bf.close()
+def bandwidth(size):
+    chunk = 8 << 20
+    bf = client.File(); check(bf.open(url + "//big", OpenFlags.READ)[0])
+    t = time.perf_counter(); off = 0
+    while off < size:
+        st, data = bf.read(off, chunk); check(st)
+        if not data: break
+        off += len(data)
+    read_mbps = off / (time.perf_counter() - t) / 1e6
+    bf.close()
+    block = b"z" * chunk
+    w = client.File(); check(w.open(url + "//bigw", OpenFlags.UPDATE)[0])
+    t = time.perf_counter(); off = 0
+    while off < size:
+        check(w.write(block, off)[0]); off += chunk
+    check(w.close()[0])
+    return {"read_mbps": read_mbps, "write_mbps": off / (time.perf_counter() - t) / 1e6}
 
-block = b"z" * chunk
-wf = client.File(); check(wf.open(url + "//bigw", OpenFlags.UPDATE)[0])
-t = time.perf_counter(); off = 0
-while off < size:
-    check(wf.write(block, off)[0]); off += chunk
-check(wf.close()[0])
-write_mbps = off / (time.perf_counter() - t) / 1e6
-
-print(json.dumps({"rows": rows, "read_mbps": read_mbps, "write_mbps": write_mbps}))
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    parts = line.rsplit(None, 1)
+    if line.startswith("row "):
+        name, iters = line[4:].rsplit(None, 1)
+        print(json.dumps(timed(rows[name], int(iters))), flush=True)
+    elif line.startswith("bw "):
+        print(json.dumps(bandwidth(int(line[3:]))), flush=True)

@@ -23,9 +23,7 @@ impl Connections {
         if let Some(c) = self.0.get(&key) {
             return Ok(c.clone());
         }
-        let c = Client::connect_url(url)
-            .await
-            .map_err(|e| format!("{}: {e}", url.authority()))?;
+        let c = Client::connect_url(url).await.map_err(|e| format!("{}: {e}", url.authority()))?;
         self.0.insert(key, c.clone());
         Ok(c)
     }
@@ -53,11 +51,9 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     }
     let pb = ProgressBar::new(len);
     pb.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+            .expect("template")
+            .progress_chars("=> "),
     );
     pb.set_message(what.to_string());
     pb
@@ -74,36 +70,21 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let mut entries = if attr.is_dir() {
                 c.readdir(&u.path).await.map_err(|e| err(&u, e))?
             } else {
-                vec![locus_client::types::DirEntry {
-                    name: u.path.rsplit('/').next().unwrap_or("").to_string(),
-                    attr,
-                }]
+                vec![locus_client::types::DirEntry { name: u.path.rsplit('/').next().unwrap_or("").to_string(), attr }]
             };
             entries.sort_by(|a, b| a.name.cmp(&b.name));
             if json {
                 println!("{}", output::entries_json(&entries));
             } else {
                 for e in &entries {
-                    println!(
-                        "{}",
-                        if long {
-                            output::long_line(&e.name, &e.attr)
-                        } else {
-                            e.name.clone()
-                        }
-                    );
+                    println!("{}", if long { output::long_line(&e.name, &e.attr) } else { e.name.clone() });
                 }
             }
         }
         Command::Stat { url, no_follow } => {
             let u = parse(&url)?;
             let c = conns.get(&u).await?;
-            let a = if no_follow {
-                c.lstat(&u.path).await
-            } else {
-                c.stat(&u.path).await
-            }
-            .map_err(|e| err(&u, e))?;
+            let a = if no_follow { c.lstat(&u.path).await } else { c.stat(&u.path).await }.map_err(|e| err(&u, e))?;
             if json {
                 println!("{}", output::attr_json(&a));
             } else {
@@ -114,9 +95,7 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let u = parse(&url)?;
             let c = conns.get(&u).await?;
             let mut out = tokio::io::stdout();
-            c.get(&u.path, &mut out, |_, _| {})
-                .await
-                .map_err(|e| err(&u, e))?;
+            c.get(&u.path, &mut out, |_, _| {}).await.map_err(|e| err(&u, e))?;
         }
         Command::Get { url, local } => {
             let u = parse(&url)?;
@@ -128,11 +107,7 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let c = conns.get(&u).await?;
             upload(&c, &local, &u).await?;
         }
-        Command::Cp {
-            source,
-            dest,
-            recursive,
-        } => copy(&mut conns, &source, &dest, recursive).await?,
+        Command::Cp { source, dest, recursive } => copy(&mut conns, &source, &dest, recursive).await?,
         Command::Rm { urls, recursive } => {
             for url in urls {
                 let u = parse(&url)?;
@@ -167,19 +142,10 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 println!("{}", output::statfs_json(&s));
             } else {
                 let size = |blocks: u64| output::human(blocks * s.frsize);
-                println!(
-                    "{:>12} {:>12} {:>12} {:>5}",
-                    "size", "used", "available", "use%"
-                );
+                println!("{:>12} {:>12} {:>12} {:>5}", "size", "used", "available", "use%");
                 let used = s.blocks - s.bfree;
                 let pct = (used * 100).checked_div(s.blocks).unwrap_or(0);
-                println!(
-                    "{:>12} {:>12} {:>12} {:>4}%",
-                    size(s.blocks),
-                    size(used),
-                    size(s.bavail),
-                    pct
-                );
+                println!("{:>12} {:>12} {:>12} {:>4}%", size(s.blocks), size(used), size(s.bavail), pct);
             }
         }
         Command::Acl(AclCommand::Get { url }) => {
@@ -187,7 +153,10 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let c = conns.get(&u).await?;
             let acl = c.acl_get(&u.path).await.map_err(|e| err(&u, e))?;
             if json {
-                let v: Vec<_> = acl.iter().map(|e| serde_json::json!({"subject": e.subject, "rights": e.rights.to_string()})).collect();
+                let v: Vec<_> = acl
+                    .iter()
+                    .map(|e| serde_json::json!({"subject": e.subject, "rights": e.rights.to_string()}))
+                    .collect();
                 println!("{}", serde_json::Value::Array(v));
             } else {
                 for e in acl {
@@ -195,17 +164,11 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 }
             }
         }
-        Command::Acl(AclCommand::Set {
-            url,
-            subject,
-            rights,
-        }) => {
+        Command::Acl(AclCommand::Set { url, subject, rights }) => {
             let u = parse(&url)?;
             let rights = Rights::parse(&rights)?;
             let c = conns.get(&u).await?;
-            c.acl_set(&u.path, &subject, rights)
-                .await
-                .map_err(|e| err(&u, e))?;
+            c.acl_set(&u.path, &subject, rights).await.map_err(|e| err(&u, e))?;
         }
         Command::Stats { url, top } => {
             let u = parse(&url)?;
@@ -230,23 +193,15 @@ async fn download(c: &Client, u: &LocusUrl, local: &Path) -> Result<(), String> 
     // Write beside the target and rename, so a failed download leaves no half file.
     let tmp = local.with_file_name(format!(
         ".{}.locus-partial",
-        local
-            .file_name()
-            .map(|n| n.to_string_lossy().to_string())
-            .unwrap_or_default()
+        local.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default()
     ));
-    let file = tokio::fs::File::create(&tmp)
-        .await
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let file = tokio::fs::File::create(&tmp).await.map_err(|e| format!("{}: {e}", tmp.display()))?;
     let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
     let got = c.get(&u.path, &mut out, |n, _| pb.set_position(n)).await;
     pb.finish_and_clear();
     match got {
         Ok(a) => {
-            let _ = std::fs::set_permissions(
-                &tmp,
-                std::os::unix::fs::PermissionsExt::from_mode(a.mode & 0o777),
-            );
+            let _ = std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(a.mode & 0o777));
             std::fs::rename(&tmp, local).map_err(|e| format!("{}: {e}", local.display()))
         }
         Err(e) => {
@@ -257,13 +212,8 @@ async fn download(c: &Client, u: &LocusUrl, local: &Path) -> Result<(), String> 
 }
 
 async fn upload(c: &Client, local: &Path, u: &LocusUrl) -> Result<(), String> {
-    let file = tokio::fs::File::open(local)
-        .await
-        .map_err(|e| format!("{}: {e}", local.display()))?;
-    let meta = file
-        .metadata()
-        .await
-        .map_err(|e| format!("{}: {e}", local.display()))?;
+    let file = tokio::fs::File::open(local).await.map_err(|e| format!("{}: {e}", local.display()))?;
+    let meta = file.metadata().await.map_err(|e| format!("{}: {e}", local.display()))?;
     if meta.is_dir() {
         return Err(format!("{}: is a directory (use cp -r)", local.display()));
     }
@@ -283,15 +233,9 @@ async fn mkdir_p(c: &Client, u: &LocusUrl) -> Result<(), String> {
         match c.mkdir(&path, 0o755).await {
             Ok(()) => {}
             Err(ClientError::Remote(e)) if e.code == locus_proto::Code::EXIST => {
-                let a = c
-                    .stat(&path)
-                    .await
-                    .map_err(|e| err(&u.with_path(&path), e))?;
+                let a = c.stat(&path).await.map_err(|e| err(&u.with_path(&path), e))?;
                 if !a.is_dir() {
-                    return Err(format!(
-                        "{}: exists and is not a directory",
-                        u.with_path(&path)
-                    ));
+                    return Err(format!("{}: exists and is not a directory", u.with_path(&path)));
                 }
             }
             Err(e) => return Err(err(&u.with_path(&path), e)),
@@ -312,17 +256,11 @@ async fn remove(c: &Client, u: &LocusUrl, recursive: bool) -> Result<(), String>
     let mut stack = vec![(u.path.clone(), false)];
     while let Some((dir, emptied)) = stack.pop() {
         if emptied {
-            c.rmdir(&dir)
-                .await
-                .map_err(|e| err(&u.with_path(&dir), e))?;
+            c.rmdir(&dir).await.map_err(|e| err(&u.with_path(&dir), e))?;
             continue;
         }
         stack.push((dir.clone(), true));
-        for e in c
-            .readdir(&dir)
-            .await
-            .map_err(|e| err(&u.with_path(&dir), e))?
-        {
+        for e in c.readdir(&dir).await.map_err(|e| err(&u.with_path(&dir), e))? {
             let p = join(&dir, &e.name);
             if e.attr.is_dir() {
                 stack.push((p, false));
@@ -334,12 +272,7 @@ async fn remove(c: &Client, u: &LocusUrl, recursive: bool) -> Result<(), String>
     Ok(())
 }
 
-async fn copy(
-    conns: &mut Connections,
-    source: &str,
-    dest: &str,
-    recursive: bool,
-) -> Result<(), String> {
+async fn copy(conns: &mut Connections, source: &str, dest: &str, recursive: bool) -> Result<(), String> {
     let remote = |s: &str| s.starts_with("locus://") || s.starts_with("locus+tls://");
     match (remote(source), remote(dest)) {
         (false, true) => {
@@ -351,9 +284,7 @@ async fn copy(
             let mut target = u.clone();
             if let Ok(a) = c.stat(&u.path).await {
                 if a.is_dir() {
-                    let name = src
-                        .file_name()
-                        .ok_or_else(|| format!("{source}: no file name"))?;
+                    let name = src.file_name().ok_or_else(|| format!("{source}: no file name"))?;
                     target = u.with_path(&join(&u.path, &name.to_string_lossy()));
                 }
             }
@@ -370,9 +301,7 @@ async fn copy(
                         return Err(err(&to, e));
                     }
                 }
-                for entry in
-                    std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?
-                {
+                for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
                     let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
                     let name = entry.file_name().to_string_lossy().to_string();
                     let child = to.with_path(&join(&to.path, &name));
@@ -381,9 +310,7 @@ async fn copy(
                         stack.push((entry.path(), child));
                     } else if ft.is_symlink() {
                         let target = std::fs::read_link(entry.path()).map_err(|e| e.to_string())?;
-                        c.symlink(&target.to_string_lossy(), &child.path)
-                            .await
-                            .map_err(|e| err(&child, e))?;
+                        c.symlink(&target.to_string_lossy(), &child.path).await.map_err(|e| err(&child, e))?;
                     } else {
                         upload(&c, &entry.path(), &child).await?;
                     }
@@ -397,13 +324,7 @@ async fn copy(
             let a = c.stat(&u.path).await.map_err(|e| err(&u, e))?;
             let mut local = PathBuf::from(dest);
             if local.is_dir() {
-                let name = u
-                    .path
-                    .trim_end_matches('/')
-                    .rsplit('/')
-                    .next()
-                    .unwrap_or("")
-                    .to_string();
+                let name = u.path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
                 if !name.is_empty() {
                     local = local.join(name);
                 }
@@ -421,22 +342,14 @@ async fn copy(
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && to.is_dir() => {}
                     Err(e) => return Err(format!("{}: {e}", to.display())),
                 }
-                for e in c
-                    .readdir(&dir)
-                    .await
-                    .map_err(|e| err(&u.with_path(&dir), e))?
-                {
+                for e in c.readdir(&dir).await.map_err(|e| err(&u.with_path(&dir), e))? {
                     let from = join(&dir, &e.name);
                     let child = to.join(&e.name);
                     if e.attr.is_dir() {
                         stack.push((from, child));
                     } else if e.attr.is_symlink() {
-                        let target = c
-                            .readlink(&from)
-                            .await
-                            .map_err(|e| err(&u.with_path(&from), e))?;
-                        std::os::unix::fs::symlink(target, &child)
-                            .map_err(|e| format!("{}: {e}", child.display()))?;
+                        let target = c.readlink(&from).await.map_err(|e| err(&u.with_path(&from), e))?;
+                        std::os::unix::fs::symlink(target, &child).map_err(|e| format!("{}: {e}", child.display()))?;
                     } else {
                         download(&c, &u.with_path(&from), &child).await?;
                     }
@@ -444,9 +357,7 @@ async fn copy(
             }
             Ok(())
         }
-        (true, true) => Err(
-            "cp between two remote paths is not supported yet; copy through a local file".into(),
-        ),
+        (true, true) => Err("cp between two remote paths is not supported yet; copy through a local file".into()),
         (false, false) => Err("cp needs a locus:// URL on at least one side".into()),
     }
 }

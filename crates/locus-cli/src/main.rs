@@ -102,11 +102,7 @@ enum AclCommand {
     /// Show the ACL in force on a directory.
     Get { url: String },
     /// Give SUBJECT the RIGHTS (letters from rwldax; `-` for none) on a directory.
-    Set {
-        url: String,
-        subject: String,
-        rights: String,
-    },
+    Set { url: String, subject: String, rights: String },
 }
 
 #[derive(Subcommand)]
@@ -118,23 +114,15 @@ enum BenchCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Bench(BenchCommand::Ops(args)) => {
-            locus_bench::ops::run(args).map_err(|e| e.to_string())
-        }
+        Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(files::run(other, cli.json))
         }
     };

@@ -51,12 +51,7 @@ pub fn attr_json(a: &Attr) -> Value {
 
 /// A listing as JSON.
 pub fn entries_json(entries: &[DirEntry]) -> Value {
-    Value::Array(
-        entries
-            .iter()
-            .map(|e| json!({"name": e.name, "attr": attr_json(&e.attr)}))
-            .collect(),
-    )
+    Value::Array(entries.iter().map(|e| json!({"name": e.name, "attr": attr_json(&e.attr)})).collect())
 }
 
 /// `stat` output for people.

@@ -28,6 +28,9 @@ pub struct ServeArgs {
     /// Connections served at once.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// Connection threads (default: one per CPU).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
@@ -50,25 +53,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             remember_admin_token(token)?;
         }
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         if let Some(p) = &args.port_file {
-            std::fs::write(p, format!("{}\n", addr.port()))
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+            std::fs::write(p, format!("{}\n", addr.port())).map_err(|e| format!("{}: {e}", p.display()))?;
         }
         let server = Server::new(config.clone(), tokens).map_err(|e| e.to_string())?;
         let scheme = if config.tls { "locus+tls" } else { "locus" };
-        eprintln!(
-            "Locus is serving {} at {scheme}://{addr}/",
-            config.root.display()
-        );
+        eprintln!("Locus is serving {} at {scheme}://{addr}/", config.root.display());
         eprintln!("  state (tokens, TLS): {}", config.state_dir.display());
         match (&created, embedded) {
             (Some(_), true) => eprintln!("  admin token saved to {}", credentials_file().display()),
@@ -106,12 +102,8 @@ fn remember_admin_token(token: &str) -> Result<(), String> {
         .mode(0o600)
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(
-        f,
-        "# HOST:PORT SUBJECT TOKEN; * matches any server\n* {} {token}",
-        config::ADMIN_SUBJECT
-    )
-    .map_err(|e| format!("{}: {e}", path.display()))
+    writeln!(f, "# HOST:PORT SUBJECT TOKEN; * matches any server\n* {} {token}", config::ADMIN_SUBJECT)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// `locus token SUBJECT`: appends a new token to the server's token file.
@@ -122,23 +114,12 @@ pub fn add_token(subject: &str, state: &Path) -> Result<(), String> {
     std::fs::create_dir_all(state).map_err(|e| format!("{}: {e}", state.display()))?;
     Tokens::load_or_create(state).map_err(|e| e.to_string())?;
     let path = state.join(config::TOKENS_FILE);
-    let existing =
-        std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if Tokens::parse(&existing)
-        .map_err(|e| e.to_string())?
-        .get(subject)
-        .is_some()
-    {
-        return Err(format!(
-            "{subject} already has a token in {}",
-            path.display()
-        ));
+    let existing = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if Tokens::parse(&existing).map_err(|e| e.to_string())?.get(subject).is_some() {
+        return Err(format!("{subject} already has a token in {}", path.display()));
     }
     let token = config::new_token();
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut f = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     writeln!(f, "{subject} {token}").map_err(|e| e.to_string())?;
     println!("{subject}:{token}");
     eprintln!("(a running server picks new tokens up when restarted)");

@@ -15,9 +15,7 @@ pub struct Client {
 impl Client {
     /// Connects and authenticates.
     pub fn connect(opts: &ConnectOptions) -> Result<Client> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let inner = rt.block_on(crate::Client::connect(opts))?;
         Ok(Client { rt, inner })
     }

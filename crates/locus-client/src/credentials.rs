@@ -26,9 +26,7 @@ pub fn locus_home() -> PathBuf {
     if let Some(dir) = std::env::var_os("LOCUS_HOME") {
         return PathBuf::from(dir);
     }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".locus")
 }
 
@@ -41,13 +39,10 @@ impl Credentials {
     /// Parses `SUBJECT:TOKEN`.
     pub fn parse(s: &str) -> Result<Credentials> {
         match s.split_once(':') {
-            Some((subject, token)) if !subject.is_empty() && !token.is_empty() => Ok(Credentials {
-                subject: subject.into(),
-                token: token.into(),
-            }),
-            _ => Err(ClientError::Config(
-                "credentials must be SUBJECT:TOKEN".into(),
-            )),
+            Some((subject, token)) if !subject.is_empty() && !token.is_empty() => {
+                Ok(Credentials { subject: subject.into(), token: token.into() })
+            }
+            _ => Err(ClientError::Config("credentials must be SUBJECT:TOKEN".into())),
         }
     }
 
@@ -64,17 +59,10 @@ impl Credentials {
             ))
         })?;
         let mut wildcard = None;
-        for line in text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             let parts: Vec<&str> = line.split_whitespace().collect();
             if let [server, subject, token] = parts[..] {
-                let c = Credentials {
-                    subject: subject.into(),
-                    token: token.into(),
-                };
+                let c = Credentials { subject: subject.into(), token: token.into() };
                 if server == authority {
                     return Ok(c);
                 }
@@ -83,11 +71,6 @@ impl Credentials {
                 }
             }
         }
-        wildcard.ok_or_else(|| {
-            ClientError::Config(format!(
-                "no credentials for {authority} in {}",
-                path.display()
-            ))
-        })
+        wildcard.ok_or_else(|| ClientError::Config(format!("no credentials for {authority} in {}", path.display())))
     }
 }

@@ -89,12 +89,7 @@ impl ConnectOptions {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
         });
-        Ok(ConnectOptions {
-            addr: authority,
-            credentials,
-            tls_ca,
-            tls_name: Some(url.host.clone()),
-        })
+        Ok(ConnectOptions { addr: authority, credentials, tls_ca, tls_name: Some(url.host.clone()) })
     }
 }
 
@@ -141,39 +136,23 @@ impl Client {
             pushes: Mutex::new(None),
         });
         tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));
-        let mut client = Client {
-            inner,
-            client_id: 0,
-            subject: String::new(),
-        };
+        let mut client = Client { inner, client_id: 0, subject: String::new() };
 
         let challenge = client
-            .call(Hello {
-                version: frame::VERSION,
-                client: format!("locus-client {}", env!("CARGO_PKG_VERSION")),
-            })
+            .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
             .await?;
         let mut nonce = vec![0u8; auth::NONCE_LEN];
         getrandom::fill(&mut nonce).expect("the OS provides randomness");
         let c = &opts.credentials;
         let proof = auth::client_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
-        let welcome = match client
-            .call(Auth {
-                subject: c.subject.clone(),
-                nonce: nonce.clone(),
-                proof,
-            })
-            .await
-        {
+        let welcome = match client.call(Auth { subject: c.subject.clone(), nonce: nonce.clone(), proof }).await {
             Ok(w) => w,
             Err(ClientError::Remote(e)) => return Err(ClientError::Auth(e.message)),
             Err(e) => return Err(e),
         };
         let expected = auth::server_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
         if !auth::proofs_equal(&expected, &welcome.proof) {
-            return Err(ClientError::Auth(
-                "the server could not prove it knows the token".into(),
-            ));
+            return Err(ClientError::Auth("the server could not prove it knows the token".into()));
         }
         client.client_id = welcome.client_id;
         client.subject = welcome.subject;
@@ -258,22 +237,16 @@ impl Client {
 
     /// Runs an operation with request data; returns the reply and the reply's data.
     pub async fn call_with<O: Operation>(&self, req: O, data: &[u8]) -> Result<(O::Reply, Bytes)> {
-        let f = self
-            .call_raw(O::INFO.code, &codec::encode(&req), data)
-            .await?;
+        let f = self.call_raw(O::INFO.code, &codec::encode(&req), data).await?;
         Ok((codec::decode(&f.meta)?, f.data))
     }
 
     /// Runs a streamed-reply operation; frames arrive on the returned channel until one
     /// without the MORE flag.
-    pub async fn call_stream<O: Operation>(
-        &self,
-        req: O,
-    ) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
+    pub async fn call_stream<O: Operation>(&self, req: O) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = self.register(Waiter::Many(tx))?;
-        self.send(O::INFO.code, id, false, &codec::encode(&req), &[])
-            .await?;
+        self.send(O::INFO.code, id, false, &codec::encode(&req), &[]).await?;
         Ok(rx)
     }
 
@@ -299,12 +272,7 @@ impl Client {
 
     /// Opens `path` with `open_flags`; returns the handle and attributes.
     pub async fn open(&self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
-        self.call(Open {
-            path: path.into(),
-            flags,
-            mode,
-        })
-        .await
+        self.call(Open { path: path.into(), flags, mode }).await
     }
 
     /// Closes a handle.
@@ -314,17 +282,7 @@ impl Client {
 
     /// Reads up to `len` bytes at `offset` (fewer at end of file).
     pub async fn pread(&self, handle: u64, offset: u64, len: u32) -> Result<Bytes> {
-        Ok(self
-            .call_with(
-                Pread {
-                    handle,
-                    offset,
-                    len,
-                },
-                &[],
-            )
-            .await?
-            .1)
+        Ok(self.call_with(Pread { handle, offset, len }, &[]).await?.1)
     }
 
     /// Writes `data` at `offset`.
@@ -388,10 +346,7 @@ impl Client {
     ) -> Result<Attr> {
         let (tx, rx) = oneshot::channel();
         let id = self.register(Waiter::One(tx))?;
-        let meta = codec::encode(&Put {
-            path: path.into(),
-            mode,
-        });
+        let meta = codec::encode(&Put { path: path.into(), mode });
         let mut chunk = vec![0u8; PUT_CHUNK];
         let mut next = vec![0u8; PUT_CHUNK];
         let mut n = read_full(source, &mut chunk).await?;
@@ -399,20 +354,9 @@ impl Client {
         let mut first = true;
         loop {
             // Read ahead one chunk so the last frame can be flagged as such.
-            let m = if n == PUT_CHUNK {
-                read_full(source, &mut next).await?
-            } else {
-                0
-            };
+            let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
             let more = m > 0;
-            self.send(
-                Put::INFO.code,
-                id,
-                more,
-                if first { &meta } else { &[] },
-                &chunk[..n],
-            )
-            .await?;
+            self.send(Put::INFO.code, id, more, if first { &meta } else { &[] }, &chunk[..n]).await?;
             sent += n as u64;
             progress(sent);
             first = false;
@@ -433,11 +377,7 @@ impl Client {
 
     /// Creates a directory.
     pub async fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
-        self.call(Mkdir {
-            path: path.into(),
-            mode,
-        })
-        .await
+        self.call(Mkdir { path: path.into(), mode }).await
     }
 
     /// Removes an empty directory.
@@ -452,20 +392,12 @@ impl Client {
 
     /// Renames `from` to `to`.
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.call(Rename {
-            from: from.into(),
-            to: to.into(),
-        })
-        .await
+        self.call(Rename { from: from.into(), to: to.into() }).await
     }
 
     /// Creates a symlink at `path` pointing to `target`.
     pub async fn symlink(&self, target: &str, path: &str) -> Result<()> {
-        self.call(Symlink {
-            target: target.into(),
-            path: path.into(),
-        })
-        .await
+        self.call(Symlink { target: target.into(), path: path.into() }).await
     }
 
     /// The target of a symlink.
@@ -475,39 +407,22 @@ impl Client {
 
     /// Creates a hard link.
     pub async fn link(&self, from: &str, to: &str) -> Result<()> {
-        self.call(Link {
-            from: from.into(),
-            to: to.into(),
-        })
-        .await
+        self.call(Link { from: from.into(), to: to.into() }).await
     }
 
     /// Sets a file's size.
     pub async fn truncate(&self, path: &str, size: u64) -> Result<()> {
-        self.call(Truncate {
-            path: path.into(),
-            size,
-        })
-        .await
+        self.call(Truncate { path: path.into(), size }).await
     }
 
     /// Sets permission bits.
     pub async fn chmod(&self, path: &str, mode: u32) -> Result<()> {
-        self.call(Chmod {
-            path: path.into(),
-            mode,
-        })
-        .await
+        self.call(Chmod { path: path.into(), mode }).await
     }
 
     /// Sets access and modification times.
     pub async fn utimes(&self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
-        self.call(Utimes {
-            path: path.into(),
-            atime,
-            mtime,
-        })
-        .await
+        self.call(Utimes { path: path.into(), atime, mtime }).await
     }
 
     /// Flushes an open file to stable storage.
@@ -527,11 +442,7 @@ impl Client {
 
     /// Checks access (R=4, W=2, X=1, 0 for existence).
     pub async fn access(&self, path: &str, mode: u32) -> Result<()> {
-        self.call(Access {
-            path: path.into(),
-            mode,
-        })
-        .await
+        self.call(Access { path: path.into(), mode }).await
     }
 
     /// The ACL in force on a directory.
@@ -541,12 +452,7 @@ impl Client {
 
     /// Sets a subject's rights on a directory.
     pub async fn acl_set(&self, path: &str, subject: &str, rights: Rights) -> Result<()> {
-        self.call(AclSet {
-            path: path.into(),
-            subject: subject.into(),
-            rights,
-        })
-        .await
+        self.call(AclSet { path: path.into(), subject: subject.into(), rights }).await
     }
 
     /// Server statistics with the `top` busiest files.
@@ -575,8 +481,7 @@ async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<u
 async fn read_frame(r: &mut BufReader<BoxRead>, pool: &mut BytesMut) -> Result<Frame> {
     let mut head = [0u8; HEADER_LEN];
     r.read_exact(&mut head).await?;
-    let header =
-        Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    let header = Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let meta = read_exact_buf(r, pool, header.meta_len as usize).await?;
     let data = read_exact_buf(r, pool, header.data_len as usize).await?;
     Ok(Frame { header, meta, data })
@@ -585,11 +490,7 @@ async fn read_frame(r: &mut BufReader<BoxRead>, pool: &mut BytesMut) -> Result<F
 /// Reads exactly `len` bytes, without zero-filling, into space split off `pool`. Once
 /// every `Bytes` split from the pool is dropped, `reserve` reuses its memory, so a long
 /// transfer does not fault in fresh pages for every frame.
-async fn read_exact_buf(
-    r: &mut BufReader<BoxRead>,
-    pool: &mut BytesMut,
-    len: usize,
-) -> Result<Bytes> {
+async fn read_exact_buf(r: &mut BufReader<BoxRead>, pool: &mut BytesMut, len: usize) -> Result<Bytes> {
     use bytes::BufMut;
     pool.clear();
     pool.reserve(len.max(POOL_MIN));
@@ -627,11 +528,7 @@ async fn read_loop(mut reader: BufReader<BoxRead>, inner: std::sync::Weak<Inner>
         };
         if frame.header.kind == Kind::Push {
             if let Some(tx) = inner.pushes.lock().as_ref() {
-                let _ = tx.send(PushMessage {
-                    topic: frame.header.op,
-                    meta: frame.meta,
-                    data: frame.data,
-                });
+                let _ = tx.send(PushMessage { topic: frame.header.op, meta: frame.meta, data: frame.data });
             }
             continue;
         }
@@ -668,14 +565,11 @@ async fn tls_connect(
     ca: &std::path::Path,
     opts: &ConnectOptions,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
-    let pem = std::fs::read(ca)
-        .map_err(|e| ClientError::Config(format!("TLS CA file {}: {e}", ca.display())))?;
+    let pem = std::fs::read(ca).map_err(|e| ClientError::Config(format!("TLS CA file {}: {e}", ca.display())))?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut &pem[..]) {
         let cert = cert.map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
+        roots.add(cert).map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -684,13 +578,9 @@ async fn tls_connect(
         .with_root_certificates(roots)
         .with_no_client_auth();
     let host = opts.tls_name.clone().unwrap_or_else(|| {
-        opts.addr
-            .rsplit_once(':')
-            .map(|(h, _)| h.trim_matches(['[', ']']).to_string())
-            .unwrap_or_default()
+        opts.addr.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']']).to_string()).unwrap_or_default()
     });
-    let name = rustls::pki_types::ServerName::try_from(host)
-        .map_err(|e| ClientError::Config(e.to_string()))?;
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| ClientError::Config(e.to_string()))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     Ok(connector.connect(name, tcp).await?)
 }
@@ -700,11 +590,7 @@ async fn tls_connect(
 pub struct CountingSink(pub u64);
 
 impl AsyncWrite for CountingSink {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         self.0 += buf.len() as u64;
         Poll::Ready(Ok(buf.len()))
     }

@@ -31,9 +31,7 @@ impl LocusUrl {
             None => (rest, "/"),
         };
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let end = v6
-                .find(']')
-                .ok_or_else(|| ClientError::Config(format!("{s}: unclosed [")))?;
+            let end = v6.find(']').ok_or_else(|| ClientError::Config(format!("{s}: unclosed [")))?;
             let port = v6[end + 1..].strip_prefix(':');
             (v6[..end].to_string(), port)
         } else {
@@ -46,17 +44,10 @@ impl LocusUrl {
             return Err(ClientError::Config(format!("{s}: no host")));
         }
         let port = match port {
-            Some(p) => p
-                .parse()
-                .map_err(|_| ClientError::Config(format!("{s}: bad port {p:?}")))?,
+            Some(p) => p.parse().map_err(|_| ClientError::Config(format!("{s}: bad port {p:?}")))?,
             None => DEFAULT_PORT,
         };
-        Ok(LocusUrl {
-            host,
-            port,
-            path: path.to_string(),
-            tls,
-        })
+        Ok(LocusUrl { host, port, path: path.to_string(), tls })
     }
 
     /// `HOST:PORT`, as a socket address string.
@@ -70,10 +61,7 @@ impl LocusUrl {
 
     /// The same server with another path.
     pub fn with_path(&self, path: &str) -> LocusUrl {
-        LocusUrl {
-            path: path.to_string(),
-            ..self.clone()
-        }
+        LocusUrl { path: path.to_string(), ..self.clone() }
     }
 }
 
@@ -91,17 +79,11 @@ mod tests {
     #[test]
     fn parses_urls() {
         let u = LocusUrl::parse("locus://host:123/a/b").unwrap();
-        assert_eq!(
-            (u.host.as_str(), u.port, u.path.as_str(), u.tls),
-            ("host", 123, "/a/b", false)
-        );
+        assert_eq!((u.host.as_str(), u.port, u.path.as_str(), u.tls), ("host", 123, "/a/b", false));
         let u = LocusUrl::parse("locus+tls://h").unwrap();
         assert_eq!((u.port, u.path.as_str(), u.tls), (DEFAULT_PORT, "/", true));
         let u = LocusUrl::parse("locus://[::1]:9/x").unwrap();
-        assert_eq!(
-            (u.host.as_str(), u.port, u.authority()),
-            ("::1", 9, "[::1]:9".to_string())
-        );
+        assert_eq!((u.host.as_str(), u.port, u.authority()), ("::1", 9, "[::1]:9".to_string()));
         assert_eq!(u.to_string(), "locus://[::1]:9/x");
         assert!(LocusUrl::parse("http://h/").is_err());
         assert!(LocusUrl::parse("locus://h:x/").is_err());

@@ -21,11 +21,7 @@ async fn every_file_operation_round_trips() {
     assert!(c.stat("/d").await.unwrap().is_dir());
 
     // open/pwrite/pread/fstat/fsync/ftruncate/close
-    let h = c
-        .open("/d/f", of::READ | of::WRITE | of::CREATE, 0o644)
-        .await
-        .unwrap()
-        .handle;
+    let h = c.open("/d/f", of::READ | of::WRITE | of::CREATE, 0o644).await.unwrap().handle;
     assert_eq!(c.pwrite(h, 0, b"hello world").await.unwrap(), 11);
     assert_eq!(&c.pread(h, 6, 100).await.unwrap()[..], b"world");
     assert_eq!(c.pread(h, 100, 10).await.unwrap().len(), 0);
@@ -46,21 +42,10 @@ async fn every_file_operation_round_trips() {
     assert_eq!(c.read_file("/d/empty").await.unwrap(), b"");
 
     // readdir with attributes, hidden ACL files
-    let mut names: Vec<String> = c
-        .readdir("/d")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let mut names: Vec<String> = c.readdir("/d").await.unwrap().into_iter().map(|e| e.name).collect();
     names.sort();
     assert_eq!(names, ["big", "empty", "f"]);
-    assert!(!c
-        .readdir("/")
-        .await
-        .unwrap()
-        .iter()
-        .any(|e| e.name.starts_with(".__locus")));
+    assert!(!c.readdir("/").await.unwrap().iter().any(|e| e.name.starts_with(".__locus")));
 
     // symlink/readlink/lstat, link, rename, truncate, chmod, utimes, statfs, access
     c.symlink("f", "/d/ln").await.unwrap();
@@ -75,13 +60,8 @@ async fn every_file_operation_round_trips() {
     assert_eq!(c.stat("/d/f").await.unwrap().size, 2);
     c.chmod("/d/f", 0o640).await.unwrap();
     assert_eq!(c.stat("/d/f").await.unwrap().mode & 0o777, 0o640);
-    let t = Time {
-        sec: 1_000_000_000,
-        nsec: 5,
-    };
-    c.utimes("/d/f", SetTime::Omit, SetTime::At(t))
-        .await
-        .unwrap();
+    let t = Time { sec: 1_000_000_000, nsec: 5 };
+    c.utimes("/d/f", SetTime::Omit, SetTime::At(t)).await.unwrap();
     assert_eq!(c.stat("/d/f").await.unwrap().mtime, t);
     assert!(c.statfs("/").await.unwrap().blocks > 0);
     c.access("/d/f", 4 | 2).await.unwrap();
@@ -109,22 +89,11 @@ async fn errors_keep_their_errno() {
     assert_eq!(code(c.unlink("/dir").await.unwrap_err()), Code::ISDIR);
     assert_eq!(code(c.readdir("/file").await.unwrap_err()), Code::NOTDIR);
     assert_eq!(
-        code(
-            c.open(
-                "/file",
-                of::READ | of::WRITE | of::CREATE | of::EXCLUSIVE,
-                0o644
-            )
-            .await
-            .unwrap_err()
-        ),
+        code(c.open("/file", of::READ | of::WRITE | of::CREATE | of::EXCLUSIVE, 0o644).await.unwrap_err()),
         Code::EXIST
     );
     assert_eq!(code(c.readlink("/file").await.unwrap_err()), Code::INVAL);
-    assert_eq!(
-        code(c.open("/file", 1 << 20, 0).await.unwrap_err()),
-        Code::INVAL
-    );
+    assert_eq!(code(c.open("/file", 1 << 20, 0).await.unwrap_err()), Code::INVAL);
     assert_eq!(code(c.read_file("/dir").await.unwrap_err()), Code::ISDIR);
     let h = c.open("/file", of::READ, 0).await.unwrap().handle;
     assert_eq!(code(c.pwrite(h, 0, b"y").await.unwrap_err()), Code::BADF);
@@ -141,21 +110,12 @@ async fn authentication_failures_are_refused() {
     let s = TestServer::start();
     let mut o = s.options("admin");
     o.credentials.token = "wrong".into();
-    assert!(matches!(
-        Client::connect(&o).await,
-        Err(ClientError::Auth(_))
-    ));
+    assert!(matches!(Client::connect(&o).await, Err(ClientError::Auth(_))));
     let o = ConnectOptions {
-        credentials: Credentials {
-            subject: "mallory".into(),
-            token: "x".into(),
-        },
+        credentials: Credentials { subject: "mallory".into(), token: "x".into() },
         ..s.options("admin")
     };
-    assert!(matches!(
-        Client::connect(&o).await,
-        Err(ClientError::Auth(_))
-    ));
+    assert!(matches!(Client::connect(&o).await, Err(ClientError::Auth(_))));
     // a good login still works afterwards
     s.client("admin").await.ping().await.unwrap();
 }
@@ -169,39 +129,16 @@ async fn acls_decide_every_operation() {
     s.put_local("secret/key", b"k");
 
     // no rights at all yet
-    assert_eq!(
-        code(alice.stat("/pub/readme").await.unwrap_err()),
-        Code::ACCES
-    );
+    assert_eq!(code(alice.stat("/pub/readme").await.unwrap_err()), Code::ACCES);
     assert_eq!(code(alice.readdir("/").await.unwrap_err()), Code::ACCES);
 
-    admin
-        .acl_set("/pub", "alice", Rights::parse("rl").unwrap())
-        .await
-        .unwrap();
+    admin.acl_set("/pub", "alice", Rights::parse("rl").unwrap()).await.unwrap();
     assert_eq!(alice.read_file("/pub/readme").await.unwrap(), b"hi");
     assert_eq!(alice.readdir("/pub").await.unwrap().len(), 1);
-    assert_eq!(
-        code(alice.write_file("/pub/new", 0o644, b"x").await.unwrap_err()),
-        Code::ACCES
-    );
-    assert_eq!(
-        code(alice.unlink("/pub/readme").await.unwrap_err()),
-        Code::ACCES
-    );
-    assert_eq!(
-        code(
-            alice
-                .acl_set("/pub", "alice", Rights::ALL)
-                .await
-                .unwrap_err()
-        ),
-        Code::ACCES
-    );
-    assert_eq!(
-        code(alice.read_file("/secret/key").await.unwrap_err()),
-        Code::ACCES
-    );
+    assert_eq!(code(alice.write_file("/pub/new", 0o644, b"x").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(alice.unlink("/pub/readme").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(alice.acl_set("/pub", "alice", Rights::ALL).await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(alice.read_file("/secret/key").await.unwrap_err()), Code::ACCES);
     assert_eq!(code(alice.stats(5).await.unwrap_err()), Code::ACCES);
 
     // subdirectories inherit until they get an ACL of their own
@@ -209,42 +146,23 @@ async fn acls_decide_every_operation() {
     s.put_local("pub/sub/x", b"x");
     assert_eq!(alice.read_file("/pub/sub/x").await.unwrap(), b"x");
     admin.acl_set("/pub/sub", "alice", Rights(0)).await.unwrap();
-    assert_eq!(
-        code(alice.read_file("/pub/sub/x").await.unwrap_err()),
-        Code::ACCES
-    );
+    assert_eq!(code(alice.read_file("/pub/sub/x").await.unwrap_err()), Code::ACCES);
     assert_eq!(alice.read_file("/pub/readme").await.unwrap(), b"hi");
 
     // write, delete, and the `*` subject
-    admin
-        .acl_set("/pub", "*", Rights::parse("wd").unwrap())
-        .await
-        .unwrap();
+    admin.acl_set("/pub", "*", Rights::parse("wd").unwrap()).await.unwrap();
     alice.write_file("/pub/new", 0o644, b"x").await.unwrap();
     alice.unlink("/pub/new").await.unwrap();
     let acl = admin.acl_get("/pub").await.unwrap();
-    assert!(acl
-        .iter()
-        .any(|e| e.subject == "alice" && e.rights.to_string() == "rl"));
-    assert!(acl
-        .iter()
-        .any(|e| e.subject == "*" && e.rights.to_string() == "wd"));
+    assert!(acl.iter().any(|e| e.subject == "alice" && e.rights.to_string() == "rl"));
+    assert!(acl.iter().any(|e| e.subject == "*" && e.rights.to_string() == "wd"));
 
     // a symlink in a readable directory does not lend its directory's rights to the target
     std::os::unix::fs::symlink("../secret/key", s.local("pub/key")).unwrap();
-    assert_eq!(
-        code(alice.read_file("/pub/key").await.unwrap_err()),
-        Code::ACCES
-    );
+    assert_eq!(code(alice.read_file("/pub/key").await.unwrap_err()), Code::ACCES);
     // the ACL file itself is out of reach
-    assert_eq!(
-        code(admin.read_file("/pub/.__locus_acl").await.unwrap_err()),
-        Code::ACCES
-    );
-    assert_eq!(
-        code(admin.unlink("/.__locus_acl").await.unwrap_err()),
-        Code::ACCES
-    );
+    assert_eq!(code(admin.read_file("/pub/.__locus_acl").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(admin.unlink("/.__locus_acl").await.unwrap_err()), Code::ACCES);
     // and an emptied directory with an ACL of its own can still be removed
     std::fs::remove_file(s.local("pub/sub/x")).unwrap();
     admin.rmdir("/pub/sub").await.unwrap();
@@ -259,13 +177,7 @@ async fn paths_cannot_escape_the_export() {
     std::os::unix::fs::symlink("../../outside", s.local("d/rel")).unwrap();
     std::os::unix::fs::symlink(s.scratch().join("outside"), s.local("d/abs")).unwrap();
     std::os::unix::fs::symlink(s.scratch(), s.local("d/dirlink")).unwrap();
-    for p in [
-        "/../outside",
-        "/d/../../outside",
-        "/d/rel",
-        "/d/abs",
-        "/d/dirlink/outside",
-    ] {
+    for p in ["/../outside", "/d/../../outside", "/d/rel", "/d/abs", "/d/dirlink/outside"] {
         let e = c.read_file(p).await.unwrap_err();
         assert_eq!(code(e), Code::ACCES, "{p}");
         assert!(c.stat(p).await.is_err(), "{p}");
@@ -319,14 +231,8 @@ async fn a_symlink_swapped_in_during_operations_never_escapes() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     swapper.join().unwrap();
-    assert!(
-        !s.scratch().join("written").exists(),
-        "a write escaped through a swapped symlink"
-    );
-    assert_eq!(
-        std::fs::read(s.scratch().join("outside")).unwrap(),
-        b"secret"
-    );
+    assert!(!s.scratch().join("written").exists(), "a write escaped through a swapped symlink");
+    assert_eq!(std::fs::read(s.scratch().join("outside")).unwrap(), b"secret");
     eprintln!("{ok} reads landed inside while racing");
 }
 
@@ -350,28 +256,18 @@ async fn a_failed_upload_leaves_the_old_file_and_no_debris() {
     {
         let c = s.client("admin").await;
         // Start an upload by hand and drop the connection before its last frame.
-        let meta = locus_proto::codec::encode(&locus_proto::ops::Put {
-            path: "/keep".into(),
-            mode: 0o644,
-        });
+        let meta = locus_proto::codec::encode(&locus_proto::ops::Put { path: "/keep".into(), mode: 0o644 });
         let raw = c.clone();
         let op = <locus_proto::ops::Put as locus_proto::Operation>::INFO.code;
-        let sent = tokio::time::timeout(
-            Duration::from_millis(300),
-            raw.send_request(op, &meta, b"new partial", true),
-        )
-        .await;
+        let sent =
+            tokio::time::timeout(Duration::from_millis(300), raw.send_request(op, &meta, b"new partial", true)).await;
         assert!(sent.is_err() || sent.unwrap().is_ok());
     }
     // the server notices the disconnect and removes the temporary file
     for _ in 0..100 {
-        let debris = std::fs::read_dir(s.root()).unwrap().filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with(".__locus_put")
-        });
+        let debris = std::fs::read_dir(s.root())
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".__locus_put"));
         if debris.count() == 0 {
             break;
         }
@@ -448,9 +344,7 @@ async fn concurrent_clients_and_pipelined_requests() {
     assert_eq!(admin.readdir("/shared").await.unwrap().len(), 400);
 }
 
-async fn futures_join<T: Send + 'static>(
-    futs: Vec<impl std::future::Future<Output = T> + Send + 'static>,
-) -> Vec<T> {
+async fn futures_join<T: Send + 'static>(futs: Vec<impl std::future::Future<Output = T> + Send + 'static>) -> Vec<T> {
     let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
     let mut out = Vec::new();
     for h in handles {
@@ -473,9 +367,7 @@ async fn large_directories_arrive_in_pages() {
 async fn stats_report_the_busiest_files() {
     let s = TestServer::start();
     let c = s.client("admin").await;
-    c.write_file("/hot", 0o644, &vec![1u8; 100_000])
-        .await
-        .unwrap();
+    c.write_file("/hot", 0o644, &vec![1u8; 100_000]).await.unwrap();
     c.write_file("/cold", 0o644, b"x").await.unwrap();
     for _ in 0..3 {
         c.read_file("/hot").await.unwrap();
@@ -511,16 +403,9 @@ async fn tls_connections_work_and_verify_the_server() {
 async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
     let s = TestServer::start();
     let c = s.client("admin").await;
-    let h = c
-        .open("/big", of::READ | of::WRITE | of::CREATE, 0o644)
-        .await
-        .unwrap()
-        .handle;
-    let pattern = |n: usize, seed: u8| {
-        (0..n)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect::<Vec<u8>>()
-    };
+    let h = c.open("/big", of::READ | of::WRITE | of::CREATE, 0o644).await.unwrap().handle;
+    let pattern =
+        |n: usize, seed: u8| (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect::<Vec<u8>>();
     // sizes around the zero-copy threshold, at unaligned offsets, several in flight
     let a = pattern(256 * 1024, 1);
     let b = pattern(5 * 1024 * 1024 + 17, 2);
@@ -536,16 +421,9 @@ async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
     assert_eq!(code(c.pwrite(ro, 0, &b).await.unwrap_err()), Code::BADF);
     c.ping().await.unwrap();
     // appending handles take the ordinary path and append
-    let ap = c
-        .open("/big", of::WRITE | of::APPEND, 0)
-        .await
-        .unwrap()
-        .handle;
+    let ap = c.open("/big", of::WRITE | of::APPEND, 0).await.unwrap().handle;
     c.pwrite(ap, 0, &a).await.unwrap();
-    assert_eq!(
-        c.stat("/big").await.unwrap().size,
-        (want.len() + a.len()) as u64
-    );
+    assert_eq!(c.stat("/big").await.unwrap().size, (want.len() + a.len()) as u64);
     let r = c.stats(5).await.unwrap();
     assert!(r.export.write_bytes >= (a.len() * 2 + b.len()) as u64);
 }

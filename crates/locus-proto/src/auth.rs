@@ -21,22 +21,12 @@ fn mac(token: &[u8], label: &[u8], a: &[u8], b: &[u8], subject: &str) -> Vec<u8>
 }
 
 /// The proof a client sends: it knows `token` for `subject`.
-pub fn client_proof(
-    token: &[u8],
-    server_nonce: &[u8],
-    client_nonce: &[u8],
-    subject: &str,
-) -> Vec<u8> {
+pub fn client_proof(token: &[u8], server_nonce: &[u8], client_nonce: &[u8], subject: &str) -> Vec<u8> {
     mac(token, b"locus client", server_nonce, client_nonce, subject)
 }
 
 /// The proof a server sends back: it knows the same token.
-pub fn server_proof(
-    token: &[u8],
-    server_nonce: &[u8],
-    client_nonce: &[u8],
-    subject: &str,
-) -> Vec<u8> {
+pub fn server_proof(token: &[u8], server_nonce: &[u8], client_nonce: &[u8], subject: &str) -> Vec<u8> {
     mac(token, b"locus server", client_nonce, server_nonce, subject)
 }
 
@@ -52,21 +42,9 @@ mod tests {
     #[test]
     fn proofs_depend_on_every_input() {
         let p = client_proof(b"tok", b"sn", b"cn", "alice");
-        assert!(proofs_equal(
-            &p,
-            &client_proof(b"tok", b"sn", b"cn", "alice")
-        ));
-        assert!(!proofs_equal(
-            &p,
-            &client_proof(b"tok2", b"sn", b"cn", "alice")
-        ));
-        assert!(!proofs_equal(
-            &p,
-            &client_proof(b"tok", b"sn", b"cn", "bob")
-        ));
-        assert!(!proofs_equal(
-            &p,
-            &server_proof(b"tok", b"sn", b"cn", "alice")
-        ));
+        assert!(proofs_equal(&p, &client_proof(b"tok", b"sn", b"cn", "alice")));
+        assert!(!proofs_equal(&p, &client_proof(b"tok2", b"sn", b"cn", "alice")));
+        assert!(!proofs_equal(&p, &client_proof(b"tok", b"sn", b"cn", "bob")));
+        assert!(!proofs_equal(&p, &server_proof(b"tok", b"sn", b"cn", "alice")));
     }
 }

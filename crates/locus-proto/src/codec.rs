@@ -13,13 +13,7 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     match postcard::take_from_bytes::<T>(bytes) {
         Ok((v, [])) => Ok(v),
-        Ok(_) => Err(Error::new(
-            Code::BAD_REQUEST,
-            "trailing bytes after metadata",
-        )),
-        Err(e) => Err(Error::new(
-            Code::BAD_REQUEST,
-            format!("malformed metadata: {e}"),
-        )),
+        Ok(_) => Err(Error::new(Code::BAD_REQUEST, "trailing bytes after metadata")),
+        Err(e) => Err(Error::new(Code::BAD_REQUEST, format!("malformed metadata: {e}"))),
     }
 }

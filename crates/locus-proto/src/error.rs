@@ -136,9 +136,6 @@ pub struct Error {
 impl Error {
     /// An error with a code and a message.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Error {
-            code,
-            message: message.into(),
-        }
+        Error { code, message: message.into() }
     }
 }

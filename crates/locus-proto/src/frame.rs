@@ -55,15 +55,9 @@ pub struct Limits {
 
 impl Limits {
     /// What a server accepts from clients: paths and arguments are small, writes are chunked.
-    pub const SERVER: Limits = Limits {
-        max_meta: 1 << 20,
-        max_data: 16 << 20,
-    };
+    pub const SERVER: Limits = Limits { max_meta: 1 << 20, max_data: 16 << 20 };
     /// What a client accepts from servers: directory listings can be large.
-    pub const CLIENT: Limits = Limits {
-        max_meta: 64 << 20,
-        max_data: 64 << 20,
-    };
+    pub const CLIENT: Limits = Limits { max_meta: 64 << 20, max_data: 64 << 20 };
 }
 
 /// Why a header or preamble was rejected.
@@ -179,11 +173,7 @@ pub fn decode_frame(buf: &[u8], limits: Limits) -> Result<Option<FrameRef<'_>>, 
         return Ok(None);
     }
     let meta_end = HEADER_LEN + header.meta_len as usize;
-    Ok(Some(FrameRef {
-        header,
-        meta: &buf[HEADER_LEN..meta_end],
-        data: &buf[meta_end..header.frame_len()],
-    }))
+    Ok(Some(FrameRef { header, meta: &buf[HEADER_LEN..meta_end], data: &buf[meta_end..header.frame_len()] }))
 }
 
 #[cfg(test)]
@@ -191,14 +181,7 @@ mod tests {
     use super::*;
 
     fn h() -> Header {
-        Header {
-            kind: Kind::Request,
-            flags: 0,
-            op: 0x10,
-            id: 7,
-            meta_len: 3,
-            data_len: 2,
-        }
+        Header { kind: Kind::Request, flags: 0, op: 0x10, id: 7, meta_len: 3, data_len: 2 }
     }
 
     #[test]
@@ -217,22 +200,13 @@ mod tests {
         );
         big = h();
         big.meta_len = (1 << 20) + 1;
-        assert!(matches!(
-            Header::decode(&big.encode(), Limits::SERVER),
-            Err(FrameError::MetaTooLarge(..))
-        ));
+        assert!(matches!(Header::decode(&big.encode(), Limits::SERVER), Err(FrameError::MetaTooLarge(..))));
         let mut b = h().encode();
         b[0] = 9;
-        assert_eq!(
-            Header::decode(&b, Limits::SERVER),
-            Err(FrameError::BadKind(9))
-        );
+        assert_eq!(Header::decode(&b, Limits::SERVER), Err(FrameError::BadKind(9)));
         b = h().encode();
         b[1] = 0x80;
-        assert_eq!(
-            Header::decode(&b, Limits::SERVER),
-            Err(FrameError::BadFlags(0x80))
-        );
+        assert_eq!(Header::decode(&b, Limits::SERVER), Err(FrameError::BadFlags(0x80)));
     }
 
     #[test]

@@ -60,18 +60,8 @@ mod tests {
     fn decoders_survive_random_and_mutated_input() {
         let mut seed = 0x9e3779b97f4a7c15u64;
         let valid = {
-            let meta = encode(&Rename {
-                from: "a".into(),
-                to: "b".into(),
-            });
-            let h = Header {
-                kind: Kind::Request,
-                flags: 0,
-                op: 0x1d,
-                id: 1,
-                meta_len: meta.len() as u32,
-                data_len: 0,
-            };
+            let meta = encode(&Rename { from: "a".into(), to: "b".into() });
+            let h = Header { kind: Kind::Request, flags: 0, op: 0x1d, id: 1, meta_len: meta.len() as u32, data_len: 0 };
             let mut v = h.encode().to_vec();
             v.extend(meta);
             v

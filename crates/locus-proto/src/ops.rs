@@ -169,10 +169,7 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_reject_junk() {
-        let r = Rename {
-            from: "a".into(),
-            to: "b/c".into(),
-        };
+        let r = Rename { from: "a".into(), to: "b/c".into() };
         let bytes = encode(&r);
         assert_eq!(decode::<Rename>(&bytes).unwrap(), r);
         let mut junk = bytes.clone();
@@ -192,16 +189,9 @@ mod docs_tests {
         let doc = include_str!("../../../docs/protocol.md");
         for op in OPERATIONS {
             let row = format!("| {:#04x} | `{}` | {:?} |", op.code, op.name, op.shape);
-            assert!(
-                doc.contains(&row),
-                "docs/protocol.md lacks the row starting {row}"
-            );
+            assert!(doc.contains(&row), "docs/protocol.md lacks the row starting {row}");
         }
         let rows = doc.lines().filter(|l| l.starts_with("| 0x")).count();
-        assert_eq!(
-            rows,
-            OPERATIONS.len(),
-            "docs/protocol.md lists operations the code does not have"
-        );
+        assert_eq!(rows, OPERATIONS.len(), "docs/protocol.md lists operations the code does not have");
     }
 }

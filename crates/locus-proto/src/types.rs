@@ -169,11 +169,7 @@ impl Rights {
             }
             match Self::LETTERS.iter().find(|(l, _)| *l == c) {
                 Some((_, bit)) => r = r.union(*bit),
-                None => {
-                    return Err(format!(
-                        "unknown right '{c}' (expected letters from rwldax)"
-                    ))
-                }
+                None => return Err(format!("unknown right '{c}' (expected letters from rwldax)")),
             }
         }
         Ok(r)

@@ -28,6 +28,8 @@ pub struct ServerConfig {
     pub tls: bool,
     /// Connections served at once; further clients wait in the accept queue.
     pub max_connections: usize,
+    /// Connection threads (each a single-threaded runtime owning its connections).
+    pub threads: usize,
     /// Open handles one connection may hold.
     pub max_handles: usize,
     /// Frame size limits enforced on every client frame.
@@ -44,6 +46,7 @@ impl ServerConfig {
             state_dir: state_dir.into(),
             tls: false,
             max_connections: 1024,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_handles: 4096,
             limits: Limits::SERVER,
             name: format!("locus {}", env!("CARGO_PKG_VERSION")),
@@ -58,17 +61,10 @@ impl ServerConfig {
     /// Creates the directories and checks that the state is not exported.
     pub fn prepare(&self) -> Result<(), ServerError> {
         for dir in [&self.root, &self.state_dir] {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
+            std::fs::create_dir_all(dir).map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
         }
-        let root = self
-            .root
-            .canonicalize()
-            .map_err(|e| ServerError::io("export root", e))?;
-        let state = self
-            .state_dir
-            .canonicalize()
-            .map_err(|e| ServerError::io("state dir", e))?;
+        let root = self.root.canonicalize().map_err(|e| ServerError::io("export root", e))?;
+        let state = self.state_dir.canonicalize().map_err(|e| ServerError::io("state dir", e))?;
         if state.starts_with(&root) {
             return Err(ServerError::Config(format!(
                 "the state directory {} must not be inside the export {}",
@@ -106,23 +102,18 @@ impl Tokens {
                 .mode(0o600)
                 .open(&path)
                 .map_err(|e| ServerError::io(format!("create {}", path.display()), e))?;
-            writeln!(f, "{ADMIN_SUBJECT} {token}")
-                .map_err(|e| ServerError::io("write tokens", e))?;
+            writeln!(f, "{ADMIN_SUBJECT} {token}").map_err(|e| ServerError::io("write tokens", e))?;
             created = Some(token);
         }
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| ServerError::io(format!("read {}", path.display()), e))?;
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| ServerError::io(format!("read {}", path.display()), e))?;
         Ok((Tokens::parse(&text)?, created))
     }
 
     /// Parses `SUBJECT TOKEN` lines.
     pub fn parse(text: &str) -> Result<Tokens, ServerError> {
         let mut map = HashMap::new();
-        for line in text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             let mut parts = line.split_whitespace();
             match (parts.next(), parts.next()) {
                 (Some(subject), Some(token)) => {
@@ -136,20 +127,13 @@ impl Tokens {
                 }
             }
         }
-        Ok(Tokens {
-            by_subject: Arc::new(map),
-        })
+        Ok(Tokens { by_subject: Arc::new(map) })
     }
 
     /// A token set from pairs (tests and embedding).
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Tokens {
-        let map = pairs
-            .into_iter()
-            .map(|(s, t)| (s.to_string(), t.as_bytes().to_vec()))
-            .collect();
-        Tokens {
-            by_subject: Arc::new(map),
-        }
+        let map = pairs.into_iter().map(|(s, t)| (s.to_string(), t.as_bytes().to_vec())).collect();
+        Tokens { by_subject: Arc::new(map) }
     }
 
     /// The token of a subject.
@@ -175,16 +159,11 @@ pub fn tls_acceptor(state_dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Serve
     let cert_path = state_dir.join(CERT_FILE);
     let key_path = state_dir.join(KEY_FILE);
     if !cert_path.exists() || !key_path.exists() {
-        let mut names = vec![
-            "localhost".to_string(),
-            "127.0.0.1".to_string(),
-            "::1".to_string(),
-        ];
+        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
         if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
             names.push(host.trim().to_string());
         }
-        let ck = rcgen::generate_simple_self_signed(names)
-            .map_err(|e| ServerError::Tls(e.to_string()))?;
+        let ck = rcgen::generate_simple_self_signed(names).map_err(|e| ServerError::Tls(e.to_string()))?;
         let mut key = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -192,10 +171,8 @@ pub fn tls_acceptor(state_dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Serve
             .mode(0o600)
             .open(&key_path)
             .map_err(|e| ServerError::io("write TLS key", e))?;
-        key.write_all(ck.signing_key.serialize_pem().as_bytes())
-            .map_err(|e| ServerError::io("write TLS key", e))?;
-        std::fs::write(&cert_path, ck.cert.pem())
-            .map_err(|e| ServerError::io("write TLS certificate", e))?;
+        key.write_all(ck.signing_key.serialize_pem().as_bytes()).map_err(|e| ServerError::io("write TLS key", e))?;
+        std::fs::write(&cert_path, ck.cert.pem()).map_err(|e| ServerError::io("write TLS certificate", e))?;
     }
     let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
         std::fs::File::open(&cert_path).map_err(|e| ServerError::io("open TLS certificate", e))?,

@@ -19,49 +19,29 @@ pub struct Answer<T> {
 
 impl<T> From<T> for Answer<T> {
     fn from(meta: T) -> Self {
-        Answer {
-            pages: vec![meta],
-            body: Body::None,
-            deferred: false,
-        }
+        Answer { pages: vec![meta], body: Body::None, deferred: false }
     }
 }
 
 impl<T: Serialize> Answer<T> {
     /// An answer with a body after its metadata.
     pub fn with_body(meta: T, body: Body) -> Self {
-        Answer {
-            pages: vec![meta],
-            body,
-            deferred: false,
-        }
+        Answer { pages: vec![meta], body, deferred: false }
     }
 
     /// An answer sent as several frames, one per page.
     pub fn paged(pages: Vec<T>) -> Self {
-        Answer {
-            pages,
-            body: Body::None,
-            deferred: false,
-        }
+        Answer { pages, body: Body::None, deferred: false }
     }
 
     /// No reply yet.
     pub fn deferred() -> Self {
-        Answer {
-            pages: Vec::new(),
-            body: Body::None,
-            deferred: true,
-        }
+        Answer { pages: Vec::new(), body: Body::None, deferred: true }
     }
 
     /// The answer with its metadata encoded.
     pub fn encode(self) -> Encoded {
-        Encoded {
-            metas: self.pages.iter().map(codec::encode).collect(),
-            body: self.body,
-            deferred: self.deferred,
-        }
+        Encoded { metas: self.pages.iter().map(codec::encode).collect(), body: self.body, deferred: self.deferred }
     }
 }
 

@@ -8,10 +8,7 @@ pub enum ServerError {
     #[error("export: {0}")]
     Store(#[from] StoreError),
     #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
+    Io { context: String, source: std::io::Error },
     #[error("TLS: {0}")]
     Tls(String),
     #[error("configuration: {0}")]
@@ -21,9 +18,6 @@ pub enum ServerError {
 impl ServerError {
     /// An I/O error with what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        ServerError::Io {
-            context: context.into(),
-            source,
-        }
+        ServerError::Io { context: context.into(), source }
     }
 }

@@ -97,49 +97,30 @@ impl Session {
     }
 
     fn who(&self) -> Result<&str, WireError> {
-        self.subject
-            .as_deref()
-            .ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+        self.subject.as_deref().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
     }
 
     fn handle(&self, h: u64) -> Result<&Arc<OpenFile>, WireError> {
-        self.handles
-            .get(&h)
-            .ok_or_else(|| StoreError::BadHandle(h).into())
+        self.handles.get(&h).ok_or_else(|| StoreError::BadHandle(h).into())
     }
 }
 
 impl Handler for Session {
     fn hello(&mut self, req: Hello, _: Bytes) -> Reply<Challenge> {
         if req.version == 0 {
-            return Err(WireError::new(
-                Code::PROTO,
-                "protocol version 0 is not a version",
-            ));
+            return Err(WireError::new(Code::PROTO, "protocol version 0 is not a version"));
         }
         let mut nonce = vec![0u8; auth::NONCE_LEN];
         getrandom::fill(&mut nonce).expect("the OS provides randomness");
         self.server_nonce = Some(nonce.clone());
-        Ok(Challenge {
-            version: locus_proto::frame::VERSION,
-            server: self.shared.config.name.clone(),
-            nonce,
-        }
-        .into())
+        Ok(Challenge { version: locus_proto::frame::VERSION, server: self.shared.config.name.clone(), nonce }.into())
     }
 
     fn auth(&mut self, req: Auth, _: Bytes) -> Reply<Welcome> {
-        let denied = || {
-            WireError::new(
-                Code::AUTH_FAILED,
-                "authentication failed: unknown subject or wrong token",
-            )
-        };
+        let denied = || WireError::new(Code::AUTH_FAILED, "authentication failed: unknown subject or wrong token");
         // A nonce is good for one attempt, so a failed guess cannot be retried against it.
-        let server_nonce = self
-            .server_nonce
-            .take()
-            .ok_or_else(|| WireError::new(Code::AUTH_FAILED, "send hello before auth"))?;
+        let server_nonce =
+            self.server_nonce.take().ok_or_else(|| WireError::new(Code::AUTH_FAILED, "send hello before auth"))?;
         if req.nonce.len() != auth::NONCE_LEN {
             return Err(denied());
         }
@@ -150,16 +131,9 @@ impl Handler for Session {
             return Err(denied());
         }
         let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
-        self.shared
-            .registry
-            .set_subject(self.client_id, &req.subject);
+        self.shared.registry.set_subject(self.client_id, &req.subject);
         self.subject = Some(req.subject.clone());
-        Ok(Welcome {
-            client_id: self.client_id,
-            subject: req.subject,
-            proof,
-        }
-        .into())
+        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof }.into())
     }
 
     fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
@@ -184,16 +158,10 @@ impl Handler for Session {
 
     fn open(&mut self, req: Open, _: Bytes) -> Reply<Opened> {
         if self.handles.len() >= self.shared.config.max_handles {
-            return Err(WireError::new(
-                Code(24),
-                "too many open handles on this connection",
-            )); // EMFILE
+            return Err(WireError::new(Code(24), "too many open handles on this connection"));
+            // EMFILE
         }
-        let file = store(
-            self.shared
-                .store
-                .open(self.who()?, &req.path, req.flags, req.mode),
-        )?;
+        let file = store(self.shared.store.open(self.who()?, &req.path, req.flags, req.mode))?;
         let attr = store(file.stat())?;
         let handle = self.next_handle;
         self.next_handle += 1;
@@ -202,31 +170,17 @@ impl Handler for Session {
     }
 
     fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {
-        self.handles
-            .remove(&req.handle)
-            .ok_or(StoreError::BadHandle(req.handle))?;
+        self.handles.remove(&req.handle).ok_or(StoreError::BadHandle(req.handle))?;
         Ok(().into())
     }
 
     fn pread(&mut self, req: Pread, _: Bytes) -> Reply<()> {
         let file = self.handle(req.handle)?.clone();
         store(file.check_readable())?;
-        let max = self
-            .shared
-            .config
-            .limits
-            .max_data
-            .min(locus_proto::Limits::CLIENT.max_data);
+        let max = self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data);
         let size = store(file.stat())?.size;
         let len = (req.len.min(max) as u64).min(size.saturating_sub(req.offset));
-        Ok(Answer::with_body(
-            (),
-            Body::File {
-                file,
-                offset: req.offset,
-                len,
-            },
-        ))
+        Ok(Answer::with_body((), Body::File { file, offset: req.offset, len }))
     }
 
     fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
@@ -234,17 +188,10 @@ impl Handler for Session {
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
-        let file = store(
-            self.shared
-                .store
-                .open(self.who()?, &req.path, open_flags::READ, 0),
-        )?;
+        let file = store(self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0))?;
         let attr = store(file.stat())?;
         if attr.is_dir() {
-            return Err(WireError::new(
-                Code::ISDIR,
-                format!("{}: is a directory", req.path),
-            ));
+            return Err(WireError::new(Code::ISDIR, format!("{}: is a directory", req.path)));
         }
         Ok(Answer::with_body(attr, Body::Stream(Arc::new(file))))
     }
@@ -252,13 +199,10 @@ impl Handler for Session {
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
         let (id, more) = self.current;
         if more && self.puts.len() >= self.shared.config.max_handles {
-            return Err(WireError::new(Code(24), "too many uploads in progress on this connection")); // EMFILE
+            return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
+            // EMFILE
         }
-        let mut put = store(
-            self.shared
-                .store
-                .begin_put(self.who()?, &req.path, req.mode),
-        )?;
+        let mut put = store(self.shared.store.begin_put(self.who()?, &req.path, req.mode))?;
         store(put.write(&data))?;
         if more {
             self.puts.insert(id, put);
@@ -269,10 +213,7 @@ impl Handler for Session {
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
         let entries = store(self.shared.store.readdir(self.who()?, &req.path))?;
-        let mut pages: Vec<Vec<DirEntry>> = entries
-            .chunks(READDIR_PAGE)
-            .map(<[DirEntry]>::to_vec)
-            .collect();
+        let mut pages: Vec<Vec<DirEntry>> = entries.chunks(READDIR_PAGE).map(<[DirEntry]>::to_vec).collect();
         if pages.is_empty() {
             pages.push(Vec::new());
         }
@@ -296,12 +237,7 @@ impl Handler for Session {
     }
 
     fn symlink(&mut self, req: Symlink, _: Bytes) -> Reply<()> {
-        Ok(store(
-            self.shared
-                .store
-                .symlink(self.who()?, &req.target, &req.path),
-        )?
-        .into())
+        Ok(store(self.shared.store.symlink(self.who()?, &req.target, &req.path))?.into())
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
@@ -321,12 +257,7 @@ impl Handler for Session {
     }
 
     fn utimes(&mut self, req: Utimes, _: Bytes) -> Reply<()> {
-        Ok(store(
-            self.shared
-                .store
-                .utimes(self.who()?, &req.path, req.atime, req.mtime),
-        )?
-        .into())
+        Ok(store(self.shared.store.utimes(self.who()?, &req.path, req.atime, req.mtime))?.into())
     }
 
     fn fsync(&mut self, req: Fsync, _: Bytes) -> Reply<()> {
@@ -346,18 +277,11 @@ impl Handler for Session {
     }
 
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
-        Ok(store(self.shared.store.acl_get(self.who()?, &req.path))?
-            .entries
-            .into())
+        Ok(store(self.shared.store.acl_get(self.who()?, &req.path))?.entries.into())
     }
 
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
-        Ok(store(
-            self.shared
-                .store
-                .acl_set(self.who()?, &req.path, &req.subject, req.rights),
-        )?
-        .into())
+        Ok(store(self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?.into())
     }
 
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {

@@ -67,23 +67,13 @@ pub async fn receive_into_file(
             remaining -= n as u64;
             continue;
         }
-        let sock = reader
-            .get_ref()
-            .plain_socket()
-            .expect("caller checked for plain TCP");
+        let sock = reader.get_ref().plain_socket().expect("caller checked for plain TCP");
         let (pipe_r, pipe_w, pipe_size) = pipe.get()?;
         let want = remaining.min(*pipe_size as u64) as usize;
         sock.readable().await?;
         let moved = match sock.try_io(Interest::READABLE, || {
-            splice(
-                sock.as_fd(),
-                None,
-                pipe_w,
-                None,
-                want,
-                SpliceFlags::MOVE | SpliceFlags::NONBLOCK,
-            )
-            .map_err(io::Error::from)
+            splice(sock.as_fd(), None, pipe_w, None, want, SpliceFlags::MOVE | SpliceFlags::NONBLOCK)
+                .map_err(io::Error::from)
         }) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => n,
@@ -93,14 +83,7 @@ pub async fn receive_into_file(
         remaining -= moved as u64;
         let mut drained = 0;
         while drained < moved {
-            match splice(
-                pipe_r,
-                None,
-                &file.file,
-                Some(&mut off),
-                moved - drained,
-                SpliceFlags::MOVE,
-            ) {
+            match splice(pipe_r, None, &file.file, Some(&mut off), moved - drained, SpliceFlags::MOVE) {
                 Ok(0) => {
                     failed = Some(Errno::IO);
                     break;

@@ -23,11 +23,7 @@ pub enum WriteHalf {
 }
 
 impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
@@ -64,11 +60,7 @@ impl ReadHalf {
 }
 
 impl tokio::io::AsyncRead for ReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
@@ -105,9 +97,7 @@ pub struct FrameWriter {
 impl FrameWriter {
     /// A writer over a connection's write half.
     pub fn new(w: WriteHalf) -> Self {
-        FrameWriter {
-            out: BufWriter::with_capacity(128 * 1024, w),
-        }
+        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w) }
     }
 
     /// Writes one frame whose data is in memory.
@@ -134,13 +124,7 @@ impl FrameWriter {
     }
 
     /// Writes a reply: one frame per metadata page, the body after the last.
-    pub async fn reply(
-        &mut self,
-        op: u16,
-        id: u32,
-        metas: &[Vec<u8>],
-        body: Body,
-    ) -> io::Result<()> {
+    pub async fn reply(&mut self, op: u16, id: u32, metas: &[Vec<u8>], body: Body) -> io::Result<()> {
         let streaming = matches!(body, Body::Stream(_));
         for (i, meta) in metas.iter().enumerate() {
             let last = i + 1 == metas.len();
@@ -149,14 +133,9 @@ impl FrameWriter {
                 continue;
             }
             match &body {
-                Body::None | Body::Stream(_) => {
-                    self.frame(Kind::Reply, streaming, op, id, meta, &[])
-                        .await?
-                }
+                Body::None | Body::Stream(_) => self.frame(Kind::Reply, streaming, op, id, meta, &[]).await?,
                 Body::Bytes(b) => self.frame(Kind::Reply, false, op, id, meta, b).await?,
-                Body::File { file, offset, len } => {
-                    self.file_frame(op, id, meta, file, *offset, *len).await?
-                }
+                Body::File { file, offset, len } => self.file_frame(op, id, meta, file, *offset, *len).await?,
             }
         }
         if let Body::Stream(file) = body {
@@ -174,14 +153,7 @@ impl FrameWriter {
         offset: u64,
         len: u64,
     ) -> io::Result<()> {
-        let h = Header {
-            kind: Kind::Reply,
-            flags: 0,
-            op,
-            id,
-            meta_len: meta.len() as u32,
-            data_len: len as u32,
-        };
+        let h = Header { kind: Kind::Reply, flags: 0, op, id, meta_len: meta.len() as u32, data_len: len as u32 };
         self.out.write_all(&h.encode()).await?;
         self.out.write_all(meta).await?;
         self.file_data(file, offset, len).await.map(drop)
@@ -200,16 +172,12 @@ impl FrameWriter {
                 WriteHalf::Tls(_) => unreachable!("checked above"),
             }
         } else {
-            let data = file
-                .read_at(offset, len as usize)
-                .map_err(io::Error::other)?;
+            let data = file.read_at(offset, len as usize).map_err(io::Error::other)?;
             self.out.write_all(&data).await?;
             data.len() as u64
         };
         if sent < len {
-            self.out
-                .write_all(&vec![0u8; (len - sent) as usize])
-                .await?;
+            self.out.write_all(&vec![0u8; (len - sent) as usize]).await?;
         }
         file.io.read(sent, start.elapsed());
         Ok(sent)
@@ -224,14 +192,7 @@ impl FrameWriter {
         let mut intact = true;
         while offset < size {
             let len = (size - offset).min(STREAM_CHUNK as u64);
-            let h = Header {
-                kind: Kind::Reply,
-                flags: FLAG_MORE,
-                op,
-                id,
-                meta_len: 0,
-                data_len: len as u32,
-            };
+            let h = Header { kind: Kind::Reply, flags: FLAG_MORE, op, id, meta_len: 0, data_len: len as u32 };
             self.out.write_all(&h.encode()).await?;
             let sent = self.file_data(file, offset, len).await?;
             intact &= sent == len;
@@ -240,19 +201,9 @@ impl FrameWriter {
         if intact {
             self.frame(Kind::Reply, false, op, id, &[], &[]).await
         } else {
-            let err = locus_proto::Error::new(
-                locus_proto::Code::IO,
-                "the file shrank while it was being sent; try again",
-            );
-            self.frame(
-                Kind::Error,
-                false,
-                op,
-                id,
-                &locus_proto::codec::encode(&err),
-                &[],
-            )
-            .await
+            let err =
+                locus_proto::Error::new(locus_proto::Code::IO, "the file shrank while it was being sent; try again");
+            self.frame(Kind::Error, false, op, id, &locus_proto::codec::encode(&err), &[]).await
         }
     }
 
@@ -264,19 +215,13 @@ impl FrameWriter {
 
 /// Sends `len` bytes of `file` from `offset` with sendfile; returns how many were sent
 /// (fewer only if the file ended early).
-async fn sendfile_all(
-    sock: &TcpStream,
-    file: &OpenFile,
-    mut offset: u64,
-    len: u64,
-) -> io::Result<u64> {
+async fn sendfile_all(sock: &TcpStream, file: &OpenFile, mut offset: u64, len: u64) -> io::Result<u64> {
     let mut sent = 0u64;
     while sent < len {
         sock.writable().await?;
         let r = sock.try_io(Interest::WRITABLE, || {
             let want = (len - sent).min(1 << 30) as usize;
-            rustix::fs::sendfile(sock.as_fd(), file.file.as_fd(), Some(&mut offset), want)
-                .map_err(io::Error::from)
+            rustix::fs::sendfile(sock.as_fd(), file.file.as_fd(), Some(&mut offset), want).map_err(io::Error::from)
         });
         match r {
             Ok(0) => break,

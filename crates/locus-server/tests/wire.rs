@@ -25,14 +25,7 @@ impl Raw {
     }
 
     fn send(&mut self, op: u16, id: u32, flags: u8, meta: &[u8], data: &[u8]) {
-        let h = Header {
-            kind: Kind::Request,
-            flags,
-            op,
-            id,
-            meta_len: meta.len() as u32,
-            data_len: data.len() as u32,
-        };
+        let h = Header { kind: Kind::Request, flags, op, id, meta_len: meta.len() as u32, data_len: data.len() as u32 };
         self.0.write_all(&h.encode()).unwrap();
         self.0.write_all(meta).unwrap();
         self.0.write_all(data).unwrap();
@@ -61,26 +54,16 @@ impl Raw {
     }
 
     fn login(&mut self, subject: &str) {
-        let hello = Hello {
-            version: 1,
-            client: "raw".into(),
-        };
+        let hello = Hello { version: 1, client: "raw".into() };
         self.send(Hello::INFO.code, 1, 0, &codec::encode(&hello), &[]);
         let ch: Challenge = codec::decode(&self.recv().1).unwrap();
         let nonce = vec![3u8; auth::NONCE_LEN];
         let token = format!("{subject}-token");
         let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, subject);
-        let a = Auth {
-            subject: subject.into(),
-            nonce: nonce.clone(),
-            proof,
-        };
+        let a = Auth { subject: subject.into(), nonce: nonce.clone(), proof };
         self.send(Auth::INFO.code, 2, 0, &codec::encode(&a), &[]);
         let w: Welcome = codec::decode(&self.recv().1).unwrap();
-        assert_eq!(
-            w.proof,
-            auth::server_proof(token.as_bytes(), &ch.nonce, &nonce, subject)
-        );
+        assert_eq!(w.proof, auth::server_proof(token.as_bytes(), &ch.nonce, &nonce, subject));
     }
 }
 
@@ -98,44 +81,19 @@ fn a_bad_preamble_closes_the_connection() {
 fn operations_before_authentication_are_refused_but_the_connection_stays() {
     let s = TestServer::start();
     let mut r = Raw::connect(&s);
-    r.send(
-        Stat::INFO.code,
-        9,
-        0,
-        &codec::encode(&Stat { path: "/".into() }),
-        &[],
-    );
+    r.send(Stat::INFO.code, 9, 0, &codec::encode(&Stat { path: "/".into() }), &[]);
     let (id, e) = r.recv_error();
     assert_eq!((id, e.code), (9, Code::NOT_AUTHENTICATED));
     // an auth without a hello first, and one with a wrong proof
-    let bad = Auth {
-        subject: "admin".into(),
-        nonce: vec![0; 32],
-        proof: vec![0; 32],
-    };
+    let bad = Auth { subject: "admin".into(), nonce: vec![0; 32], proof: vec![0; 32] };
     r.send(Auth::INFO.code, 10, 0, &codec::encode(&bad), &[]);
     assert_eq!(r.recv_error().1.code, Code::AUTH_FAILED);
-    r.send(
-        Hello::INFO.code,
-        11,
-        0,
-        &codec::encode(&Hello {
-            version: 1,
-            client: "x".into(),
-        }),
-        &[],
-    );
+    r.send(Hello::INFO.code, 11, 0, &codec::encode(&Hello { version: 1, client: "x".into() }), &[]);
     r.recv();
     r.send(Auth::INFO.code, 12, 0, &codec::encode(&bad), &[]);
     assert_eq!(r.recv_error().1.code, Code::AUTH_FAILED);
     r.login("admin");
-    r.send(
-        Stat::INFO.code,
-        13,
-        0,
-        &codec::encode(&Stat { path: "/".into() }),
-        &[],
-    );
+    r.send(Stat::INFO.code, 13, 0, &codec::encode(&Stat { path: "/".into() }), &[]);
     assert_eq!(r.recv().0.kind, Kind::Reply);
 }
 
@@ -158,14 +116,7 @@ fn oversized_and_broken_frames_get_an_error_then_close() {
     let s = TestServer::start();
     let mut r = Raw::connect(&s);
     r.login("admin");
-    let h = Header {
-        kind: Kind::Request,
-        flags: 0,
-        op: 0x10,
-        id: 30,
-        meta_len: 0,
-        data_len: u32::MAX,
-    };
+    let h = Header { kind: Kind::Request, flags: 0, op: 0x10, id: 30, meta_len: 0, data_len: u32::MAX };
     r.0.write_all(&h.encode()).unwrap();
     let (id, e) = r.recv_error();
     assert_eq!((id, e.code), (30, Code::BAD_REQUEST));
@@ -173,15 +124,7 @@ fn oversized_and_broken_frames_get_an_error_then_close() {
     assert!(r.closed());
 
     let mut r = Raw::connect(&s);
-    let mut head = Header {
-        kind: Kind::Request,
-        flags: 0,
-        op: 3,
-        id: 31,
-        meta_len: 0,
-        data_len: 0,
-    }
-    .encode();
+    let mut head = Header { kind: Kind::Request, flags: 0, op: 3, id: 31, meta_len: 0, data_len: 0 }.encode();
     head[0] = 2; // a client may not send replies
     r.0.write_all(&head).unwrap();
     assert_eq!(r.recv_error().1.code, Code::BAD_REQUEST);
@@ -213,10 +156,7 @@ fn a_streamed_upload_can_interleave_with_other_requests() {
     let s = TestServer::start();
     let mut r = Raw::connect(&s);
     r.login("admin");
-    let put = locus_proto::ops::Put {
-        path: "/up".into(),
-        mode: 0o644,
-    };
+    let put = locus_proto::ops::Put { path: "/up".into(), mode: 0o644 };
     let code = locus_proto::ops::Put::INFO.code;
     r.send(code, 50, FLAG_MORE, &codec::encode(&put), b"abc");
     r.send(Ping::INFO.code, 51, 0, &[], &[]);

@@ -42,24 +42,16 @@ impl Acl {
     pub fn set(&mut self, subject: &str, rights: Rights) {
         self.entries.retain(|e| e.subject != subject);
         if rights.0 != 0 {
-            self.entries.push(AclEntry {
-                subject: subject.to_string(),
-                rights,
-            });
+            self.entries.push(AclEntry { subject: subject.to_string(), rights });
         }
     }
 
     /// Parses the file format: one `SUBJECT RIGHTS` pair a line; `#` starts a comment.
     pub fn parse(text: &str) -> Result<Acl> {
         let mut acl = Acl::default();
-        for line in text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        {
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             let mut parts = line.split_whitespace();
-            let (Some(subject), Some(rights), None) = (parts.next(), parts.next(), parts.next())
-            else {
+            let (Some(subject), Some(rights), None) = (parts.next(), parts.next(), parts.next()) else {
                 return Err(StoreError::Invalid(format!("malformed ACL line: {line}")));
             };
             let rights = Rights::parse(rights).map_err(StoreError::Invalid)?;
@@ -70,17 +62,12 @@ impl Acl {
 
     /// The file format.
     pub fn render(&self) -> String {
-        self.entries
-            .iter()
-            .map(|e| format!("{} {}\n", e.subject, e.rights))
-            .collect()
+        self.entries.iter().map(|e| format!("{} {}\n", e.subject, e.rights)).collect()
     }
 
     /// Checks that a subject name can be written to and read back from the file.
     pub fn valid_subject(subject: &str) -> bool {
-        !subject.is_empty()
-            && subject.len() <= 256
-            && !subject.chars().any(|c| c.is_whitespace() || c.is_control())
+        !subject.is_empty() && subject.len() <= 256 && !subject.chars().any(|c| c.is_whitespace() || c.is_control())
     }
 }
 
@@ -120,13 +107,8 @@ impl AclCache {
             if key == root_key {
                 return Ok(Acl::default());
             }
-            let parent = openat(
-                fd,
-                "..",
-                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .ctx("open", "..")?;
+            let parent = openat(fd, "..", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                .ctx("open", "..")?;
             let st = fstat(&parent).ctx("stat", "..")?;
             key = (st.st_dev as u64, st.st_ino as u64);
             current = Some(parent);

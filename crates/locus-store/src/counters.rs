@@ -102,10 +102,7 @@ impl Counters {
     pub fn file(&self, path: &str) -> FileIo {
         let mut files = self.files.lock();
         let file = files.entry(path.to_string()).or_default().clone();
-        FileIo {
-            file,
-            export: self.export.clone(),
-        }
+        FileIo { file, export: self.export.clone() }
     }
 
     /// Keeps a file's counters under its new name.
@@ -140,26 +137,15 @@ impl Counters {
             .filter_map(|o| {
                 let slot = o.code as usize % OP_SLOTS;
                 let count = self.op_count[slot].load(Relaxed);
-                (count > 0).then(|| OpStats {
-                    op: o.name.to_string(),
-                    count,
-                    total_ns: self.op_ns[slot].load(Relaxed),
-                })
+                (count > 0).then(|| OpStats { op: o.name.to_string(), count, total_ns: self.op_ns[slot].load(Relaxed) })
             })
             .collect()
     }
 
     /// The `top` files with the most bytes moved (reads plus writes).
     pub fn busiest(&self, top: usize) -> Vec<FileStats> {
-        let mut all: Vec<FileStats> = self
-            .files
-            .lock()
-            .iter()
-            .map(|(path, s)| FileStats {
-                path: path.clone(),
-                io: s.snapshot(),
-            })
-            .collect();
+        let mut all: Vec<FileStats> =
+            self.files.lock().iter().map(|(path, s)| FileStats { path: path.clone(), io: s.snapshot() }).collect();
         let load = |f: &FileStats| (f.io.read_bytes + f.io.write_bytes, f.io.reads + f.io.writes);
         all.sort_by(|a, b| load(b).cmp(&load(a)).then_with(|| a.path.cmp(&b.path)));
         all.truncate(top);

@@ -8,11 +8,7 @@ use rustix::io::Errno;
 pub enum StoreError {
     /// The operating system refused; the errno is kept.
     #[error("{op} {path}: {}", .errno)]
-    Os {
-        op: &'static str,
-        path: String,
-        errno: Errno,
-    },
+    Os { op: &'static str, path: String, errno: Errno },
     /// The subject lacks a right that the operation needs.
     #[error("{path}: permission denied (needs '{need}' right)")]
     Denied { path: String, need: Rights },
@@ -35,9 +31,7 @@ impl StoreError {
     pub fn code(&self) -> Code {
         match self {
             StoreError::Os { errno, .. } => Code::from_errno(errno.raw_os_error()),
-            StoreError::Denied { .. } | StoreError::Escape { .. } | StoreError::Reserved { .. } => {
-                Code::ACCES
-            }
+            StoreError::Denied { .. } | StoreError::Escape { .. } | StoreError::Reserved { .. } => Code::ACCES,
             StoreError::Invalid(_) => Code::INVAL,
             StoreError::BadHandle(_) => Code::BADF,
         }
@@ -60,15 +54,9 @@ impl<T> OsContext<T> for Result<T, Errno> {
         self.map_err(|errno| {
             if errno == Errno::XDEV && op != "rename" && op != "link" {
                 // openat2 with RESOLVE_BENEATH reports an escape as EXDEV.
-                StoreError::Escape {
-                    path: path.to_string(),
-                }
+                StoreError::Escape { path: path.to_string() }
             } else {
-                StoreError::Os {
-                    op,
-                    path: path.to_string(),
-                    errno,
-                }
+                StoreError::Os { op, path: path.to_string(), errno }
             }
         })
     }

@@ -55,10 +55,7 @@ struct Target {
 
 impl Target {
     fn dir<'a>(&'a self, store: &'a Store) -> BorrowedFd<'a> {
-        self.dir
-            .as_ref()
-            .map(|d| d.as_fd())
-            .unwrap_or(store.root.as_fd())
+        self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(store.root.as_fd())
     }
 }
 
@@ -102,18 +99,9 @@ fn attr_of(st: &rustix::fs::Stat) -> Attr {
         size: st.st_size as u64,
         blksize: st.st_blksize as u32,
         blocks: st.st_blocks as u64,
-        atime: Time {
-            sec: st.st_atime as i64,
-            nsec: st.st_atime_nsec as u32,
-        },
-        mtime: Time {
-            sec: st.st_mtime as i64,
-            nsec: st.st_mtime_nsec as u32,
-        },
-        ctime: Time {
-            sec: st.st_ctime as i64,
-            nsec: st.st_ctime_nsec as u32,
-        },
+        atime: Time { sec: st.st_atime as i64, nsec: st.st_atime_nsec as u32 },
+        mtime: Time { sec: st.st_mtime as i64, nsec: st.st_mtime_nsec as u32 },
+        ctime: Time { sec: st.st_ctime as i64, nsec: st.st_ctime_nsec as u32 },
     }
 }
 
@@ -124,23 +112,14 @@ fn resolve_flags() -> ResolveFlags {
 /// Splits a client path into (parent, final name, normalized relative path).
 fn split(path: &str) -> Result<(String, String, String)> {
     if path.len() > MAX_PATH {
-        return Err(StoreError::Os {
-            op: "resolve",
-            path: path.chars().take(64).collect(),
-            errno: Errno::NAMETOOLONG,
-        });
+        return Err(StoreError::Os { op: "resolve", path: path.chars().take(64).collect(), errno: Errno::NAMETOOLONG });
     }
     if path.contains('\0') {
         return Err(StoreError::Invalid("path contains a NUL byte".into()));
     }
-    let comps: Vec<&str> = path
-        .split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
-        .collect();
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
     if comps.iter().any(|c| c.starts_with(RESERVED_PREFIX)) {
-        return Err(StoreError::Reserved {
-            path: path.to_string(),
-        });
+        return Err(StoreError::Reserved { path: path.to_string() });
     }
     let rel = comps.join("/");
     Ok(match comps.split_last() {
@@ -153,18 +132,9 @@ fn split(path: &str) -> Result<(String, String, String)> {
 
 fn to_timespec(t: SetTime) -> Timespec {
     match t {
-        SetTime::Omit => Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_OMIT,
-        },
-        SetTime::Now => Timespec {
-            tv_sec: 0,
-            tv_nsec: rustix::fs::UTIME_NOW,
-        },
-        SetTime::At(t) => Timespec {
-            tv_sec: t.sec,
-            tv_nsec: t.nsec as _,
-        },
+        SetTime::Omit => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
+        SetTime::Now => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
+        SetTime::At(t) => Timespec { tv_sec: t.sec, tv_nsec: t.nsec as _ },
     }
 }
 
@@ -179,12 +149,8 @@ impl Store {
     /// becomes its ACL (this is how a fresh export gets its first administrator).
     pub fn new(root: &Path, initial_acl: &Acl) -> Result<Store> {
         let shown = root.display().to_string();
-        let fd = rustix::fs::open(
-            root,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ctx("open export root", &shown)?;
+        let fd = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .ctx("open export root", &shown)?;
         let st = rustix::fs::fstat(&fd).ctx("stat", &shown)?;
         let store = Store {
             root: fd,
@@ -214,9 +180,7 @@ impl Store {
             return Ok(None);
         }
         let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        rustix::fs::openat2(&self.root, parent, flags, Mode::empty(), resolve_flags())
-            .ctx("resolve", shown)
-            .map(Some)
+        rustix::fs::openat2(&self.root, parent, flags, Mode::empty(), resolve_flags()).ctx("resolve", shown).map(Some)
     }
 
     /// Finds the directory holding `path` and its final name, following a final symlink
@@ -237,32 +201,20 @@ impl Store {
             if st.st_mode as u32 & locus_proto::types::S_IFMT != locus_proto::types::S_IFLNK {
                 return Ok(Target { dir, name, rel });
             }
+            let link = rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
             let link =
-                rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
-            let link = link
-                .to_str()
-                .map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))?;
+                link.to_str().map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))?;
             if link.starts_with('/') {
-                return Err(StoreError::Escape {
-                    path: path.to_string(),
-                });
+                return Err(StoreError::Escape { path: path.to_string() });
             }
-            let joined = if parent == "." {
-                link.to_string()
-            } else {
-                format!("{parent}/{link}")
-            };
+            let joined = if parent == "." { link.to_string() } else { format!("{parent}/{link}") };
             (parent, name, rel) = split(&joined)?;
             dir = self.open_dir(&parent, path)?;
             if name == "." {
                 return Ok(Target { dir, name, rel });
             }
         }
-        Err(StoreError::Os {
-            op: "resolve",
-            path: path.to_string(),
-            errno: Errno::LOOP,
-        })
+        Err(StoreError::Os { op: "resolve", path: path.to_string(), errno: Errno::LOOP })
     }
 
     fn rights_in(&self, dir: BorrowedFd<'_>, who: &str) -> Result<Rights> {
@@ -273,10 +225,7 @@ impl Store {
         if self.rights_in(dir, who)?.contains(need) {
             Ok(())
         } else {
-            Err(StoreError::Denied {
-                path: path.to_string(),
-                need,
-            })
+            Err(StoreError::Denied { path: path.to_string(), need })
         }
     }
 
@@ -291,14 +240,7 @@ impl Store {
     fn open_target_dir(&self, path: &str) -> Result<OwnedFd> {
         let t = self.locate(path, true)?;
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        rustix::fs::openat2(
-            t.dir(self),
-            t.name.as_str(),
-            flags,
-            Mode::empty(),
-            resolve_flags(),
-        )
-        .ctx("opendir", path)
+        rustix::fs::openat2(t.dir(self), t.name.as_str(), flags, Mode::empty(), resolve_flags()).ctx("opendir", path)
     }
 
     /// The rights `who` holds in the directory `path`.
@@ -310,33 +252,27 @@ impl Store {
     /// `stat`, following symlinks.
     pub fn stat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .ctx("stat", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("stat", path)?;
         Ok(attr_of(&st))
     }
 
     /// `lstat`: a final symlink is described, not followed.
     pub fn lstat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, false, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .ctx("lstat", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("lstat", path)?;
         Ok(attr_of(&st))
     }
 
     /// Opens a file with Locus `open_flags`.
     pub fn open(&self, who: &str, path: &str, flags: u32, mode: u32) -> Result<OpenFile> {
         if flags & !open_flags::ALL != 0 {
-            return Err(StoreError::Invalid(format!(
-                "unknown open flags {flags:#x}"
-            )));
+            return Err(StoreError::Invalid(format!("unknown open flags {flags:#x}")));
         }
         let readable = flags & open_flags::READ != 0;
         let writable = flags & open_flags::WRITE != 0;
         let creates = flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0;
         if (creates || flags & open_flags::APPEND != 0) && !writable {
-            return Err(StoreError::Invalid(
-                "create, truncate and append need write access".into(),
-            ));
+            return Err(StoreError::Invalid("create, truncate and append need write access".into()));
         }
         let mut need = Rights(0);
         if readable {
@@ -367,14 +303,9 @@ impl Store {
         }
         let follow = flags & open_flags::NOFOLLOW == 0;
         let t = self.locate_checked(who, path, follow, need)?;
-        let fd = rustix::fs::openat2(
-            t.dir(self),
-            t.name.as_str(),
-            o,
-            Mode::from_raw_mode(mode & 0o7777),
-            resolve_flags(),
-        )
-        .ctx("open", path)?;
+        let fd =
+            rustix::fs::openat2(t.dir(self), t.name.as_str(), o, Mode::from_raw_mode(mode & 0o7777), resolve_flags())
+                .ctx("open", path)?;
         Ok(OpenFile {
             file: File::from(fd),
             readable,
@@ -399,10 +330,7 @@ impl Store {
                 continue;
             }
             match rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => out.push(DirEntry {
-                    name: name.to_string(),
-                    attr: attr_of(&st),
-                }),
+                Ok(st) => out.push(DirEntry { name: name.to_string(), attr: attr_of(&st) }),
                 Err(Errno::NOENT) => continue, // removed while we listed
                 Err(e) => return Err(e).ctx("stat", name),
             }
@@ -413,12 +341,7 @@ impl Store {
     /// Creates a directory; it inherits its parent's ACL until it is given its own.
     pub fn mkdir(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::WRITE)?;
-        rustix::fs::mkdirat(
-            t.dir(self),
-            t.name.as_str(),
-            Mode::from_raw_mode(mode & 0o7777),
-        )
-        .ctx("mkdir", path)
+        rustix::fs::mkdirat(t.dir(self), t.name.as_str(), Mode::from_raw_mode(mode & 0o7777)).ctx("mkdir", path)
     }
 
     /// Removes an empty directory (its hidden ACL file does not count as content).
@@ -428,8 +351,7 @@ impl Store {
         match rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR) {
             Err(Errno::NOTEMPTY) if self.only_acl_inside(d, &t.name)? => {
                 let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let sub = rustix::fs::openat(d, t.name.as_str(), flags, Mode::empty())
-                    .ctx("rmdir", path)?;
+                let sub = rustix::fs::openat(d, t.name.as_str(), flags, Mode::empty()).ctx("rmdir", path)?;
                 rustix::fs::unlinkat(&sub, ACL_FILE, AtFlags::empty()).ctx("rmdir", path)?;
                 rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR).ctx("rmdir", path)?;
             }
@@ -464,8 +386,7 @@ impl Store {
     pub fn rename(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::DELETE)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
-        rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str())
-            .ctx("rename", from)?;
+        rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str()).ctx("rename", from)?;
         self.counters.renamed(&a.rel, &b.rel);
         self.acls.invalidate();
         Ok(())
@@ -483,24 +404,15 @@ impl Store {
     /// The target of a symlink.
     pub fn readlink(&self, who: &str, path: &str) -> Result<String> {
         let t = self.locate_checked(who, path, false, Rights::LIST)?;
-        let link = rustix::fs::readlinkat(t.dir(self), t.name.as_str(), Vec::new())
-            .ctx("readlink", path)?;
-        link.into_string()
-            .map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))
+        let link = rustix::fs::readlinkat(t.dir(self), t.name.as_str(), Vec::new()).ctx("readlink", path)?;
+        link.into_string().map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))
     }
 
     /// Creates a hard link `to` for the file `from`.
     pub fn link(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::READ)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
-        rustix::fs::linkat(
-            a.dir(self),
-            a.name.as_str(),
-            b.dir(self),
-            b.name.as_str(),
-            AtFlags::empty(),
-        )
-        .ctx("link", to)
+        rustix::fs::linkat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str(), AtFlags::empty()).ctx("link", to)
     }
 
     /// Sets the size of the file at `path`.
@@ -513,33 +425,18 @@ impl Store {
     pub fn chmod(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty())
-            .ctx("chmod", path)?;
+        let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty()).ctx("chmod", path)?;
         // An O_PATH descriptor cannot be fchmod'ed; its /proc entry names exactly this object.
         let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        rustix::fs::chmodat(
-            rustix::fs::CWD,
-            proc_path.as_str(),
-            Mode::from_raw_mode(mode & 0o7777),
-            AtFlags::empty(),
-        )
-        .ctx("chmod", path)
+        rustix::fs::chmodat(rustix::fs::CWD, proc_path.as_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())
+            .ctx("chmod", path)
     }
 
     /// Sets access and modification times of the object at `path`.
     pub fn utimes(&self, who: &str, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
-        let times = Timestamps {
-            last_access: to_timespec(atime),
-            last_modification: to_timespec(mtime),
-        };
-        rustix::fs::utimensat(
-            t.dir(self),
-            t.name.as_str(),
-            &times,
-            AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .ctx("utimes", path)
+        let times = Timestamps { last_access: to_timespec(atime), last_modification: to_timespec(mtime) };
+        rustix::fs::utimensat(t.dir(self), t.name.as_str(), &times, AtFlags::SYMLINK_NOFOLLOW).ctx("utimes", path)
     }
 
     /// File-system statistics of the file system that holds `path`.
@@ -561,21 +458,12 @@ impl Store {
     /// Checks existence and, for mode bits R=4, W=2, X=1, the ACL right each needs.
     pub fn access(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-            .ctx("access", path)?;
+        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("access", path)?;
         let rights = self.rights_in(t.dir(self), who)?;
-        let wanted = [
-            (4, Rights::READ, 0o444),
-            (2, Rights::WRITE, 0o222),
-            (1, Rights::LIST, 0o111),
-        ];
+        let wanted = [(4, Rights::READ, 0o444), (2, Rights::WRITE, 0o222), (1, Rights::LIST, 0o111)];
         for (bit, right, perm_bits) in wanted {
             if mode & bit != 0 && (!rights.contains(right) || st.st_mode as u32 & perm_bits == 0) {
-                return Err(StoreError::Os {
-                    op: "access",
-                    path: path.to_string(),
-                    errno: Errno::ACCESS,
-                });
+                return Err(StoreError::Os { op: "access", path: path.to_string(), errno: Errno::ACCESS });
             }
         }
         Ok(())
@@ -604,12 +492,10 @@ impl Store {
     fn write_acl(&self, dir: BorrowedFd<'_>, acl: &Acl) -> Result<()> {
         let tmp = format!("{RESERVED_PREFIX}_acl_{}", random_hex());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600))
-            .ctx("write ACL", &tmp)?;
+        let fd = rustix::fs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("write ACL", &tmp)?;
         let text = acl.render();
         let written = rustix::io::write(&fd, text.as_bytes()).and_then(|_| rustix::fs::fsync(&fd));
-        if let Err(e) = written.and_then(|_| rustix::fs::renameat(dir, tmp.as_str(), dir, ACL_FILE))
-        {
+        if let Err(e) = written.and_then(|_| rustix::fs::renameat(dir, tmp.as_str(), dir, ACL_FILE)) {
             let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
             return Err(e).ctx("write ACL", ACL_FILE);
         }
@@ -632,23 +518,15 @@ impl Store {
     pub fn begin_put(&self, who: &str, path: &str, mode: u32) -> Result<PutFile> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
         if t.name == "." {
-            return Err(StoreError::Os {
-                op: "put",
-                path: path.to_string(),
-                errno: Errno::ISDIR,
-            });
+            return Err(StoreError::Os { op: "put", path: path.to_string(), errno: Errno::ISDIR });
         }
         let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), tmp.as_str(), flags, Mode::from_raw_mode(0o600))
-            .ctx("put", path)?;
+        let fd = rustix::fs::openat(t.dir(self), tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("put", path)?;
         Ok(PutFile {
             file: File::from(fd),
             dir: t.dir,
-            store_root: self
-                .root
-                .try_clone()
-                .map_err(|e| StoreError::Invalid(e.to_string()))?,
+            store_root: self.root.try_clone().map_err(|e| StoreError::Invalid(e.to_string()))?,
             tmp,
             name: t.name,
             mode: mode & 0o7777,
@@ -673,9 +551,7 @@ impl OpenFile {
 
     /// Attributes of the open object.
     pub fn stat(&self) -> Result<Attr> {
-        Ok(attr_of(
-            &rustix::fs::fstat(&self.file).ctx("fstat", &self.rel)?,
-        ))
+        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("fstat", &self.rel)?))
     }
 
     /// Reads up to `len` bytes at `offset` into a new buffer (short at end of file),
@@ -764,30 +640,19 @@ impl PutFile {
 
     /// Makes the upload durable and moves it over the target in one atomic rename.
     pub fn finish(mut self) -> Result<Attr> {
-        let dir = self
-            .dir
-            .as_ref()
-            .map(|d| d.as_fd())
-            .unwrap_or(self.store_root.as_fd());
+        let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
         rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
-        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str())
-            .ctx("put", &self.name)?;
+        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
         self.done = true;
-        Ok(attr_of(
-            &rustix::fs::fstat(&self.file).ctx("put", &self.name)?,
-        ))
+        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("put", &self.name)?))
     }
 }
 
 impl Drop for PutFile {
     fn drop(&mut self) {
         if !self.done {
-            let dir = self
-                .dir
-                .as_ref()
-                .map(|d| d.as_fd())
-                .unwrap_or(self.store_root.as_fd());
+            let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
             let _ = rustix::fs::unlinkat(dir, self.tmp.as_str(), AtFlags::empty());
         }
     }
@@ -800,19 +665,10 @@ mod tests {
     #[test]
     fn split_normalizes_and_refuses_reserved_names() {
         assert_eq!(split("/").unwrap(), (".".into(), ".".into(), "".into()));
-        assert_eq!(
-            split("/a//./b/").unwrap(),
-            ("a".into(), "b".into(), "a/b".into())
-        );
+        assert_eq!(split("/a//./b/").unwrap(), ("a".into(), "b".into(), "a/b".into()));
         assert_eq!(split("x").unwrap(), (".".into(), "x".into(), "x".into()));
-        assert_eq!(
-            split("a/..").unwrap(),
-            ("a/..".into(), ".".into(), "a/..".into())
-        );
-        assert!(matches!(
-            split("a/.__locus_acl"),
-            Err(StoreError::Reserved { .. })
-        ));
+        assert_eq!(split("a/..").unwrap(), ("a/..".into(), ".".into(), "a/..".into()));
+        assert!(matches!(split("a/.__locus_acl"), Err(StoreError::Reserved { .. })));
         assert!(split("a\0b").is_err());
         assert!(split(&"a/".repeat(3000)).is_err());
     }

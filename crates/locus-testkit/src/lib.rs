@@ -30,11 +30,7 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig::new(dir.path().join("export"), dir.path().join("state"));
         adjust(&mut config);
-        let tokens = Tokens::from_pairs([
-            ("admin", "admin-token"),
-            ("alice", "alice-token"),
-            ("bob", "bob-token"),
-        ]);
+        let tokens = Tokens::from_pairs([("admin", "admin-token"), ("alice", "alice-token"), ("bob", "bob-token")]);
         let server = Server::new(config, tokens).expect("server starts");
         let shared = server.shared().clone();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -42,23 +38,14 @@ impl TestServer {
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 server.run(listener, async { drop(stopped.await) }).await;
             });
         });
-        TestServer {
-            addr,
-            dir,
-            shared,
-            stop: Some(stop),
-            thread: Some(thread),
-        }
+        TestServer { addr, dir, shared, stop: Some(stop), thread: Some(thread) }
     }
 
     /// The exported directory, to arrange or inspect files behind the server's back.
@@ -85,10 +72,7 @@ impl TestServer {
     pub fn options(&self, subject: &str) -> ConnectOptions {
         ConnectOptions {
             addr: self.addr.to_string(),
-            credentials: Credentials {
-                subject: subject.into(),
-                token: format!("{subject}-token"),
-            },
+            credentials: Credentials { subject: subject.into(), token: format!("{subject}-token") },
             tls_ca: None,
             tls_name: None,
         }
@@ -96,9 +80,7 @@ impl TestServer {
 
     /// An async client authenticated as `subject`.
     pub async fn client(&self, subject: &str) -> Client {
-        Client::connect(&self.options(subject))
-            .await
-            .expect("client connects")
+        Client::connect(&self.options(subject)).await.expect("client connects")
     }
 
     /// Writes a file directly into the export.

@@ -1,0 +1,80 @@
+//! Where does a small request's time go? Times `ping` three ways against a server given
+//! as ADDR and TOKEN. Run: cargo run --release -p locus-bench --example latency_probe -- 127.0.0.1:9610 TOKEN
+use locus_client::{blocking, Client, ConnectOptions, Credentials};
+use std::time::{Duration, Instant};
+
+fn p50(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1e6
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let opts = ConnectOptions {
+        addr: args[1].clone(),
+        credentials: Credentials { subject: "admin".into(), token: args[2].clone() },
+        tls_ca: None,
+        tls_name: None,
+    };
+    let b = blocking::Client::connect(&opts).unwrap();
+    for round in 0..3 {
+        let mut v = Vec::new();
+        for _ in 0..2000 {
+            let t = Instant::now();
+            b.run(|c| c.ping()).unwrap();
+            v.push(t.elapsed());
+        }
+        let facade = p50(v);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let in_loop = rt.block_on(async {
+            let c = Client::connect(&opts).await.unwrap();
+            let mut v = Vec::new();
+            for _ in 0..2000 {
+                let t = Instant::now();
+                c.ping().await.unwrap();
+                v.push(t.elapsed());
+            }
+            p50(v)
+        });
+        let raw = raw_blocking_ping(&args[1], &args[2]);
+        println!("round {round}: blocking facade {facade:.1} µs, one block_on loop {in_loop:.1} µs, raw blocking socket {raw:.1} µs (p50)");
+    }
+}
+
+/// A raw blocking client: login by hand, then ping frames on a plain blocking socket.
+#[allow(dead_code)]
+pub fn raw_blocking_ping(addr: &str, token: &str) -> f64 {
+    use locus_proto::frame::{self, Header, Kind, Limits, HEADER_LEN};
+    use locus_proto::ops::{Auth, Hello};
+    use locus_proto::{auth, codec, Operation};
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    s.write_all(&frame::preamble(1)).unwrap();
+    let mut p = [0u8; 8];
+    s.read_exact(&mut p).unwrap();
+    let call = |s: &mut std::net::TcpStream, op: u16, meta: Vec<u8>| -> Vec<u8> {
+        let h = Header { kind: Kind::Request, flags: 0, op, id: 1, meta_len: meta.len() as u32, data_len: 0 };
+        let mut buf = h.encode().to_vec();
+        buf.extend(meta);
+        s.write_all(&buf).unwrap();
+        let mut head = [0u8; HEADER_LEN];
+        s.read_exact(&mut head).unwrap();
+        let h = Header::decode(&head, Limits::CLIENT).unwrap();
+        let mut rest = vec![0u8; (h.meta_len + h.data_len) as usize];
+        s.read_exact(&mut rest).unwrap();
+        rest
+    };
+    let ch: locus_proto::types::Challenge =
+        codec::decode(&call(&mut s, Hello::INFO.code, codec::encode(&Hello { version: 1, client: "raw".into() }))).unwrap();
+    let nonce = vec![1u8; 32];
+    let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, "admin");
+    call(&mut s, Auth::INFO.code, codec::encode(&Auth { subject: "admin".into(), nonce, proof }));
+    let mut v = Vec::new();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        call(&mut s, 0x03, Vec::new());
+        v.push(t.elapsed());
+    }
+    p50(v)
+}
