@@ -74,6 +74,8 @@ pub struct TargetReport {
 const SMALL: usize = 16 * 1024;
 const WRITE_CHUNK: usize = 8 << 20;
 const WRITE_DEPTH: usize = 4;
+/// Bulk transfers per target in each repeat (interleaved with the other targets').
+const BW_ROUNDS: usize = 3;
 /// Chunk of the peers' sequential writes (they do not pipeline).
 const BIG_CHUNK: usize = 8 << 20;
 
@@ -436,14 +438,23 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
                 runs.get_mut(&t.name).expect("present")[rep].rows.insert(row.to_string(), Summary::of(&mut got));
             }
         }
-        for k in 0..targets.len() {
-            let t = &mut targets[(k + rep) % n];
-            if t.name == "pingpong" {
-                continue;
+        // Bandwidth: BW_ROUNDS transfers per target, taking turns; the repeat keeps their median.
+        let mut bw: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); targets.len()];
+        for round in 0..BW_ROUNDS {
+            for k in 0..targets.len() {
+                let idx = (k + rep + round) % n;
+                let t = &mut targets[idx];
+                if t.name == "pingpong" {
+                    continue;
+                }
+                let (r, w) = t.driver.bandwidth(size).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
+                bw[idx].0.push(r);
+                bw[idx].1.push(w);
             }
-            let (r, w) = t.driver.bandwidth(size).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
+        }
+        for (t, (r, w)) in targets.iter().zip(bw) {
             let run = &mut runs.get_mut(&t.name).expect("present")[rep];
-            (run.read_mbps, run.write_mbps) = (r, w);
+            (run.read_mbps, run.write_mbps) = (median(r), median(w));
         }
     }
 
