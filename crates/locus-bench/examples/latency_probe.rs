@@ -66,7 +66,8 @@ pub fn raw_blocking_ping(addr: &str, token: &str) -> f64 {
         rest
     };
     let ch: locus_proto::types::Challenge =
-        codec::decode(&call(&mut s, Hello::INFO.code, codec::encode(&Hello { version: 1, client: "raw".into() }))).unwrap();
+        codec::decode(&call(&mut s, Hello::INFO.code, codec::encode(&Hello { version: 1, client: "raw".into() })))
+            .unwrap();
     let nonce = vec![1u8; 32];
     let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, "admin");
     call(&mut s, Auth::INFO.code, codec::encode(&Auth { subject: "admin".into(), nonce, proof }));

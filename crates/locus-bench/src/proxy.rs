@@ -1,97 +1,117 @@
 //! A TCP forwarder that holds every chunk for a fixed one-way delay in each direction,
 //! emulating a network round-trip time of twice that delay for whatever crosses it.
+//!
+//! It runs on plain threads and sleeps with `std::thread::sleep`, which is precise to
+//! tens of microseconds; tokio's timer rounds to whole milliseconds, which would turn a
+//! 1 ms round trip into 3.
 
-use std::net::SocketAddr;
-use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-/// A running delay proxy; it stops when dropped.
+/// A running delay proxy; it stops accepting when dropped.
 pub struct DelayProxy {
     pub addr: SocketAddr,
-    _rt: tokio::runtime::Runtime,
+    stop: Arc<AtomicBool>,
 }
 
 impl DelayProxy {
     /// Starts forwarding a fresh port on 127.0.0.1 to `target` with `one_way` delay.
     pub fn start(target: SocketAddr, one_way: Duration) -> std::io::Result<DelayProxy> {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0"))?;
+        let listener = TcpListener::bind("127.0.0.1:0")?;
         let addr = listener.local_addr()?;
-        rt.spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    tokio::spawn(forward(cr, sw, one_way));
-                    tokio::spawn(forward(sr, cw, one_way));
-                });
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stopping.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(target) else { continue };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
+                forward(client, s2, one_way);
+                forward(server, c2, one_way);
             }
         });
-        Ok(DelayProxy { addr, _rt: rt })
+        Ok(DelayProxy { addr, stop })
     }
 }
 
-/// Copies one direction, delivering each chunk `delay` after it was read, in order.
-async fn forward(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, delay: Duration) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let writer = tokio::spawn(async move {
-        while let Some((due, chunk)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
-            if to.write_all(&chunk).await.is_err() {
-                return;
-            }
-        }
-        let _ = to.shutdown().await;
-    });
-    let mut buf = vec![0u8; 256 * 1024];
-    loop {
-        match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
-                    break;
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect(self.addr);
+    }
+}
+
+/// Copies one direction on two threads: a reader stamps each chunk with its due time, a
+/// writer sleeps until then and sends it, so chunks keep their order and spacing.
+fn forward(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+                        break;
+                    }
                 }
             }
         }
-    }
-    drop(tx);
-    let _ = writer.await;
+    });
+    std::thread::spawn(move || {
+        while let Ok((due, chunk)) = rx.recv() {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            if to.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
 
     #[test]
-    fn the_proxy_adds_its_delay_to_a_round_trip() {
-        let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    fn the_proxy_adds_its_delay_to_a_round_trip_accurately() {
+        let echo = TcpListener::bind("127.0.0.1:0").unwrap();
         let target = echo.local_addr().unwrap();
         std::thread::spawn(move || {
             let (mut s, _) = echo.accept().unwrap();
+            s.set_nodelay(true).unwrap();
             let mut b = [0u8; 4];
             while s.read_exact(&mut b).is_ok() {
                 s.write_all(&b).unwrap();
             }
         });
-        let proxy = DelayProxy::start(target, Duration::from_millis(5)).unwrap();
-        let mut c = std::net::TcpStream::connect(proxy.addr).unwrap();
+        let proxy = DelayProxy::start(target, Duration::from_micros(500)).unwrap();
+        let mut c = TcpStream::connect(proxy.addr).unwrap();
         c.set_nodelay(true).unwrap();
-        let t = std::time::Instant::now();
-        c.write_all(b"ping").unwrap();
-        let mut b = [0u8; 4];
-        c.read_exact(&mut b).unwrap();
-        let rtt = t.elapsed();
-        assert_eq!(&b, b"ping");
-        assert!(rtt >= Duration::from_millis(10), "{rtt:?}");
-        assert!(rtt < Duration::from_millis(200), "{rtt:?}");
+        let mut rtts = Vec::new();
+        for _ in 0..50 {
+            let t = Instant::now();
+            c.write_all(b"ping").unwrap();
+            let mut b = [0u8; 4];
+            c.read_exact(&mut b).unwrap();
+            assert_eq!(&b, b"ping");
+            rtts.push(t.elapsed());
+        }
+        rtts.sort();
+        let p50 = rtts[rtts.len() / 2];
+        assert!(p50 >= Duration::from_millis(1), "{p50:?}");
+        assert!(p50 < Duration::from_micros(1900), "a 1 ms emulated round trip took {p50:?}");
     }
 }

@@ -2,9 +2,10 @@
 //! clear line on failure.
 
 use crate::output;
-use crate::AclCommand;
 use crate::Command;
+use crate::{AclCommand, ScriptCommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
 use locus_client::{Client, ClientError, LocusUrl};
 use std::collections::HashMap;
@@ -178,6 +179,37 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 println!("{}", output::stats_json(&r));
             } else {
                 print!("{}", output::stats_text(&r));
+            }
+        }
+        Command::Script(ScriptCommand::Register { url, file }) => {
+            let u = parse(&url)?;
+            let source = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let c = conns.get(&u).await?;
+            let id = c.script_register(&source).await.map_err(|e| err(&u, e))?;
+            println!("{id}");
+        }
+        Command::Script(ScriptCommand::Call { url, script, args, input, output }) => {
+            let u = parse(&url)?;
+            let c = conns.get(&u).await?;
+            let args: Vec<Value> = args.iter().map(|a| output::parse_arg(a)).collect();
+            let input = match input {
+                Some(p) => std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?,
+                None => Vec::new(),
+            };
+            let is_id = script.len() == 64 && script.chars().all(|c| c.is_ascii_hexdigit());
+            let (values, out) = if is_id {
+                c.script_call_id(&script, args, &input).await
+            } else {
+                let source = std::fs::read_to_string(&script).map_err(|e| format!("{script}: {e}"))?;
+                c.script_call(&source, args, &input).await
+            }
+            .map_err(|e| err(&u, e))?;
+            match output {
+                Some(p) => std::fs::write(&p, &out).map_err(|e| format!("{}: {e}", p.display()))?,
+                None => std::io::Write::write_all(&mut std::io::stdout(), &out).map_err(|e| e.to_string())?,
+            }
+            if !values.is_empty() || json {
+                println!("{}", serde_json::Value::Array(values.iter().map(output::value_json).collect()));
             }
         }
         Command::Serve(_) | Command::Token { .. } | Command::Bench(_) => {

@@ -92,6 +92,9 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         top: u32,
     },
+    /// Register and call Lua scripts that run at the server.
+    #[command(subcommand)]
+    Script(ScriptCommand),
     /// Run benchmarks side by side with peers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -103,6 +106,26 @@ enum AclCommand {
     Get { url: String },
     /// Give SUBJECT the RIGHTS (letters from rwldax; `-` for none) on a directory.
     Set { url: String, subject: String, rights: String },
+}
+
+#[derive(Subcommand)]
+enum ScriptCommand {
+    /// Register a script file with the server at URL; prints its id.
+    Register { url: String, file: PathBuf },
+    /// Call a script by id, or by file (registered on first use), with arguments.
+    Call {
+        url: String,
+        /// A script id (64 hex digits) or a file holding the script.
+        script: String,
+        /// Arguments: integers, numbers, true/false/nil, or strings.
+        args: Vec<String>,
+        /// File whose bytes are the script's `input` buffer.
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Write the script's `output` buffer here instead of standard output.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]

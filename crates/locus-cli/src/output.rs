@@ -136,6 +136,37 @@ pub fn stats_json(r: &StatsReport) -> Value {
     })
 }
 
+/// A command-line argument as a script value: integers, numbers, booleans and nil are
+/// typed; anything else is a string.
+pub fn parse_arg(s: &str) -> locus_client::types::Value {
+    use locus_client::types::Value;
+    match s {
+        "true" => Value::Bool(true),
+        "false" => Value::Bool(false),
+        "nil" => Value::Nil,
+        _ => s
+            .parse::<i64>()
+            .map(Value::Int)
+            .or_else(|_| s.parse::<f64>().map(Value::Num))
+            .unwrap_or_else(|_| Value::Str(s.to_string())),
+    }
+}
+
+/// A script value as JSON (byte strings that are not UTF-8 become arrays of numbers).
+pub fn value_json(v: &locus_client::types::Value) -> Value {
+    use locus_client::types::Value as V;
+    match v {
+        V::Nil => Value::Null,
+        V::Bool(b) => json!(b),
+        V::Int(i) => json!(i),
+        V::Num(n) => json!(n),
+        V::Str(s) => json!(s),
+        V::Bytes(b) => json!(b),
+        V::List(items) => Value::Array(items.iter().map(value_json).collect()),
+        V::Map(pairs) => Value::Object(pairs.iter().map(|(k, v)| (k.clone(), value_json(v))).collect()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

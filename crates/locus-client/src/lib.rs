@@ -460,10 +460,40 @@ impl Client {
         self.call(Stats { top }).await
     }
 
+    /// Registers a Lua script; returns its id (the SHA-256 of the source).
+    pub async fn script_register(&self, source: &str) -> Result<String> {
+        self.call(ScriptRegister { source: source.into() }).await
+    }
+
+    /// Calls a registered script by id with arguments and an input buffer; returns its
+    /// results and its output buffer.
+    pub async fn script_call_id(&self, id: &str, args: Vec<Value>, input: &[u8]) -> Result<(Vec<Value>, Bytes)> {
+        self.call_with(ScriptCall { id: id.into(), source: None, args }, input).await
+    }
+
+    /// Calls the script `source` by its id; if the server does not know it (never
+    /// registered, or evicted from its cache) the call is repeated with the source,
+    /// which registers it. One round trip in the common case.
+    pub async fn script_call(&self, source: &str, args: Vec<Value>, input: &[u8]) -> Result<(Vec<Value>, Bytes)> {
+        let id = script_id(source);
+        match self.script_call_id(&id, args.clone(), input).await {
+            Err(ClientError::Remote(e)) if e.code == locus_proto::Code::NO_SCRIPT => {
+                self.call_with(ScriptCall { id, source: Some(source.into()), args }, input).await
+            }
+            other => other,
+        }
+    }
+
     /// The subject the server knows this connection as.
     pub async fn whoami(&self) -> Result<String> {
         self.call(Whoami {}).await
     }
+}
+
+/// The id of a script: the SHA-256 of its source, in hex (as the server computes it).
+pub fn script_id(source: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(source.as_bytes()))
 }
 
 async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<usize> {

@@ -49,6 +49,10 @@ impl Code {
     pub const LIMIT: Code = Code(1005);
     /// The server is shutting down or the connection is closing.
     pub const SHUTDOWN: Code = Code(1006);
+    /// No script is registered under this id (or it was evicted): register it again.
+    pub const NO_SCRIPT: Code = Code(1007);
+    /// A script failed to compile or raised an error.
+    pub const SCRIPT_ERROR: Code = Code(1008);
 
     /// The errno a POSIX program should see for this code.
     pub fn errno(self) -> i32 {
@@ -59,6 +63,8 @@ impl Code {
             Code::TOO_LARGE => 7,  // E2BIG
             Code::LIMIT => 122,    // EDQUOT: a quota of some resource was exceeded
             Code::SHUTDOWN => 108, // ESHUTDOWN
+            Code::NO_SCRIPT => Code::NOENT.0 as i32,
+            Code::SCRIPT_ERROR => Code::IO.0 as i32,
             Code(c) if c < 1000 => c as i32,
             _ => Code::IO.0 as i32,
         }
@@ -108,6 +114,8 @@ impl Code {
             1004 => "TOO_LARGE",
             1005 => "LIMIT",
             1006 => "SHUTDOWN",
+            1007 => "NO_SCRIPT",
+            1008 => "SCRIPT_ERROR",
             _ => "ERROR",
         }
     }

@@ -16,6 +16,10 @@ pub const PREAMBLE_MAGIC: [u8; 6] = *b"LOCUS\0";
 /// The protocol version this crate speaks.
 pub const VERSION: u16 = 1;
 
+/// Push topic of a message sent by a script (`msg.send`); the push's metadata is the
+/// sending client's id (u64), its data the message.
+pub const PUSH_MESSAGE: u16 = 1;
+
 /// Set on every frame of a multi-frame message except the last.
 pub const FLAG_MORE: u8 = 1;
 

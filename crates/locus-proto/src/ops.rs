@@ -108,6 +108,10 @@ macro_rules! operation_table {
             0x31 AclSet acl_set Unary { path: String, subject: String, rights: Rights } -> ();
             /// Export I/O totals, per-operation counts and the `top` busiest files (admin).
             0x32 Stats stats Unary { top: u32 } -> StatsReport;
+            /// Registers a Lua script (needs `x` at the root); answers its id, the SHA-256 of the source.
+            0x40 ScriptRegister script_register Unary { source: String } -> String;
+            /// Runs a registered script (or `source`, registering it) with arguments; the frame's data is its input buffer, the reply's data its output buffer.
+            0x41 ScriptCall script_call Unary { id: String, source: Option<String>, args: Vec<Value> } -> Vec<Value>;
         }
     };
 }

@@ -204,6 +204,20 @@ pub struct AclEntry {
     pub rights: Rights,
 }
 
+/// A value crossing between a client and a script: arguments and results.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Value {
+    Nil,
+    Bool(bool),
+    Int(i64),
+    Num(f64),
+    Str(String),
+    /// A string that is not UTF-8.
+    Bytes(Vec<u8>),
+    List(Vec<Value>),
+    Map(Vec<(String, Value)>),
+}
+
 /// Counts and service time of reads and writes, kept per file and per export.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoCounters {

@@ -36,6 +36,14 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// A name for this server in the handshake.
     pub name: String,
+    /// Script interpreter threads (separate from the connection threads).
+    pub script_workers: usize,
+    /// Registered scripts kept; the oldest is evicted beyond this.
+    pub script_cache: usize,
+    /// Limits of a script call.
+    pub script_limits: locus_script::Limits,
+    /// Limits for particular subjects, instead of `script_limits`.
+    pub script_limits_by_subject: HashMap<String, locus_script::Limits>,
 }
 
 impl ServerConfig {
@@ -50,6 +58,10 @@ impl ServerConfig {
             max_handles: 4096,
             limits: Limits::SERVER,
             name: format!("locus {}", env!("CARGO_PKG_VERSION")),
+            script_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            script_cache: 1024,
+            script_limits: locus_script::Limits::default(),
+            script_limits_by_subject: HashMap::new(),
         }
     }
 

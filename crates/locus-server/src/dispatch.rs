@@ -9,39 +9,54 @@ use locus_proto::types::*;
 use locus_proto::{Code, Error as WireError};
 use serde::Serialize;
 
+/// A reply computed elsewhere (a script on the interpreter pool), sent when it is ready.
+pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Encoded, WireError>> + Send>>;
+
 /// A handler's successful answer: one or more metadata pages and a body.
 pub struct Answer<T> {
     pub pages: Vec<T>,
     pub body: Body,
     /// The reply is not sent now (a stream whose last frame has not arrived).
     pub deferred: bool,
+    /// The reply will come from this future; the connection goes on meanwhile.
+    pub later: Option<Later>,
 }
 
 impl<T> From<T> for Answer<T> {
     fn from(meta: T) -> Self {
-        Answer { pages: vec![meta], body: Body::None, deferred: false }
+        Answer { pages: vec![meta], body: Body::None, deferred: false, later: None }
     }
 }
 
 impl<T: Serialize> Answer<T> {
     /// An answer with a body after its metadata.
     pub fn with_body(meta: T, body: Body) -> Self {
-        Answer { pages: vec![meta], body, deferred: false }
+        Answer { pages: vec![meta], body, deferred: false, later: None }
     }
 
     /// An answer sent as several frames, one per page.
     pub fn paged(pages: Vec<T>) -> Self {
-        Answer { pages, body: Body::None, deferred: false }
+        Answer { pages, body: Body::None, deferred: false, later: None }
     }
 
     /// No reply yet.
     pub fn deferred() -> Self {
-        Answer { pages: Vec::new(), body: Body::None, deferred: true }
+        Answer { pages: Vec::new(), body: Body::None, deferred: true, later: None }
+    }
+
+    /// A reply that `later` will produce.
+    pub fn later(later: Later) -> Self {
+        Answer { pages: Vec::new(), body: Body::None, deferred: false, later: Some(later) }
     }
 
     /// The answer with its metadata encoded.
     pub fn encode(self) -> Encoded {
-        Encoded { metas: self.pages.iter().map(codec::encode).collect(), body: self.body, deferred: self.deferred }
+        Encoded {
+            metas: self.pages.iter().map(codec::encode).collect(),
+            body: self.body,
+            deferred: self.deferred,
+            later: self.later,
+        }
     }
 }
 
@@ -50,6 +65,7 @@ pub struct Encoded {
     pub metas: Vec<Vec<u8>>,
     pub body: Body,
     pub deferred: bool,
+    pub later: Option<Later>,
 }
 
 macro_rules! define_dispatch {

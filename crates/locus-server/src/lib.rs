@@ -16,6 +16,7 @@
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod script_host;
 pub mod session;
 pub mod splice;
 pub mod transport;
@@ -24,6 +25,7 @@ pub use config::{ServerConfig, Tokens};
 pub use error::ServerError;
 
 use bytes::{Bytes, BytesMut};
+use dispatch::Encoded;
 use locus_proto::frame::{self, Header, Kind, HEADER_LEN};
 use locus_proto::{codec, Code, Error as WireError};
 use locus_store::{Acl, Store};
@@ -88,6 +90,8 @@ pub struct Shared {
     pub store: Store,
     pub tokens: Tokens,
     pub registry: Registry,
+    /// Registered scripts and the interpreter pool that runs them.
+    pub scripts: locus_script::Engine,
 }
 
 /// A configured server, ready to run on a listener.
@@ -108,7 +112,8 @@ impl Server {
         initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
         let store = Store::new(&config.root, &initial)?;
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
-        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default() });
+        let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
+        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts });
         Ok(Server { shared, tls })
     }
 
@@ -292,7 +297,7 @@ async fn frame_loop(
     shared: &Shared,
     session: &mut Session,
     reader: &mut BufReader<ReadHalf>,
-    writer: &tokio::sync::Mutex<FrameWriter>,
+    writer: &Arc<tokio::sync::Mutex<FrameWriter>>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let limits = shared.config.limits;
@@ -342,12 +347,30 @@ async fn frame_loop(
         let mut w = writer.lock().await;
         match outcome {
             Ok(enc) if enc.deferred => {}
+            Ok(Encoded { later: Some(later), .. }) => {
+                drop(w);
+                tokio::spawn(reply_later(writer.clone(), header.op, header.id, later));
+                continue;
+            }
             Ok(enc) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
             Err(err) => w.frame(Kind::Error, false, header.op, header.id, &codec::encode(&err), &[]).await?,
         }
         if reader.buffer().is_empty() {
             w.flush().await?;
         }
+    }
+}
+
+/// Sends the reply of a request answered elsewhere (a script), whenever it is ready.
+async fn reply_later(writer: Arc<tokio::sync::Mutex<FrameWriter>>, op: u16, id: u32, later: dispatch::Later) {
+    let outcome = later.await;
+    let mut w = writer.lock().await;
+    let sent = match outcome {
+        Ok(enc) => w.reply(op, id, &enc.metas, enc.body).await,
+        Err(err) => w.frame(Kind::Error, false, op, id, &codec::encode(&err), &[]).await,
+    };
+    if sent.is_ok() {
+        let _ = w.flush().await;
     }
 }
 

@@ -53,6 +53,22 @@ impl Session {
         }
     }
 
+    /// A session for a script call, already acting as `subject` (it has no connection).
+    pub fn for_script(shared: Arc<Shared>, subject: &str) -> Self {
+        let mut s = Session::new(shared, 0);
+        s.subject = Some(subject.to_string());
+        s
+    }
+
+    /// Checks that the subject may run code (`x` at the export root).
+    fn may_execute(&self) -> Result<&str, WireError> {
+        let who = self.who()?;
+        if !store(self.shared.store.rights(who, "/"))?.contains(Rights::EXECUTE) {
+            return Err(WireError::new(Code::ACCES, "running code needs the 'x' right at the export root"));
+        }
+        Ok(who)
+    }
+
     /// True once the handshake has succeeded.
     pub fn authenticated(&self) -> bool {
         self.subject.is_some()
@@ -282,6 +298,30 @@ impl Handler for Session {
 
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
         Ok(store(self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?.into())
+    }
+
+    fn script_register(&mut self, req: ScriptRegister, _: Bytes) -> Reply<String> {
+        self.may_execute()?;
+        Ok(self.shared.scripts.register(&req.source)?.into())
+    }
+
+    fn script_call(&mut self, req: ScriptCall, data: Bytes) -> Reply<Vec<Value>> {
+        let who = self.may_execute()?.to_string();
+        let limits =
+            self.shared.config.script_limits_by_subject.get(&who).copied().unwrap_or(self.shared.config.script_limits);
+        let host = crate::script_host::ScriptHost::new(self.shared.clone(), &who, self.client_id);
+        let rx = self.shared.scripts.call(
+            &req.id,
+            req.source.as_deref(),
+            req.args,
+            data.to_vec(),
+            limits,
+            Box::new(host),
+        )?;
+        Ok(Answer::later(Box::pin(async move {
+            let outcome = rx.await.map_err(|_| WireError::new(Code::IO, "the script worker went away"))??;
+            Ok(Answer::with_body(outcome.values, Body::Bytes(outcome.output.into())).encode())
+        })))
     }
 
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {

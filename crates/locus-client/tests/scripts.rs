@@ -1,0 +1,289 @@
+//! Scripts through the client API against a real server: calls, bindings, rights, the
+//! sandbox, every limit, and the Scriptable RPC case studies shipped in examples/scripts.
+
+use locus_client::types::{Rights, Value};
+use locus_client::{Client, ClientError};
+use locus_proto::Code;
+use locus_testkit::TestServer;
+use std::time::{Duration, Instant};
+
+fn example(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../../examples/scripts/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+fn s(v: &str) -> Value {
+    Value::Str(v.into())
+}
+
+async fn run(c: &Client, src: &str, args: Vec<Value>) -> Result<Vec<Value>, ClientError> {
+    c.script_call(src, args, &[]).await.map(|r| r.0)
+}
+
+fn code(r: Result<Vec<Value>, ClientError>) -> (Code, String) {
+    let e = r.expect_err("the call should fail");
+    (e.code(), e.to_string())
+}
+
+#[tokio::test]
+async fn register_then_call_by_id_with_input_and_output() {
+    let srv = TestServer::start();
+    let c = srv.client("admin").await;
+    let src = "local a, b = ...\noutput:append(input)\noutput:append('!')\nreturn a + b, 'sum'";
+    let id = c.script_register(src).await.unwrap();
+    assert_eq!(id, locus_client::script_id(src));
+    let (values, out) = c.script_call_id(&id, vec![Value::Int(2), Value::Int(40)], b"hello").await.unwrap();
+    assert_eq!(values, vec![Value::Int(42), s("sum")]);
+    assert_eq!(&out[..], b"hello!");
+    // an unknown id says so; the source-carrying call registers it
+    let e = c.script_call_id(&"0".repeat(64), vec![], &[]).await.unwrap_err();
+    assert_eq!(e.code(), Code::NO_SCRIPT);
+    assert_eq!(run(&c, "return 7", vec![]).await.unwrap(), vec![Value::Int(7)]);
+    // compile errors and runtime errors keep their line numbers
+    let (code1, msg) = code(run(&c, "return +", vec![]).await);
+    assert_eq!(code1, Code::SCRIPT_ERROR);
+    assert!(msg.contains("script:1"), "{msg}");
+    let (code2, msg) = code(run(&c, "local x = 1\nerror('boom')", vec![]).await);
+    assert_eq!(code2, Code::SCRIPT_ERROR);
+    assert!(msg.contains("script:2") && msg.contains("boom"), "{msg}");
+}
+
+#[tokio::test]
+async fn evicted_scripts_are_registered_again_transparently() {
+    let srv = TestServer::start_with(|c| c.script_cache = 1);
+    let c = srv.client("admin").await;
+    let a = "return 'a'";
+    let b = "return 'b'";
+    assert_eq!(run(&c, a, vec![]).await.unwrap(), vec![s("a")]);
+    assert_eq!(run(&c, b, vec![]).await.unwrap(), vec![s("b")]); // evicts a
+    let e = c.script_call_id(&locus_client::script_id(a), vec![], &[]).await.unwrap_err();
+    assert_eq!(e.code(), Code::NO_SCRIPT);
+    assert_eq!(run(&c, a, vec![]).await.unwrap(), vec![s("a")]);
+}
+
+#[tokio::test]
+async fn every_file_operation_is_bound_and_errors_come_back_as_values() {
+    let srv = TestServer::start();
+    let c = srv.client("admin").await;
+    srv.put_local("d/f", b"0123456789");
+    let src = r#"
+        local st = fs.stat("/d/f")
+        local f = fs.open("/d/f", 3, 0)           -- READ | WRITE
+        local n = fs.pwrite(f.handle, 2, "ab")
+        local bytes = fs.pread(f.handle, 0, 4)
+        fs.close(f.handle)
+        local ok = fs.mkdir("/d/sub", 493)
+        local entries = fs.readdir("/d")
+        local missing, msg, code = fs.stat("/nope")
+        local _, whole = fs.get("/d/f")
+        return st.size, n, bytes, ok, #entries, missing, code, whole, fs.whoami()
+    "#;
+    let v = run(&c, src, vec![]).await.unwrap();
+    assert_eq!(
+        v,
+        vec![
+            Value::Int(10),
+            Value::Int(2),
+            s("01ab"),
+            Value::Bool(true),
+            Value::Int(2),
+            Value::Nil,
+            s("ENOENT"),
+            s("01ab456789"),
+            s("admin")
+        ]
+    );
+    // bindings exist for every file operation of the table, and for nothing else
+    let names = run(&c, "local t = {} for _, n in ipairs({'stat','lstat','fstat','open','close','pread','pwrite','get','put','readdir','mkdir','rmdir','unlink','rename','symlink','readlink','link','truncate','chmod','utimes','fsync','statfs','access','ftruncate','acl_get','acl_set','stats','whoami'}) do if type(fs[n]) ~= 'function' then t[#t+1] = n end end return #t, fs.hello, fs.script_call", vec![]).await.unwrap();
+    assert_eq!(names, vec![Value::Int(0), Value::Nil, Value::Nil]);
+}
+
+#[tokio::test]
+async fn scripts_need_the_x_right_and_act_with_the_callers_rights() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    let alice = srv.client("alice").await;
+    srv.put_local("secret/key", b"k");
+    srv.put_local("pub/readme", b"r");
+    let (c1, _) = code(run(&alice, "return 1", vec![]).await);
+    assert_eq!(c1, Code::ACCES);
+    admin.acl_set("/", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    admin.acl_set("/pub", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    admin.acl_set("/secret", "alice", Rights(0)).await.unwrap();
+    let v = run(
+        &alice,
+        "local _, a = fs.get('/pub/readme') local x, m, code = fs.get('/secret/key') return a, x, code",
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert_eq!(v, vec![s("r"), Value::Nil, s("EACCES")]);
+}
+
+#[tokio::test]
+async fn the_sandbox_has_no_way_out() {
+    let srv = TestServer::start();
+    let c = srv.client("admin").await;
+    let v = run(
+        &c,
+        "return io, os, require, load, loadfile, dofile, debug, string.dump, package, collectgarbage, rawset",
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert!(v.iter().all(|x| *x == Value::Nil), "{v:?}");
+    // libraries are read-only, and globals do not leak between calls
+    let (code1, _) = code(run(&c, "string.rep = function() return 'pwned' end", vec![]).await);
+    assert_eq!(code1, Code::SCRIPT_ERROR);
+    assert!(run(&c, "return getmetatable('')", vec![]).await.unwrap() == vec![Value::Bool(false)]);
+    run(&c, "leaked = 42 fs_backup = fs", vec![]).await.unwrap();
+    assert_eq!(run(&c, "return leaked, ('x'):rep(3)", vec![]).await.unwrap(), vec![Value::Nil, s("xxx")]);
+}
+
+#[tokio::test]
+async fn hostile_scripts_end_with_the_named_limit_and_free_their_locks() {
+    let srv = TestServer::start_with(|c| {
+        c.script_limits.wall = Duration::from_secs(2);
+        c.script_limits.instructions = 20_000_000;
+        c.script_limits.memory = 8 << 20;
+        c.script_limits.result_bytes = 1 << 20;
+    });
+    let c = srv.client("admin").await;
+    let cases = [
+        ("while true do end", "instruction"),
+        ("local t = {} while true do t[#t+1] = ('x'):rep(1000) end", "memory"),
+        // deep recursion runs out of memory or of stack, whichever comes first
+        ("local function f(n) return 1 + f(n + 1) end return f(1)", "stack|memory"),
+        ("return ('x'):rep(2 * 1024 * 1024)", "result"),
+        ("local b = buffer.new() while true do b:append(('y'):rep(65536)) end", "memory"),
+        ("while true do pcall(function() while true do end end) end", "instruction"),
+        ("lock.acquire('L') error('oops')", ""),
+        ("lock.acquire('L') while true do end", "instruction"),
+    ];
+    for (src, limit) in cases {
+        let t = Instant::now();
+        let (got, msg) = code(run(&c, src, vec![]).await);
+        if limit.is_empty() {
+            assert_eq!(got, Code::SCRIPT_ERROR, "{src}: {msg}");
+        } else {
+            assert_eq!(got, Code::LIMIT, "{src}: {msg}");
+            assert!(limit.split('|').any(|l| msg.contains(l)), "{src}: {msg}");
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{src} took {:?}", t.elapsed());
+        assert!(!srv.shared().scripts.lock_held("L"), "{src} left its lock held");
+    }
+    // a script that sleeps on a lock held by another is stopped by its deadline
+    let srv2 = TestServer::start_with(|c| c.script_limits.wall = Duration::from_millis(300));
+    let c2 = srv2.client("admin").await;
+    let waiter = "return lock.acquire('M')";
+    assert_eq!(run(&c2, "return lock.acquire('M')", vec![]).await.unwrap(), vec![Value::Bool(true)]);
+    assert_eq!(run(&c2, waiter, vec![]).await.unwrap(), vec![Value::Bool(true)], "released when the first call ended");
+    // the server is fine afterwards
+    assert_eq!(run(&c, "return 1", vec![]).await.unwrap(), vec![Value::Int(1)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_operations_keep_going_while_hostile_scripts_run() {
+    let srv = TestServer::start_with(|c| c.script_limits.wall = Duration::from_secs(3));
+    srv.put_local("f", b"x");
+    let c = srv.client("admin").await;
+    let mut hostile = Vec::new();
+    for _ in 0..4 {
+        let c = srv.client("admin").await;
+        hostile.push(tokio::spawn(async move { c.script_call("while true do end", vec![], &[]).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = Instant::now();
+    for _ in 0..500 {
+        c.stat("/f").await.unwrap();
+    }
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(2), "500 stats took {took:?} beside busy scripts");
+    for h in hostile {
+        assert_eq!(h.await.unwrap().unwrap_err().code(), Code::LIMIT);
+    }
+}
+
+#[tokio::test]
+async fn case_study_read_getattr_and_read_if_modified() {
+    let srv = TestServer::start();
+    let c = srv.client("admin").await;
+    srv.put_local("dir/a", b"aaaa");
+    srv.put_local("dir/b", b"bb");
+    let v = run(&c, &example("lookup.lua"), vec![s("/dir"), s("b")]).await.unwrap();
+    let Value::Map(attr) = &v[0] else { panic!("{v:?}") };
+    assert!(attr.contains(&("size".to_string(), Value::Int(2))));
+    let v = run(&c, &example("lookup.lua"), vec![s("/dir"), s("zz")]).await.unwrap();
+    assert_eq!(v[0], Value::Nil);
+
+    let st = c.stat("/dir/a").await.unwrap();
+    let src = example("read_if_modified.lua");
+    let args = |sec: i64, nsec: u32| vec![s("/dir/a"), Value::Int(sec), Value::Int(nsec as i64)];
+    let (v, out) = c.script_call(&src, args(st.mtime.sec, st.mtime.nsec), &[]).await.unwrap();
+    assert_eq!((v, out.len()), (vec![s("unchanged")], 0));
+    let (v, out) = c.script_call(&src, args(1, 0), &[]).await.unwrap();
+    assert_eq!(v[0], s("changed"));
+    assert_eq!(&out[..], b"aaaa");
+}
+
+#[tokio::test]
+async fn case_study_partial_write() {
+    let srv = TestServer::start();
+    let c = srv.client("admin").await;
+    srv.put_local("big", &vec![b'.'; 100_000]);
+    let (v, _) =
+        c.script_call(&example("partial_write.lua"), vec![s("/big"), Value::Int(500)], &[b'#'; 100]).await.unwrap();
+    assert_eq!(v, vec![Value::Int(100)]);
+    let data = std::fs::read(srv.local("big")).unwrap();
+    assert_eq!(data.len(), 100_000);
+    assert!(data[500..600].iter().all(|b| *b == b'#') && data[499] == b'.' && data[600] == b'.');
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case_study_directory_updates_under_contention_lose_nothing() {
+    let srv = TestServer::start();
+    srv.put_local("shared.dir", b"");
+    let src = example("dir_append.lua");
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        let c = srv.client("admin").await;
+        let src = src.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25 {
+                c.script_call(&src, vec![s("/shared.dir"), s(&format!("c{client}-e{i}"))], &[]).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let body = std::fs::read_to_string(srv.local("shared.dir")).unwrap();
+    let mut names: Vec<&str> = body.lines().collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 200, "lost updates");
+}
+
+#[tokio::test]
+async fn case_study_afs_callbacks_reach_every_caching_client() {
+    let srv = TestServer::start();
+    srv.put_local("doc", b"v1");
+    let src = example("afs_callbacks.lua");
+    let writer = srv.client("admin").await;
+    let mut readers = Vec::new();
+    for _ in 0..3 {
+        let r = srv.client("admin").await;
+        let pushes = r.subscribe();
+        r.script_call(&src, vec![s("open"), s("/doc")], &[]).await.unwrap();
+        readers.push((r, pushes));
+    }
+    writer.script_call(&src, vec![s("open"), s("/doc")], &[]).await.unwrap();
+    let (v, _) = writer.script_call(&src, vec![s("close"), s("/doc")], &[]).await.unwrap();
+    assert_eq!(v, vec![Value::Int(3)]);
+    for (_, pushes) in readers.iter_mut() {
+        let m = tokio::time::timeout(Duration::from_secs(2), pushes.recv()).await.unwrap().unwrap();
+        assert_eq!(m.topic, locus_proto::frame::PUSH_MESSAGE);
+        assert_eq!(&m.data[..], b"break /doc");
+        let from: u64 = locus_proto::codec::decode(&m.meta).unwrap();
+        assert_eq!(from, writer.client_id());
+    }
+}

@@ -1,0 +1,110 @@
+//! `fs.<op>` for every file operation, generated from the operation table: adding an
+//! operation to the table adds its script binding with no code here.
+//!
+//! Arguments are the request's fields in table order; one more argument, if given, is the
+//! request's data (a string or buffer). A call answers its reply as a Lua value (`true`
+//! for an empty reply), followed by the reply's data as a string when there is some
+//! (`fs.pread` answers the data alone). On failure it answers `nil, message, code`, so a
+//! script can test for errors without `pcall`.
+
+use crate::stdlib::CallCtx;
+use crate::value::bytes_of;
+use locus_proto::codec;
+use locus_proto::ops;
+use locus_proto::types::*;
+use mlua::{Lua, LuaSerdeExt, MultiValue, Table, Value as LuaValue};
+
+/// Operations a script may call: the file service and admin operations, not the
+/// handshake and not scripts themselves.
+fn bindable(code: u16) -> bool {
+    (0x10..0x40).contains(&code) || code == 0x04
+}
+
+/// Converts a reply's pages to one Lua value (pages of lists are concatenated).
+fn pages_to_lua<T: serde::Serialize>(lua: &Lua, pages: Vec<T>) -> mlua::Result<LuaValue> {
+    // Nothing becomes nil, not mlua's NULL light userdata, which cannot leave a script.
+    let options = mlua::SerializeOptions::new().serialize_none_to_null(false).serialize_unit_to_null(false);
+    let mut values = Vec::with_capacity(pages.len());
+    for p in &pages {
+        values.push(lua.to_value_with(p, options)?);
+    }
+    if values.len() == 1 {
+        return Ok(values.pop().expect("one"));
+    }
+    let all = lua.create_table()?;
+    for v in values {
+        if let LuaValue::Table(t) = v {
+            for item in t.sequence_values::<LuaValue>() {
+                all.raw_push(item?)?;
+            }
+        }
+    }
+    Ok(LuaValue::Table(all))
+}
+
+fn fail(lua: &Lua, e: locus_proto::Error) -> mlua::Result<MultiValue> {
+    Ok(MultiValue::from_iter([
+        LuaValue::Nil,
+        LuaValue::String(lua.create_string(&e.message)?),
+        LuaValue::String(lua.create_string(e.code.name())?),
+    ]))
+}
+
+macro_rules! define_bindings {
+    ($( $(#[doc = $doc:literal])* $code:literal $name:ident $method:ident $shape:ident
+        { $($field:ident : $fty:ty),* $(,)? } -> $reply:ty; )*) => {
+        /// Installs the `fs` table into `g`.
+        pub fn install(lua: &Lua, g: &Table) -> mlua::Result<()> {
+            let fs = lua.create_table()?;
+            $(
+                if bindable($code) {
+                    let f = lua.create_function(|lua, args: MultiValue| {
+                        let mut args = args.into_iter();
+                        let fields = lua.create_table()?;
+                        $( fields.raw_set(stringify!($field), args.next().unwrap_or(LuaValue::Nil))?; )*
+                        let data = match args.next() { Some(v) => bytes_of(&v)?, None => Vec::new() };
+                        let req: ops::$name = match lua.from_value(LuaValue::Table(fields)) {
+                            Ok(r) => r,
+                            Err(e) => return fail(lua, locus_proto::Error::new(
+                                locus_proto::Code::INVAL,
+                                format!("fs.{}: bad arguments ({}): {e}", stringify!($method), stringify!($($field),*)),
+                            )),
+                        };
+                        let outcome = {
+                            let mut ctx = lua.app_data_mut::<CallCtx>()
+                                .ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
+                            ctx.host.call($code, &codec::encode(&req), &data)
+                        };
+                        let (metas, out) = match outcome {
+                            Ok(r) => r,
+                            Err(e) => return fail(lua, e),
+                        };
+                        let mut pages: Vec<$reply> = Vec::with_capacity(metas.len());
+                        for m in &metas {
+                            pages.push(codec::decode(m).map_err(|e| mlua::Error::runtime(e.message))?);
+                        }
+                        let value = match pages_to_lua(lua, pages)? {
+                            LuaValue::Nil => LuaValue::Boolean(true),
+                            v => v,
+                        };
+                        let unit = stringify!($reply) == "()";
+                        let mut ret = MultiValue::new();
+                        match (unit, out.is_empty() && !matches!(stringify!($method), "pread" | "get")) {
+                            (true, false) => ret.push_back(LuaValue::String(lua.create_string(&out)?)),
+                            (_, true) => ret.push_back(value),
+                            (false, false) => {
+                                ret.push_back(value);
+                                ret.push_back(LuaValue::String(lua.create_string(&out)?));
+                            }
+                        }
+                        Ok(ret)
+                    })?;
+                    fs.set(stringify!($method), f)?;
+                }
+            )*
+            g.set("fs", fs)
+        }
+    };
+}
+
+locus_proto::operation_table!(define_bindings);

@@ -1,0 +1,394 @@
+//! The script engine: a bounded cache of sources by id, and a pool of interpreter
+//! threads, each with one sandboxed Lua state that runs one call at a time.
+
+use crate::error::ScriptError;
+use crate::stdlib::{self, Buffer, CallCtx, Shared};
+use crate::value::{encoded_len, from_lua, to_lua};
+use crate::{bindings, script_id, Host};
+use locus_proto::types::Value;
+use mlua::{ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Resource limits of one script call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Lua VM instructions (counted in steps of [`HOOK_STEP`]).
+    pub instructions: u64,
+    /// Bytes of Lua memory plus buffers the call may add.
+    pub memory: usize,
+    /// Wall-clock time, including time spent waiting for locks.
+    pub wall: Duration,
+    /// Bytes of results plus output buffer.
+    pub result_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { instructions: 50_000_000, memory: 32 << 20, wall: Duration::from_secs(5), result_bytes: 16 << 20 }
+    }
+}
+
+/// How often (in VM instructions) the limit hook runs.
+pub const HOOK_STEP: u32 = 1000;
+/// Largest script source accepted.
+pub const MAX_SOURCE: usize = 1 << 20;
+/// Compiled functions kept per interpreter.
+const COMPILED_PER_WORKER: usize = 256;
+
+/// What a successful call gives back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallOutcome {
+    pub values: Vec<Value>,
+    pub output: Vec<u8>,
+}
+
+struct Job {
+    id: String,
+    source: Arc<str>,
+    args: Vec<Value>,
+    input: Vec<u8>,
+    limits: Limits,
+    host: Box<dyn Host>,
+    reply: oneshot::Sender<Result<CallOutcome, ScriptError>>,
+}
+
+struct Sources {
+    by_id: HashMap<String, Arc<str>>,
+    order: VecDeque<String>,
+    capacity: usize,
+}
+
+/// Registered scripts and the interpreters that run them.
+pub struct Engine {
+    sources: Mutex<Sources>,
+    queue: mpsc::SyncSender<Job>,
+    shared: Arc<Shared>,
+    checker: Mutex<Lua>,
+}
+
+impl Engine {
+    /// An engine with `workers` interpreter threads, a cache of `capacity` sources and a
+    /// queue of `queue` waiting calls.
+    pub fn new(workers: usize, capacity: usize, queue: usize) -> Engine {
+        let (tx, rx) = mpsc::sync_channel::<Job>(queue.max(1));
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let shared = Arc::new(Shared::default());
+        for i in 0..workers.max(1) {
+            let (rx, shared) = (rx.clone(), shared.clone());
+            let spawned =
+                std::thread::Builder::new().name(format!("locus-script-{i}")).spawn(move || worker(rx, shared));
+            if let Err(e) = spawned {
+                tracing::error!("cannot start script worker: {e}");
+            }
+        }
+        let checker = Lua::new_with(StdLib::NONE, LuaOptions::new()).expect("a bare Lua state");
+        Engine {
+            sources: Mutex::new(Sources { by_id: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1) }),
+            queue: tx,
+            shared,
+            checker: Mutex::new(checker),
+        }
+    }
+
+    /// Checks that `source` compiles and registers it; returns its id.
+    pub fn register(&self, source: &str) -> Result<String, ScriptError> {
+        if source.len() > MAX_SOURCE {
+            return Err(ScriptError::Invalid(format!("scripts are limited to {MAX_SOURCE} bytes")));
+        }
+        let id = script_id(source);
+        if self.sources.lock().by_id.contains_key(&id) {
+            return Ok(id);
+        }
+        self.checker
+            .lock()
+            .load(source)
+            .set_name("=script")
+            .set_mode(ChunkMode::Text)
+            .into_function()
+            .map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
+        let mut s = self.sources.lock();
+        if s.by_id.len() >= s.capacity {
+            if let Some(old) = s.order.pop_front() {
+                s.by_id.remove(&old);
+            }
+        }
+        s.by_id.insert(id.clone(), Arc::from(source));
+        s.order.push_back(id.clone());
+        Ok(id)
+    }
+
+    /// True if a lock of that name is held now (for tests and diagnostics).
+    pub fn lock_held(&self, name: &str) -> bool {
+        self.shared.locks.is_held(name)
+    }
+
+    /// Queues a call of script `id` (registering `source` first if given); the answer
+    /// arrives on the returned channel.
+    pub fn call(
+        &self,
+        id: &str,
+        source: Option<&str>,
+        args: Vec<Value>,
+        input: Vec<u8>,
+        limits: Limits,
+        host: Box<dyn Host>,
+    ) -> Result<oneshot::Receiver<Result<CallOutcome, ScriptError>>, ScriptError> {
+        let id = match source {
+            Some(src) => {
+                let real = self.register(src)?;
+                if !id.is_empty() && id != real {
+                    return Err(ScriptError::Invalid("the id is not the SHA-256 of the source".into()));
+                }
+                real
+            }
+            None => id.to_string(),
+        };
+        let source = self.sources.lock().by_id.get(&id).cloned().ok_or_else(|| ScriptError::NoScript(id.clone()))?;
+        let (reply, rx) = oneshot::channel();
+        let job = Job { id, source, args, input, limits, host, reply };
+        self.queue.try_send(job).map_err(|_| ScriptError::Busy)?;
+        Ok(rx)
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or(s).to_string()
+}
+
+static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
+
+/// One interpreter thread: takes calls from the shared queue until the engine is gone.
+fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
+    let (lua, env_meta) = match sandbox(shared.clone()) {
+        Ok(s) => s,
+        Err(e) => return tracing::error!("script sandbox: {e}"),
+    };
+    let mut compiled: HashMap<String, Function> = HashMap::new();
+    loop {
+        let job = match rx.lock() {
+            Ok(rx) => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        let reply = job.reply;
+        let Job { id, source, args, input, limits, host, .. } = job;
+        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
+        let _ = reply.send(result);
+    }
+}
+
+/// Builds a sandboxed interpreter: only the string, table, math and utf8 libraries; no
+/// way to load code or bytecode, touch files or the process; library tables read-only.
+/// Returns it with the metatable that each call's fresh global table gets.
+fn sandbox(shared: Arc<Shared>) -> mlua::Result<(Lua, Table)> {
+    let lua = Lua::new_with(StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8, LuaOptions::new())?;
+    let g = lua.globals();
+    for name in ["dofile", "loadfile", "load", "require", "collectgarbage", "print", "rawset"] {
+        g.raw_set(name, LuaValue::Nil)?;
+    }
+    g.get::<Table>("string")?.raw_set("dump", LuaValue::Nil)?;
+    g.raw_set("pcall", lua.create_function(protected_call)?)?;
+    g.raw_set("xpcall", lua.create_function(protected_call_with_handler)?)?;
+    bindings::install(&lua, &g)?;
+    stdlib::install(&lua, &g, shared)?;
+    lua.load(
+        r#"
+        local setmetatable, error = setmetatable, error
+        local function readonly(t)
+            return setmetatable({}, {__index = t, __newindex = function() error("read-only table", 2) end, __metatable = false})
+        end
+        for _, name in ipairs({"string", "table", "math", "utf8", "fs", "buffer", "state", "lock", "msg", "time"}) do
+            _G[name] = readonly(_G[name])
+        end
+        local strmeta = getmetatable("")
+        strmeta.__index = _G.string
+        strmeta.__metatable = false
+        "#,
+    )
+    .set_name("=sandbox")
+    .exec()?;
+    g.raw_set("_G", LuaValue::Nil)?;
+    let meta = lua.create_table()?;
+    meta.raw_set("__index", g)?;
+    meta.raw_set("__metatable", false)?;
+    lua.set_hook(HookTriggers::new().every_nth_instruction(HOOK_STEP), |lua, _| {
+        let Some(mut ctx) = lua.app_data_mut::<CallCtx>() else { return Ok(VmState::Continue) };
+        ctx.instructions += HOOK_STEP as u64;
+        if let Some((limit, detail)) = ctx.tripped.clone() {
+            return Err(mlua::Error::runtime(format!("{limit} limit exceeded: {detail}")));
+        }
+        if ctx.instructions > ctx.limits.instructions {
+            let detail = format!("more than {} instructions", ctx.limits.instructions);
+            return Err(ctx.trip("instruction", detail));
+        }
+        if Instant::now() > ctx.deadline {
+            let detail = format!("ran longer than {:?}", ctx.limits.wall);
+            return Err(ctx.trip("time", detail));
+        }
+        Ok(VmState::Continue)
+    })?;
+    Ok((lua, meta))
+}
+
+/// True when the error must not be caught by the script: a limit has tripped.
+fn fatal(lua: &Lua, e: &mlua::Error) -> bool {
+    let mut ctx = lua.app_data_mut::<CallCtx>();
+    if let (mlua::Error::MemoryError(m), Some(ctx)) = (e, ctx.as_mut()) {
+        ctx.trip("memory", m.clone());
+    }
+    ctx.is_some_and(|c| c.tripped.is_some())
+}
+
+fn error_value(lua: &Lua, e: &mlua::Error) -> mlua::Result<LuaValue> {
+    let text = match e {
+        mlua::Error::RuntimeError(m) => m.clone(),
+        mlua::Error::CallbackError { cause, .. } => cause.to_string(),
+        other => other.to_string(),
+    };
+    Ok(LuaValue::String(lua.create_string(first_line(&text))?))
+}
+
+/// `pcall` that lets limit errors through, so a script cannot catch its way past them.
+fn protected_call(lua: &Lua, (f, args): (LuaValue, MultiValue)) -> mlua::Result<MultiValue> {
+    let LuaValue::Function(f) = f else {
+        return Ok(MultiValue::from_iter([
+            LuaValue::Boolean(false),
+            LuaValue::String(lua.create_string("attempt to call a non-function")?),
+        ]));
+    };
+    match f.call::<MultiValue>(args) {
+        Ok(values) => {
+            let mut out = MultiValue::from_iter([LuaValue::Boolean(true)]);
+            out.extend(values);
+            Ok(out)
+        }
+        Err(e) if fatal(lua, &e) => Err(e),
+        Err(e) => Ok(MultiValue::from_iter([LuaValue::Boolean(false), error_value(lua, &e)?])),
+    }
+}
+
+/// `xpcall` with the same rule as [`protected_call`].
+fn protected_call_with_handler(
+    lua: &Lua,
+    (f, handler, args): (Function, Function, MultiValue),
+) -> mlua::Result<MultiValue> {
+    match f.call::<MultiValue>(args) {
+        Ok(values) => {
+            let mut out = MultiValue::from_iter([LuaValue::Boolean(true)]);
+            out.extend(values);
+            Ok(out)
+        }
+        Err(e) if fatal(lua, &e) => Err(e),
+        Err(e) => {
+            let mut out = MultiValue::from_iter([LuaValue::Boolean(false)]);
+            out.extend(handler.call::<MultiValue>(error_value(lua, &e)?)?);
+            Ok(out)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    lua: &Lua,
+    shared: &Shared,
+    env_meta: &Table,
+    compiled: &mut HashMap<String, Function>,
+    id: &str,
+    source: &str,
+    args: Vec<Value>,
+    input: Vec<u8>,
+    limits: Limits,
+    host: Box<dyn Host>,
+) -> Result<CallOutcome, ScriptError> {
+    let f = match compiled.get(id) {
+        Some(f) => f.clone(),
+        None => {
+            let f = lua
+                .load(source)
+                .set_name("=script")
+                .set_mode(ChunkMode::Text)
+                .into_function()
+                .map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
+            if compiled.len() >= COMPILED_PER_WORKER {
+                compiled.clear();
+            }
+            compiled.insert(id.to_string(), f.clone());
+            f
+        }
+    };
+    let setup = || -> mlua::Result<(Table, MultiValue)> {
+        let env = lua.create_table()?;
+        env.set_metatable(Some(env_meta.clone()))?;
+        env.raw_set("_G", env.clone())?;
+        env.raw_set("input", Buffer(input))?;
+        env.raw_set("output", Buffer(Vec::new()))?;
+        f.set_environment(env.clone())?;
+        let mut lua_args = MultiValue::new();
+        for a in &args {
+            lua_args.push_back(to_lua(lua, a)?);
+        }
+        Ok((env, lua_args))
+    };
+    let (env, lua_args) = setup().map_err(|e| ScriptError::Invalid(format!("script arguments: {e}")))?;
+    let token = CALL_TOKENS.fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
+    lua.set_app_data(CallCtx {
+        host,
+        limits,
+        deadline: started + limits.wall,
+        instructions: 0,
+        tripped: None,
+        locks: Vec::new(),
+        buffer_bytes: 0,
+        token,
+    });
+    let _ = lua.set_memory_limit(lua.used_memory().saturating_add(limits.memory));
+    let result = f.call::<MultiValue>(lua_args);
+    let _ = lua.set_memory_limit(0);
+    let ctx = lua.remove_app_data::<CallCtx>().expect("set above");
+    for name in &ctx.locks {
+        shared.locks.release(name, token);
+    }
+    let values = match result {
+        Err(_) if ctx.tripped.is_some() => {
+            let (limit, detail) = ctx.tripped.clone().expect("checked");
+            return Err(ScriptError::Limit { limit, detail });
+        }
+        Err(mlua::Error::MemoryError(m)) => return Err(ScriptError::Limit { limit: "memory", detail: m }),
+        Err(e) => {
+            let text = first_line(&match &e {
+                mlua::Error::CallbackError { cause, .. } => cause.to_string(),
+                other => other.to_string(),
+            });
+            if text.contains("stack overflow") {
+                return Err(ScriptError::Limit { limit: "stack", detail: text });
+            }
+            return Err(ScriptError::Runtime(text));
+        }
+        Ok(v) => v,
+    };
+    let mut out = Vec::with_capacity(values.len());
+    for v in values.iter() {
+        out.push(from_lua(v, 0).map_err(|e| ScriptError::Runtime(format!("result: {e}")))?);
+    }
+    let output = env
+        .raw_get::<mlua::AnyUserData>("output")
+        .ok()
+        .and_then(|u| u.borrow_mut::<Buffer>().ok().map(|mut b| std::mem::take(&mut b.0)))
+        .unwrap_or_default();
+    let size = encoded_len(&out) + output.len();
+    if size > limits.result_bytes {
+        return Err(ScriptError::Limit {
+            limit: "result",
+            detail: format!("{size} bytes of results, more than {}", limits.result_bytes),
+        });
+    }
+    Ok(CallOutcome { values: out, output })
+}

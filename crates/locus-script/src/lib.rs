@@ -1,0 +1,40 @@
+//! Scripts: small Lua programs that clients send to run at the server, next to the
+//! data, combining dependent operations into one round trip (Scriptable RPC).
+//!
+//! - [`Engine`]: registered sources by SHA-256 id in a bounded cache, and a pool of
+//!   interpreter threads that run calls in parallel, never on the file service's threads.
+//! - [`Host`]: what a script's `fs.*` calls go through; the server implements it with a
+//!   session acting as the calling subject, so scripts have exactly the caller's rights.
+//! - [`Limits`]: instructions, memory, wall time and result size of one call.
+//! - `bindings`: `fs.<op>` for every file operation, generated from the operation table.
+//! - `stdlib`: buffers, named state, locks released when the call ends, messages to
+//!   clients, time.
+//! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
+
+mod bindings;
+mod engine;
+mod error;
+mod stdlib;
+mod value;
+
+pub use engine::{CallOutcome, Engine, Limits};
+pub use error::ScriptError;
+
+use locus_proto::Error as WireError;
+
+/// Where a script's file operations and messages go.
+pub trait Host: Send + 'static {
+    /// Runs one operation of the table as the calling subject; returns the reply's
+    /// metadata pages and its data.
+    fn call(&mut self, op: u16, meta: &[u8], data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError>;
+    /// Pushes `data` to a connected client; false if it is not connected.
+    fn push(&self, client: u64, data: &[u8]) -> bool;
+    /// The id of the client that made the call.
+    fn caller(&self) -> u64;
+}
+
+/// The id of a script source: its SHA-256 in hex.
+pub fn script_id(source: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(source.as_bytes()))
+}
