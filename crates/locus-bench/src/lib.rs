@@ -14,6 +14,7 @@ pub mod ops;
 pub mod peers;
 pub mod pingpong;
 pub mod proxy;
+pub mod scripts;
 pub mod stats;
 
 /// Why a benchmark could not run.

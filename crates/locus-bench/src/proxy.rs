@@ -7,7 +7,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 pub struct DelayProxy {
     pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// Bytes forwarded client → server and server → client, over all connections.
+    pub bytes: Arc<[AtomicU64; 2]>,
 }
 
 impl DelayProxy {
@@ -24,6 +26,8 @@ impl DelayProxy {
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
+        let bytes: Arc<[AtomicU64; 2]> = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let counters = bytes.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if stopping.load(Ordering::Relaxed) {
@@ -34,11 +38,18 @@ impl DelayProxy {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
-                forward(client, s2, one_way);
-                forward(server, c2, one_way);
+                forward(client, s2, one_way, counters.clone(), 0);
+                forward(server, c2, one_way, counters.clone(), 1);
             }
         });
-        Ok(DelayProxy { addr, stop })
+        Ok(DelayProxy { addr, stop, bytes })
+    }
+}
+
+impl DelayProxy {
+    /// Total bytes forwarded in both directions so far.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes[0].load(Ordering::Relaxed) + self.bytes[1].load(Ordering::Relaxed)
     }
 }
 
@@ -52,7 +63,7 @@ impl Drop for DelayProxy {
 
 /// Copies one direction on two threads: a reader stamps each chunk with its due time, a
 /// writer sleeps until then and sends it, so chunks keep their order and spacing.
-fn forward(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+fn forward(mut from: TcpStream, mut to: TcpStream, delay: Duration, counters: Arc<[AtomicU64; 2]>, direction: usize) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 256 * 1024];
@@ -60,6 +71,7 @@ fn forward(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
+                    counters[direction].fetch_add(n as u64, Ordering::Relaxed);
                     if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
                         break;
                     }

@@ -132,6 +132,8 @@ enum ScriptCommand {
 enum BenchCommand {
     /// Per-operation latency and bandwidth against Locus, chirp_server, XRootD and a bare TCP ping-pong.
     Ops(locus_bench::ops::OpsArgs),
+    /// What scripts buy: call overhead (beside Redis), combined and partial operations across RTTs.
+    Scripts(locus_bench::scripts::ScriptsArgs),
 }
 
 fn main() -> ExitCode {
@@ -143,6 +145,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
