@@ -41,11 +41,19 @@ const FILES: usize = 20;
 const BIG: usize = 100_000;
 
 fn iterations_at(args: &ScriptsArgs, rtt: f64) -> usize {
-    if rtt <= 0.0 { args.iterations } else { ((200.0 / rtt) as usize).clamp(50, args.iterations) }
+    if rtt <= 0.0 {
+        args.iterations
+    } else {
+        ((200.0 / rtt) as usize).clamp(50, args.iterations)
+    }
 }
 
 /// Measures two ways of doing one thing, taking turns in blocks of 50.
-fn paired(iters: usize, mut a: impl FnMut() -> Result<(), String>, mut b: impl FnMut() -> Result<(), String>) -> Result<(Summary, Summary), String> {
+fn paired(
+    iters: usize,
+    mut a: impl FnMut() -> Result<(), String>,
+    mut b: impl FnMut() -> Result<(), String>,
+) -> Result<(Summary, Summary), String> {
     let (mut sa, mut sb) = (Vec::new(), Vec::new());
     let block = 50.min(iters);
     for _ in 0..iters.div_ceil(block) {
@@ -57,7 +65,8 @@ fn paired(iters: usize, mut a: impl FnMut() -> Result<(), String>, mut b: impl F
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
-    let work = tempfile::Builder::new().prefix("locus-bench-scripts-").tempdir().map_err(|e| BenchError::io("temp dir", e))?;
+    let work =
+        tempfile::Builder::new().prefix("locus-bench-scripts-").tempdir().map_err(|e| BenchError::io("temp dir", e))?;
     let root = work.path().join("root");
     std::fs::create_dir_all(root.join("dir")).map_err(|e| BenchError::io("mkdir", e))?;
     for i in 0..FILES {
@@ -77,7 +86,11 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
         let (plain, scripted) = paired(
             args.iterations,
             || c.run(|c| c.stat("/big")).map(drop).map_err(|e| e.to_string()),
-            || c.run(|c| c.script_call_id(&id, vec![Value::Str("/big".into())], &[])).map(drop).map_err(|e| e.to_string()),
+            || {
+                c.run(|c| c.script_call_id(&id, vec![Value::Str("/big".into())], &[]))
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            },
         )
         .map_err(setup)?;
         out.push_str("\n| call | plain p50 µs | scripted p50 µs | scripted ÷ plain |\n|---|---|---|---|\n");
@@ -100,7 +113,8 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
 
     out.push_str("\n| RTT ms | read+getattr separate | scripted | ratio | RIMS 0% sep / script | RIMS 50% sep / script | RIMS 100% sep / script | partial write RMW / script | bytes RMW / script |\n|---|---|---|---|---|---|---|---|---|\n");
     for &rtt in &args.rtt_ms {
-        let proxy = DelayProxy::start(peer.addr, Duration::from_secs_f64(rtt / 2000.0)).map_err(|e| BenchError::io("proxy", e))?;
+        let proxy = DelayProxy::start(peer.addr, Duration::from_secs_f64(rtt / 2000.0))
+            .map_err(|e| BenchError::io("proxy", e))?;
         let c = connect(proxy.addr, &token).map_err(setup)?;
         let iters = iterations_at(&args, rtt);
         let e = |e: locus_client::ClientError| e.to_string();
@@ -189,7 +203,12 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
         c.run(|c| c.script_call(PARTIAL, args, &patch)).map_err(|x| setup(x.to_string()))?;
         std::thread::sleep(Duration::from_millis(20) + Duration::from_secs_f64(rtt / 1000.0));
         let script_bytes = proxy.total_bytes() - before;
-        row.push_str(&format!(" {:.0} / {:.0} | {rmw_bytes} / {script_bytes} ({:.1}%) |\n", rmw.p50, scr.p50, 100.0 * script_bytes as f64 / rmw_bytes as f64));
+        row.push_str(&format!(
+            " {:.0} / {:.0} | {rmw_bytes} / {script_bytes} ({:.1}%) |\n",
+            rmw.p50,
+            scr.p50,
+            100.0 * script_bytes as f64 / rmw_bytes as f64
+        ));
         out.push_str(&row);
         eprintln!("rtt {rtt} ms done");
     }

@@ -151,3 +151,37 @@ fn bench_ops_runs_and_reports_every_row() {
         assert!(table.contains(row), "{row} missing from\n{table}");
     }
 }
+
+#[test]
+fn script_register_and_call_from_the_command_line() {
+    let s = TestServer::start();
+    let home = s.scratch().join("home");
+    s.put_local("d/a.txt", b"abc");
+    let script = s.scratch().join("lookup.lua");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/scripts/lookup.lua"), &script).unwrap();
+    let id = ok(&home, &["script", "register", &s.url("/"), script.to_str().unwrap()]);
+    assert_eq!(id.trim().len(), 64);
+    let out = ok(&home, &["script", "call", &s.url("/"), id.trim(), "/d", "a.txt"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v[0]["size"], 3);
+    // by file, with input and output buffers
+    let echo = s.scratch().join("echo.lua");
+    std::fs::write(&echo, "output:append(input) return input:len(), ...").unwrap();
+    std::fs::write(s.scratch().join("in"), b"xyz").unwrap();
+    let out = ok(
+        &home,
+        &[
+            "script",
+            "call",
+            &s.url("/"),
+            echo.to_str().unwrap(),
+            "7",
+            "word",
+            "--input",
+            s.scratch().join("in").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out, "xyz[3,7,\"word\"]\n");
+    let bad = locus(&home, &["script", "call", &s.url("/"), echo.to_str().unwrap().replace("echo", "nope").as_str()]);
+    assert_eq!(bad.status.code(), Some(1));
+}
