@@ -8,6 +8,7 @@
 //! - [`error`]: [`ClientError`], with the errno a program should see.
 
 pub mod blocking;
+pub mod consistency;
 pub mod credentials;
 pub mod error;
 pub mod url;
