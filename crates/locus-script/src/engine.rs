@@ -171,9 +171,9 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
     let mut compiled: HashMap<String, Function> = HashMap::new();
     loop {
         let job = match rx.lock() {
-            Ok(rx) => match next_job(&rx) {
-                Some(job) => job,
-                None => return,
+            Ok(rx) => match rx.recv() {
+                Ok(job) => job,
+                Err(_) => return,
             },
             Err(_) => return,
         };
@@ -182,23 +182,6 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
         let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
         let _ = reply.send(result);
     }
-}
-
-/// How long an idle interpreter polls for the next call before sleeping: a call that
-/// arrives meanwhile starts without a thread wake-up (tens of microseconds in a VM).
-const SPIN: Duration = Duration::from_micros(50);
-
-/// The next call, or `None` when the engine is gone.
-fn next_job(rx: &mpsc::Receiver<Job>) -> Option<Job> {
-    let until = Instant::now() + SPIN;
-    while Instant::now() < until {
-        match rx.try_recv() {
-            Ok(job) => return Some(job),
-            Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) => std::hint::spin_loop(),
-        }
-    }
-    rx.recv().ok()
 }
 
 /// Builds a sandboxed interpreter: only the string, table, math and utf8 libraries; no

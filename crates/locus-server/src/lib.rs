@@ -347,41 +347,17 @@ async fn frame_loop(
         let mut w = writer.lock().await;
         match outcome {
             Ok(enc) if enc.deferred => {}
-            Ok(Encoded { later: Some(mut later), .. }) => match poll_briefly(&mut later) {
-                Some(Ok(enc)) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
-                Some(Err(err)) => w.frame(Kind::Error, false, header.op, header.id, &codec::encode(&err), &[]).await?,
-                None => {
-                    drop(w);
-                    tokio::spawn(reply_later(writer.clone(), header.op, header.id, later));
-                    continue;
-                }
-            },
+            Ok(Encoded { later: Some(later), .. }) => {
+                drop(w);
+                tokio::spawn(reply_later(writer.clone(), header.op, header.id, later));
+                continue;
+            }
             Ok(enc) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
             Err(err) => w.frame(Kind::Error, false, header.op, header.id, &codec::encode(&err), &[]).await?,
         }
         if reader.buffer().is_empty() {
             w.flush().await?;
         }
-    }
-}
-
-/// How long a connection thread polls for a script's answer before leaving it to a task:
-/// a quick script's reply then goes out without a cross-thread wake-up (tens of µs in a
-/// VM), and other connections on the thread wait at most this long.
-const LATER_SPIN: Duration = Duration::from_micros(100);
-
-/// Polls `later` until it is ready or [`LATER_SPIN`] has passed.
-fn poll_briefly(later: &mut dispatch::Later) -> Option<Result<Encoded, WireError>> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let until = Instant::now() + LATER_SPIN;
-    loop {
-        if let std::task::Poll::Ready(out) = later.as_mut().poll(&mut cx) {
-            return Some(out);
-        }
-        if Instant::now() >= until {
-            return None;
-        }
-        std::hint::spin_loop();
     }
 }
 
