@@ -100,6 +100,26 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
             scripted.p50,
             scripted.p50 / plain.p50
         ));
+        // Where a script call's time goes: the call itself, a binding round trip into the
+        // file service with no file work, then the stat's own work.
+        let breakdown =
+            [("return 1", "invocation: `return 1`"), ("return fs.whoami()", "binding: `return fs.whoami()`")];
+        for (src, label) in breakdown {
+            c.run(|c| c.script_register(src)).map_err(|e| setup(e.to_string()))?;
+            let sid = locus_client::script_id(src);
+            let (plain, scripted) = paired(
+                args.iterations,
+                || c.run(|c| c.stat("/big")).map(drop).map_err(|e| e.to_string()),
+                || c.run(|c| c.script_call_id(&sid, vec![], &[])).map(drop).map_err(|e| e.to_string()),
+            )
+            .map_err(setup)?;
+            out.push_str(&format!(
+                "| Locus stat vs {label} | {:.1} | {:.1} | {:.2}x |\n",
+                plain.p50,
+                scripted.p50,
+                scripted.p50 / plain.p50
+            ));
+        }
         match redis_overhead(args.iterations, work.path()) {
             Ok((get, evalsha)) => out.push_str(&format!(
                 "| Redis GET vs EVALSHA `return redis.call('GET', KEYS[1])` | {:.1} | {:.1} | {:.2}x |\n",

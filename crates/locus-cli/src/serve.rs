@@ -31,6 +31,21 @@ pub struct ServeArgs {
     /// Connection threads (default: one per CPU).
     #[arg(long)]
     threads: Option<usize>,
+    /// Script interpreter threads (default: one per CPU).
+    #[arg(long)]
+    script_workers: Option<usize>,
+    /// Lua instructions one script call may run.
+    #[arg(long, default_value_t = locus_script::Limits::default().instructions)]
+    script_instructions: u64,
+    /// Memory (MiB) one script call may use, buffers included.
+    #[arg(long, default_value_t = (locus_script::Limits::default().memory >> 20) as u64)]
+    script_memory_mb: u64,
+    /// Wall-clock time (ms) one script call may take.
+    #[arg(long, default_value_t = locus_script::Limits::default().wall.as_millis() as u64)]
+    script_time_ms: u64,
+    /// Bytes (MiB) of results one script call may return.
+    #[arg(long, default_value_t = (locus_script::Limits::default().result_bytes >> 20) as u64)]
+    script_result_mb: u64,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.

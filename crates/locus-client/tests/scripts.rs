@@ -287,3 +287,19 @@ async fn case_study_afs_callbacks_reach_every_caching_client() {
         assert_eq!(from, writer.client_id());
     }
 }
+
+#[tokio::test]
+async fn limits_can_differ_per_subject() {
+    let srv = TestServer::start_with(|c| {
+        let tight = locus_script::Limits { instructions: 10_000, ..c.script_limits };
+        c.script_limits_by_subject.insert("alice".into(), tight);
+    });
+    let admin = srv.client("admin").await;
+    admin.acl_set("/", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    let alice = srv.client("alice").await;
+    let busy = "local n = 0 for i = 1, 100000 do n = n + i end return n";
+    assert_eq!(run(&admin, busy, vec![]).await.unwrap(), vec![Value::Int(5_000_050_000)]);
+    let (c, msg) = code(run(&alice, busy, vec![]).await);
+    assert_eq!(c, Code::LIMIT);
+    assert!(msg.contains("instruction"), "{msg}");
+}

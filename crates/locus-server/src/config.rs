@@ -88,6 +88,53 @@ impl ServerConfig {
     }
 }
 
+/// File in the state directory with per-subject script limits: one subject a line, then
+/// `key=value` pairs among `instructions`, `memory` (bytes), `time_ms`, `result` (bytes);
+/// keys left out keep the server's default.
+pub const SCRIPT_LIMITS_FILE: &str = "script-limits";
+
+/// Parses the per-subject script limits file on top of `defaults`.
+pub fn parse_script_limits(
+    text: &str,
+    defaults: locus_script::Limits,
+) -> Result<HashMap<String, locus_script::Limits>, ServerError> {
+    let mut out = HashMap::new();
+    for (n, line) in text.lines().enumerate().map(|(n, l)| (n + 1, l.trim())) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let subject = parts.next().expect("non-empty line");
+        let mut limits = defaults;
+        for pair in parts {
+            let bad = || ServerError::Config(format!("{SCRIPT_LIMITS_FILE} line {n}: bad setting {pair:?}"));
+            let (key, value) = pair.split_once('=').ok_or_else(bad)?;
+            let value: u64 = value.parse().map_err(|_| bad())?;
+            match key {
+                "instructions" => limits.instructions = value,
+                "memory" => limits.memory = value as usize,
+                "time_ms" => limits.wall = std::time::Duration::from_millis(value),
+                "result" => limits.result_bytes = value as usize,
+                _ => return Err(bad()),
+            }
+        }
+        out.insert(subject.to_string(), limits);
+    }
+    Ok(out)
+}
+
+/// Reads the per-subject script limits file of a state directory, if there is one.
+pub fn load_script_limits(
+    state_dir: &Path,
+    defaults: locus_script::Limits,
+) -> Result<HashMap<String, locus_script::Limits>, ServerError> {
+    match std::fs::read_to_string(state_dir.join(SCRIPT_LIMITS_FILE)) {
+        Ok(text) => parse_script_limits(&text, defaults),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(HashMap::new()),
+        Err(e) => Err(ServerError::io(format!("read {SCRIPT_LIMITS_FILE}"), e)),
+    }
+}
+
 /// Secret tokens by subject name.
 #[derive(Clone, Default)]
 pub struct Tokens {
@@ -204,4 +251,21 @@ pub fn tls_acceptor(state_dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Serve
         .with_single_cert(certs, key)
         .map_err(|e| ServerError::Tls(e.to_string()))?;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_limits_file_overrides_per_subject() {
+        let d = locus_script::Limits::default();
+        let m = parse_script_limits("# comment\nalice instructions=1000 time_ms=50\nbob\n", d).unwrap();
+        assert_eq!(m["alice"].instructions, 1000);
+        assert_eq!(m["alice"].wall, std::time::Duration::from_millis(50));
+        assert_eq!(m["alice"].memory, d.memory);
+        assert_eq!(m["bob"], d);
+        assert!(parse_script_limits("carol speed=9", d).is_err());
+        assert!(parse_script_limits("carol memory=lots", d).is_err());
+    }
 }
