@@ -20,7 +20,7 @@ struct Connections(HashMap<String, Client>);
 
 impl Connections {
     async fn get(&mut self, url: &LocusUrl) -> Result<Client, String> {
-        let key = url.to_string().replace(&url.path, "");
+        let key = url.with_path("/").to_string();
         if let Some(c) = self.0.get(&key) {
             return Ok(c.clone());
         }

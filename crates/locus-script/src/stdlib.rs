@@ -170,8 +170,7 @@ fn with_ctx<R>(lua: &Lua, f: impl FnOnce(&mut CallCtx) -> mlua::Result<R>) -> ml
     f(&mut ctx)
 }
 
-fn checked_state_value(lua: &Lua, v: &LuaValue) -> mlua::Result<Value> {
-    let _ = lua;
+fn checked_state_value(v: &LuaValue) -> mlua::Result<Value> {
     let value = from_lua(v, 0)?;
     if locus_proto::codec::encode(&value).len() > MAX_STATE_VALUE {
         return Err(mlua::Error::runtime(format!("state values are limited to {MAX_STATE_VALUE} bytes")));
@@ -201,8 +200,8 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     let s = shared.clone();
     state.set(
         "set",
-        lua.create_function(move |lua, (key, v): (String, LuaValue)| {
-            let value = checked_state_value(lua, &v)?;
+        lua.create_function(move |_, (key, v): (String, LuaValue)| {
+            let value = checked_state_value(&v)?;
             let mut st = s.state.lock();
             if value == Value::Nil {
                 st.remove(&key);
@@ -232,8 +231,8 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     let s = shared.clone();
     state.set(
         "push",
-        lua.create_function(move |lua, (key, v): (String, LuaValue)| {
-            let value = checked_state_value(lua, &v)?;
+        lua.create_function(move |_, (key, v): (String, LuaValue)| {
+            let value = checked_state_value(&v)?;
             let mut st = s.state.lock();
             let entry = st.entry(key.clone()).or_insert_with(|| Value::List(Vec::new()));
             match entry {
