@@ -1,0 +1,3 @@
+module locus/storelets/find
+
+go 1.22
