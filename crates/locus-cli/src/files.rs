@@ -3,7 +3,7 @@
 
 use crate::output;
 use crate::Command;
-use crate::{AclCommand, ScriptCommand};
+use crate::{AclCommand, ScriptCommand, StoreletCommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
@@ -210,6 +210,22 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             }
             if !values.is_empty() || json {
                 println!("{}", serde_json::Value::Array(values.iter().map(output::value_json).collect()));
+            }
+        }
+        Command::Storelet(StoreletCommand::Run { module, dir, write, args }) => {
+            let u = parse(&dir)?;
+            let wasm = std::fs::read(&module).map_err(|e| format!("{}: {e}", module.display()))?;
+            let c = conns.get(&u).await?;
+            let (result, stdout) = c.storelet_run(&wasm, &u.path, args, write).await.map_err(|e| err(&u, e))?;
+            std::io::Write::write_all(&mut std::io::stdout(), &stdout).map_err(|e| e.to_string())?;
+            std::io::Write::write_all(&mut std::io::stderr(), &result.stderr).map_err(|e| e.to_string())?;
+            if json {
+                let v = serde_json::json!({"exit_code": result.exit_code, "fuel": result.fuel,
+                    "peak_memory": result.peak_memory, "wall_us": result.wall_us, "module": result.module});
+                eprintln!("{v}");
+            }
+            if result.exit_code != 0 {
+                return Err(format!("storelet exited with status {}", result.exit_code));
             }
         }
         Command::Serve(_) | Command::Token { .. } | Command::Bench(_) => {

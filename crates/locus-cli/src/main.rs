@@ -95,6 +95,9 @@ enum Command {
     /// Register and call Lua scripts that run at the server.
     #[command(subcommand)]
     Script(ScriptCommand),
+    /// Run WebAssembly programs at the server, beside the data.
+    #[command(subcommand)]
+    Storelet(StoreletCommand),
     /// Run benchmarks side by side with peers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -125,6 +128,23 @@ enum ScriptCommand {
         /// Write the script's `output` buffer here instead of standard output.
         #[arg(long)]
         output: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum StoreletCommand {
+    /// Run MODULE.wasm (WASI preview 1) with the directory of --dir as its `/`.
+    Run {
+        module: PathBuf,
+        /// The directory the program sees, as a locus:// URL.
+        #[arg(long)]
+        dir: String,
+        /// Let the program write there (needs the `w` right).
+        #[arg(long)]
+        write: bool,
+        /// Arguments for the program.
+        #[arg(last = true)]
+        args: Vec<String>,
     },
 }
 

@@ -485,6 +485,18 @@ impl Client {
         }
     }
 
+    /// Runs a WebAssembly module (WASI preview 1) at the server with the directory `dir`
+    /// preopened as `/` (writable if `write`); returns how it ended and its stdout.
+    pub async fn storelet_run(
+        &self,
+        module: &[u8],
+        dir: &str,
+        args: Vec<String>,
+        write: bool,
+    ) -> Result<(StoreletResult, Bytes)> {
+        self.call_with(StoreletRun { args, dir: dir.into(), write }, module).await
+    }
+
     /// The subject the server knows this connection as.
     pub async fn whoami(&self) -> Result<String> {
         self.call(Whoami {}).await

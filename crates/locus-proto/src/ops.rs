@@ -112,6 +112,8 @@ macro_rules! operation_table {
             0x40 ScriptRegister script_register Unary { source: String } -> String;
             /// Runs a registered script (or `source`, registering it) with arguments; the frame's data is its input buffer, the reply's data its output buffer.
             0x41 ScriptCall script_call Unary { id: String, source: Option<String>, args: Vec<Value> } -> Vec<Value>;
+            /// Runs the WebAssembly module in the frame's data with `dir` preopened as `/` (writable if `write`); stdout is the reply's data.
+            0x50 StoreletRun storelet_run Unary { args: Vec<String>, dir: String, write: bool } -> StoreletResult;
         }
     };
 }

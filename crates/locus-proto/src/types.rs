@@ -218,6 +218,19 @@ pub enum Value {
     Map(Vec<(String, Value)>),
 }
 
+/// The answer to `storelet_run`: how the program ended and what it used (its stdout is
+/// the reply's data).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreletResult {
+    /// SHA-256 of the module, the key of the server's compile cache.
+    pub module: String,
+    pub exit_code: i32,
+    pub stderr: Vec<u8>,
+    pub fuel: u64,
+    pub peak_memory: u64,
+    pub wall_us: u64,
+}
+
 /// Counts and service time of reads and writes, kept per file and per export.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoCounters {

@@ -92,6 +92,10 @@ pub struct Shared {
     pub registry: Registry,
     /// Registered scripts and the interpreter pool that runs them.
     pub scripts: locus_script::Engine,
+    /// Compiles (with a disk cache in the state directory) and runs storelets.
+    pub storelets: Arc<locus_storelet::Runner>,
+    /// Bounds the storelets running at once.
+    pub storelet_slots: Arc<Semaphore>,
 }
 
 /// A configured server, ready to run on a listener.
@@ -113,7 +117,18 @@ impl Server {
         let store = Store::new(&config.root, &initial)?;
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
         let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
-        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts });
+        let storelets = locus_storelet::Runner::new(&config.state_dir.join("storelets"))
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        let storelet_slots = Arc::new(Semaphore::new(config.storelet_workers.max(1)));
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            tokens,
+            registry: Registry::default(),
+            scripts,
+            storelets,
+            storelet_slots,
+        });
         Ok(Server { shared, tls })
     }
 

@@ -324,6 +324,37 @@ impl Handler for Session {
         })))
     }
 
+    fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletResult> {
+        let who = self.may_execute()?.to_string();
+        let dir = store(self.shared.store.open_workdir(&who, &req.dir, req.write))?;
+        let (runner, slots, limits) =
+            (self.shared.storelets.clone(), self.shared.storelet_slots.clone(), self.shared.config.storelet_limits);
+        let failed = |e: locus_storelet::StoreletError| WireError::new(e.code(), e.to_string());
+        Ok(Answer::later(Box::pin(async move {
+            let _turn = slots.acquire_owned().await.map_err(|_| WireError::new(Code::SHUTDOWN, "shutting down"))?;
+            // Compiling and running both take long: never on a connection thread.
+            let run = tokio::task::spawn_blocking(move || {
+                let (hash, module) = runner.module(&data)?;
+                // The directory was resolved beneath the root; its /proc entry names exactly it.
+                let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir));
+                let mut argv = vec!["storelet".to_string()];
+                argv.extend(req.args);
+                runner.run(&module, &argv, Some((std::path::Path::new(&path), req.write)), limits).map(|o| (hash, o))
+            });
+            let (module, out) =
+                run.await.map_err(|e| WireError::new(Code::IO, format!("storelet worker: {e}")))?.map_err(failed)?;
+            let result = StoreletResult {
+                module,
+                exit_code: out.exit_code,
+                stderr: out.stderr,
+                fuel: out.account.fuel,
+                peak_memory: out.account.peak_memory as u64,
+                wall_us: out.account.wall.as_micros() as u64,
+            };
+            Ok(Answer::with_body(result, Body::Bytes(out.stdout.into())).encode())
+        })))
+    }
+
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {
         let mut report = store(self.shared.store.stats(self.who()?, req.top))?;
         report.clients = self.shared.registry.count() as u64;

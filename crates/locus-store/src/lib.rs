@@ -243,6 +243,18 @@ impl Store {
         rustix::fs::openat2(t.dir(self), t.name.as_str(), flags, Mode::empty(), resolve_flags()).ctx("opendir", path)
     }
 
+    /// Opens the directory `path` for code to run in: needs `r` and `l` there, and `w`
+    /// too when `write` is set.
+    pub fn open_workdir(&self, who: &str, path: &str, write: bool) -> Result<OwnedFd> {
+        let dir = self.open_target_dir(path)?;
+        let mut need = Rights::READ.union(Rights::LIST);
+        if write {
+            need = need.union(Rights::WRITE);
+        }
+        self.check(dir.as_fd(), who, need, path)?;
+        Ok(dir)
+    }
+
     /// The rights `who` holds in the directory `path`.
     pub fn rights(&self, who: &str, path: &str) -> Result<Rights> {
         let dir = self.open_target_dir(path)?;
