@@ -253,33 +253,37 @@ async fn a_handle_follows_its_object_across_rename_and_unlink() {
 async fn a_failed_upload_leaves_the_old_file_and_no_debris() {
     let s = TestServer::start();
     s.put_local("keep", b"old");
+    let debris = || -> Vec<String> {
+        std::fs::read_dir(s.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with(".__locus_put"))
+            .collect()
+    };
     {
         let c = s.client("admin").await;
         // Start an upload by hand and drop the connection before its last frame.
         let meta = locus_proto::codec::encode(&locus_proto::ops::Put { path: "/keep".into(), mode: 0o644 });
-        let raw = c.clone();
         let op = <locus_proto::ops::Put as locus_proto::Operation>::INFO.code;
-        let sent =
-            tokio::time::timeout(Duration::from_millis(300), raw.send_request(op, &meta, b"new partial", true)).await;
-        assert!(sent.is_err() || sent.unwrap().is_ok());
+        c.send_request(op, &meta, b"new partial", true).await.unwrap();
+        // the server has begun the upload when its temporary file exists
+        for _ in 0..200 {
+            if !debris().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(debris().len(), 1, "the upload never started");
     }
     // the server notices the disconnect and removes the temporary file
-    for _ in 0..100 {
-        let debris = std::fs::read_dir(s.root())
-            .unwrap()
-            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".__locus_put"));
-        if debris.count() == 0 {
+    for _ in 0..200 {
+        if debris().is_empty() {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(debris().is_empty(), "{:?}", debris());
     assert_eq!(std::fs::read(s.local("keep")).unwrap(), b"old");
-    let left: Vec<_> = std::fs::read_dir(s.root())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-        .filter(|n| n.starts_with(".__locus_put"))
-        .collect();
-    assert!(left.is_empty(), "{left:?}");
 }
 
 #[tokio::test]

@@ -162,8 +162,16 @@ fn first_line(s: &str) -> String {
 
 static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
 
+/// Nice value of interpreter threads: when scripts and connections compete for a CPU,
+/// the connections win.
+const WORKER_NICE: i32 = 10;
+
 /// One interpreter thread: takes calls from the shared queue until the engine is gone.
 fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
+    // Computation yields to the file service: on Linux this sets this thread's nice value.
+    if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
+        tracing::debug!("script worker priority unchanged: {e}");
+    }
     let (lua, env_meta) = match sandbox(shared.clone()) {
         Ok(s) => s,
         Err(e) => return tracing::error!("script sandbox: {e}"),
