@@ -272,14 +272,17 @@ fn protected_call(lua: &Lua, (f, args): (LuaValue, MultiValue)) -> mlua::Result<
         ]));
     };
     match f.call::<MultiValue>(args) {
-        Ok(values) => {
-            let mut out = MultiValue::from_iter([LuaValue::Boolean(true)]);
-            out.extend(values);
-            Ok(out)
-        }
+        Ok(values) => Ok(succeeded(values)),
         Err(e) if fatal(lua, &e) => Err(e),
         Err(e) => Ok(MultiValue::from_iter([LuaValue::Boolean(false), error_value(lua, &e)?])),
     }
+}
+
+/// `true` followed by a call's results, as `pcall` answers.
+fn succeeded(values: MultiValue) -> MultiValue {
+    let mut out = MultiValue::from_iter([LuaValue::Boolean(true)]);
+    out.extend(values);
+    out
 }
 
 /// `xpcall` with the same rule as [`protected_call`].
@@ -288,11 +291,7 @@ fn protected_call_with_handler(
     (f, handler, args): (Function, Function, MultiValue),
 ) -> mlua::Result<MultiValue> {
     match f.call::<MultiValue>(args) {
-        Ok(values) => {
-            let mut out = MultiValue::from_iter([LuaValue::Boolean(true)]);
-            out.extend(values);
-            Ok(out)
-        }
+        Ok(values) => Ok(succeeded(values)),
         Err(e) if fatal(lua, &e) => Err(e),
         Err(e) => {
             let mut out = MultiValue::from_iter([LuaValue::Boolean(false)]);

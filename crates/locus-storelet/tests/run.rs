@@ -2,25 +2,9 @@
 //! tripped by a hostile module, confinement to the preopened directory, and the cache.
 
 use locus_storelet::{Limits, Runner, StoreletError};
-use std::path::{Path, PathBuf};
+use locus_testkit::build_storelet as build;
+use std::path::Path;
 use std::time::Duration;
-
-/// Builds a storelet from `storelets/NAME` with Go's wasip1 port.
-fn build(name: &str) -> Vec<u8> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../storelets").join(name);
-    let out = tempfile::tempdir().unwrap().keep().join(format!("{name}.wasm"));
-    let status = std::process::Command::new("go")
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(&src)
-        .env("GOOS", "wasip1")
-        .env("GOARCH", "wasm")
-        .status()
-        .expect("Go is needed to build the storelets (GOOS=wasip1)");
-    assert!(status.success(), "go build of {name} failed");
-    std::fs::read(out).unwrap()
-}
 
 fn limit_of(r: Result<locus_storelet::RunOutcome, StoreletError>) -> &'static str {
     match r {
