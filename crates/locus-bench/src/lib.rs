@@ -24,8 +24,6 @@ pub enum BenchError {
     Setup(String),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
-    #[error("locus: {0}")]
-    Locus(#[from] locus_client::ClientError),
 }
 
 impl BenchError {

@@ -53,20 +53,14 @@ pub struct Push {
 #[derive(Default)]
 pub struct Registry {
     next: AtomicU64,
-    clients: Mutex<HashMap<u64, (String, mpsc::UnboundedSender<Push>)>>,
+    clients: Mutex<HashMap<u64, mpsc::UnboundedSender<Push>>>,
 }
 
 impl Registry {
     fn add(&self, push: mpsc::UnboundedSender<Push>) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.clients.lock().insert(id, (String::new(), push));
+        self.clients.lock().insert(id, push);
         id
-    }
-
-    fn set_subject(&self, id: u64, subject: &str) {
-        if let Some(c) = self.clients.lock().get_mut(&id) {
-            c.0 = subject.to_string();
-        }
     }
 
     fn remove(&self, id: u64) {
@@ -80,7 +74,7 @@ impl Registry {
 
     /// Queues a message for a client; false if it is not connected.
     pub fn push(&self, client: u64, msg: Push) -> bool {
-        self.clients.lock().get(&client).is_some_and(|(_, tx)| tx.send(msg).is_ok())
+        self.clients.lock().get(&client).is_some_and(|tx| tx.send(msg).is_ok())
     }
 }
 

@@ -147,7 +147,6 @@ impl Handler for Session {
             return Err(denied());
         }
         let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
-        self.shared.registry.set_subject(self.client_id, &req.subject);
         self.subject = Some(req.subject.clone());
         Ok(Welcome { client_id: self.client_id, subject: req.subject, proof }.into())
     }
@@ -193,9 +192,14 @@ impl Handler for Session {
     fn pread(&mut self, req: Pread, _: Bytes) -> Reply<()> {
         let file = self.handle(req.handle)?.clone();
         store(file.check_readable())?;
-        let max = self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data);
+        let len = req.len.min(self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data));
+        if (len as u64) < crate::transport::SENDFILE_MIN {
+            // Small reads go through memory, whose length is known after the read.
+            return Ok(Answer::with_body((), Body::Bytes(store(file.pread(req.offset, len as usize))?.into())));
+        }
+        // sendfile needs the length before the bytes: clamp it to the file's size.
         let size = store(file.stat())?.size;
-        let len = (req.len.min(max) as u64).min(size.saturating_sub(req.offset));
+        let len = (len as u64).min(size.saturating_sub(req.offset));
         Ok(Answer::with_body((), Body::File { file, offset: req.offset, len }))
     }
 

@@ -69,7 +69,7 @@ impl tokio::io::AsyncRead for ReadHalf {
 }
 
 /// Reads at least this many bytes go out with sendfile on plain TCP.
-const SENDFILE_MIN: u64 = 64 * 1024;
+pub const SENDFILE_MIN: u64 = 64 * 1024;
 /// Size of the data frames of a streamed `get`.
 pub const STREAM_CHUNK: usize = 4 << 20;
 

@@ -101,7 +101,10 @@ impl Counters {
     /// The counters of the file at `path` (relative to the export root).
     pub fn file(&self, path: &str) -> FileIo {
         let mut files = self.files.lock();
-        let file = files.entry(path.to_string()).or_default().clone();
+        let file = match files.get(path) {
+            Some(f) => f.clone(),
+            None => files.entry(path.to_string()).or_default().clone(),
+        };
         FileIo { file, export: self.export.clone() }
     }
 

@@ -27,7 +27,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// Longest path accepted from a client, as PATH_MAX.
@@ -38,7 +38,6 @@ const MAX_HOPS: usize = 40;
 /// An export: a directory tree shared with clients.
 pub struct Store {
     root: OwnedFd,
-    root_path: PathBuf,
     root_key: (u64, u64),
     acls: acl::AclCache,
     counters: Counters,
@@ -80,7 +79,6 @@ pub struct PutFile {
     tmp: String,
     name: String,
     mode: u32,
-    written: u64,
     done: bool,
     pub io: FileIo,
 }
@@ -154,7 +152,6 @@ impl Store {
         let st = rustix::fs::fstat(&fd).ctx("stat", &shown)?;
         let store = Store {
             root: fd,
-            root_path: root.to_path_buf(),
             root_key: (st.st_dev as u64, st.st_ino as u64),
             acls: acl::AclCache::default(),
             counters: Counters::default(),
@@ -163,11 +160,6 @@ impl Store {
             store.write_acl(store.root.as_fd(), initial_acl)?;
         }
         Ok(store)
-    }
-
-    /// The directory this store exports.
-    pub fn root_path(&self) -> &Path {
-        &self.root_path
     }
 
     /// The export's counters.
@@ -542,7 +534,6 @@ impl Store {
             tmp,
             name: t.name,
             mode: mode & 0o7777,
-            written: 0,
             done: false,
             io: self.counters.file(&t.rel),
         })
@@ -640,14 +631,8 @@ impl PutFile {
             path: self.name.clone(),
             errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
         })?;
-        self.written += data.len() as u64;
         self.io.write(data.len() as u64, start.elapsed());
         Ok(())
-    }
-
-    /// Bytes received so far.
-    pub fn written(&self) -> u64 {
-        self.written
     }
 
     /// Makes the upload durable and moves it over the target in one atomic rename.

@@ -183,11 +183,6 @@ impl Runner {
         Ok((hash, m))
     }
 
-    /// Forgets the in-memory cache (so the next use goes to the disk cache).
-    pub fn forget_memory_cache(&self) {
-        self.modules.lock().clear();
-    }
-
     /// Runs `module` with `args` (argv[0] first), the directory `dir` preopened as `/`
     /// (read-only unless `writable`), under `limits`.
     pub fn run(
