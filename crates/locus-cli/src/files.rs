@@ -7,7 +7,7 @@ use crate::{AclCommand, ScriptCommand, StoreletCommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
-use locus_client::{Client, ClientError, LocusUrl};
+use locus_client::{Client, ClientError, LocusUrl, StoreletUpdate};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -212,20 +212,57 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 println!("{}", serde_json::Value::Array(values.iter().map(output::value_json).collect()));
             }
         }
-        Command::Storelet(StoreletCommand::Run { module, dir, write, args }) => {
+        Command::Storelet(StoreletCommand::Run { module, dir, write, env, account, args }) => {
             let u = parse(&dir)?;
             let wasm = std::fs::read(&module).map_err(|e| format!("{}: {e}", module.display()))?;
+            let env = env
+                .iter()
+                .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or("--env takes NAME=VALUE")?;
             let c = conns.get(&u).await?;
-            let (result, stdout) = c.storelet_run(&wasm, &u.path, args, write).await.map_err(|e| err(&u, e))?;
-            std::io::Write::write_all(&mut std::io::stdout(), &stdout).map_err(|e| e.to_string())?;
-            std::io::Write::write_all(&mut std::io::stderr(), &result.stderr).map_err(|e| e.to_string())?;
+            let mut run = c.storelet_start_env(&wasm, &u.path, args, env, write).await.map_err(|e| err(&u, e))?;
+            let (mut stdout, mut stderr) = (std::io::stdout().lock(), std::io::stderr());
+            let result = loop {
+                use std::io::Write;
+                match run.next().await.map_err(|e| err(&u, e))? {
+                    Some(StoreletUpdate::Stdout(b)) => stdout.write_all(&b).and_then(|()| stdout.flush()),
+                    Some(StoreletUpdate::Stderr(b)) => stderr.write_all(&b),
+                    Some(StoreletUpdate::Started { .. }) => Ok(()),
+                    Some(StoreletUpdate::Finished(r)) => break r,
+                    None => return Err("the server ended the run without an account".into()),
+                }
+                .map_err(|e| e.to_string())?;
+            };
             if json {
-                let v = serde_json::json!({"exit_code": result.exit_code, "fuel": result.fuel,
-                    "peak_memory": result.peak_memory, "wall_us": result.wall_us, "module": result.module});
-                eprintln!("{v}");
+                eprintln!("{}", serde_json::to_string(&result).map_err(|e| e.to_string())?);
+            } else if account {
+                eprintln!("{}", output::storelet_account(&result));
             }
             if result.exit_code != 0 {
                 return Err(format!("storelet exited with status {}", result.exit_code));
+            }
+        }
+        Command::Storelet(StoreletCommand::Ps { url }) => {
+            let u = parse(&url)?;
+            let runs = conns.get(&u).await?.storelet_ps().await.map_err(|e| err(&u, e))?;
+            if json {
+                println!("{}", serde_json::to_string(&runs).map_err(|e| e.to_string())?);
+            } else {
+                println!("{}", output::storelet_ps(&runs));
+            }
+        }
+        Command::Storelet(StoreletCommand::Cancel { url, run }) => {
+            let u = parse(&url)?;
+            conns.get(&u).await?.storelet_cancel(run).await.map_err(|e| err(&u, e))?;
+        }
+        Command::Storelet(StoreletCommand::Stats { url }) => {
+            let u = parse(&url)?;
+            let report = conns.get(&u).await?.storelet_stats().await.map_err(|e| err(&u, e))?;
+            if json {
+                println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
+            } else {
+                println!("{}", output::storelet_report(&report));
             }
         }
         Command::Serve(_) | Command::Token { .. } | Command::Bench(_) => {

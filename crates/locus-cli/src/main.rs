@@ -133,7 +133,8 @@ enum ScriptCommand {
 
 #[derive(Subcommand)]
 enum StoreletCommand {
-    /// Run MODULE.wasm (WASI preview 1) with the directory of --dir as its `/`.
+    /// Run MODULE.wasm (WASI preview 1) with the directory of --dir as its `/`; its
+    /// output streams back as it is written, its account goes to stderr with --account.
     Run {
         module: PathBuf,
         /// The directory the program sees, as a locus:// URL.
@@ -142,10 +143,22 @@ enum StoreletCommand {
         /// Let the program write there (needs the `w` right).
         #[arg(long)]
         write: bool,
+        /// An environment variable for the program (repeatable).
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// Print the run's account (fuel, CPU, memory, I/O) to stderr when it ends.
+        #[arg(long)]
+        account: bool,
         /// Arguments for the program.
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// List storelet runs queued or running (yours; everyone's for an admin).
+    Ps { url: String },
+    /// Cancel a run by the number `ps` shows (yours; any for an admin).
+    Cancel { url: String, run: u64 },
+    /// Storelet accounts: totals per subject and recent runs.
+    Stats { url: String },
 }
 
 #[derive(Subcommand)]

@@ -1,6 +1,9 @@
 //! Rendering for people (`ls -l` style) and for programs (`--json`).
 
-use locus_client::types::{Attr, DirEntry, StatFs, StatsReport, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use locus_client::types::{
+    Attr, DirEntry, StatFs, StatsReport, StoreletReport, StoreletResult, StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT,
+    S_IFREG,
+};
 use serde_json::{json, Value};
 
 /// `drwxr-xr-x` for a mode.
@@ -179,4 +182,74 @@ mod tests {
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(12), "12 B");
     }
+}
+
+/// A storelet run's account on one line.
+pub fn storelet_account(r: &StoreletResult) -> String {
+    format!(
+        "run {}: exit {}, fuel {}, cpu {:.3} s, wall {:.3} s, peak memory {} KiB, read {} B, written {} B, files {}, output {} B",
+        r.run,
+        r.exit_code,
+        r.fuel,
+        r.cpu_us as f64 / 1e6,
+        r.wall_us as f64 / 1e6,
+        r.peak_memory >> 10,
+        r.read_bytes,
+        r.write_bytes,
+        r.files_opened,
+        r.output_bytes
+    )
+}
+
+/// `locus storelet ps` as a table.
+pub fn storelet_ps(runs: &[StoreletRunInfo]) -> String {
+    let mut out =
+        format!("{:>6} {:<12} {:<8} {:>9} {:>9} {:<12} ARGS", "RUN", "SUBJECT", "STATE", "AGE s", "CPU s", "MODULE");
+    for r in runs {
+        out.push_str(&format!(
+            "\n{:>6} {:<12} {:<8} {:>9.2} {:>9.2} {:<12} {}",
+            r.run,
+            r.subject,
+            if r.running { "running" } else { "queued" },
+            r.age_us as f64 / 1e6,
+            r.cpu_us as f64 / 1e6,
+            &r.module[..12.min(r.module.len())],
+            r.args.join(" ")
+        ));
+    }
+    out
+}
+
+/// `locus storelet stats`: totals per subject, then recent runs.
+pub fn storelet_report(r: &StoreletReport) -> String {
+    let mut out = format!(
+        "{:<12} {:>6} {:>7} {:>6} {:>10} {:>14} {:>12} {:>12} {:>16}",
+        "SUBJECT", "RUNS", "STOPPED", "ACTIVE", "CPU s", "FUEL", "READ B", "WRITTEN B", "BUDGET USED s"
+    );
+    for s in &r.subjects {
+        out.push_str(&format!(
+            "\n{:<12} {:>6} {:>7} {:>6} {:>10.2} {:>14} {:>12} {:>12} {:>7.2}/{:<8.2}",
+            s.subject,
+            s.runs,
+            s.stopped,
+            s.active,
+            s.cpu_us as f64 / 1e6,
+            s.fuel,
+            s.read_bytes,
+            s.write_bytes,
+            s.budget_spent_us as f64 / 1e6,
+            s.budget_us as f64 / 1e6
+        ));
+    }
+    out.push_str(&format!("\n\nrecent runs ({} modules compiled since start):", r.compiles));
+    for e in &r.recent {
+        out.push_str(&format!(
+            "\n  {} [{}] {}: {}",
+            e.subject,
+            e.args.join(" "),
+            e.outcome,
+            storelet_account(&e.account)
+        ));
+    }
+    out
 }

@@ -46,6 +46,27 @@ pub struct ServeArgs {
     /// Bytes (MiB) of results one script call may return.
     #[arg(long, default_value_t = (locus_script::Limits::default().result_bytes >> 20) as u64)]
     script_result_mb: u64,
+    /// Storelets running at once (worker threads at the lowest priority); more queue.
+    #[arg(long, default_value_t = locus_server::storelet_host::StoreletConfig::default().workers)]
+    storelet_workers: usize,
+    /// Storelet runs one subject may have queued or running at once.
+    #[arg(long, default_value_t = locus_server::storelet_host::StoreletConfig::default().runs_per_subject)]
+    storelet_runs_per_subject: usize,
+    /// CPU seconds one subject's storelets may use per budget window.
+    #[arg(long, default_value_t = locus_server::storelet_host::StoreletConfig::default().cpu_budget.as_secs())]
+    storelet_cpu_budget_s: u64,
+    /// Length of the storelet CPU budget window, in seconds.
+    #[arg(long, default_value_t = locus_server::storelet_host::StoreletConfig::default().budget_window.as_secs())]
+    storelet_budget_window_s: u64,
+    /// Fuel (about one unit per WebAssembly instruction) one storelet run may use.
+    #[arg(long, default_value_t = locus_storelet::Limits::default().fuel)]
+    storelet_fuel: u64,
+    /// Memory (MiB) one storelet run may use.
+    #[arg(long, default_value_t = (locus_storelet::Limits::default().memory >> 20) as u64)]
+    storelet_memory_mb: u64,
+    /// Wall-clock seconds one storelet run may take.
+    #[arg(long, default_value_t = locus_storelet::Limits::default().wall.as_secs())]
+    storelet_time_s: u64,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
@@ -61,6 +82,31 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     config.tls = args.tls;
     config.max_connections = args.max_connections.max(1);
+    if let Some(threads) = args.threads {
+        config.threads = threads.max(1);
+    }
+    if let Some(workers) = args.script_workers {
+        config.script_workers = workers.max(1);
+    }
+    config.script_limits = locus_script::Limits {
+        instructions: args.script_instructions,
+        memory: (args.script_memory_mb as usize) << 20,
+        wall: std::time::Duration::from_millis(args.script_time_ms),
+        result_bytes: (args.script_result_mb as usize) << 20,
+    };
+    let limits_file = config.state_dir.join(config::SCRIPT_LIMITS_FILE);
+    if let Ok(text) = std::fs::read_to_string(&limits_file) {
+        config.script_limits_by_subject =
+            config::parse_script_limits(&text, config.script_limits).map_err(|e| e.to_string())?;
+    }
+    let storelets = &mut config.storelets;
+    storelets.workers = args.storelet_workers.max(1);
+    storelets.runs_per_subject = args.storelet_runs_per_subject.max(1);
+    storelets.cpu_budget = std::time::Duration::from_secs(args.storelet_cpu_budget_s);
+    storelets.budget_window = std::time::Duration::from_secs(args.storelet_budget_window_s.max(1));
+    storelets.limits.fuel = args.storelet_fuel;
+    storelets.limits.memory = (args.storelet_memory_mb as usize) << 20;
+    storelets.limits.wall = std::time::Duration::from_secs(args.storelet_time_s);
     config.prepare().map_err(|e| e.to_string())?;
     let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
     if let Some(token) = &created {

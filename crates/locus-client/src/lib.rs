@@ -245,9 +245,18 @@ impl Client {
     /// Runs a streamed-reply operation; frames arrive on the returned channel until one
     /// without the MORE flag.
     pub async fn call_stream<O: Operation>(&self, req: O) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
+        self.call_stream_with(req, &[]).await
+    }
+
+    /// [`Client::call_stream`] with request data.
+    pub async fn call_stream_with<O: Operation>(
+        &self,
+        req: O,
+        data: &[u8],
+    ) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = self.register(Waiter::Many(tx))?;
-        self.send(O::INFO.code, id, false, &codec::encode(&req), &[]).await?;
+        self.send(O::INFO.code, id, false, &codec::encode(&req), data).await?;
         Ok(rx)
     }
 
@@ -485,22 +494,124 @@ impl Client {
         }
     }
 
-    /// Runs a WebAssembly module (WASI preview 1) at the server with the directory `dir`
-    /// preopened as `/` (writable if `write`); returns how it ended and its stdout.
+    /// Starts a WebAssembly module (WASI preview 1) at the server with the directory
+    /// `dir` preopened as `/` (writable if `write`); its events arrive as it runs.
+    pub async fn storelet_start(
+        &self,
+        module: &[u8],
+        dir: &str,
+        args: Vec<String>,
+        write: bool,
+    ) -> Result<StoreletRun> {
+        self.storelet_start_env(module, dir, args, Vec::new(), write).await
+    }
+
+    /// [`Client::storelet_start`] with environment variables.
+    pub async fn storelet_start_env(
+        &self,
+        module: &[u8],
+        dir: &str,
+        args: Vec<String>,
+        env: Vec<(String, String)>,
+        write: bool,
+    ) -> Result<StoreletRun> {
+        let frames = self.call_stream_with(ops::StoreletRun { args, env, dir: dir.into(), write }, module).await?;
+        Ok(StoreletRun { frames, done: false })
+    }
+
+    /// Runs a storelet to the end and collects its output and account.
     pub async fn storelet_run(
         &self,
         module: &[u8],
         dir: &str,
         args: Vec<String>,
         write: bool,
-    ) -> Result<(StoreletResult, Bytes)> {
-        self.call_with(StoreletRun { args, dir: dir.into(), write }, module).await
+    ) -> Result<StoreletOutput> {
+        let mut run = self.storelet_start(module, dir, args, write).await?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        while let Some(update) = run.next().await? {
+            match update {
+                StoreletUpdate::Started { .. } => {}
+                StoreletUpdate::Stdout(b) => stdout.extend_from_slice(&b),
+                StoreletUpdate::Stderr(b) => stderr.extend_from_slice(&b),
+                StoreletUpdate::Finished(result) => return Ok(StoreletOutput { result, stdout, stderr }),
+            }
+        }
+        Err(ClientError::Closed)
+    }
+
+    /// Storelet runs queued or running (the caller's own; all of them for an admin).
+    pub async fn storelet_ps(&self) -> Result<Vec<StoreletRunInfo>> {
+        self.call(StoreletPs {}).await
+    }
+
+    /// Cancels a storelet run.
+    pub async fn storelet_cancel(&self, run: u64) -> Result<()> {
+        self.call(StoreletCancel { run }).await
+    }
+
+    /// Storelet accounts (the caller's own; everyone's for an admin).
+    pub async fn storelet_stats(&self) -> Result<StoreletReport> {
+        self.call(StoreletStats {}).await
     }
 
     /// The subject the server knows this connection as.
     pub async fn whoami(&self) -> Result<String> {
         self.call(Whoami {}).await
     }
+}
+
+/// What a running storelet reports.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StoreletUpdate {
+    /// It left the server's queue; `run` names it for [`Client::storelet_cancel`].
+    Started {
+        run: u64,
+        module: String,
+    },
+    Stdout(Bytes),
+    Stderr(Bytes),
+    /// It ended; its account. Nothing follows.
+    Finished(StoreletResult),
+}
+
+/// A storelet run in progress; read its updates with [`StoreletRun::next`].
+pub struct StoreletRun {
+    frames: mpsc::UnboundedReceiver<Result<Frame>>,
+    done: bool,
+}
+
+impl StoreletRun {
+    /// The next update, `None` after [`StoreletUpdate::Finished`]. A run stopped by a
+    /// limit or cancelled ends with an error (code `LIMIT` or `CANCELED`).
+    pub async fn next(&mut self) -> Result<Option<StoreletUpdate>> {
+        if self.done {
+            return Ok(None);
+        }
+        let frame = match self.frames.recv().await {
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                self.done = true;
+                return Err(e);
+            }
+            None => return Err(ClientError::Closed),
+        };
+        self.done = !frame.header.more();
+        Ok(Some(match codec::decode::<StoreletEvent>(&frame.meta)? {
+            StoreletEvent::Started { run, module } => StoreletUpdate::Started { run, module },
+            StoreletEvent::Stdout => StoreletUpdate::Stdout(frame.data),
+            StoreletEvent::Stderr => StoreletUpdate::Stderr(frame.data),
+            StoreletEvent::Finished(r) => StoreletUpdate::Finished(r),
+        }))
+    }
+}
+
+/// A finished storelet run: its account and everything it wrote.
+#[derive(Debug, Clone)]
+pub struct StoreletOutput {
+    pub result: StoreletResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
 }
 
 /// The id of a script: the SHA-256 of its source, in hex (as the server computes it).

@@ -34,6 +34,7 @@ impl Code {
     pub const PROTO: Code = Code(71);
     pub const NOTSUP: Code = Code(95);
     pub const TIMEDOUT: Code = Code(110);
+    pub const CANCELED: Code = Code(125);
 
     /// The frame or its metadata could not be decoded.
     pub const BAD_REQUEST: Code = Code(1000);
@@ -45,7 +46,7 @@ impl Code {
     pub const UNKNOWN_OP: Code = Code(1003);
     /// A frame, argument or result exceeds a configured size limit.
     pub const TOO_LARGE: Code = Code(1004);
-    /// A resource limit (instructions, memory, time, output) ended the call.
+    /// A resource limit (instructions, memory, time, output, I/O, a budget) ended the call.
     pub const LIMIT: Code = Code(1005);
     /// The server is shutting down or the connection is closing.
     pub const SHUTDOWN: Code = Code(1006);
@@ -107,6 +108,7 @@ impl Code {
             71 => "EPROTO",
             95 => "ENOTSUP",
             110 => "ETIMEDOUT",
+            125 => "ECANCELED",
             1000 => "BAD_REQUEST",
             1001 => "AUTH_FAILED",
             1002 => "NOT_AUTHENTICATED",

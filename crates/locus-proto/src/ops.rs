@@ -112,8 +112,14 @@ macro_rules! operation_table {
             0x40 ScriptRegister script_register Unary { source: String } -> String;
             /// Runs a registered script (or `source`, registering it) with arguments; the frame's data is its input buffer, the reply's data its output buffer.
             0x41 ScriptCall script_call Unary { id: String, source: Option<String>, args: Vec<Value> } -> Vec<Value>;
-            /// Runs the WebAssembly module in the frame's data with `dir` preopened as `/` (writable if `write`); stdout is the reply's data.
-            0x50 StoreletRun storelet_run Unary { args: Vec<String>, dir: String, write: bool } -> StoreletResult;
+            /// Runs the WebAssembly module in the frame's data with `dir` preopened as `/` (writable if `write`); replies stream events: started, output as it is written (frame data), finished.
+            0x50 StoreletRun storelet_run StreamOut { args: Vec<String>, env: Vec<(String, String)>, dir: String, write: bool } -> StoreletEvent;
+            /// Storelet runs queued or running: the caller's own, or every one for an admin.
+            0x51 StoreletPs storelet_ps Unary {} -> Vec<StoreletRunInfo>;
+            /// Cancels a run (its owner or an admin).
+            0x52 StoreletCancel storelet_cancel Unary { run: u64 } -> ();
+            /// Storelet accounts: totals per subject and the most recent runs (the caller's own, or all for an admin).
+            0x53 StoreletStats storelet_stats Unary {} -> StoreletReport;
         }
     };
 }

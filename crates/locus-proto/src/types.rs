@@ -218,17 +218,88 @@ pub enum Value {
     Map(Vec<(String, Value)>),
 }
 
-/// The answer to `storelet_run`: how the program ended and what it used (its stdout is
-/// the reply's data).
+/// One event in the reply stream of `storelet_run`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StoreletEvent {
+    /// The run left the queue; `run` names it for `storelet_cancel`.
+    Started { run: u64, module: String },
+    /// Bytes the program wrote to stdout (the frame's data).
+    Stdout,
+    /// Bytes the program wrote to stderr (the frame's data).
+    Stderr,
+    /// The program ended (the last frame); a run stopped by a limit or cancelled ends
+    /// with an error frame instead.
+    Finished(StoreletResult),
+}
+
+/// How a storelet run ended and what it used: its account.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreletResult {
+    pub run: u64,
     /// SHA-256 of the module, the key of the server's compile cache.
     pub module: String,
     pub exit_code: i32,
-    pub stderr: Vec<u8>,
     pub fuel: u64,
+    pub cpu_us: u64,
     pub peak_memory: u64,
     pub wall_us: u64,
+    /// Bytes written to stdout and stderr.
+    pub output_bytes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub files_opened: u64,
+}
+
+/// A queued or running storelet, as `storelet_ps` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreletRunInfo {
+    pub run: u64,
+    pub subject: String,
+    pub module: String,
+    pub args: Vec<String>,
+    /// False while it waits for a worker.
+    pub running: bool,
+    /// Time since it was submitted.
+    pub age_us: u64,
+    pub cpu_us: u64,
+    pub fuel: u64,
+}
+
+/// A finished run in the server's storelet log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreletLogEntry {
+    pub subject: String,
+    pub args: Vec<String>,
+    /// `exit N`, `LIMIT: ...` or `cancelled`.
+    pub outcome: String,
+    pub account: StoreletResult,
+}
+
+/// Storelet totals of one subject.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubjectStoreletStats {
+    pub subject: String,
+    pub runs: u64,
+    /// Runs stopped by a limit, cancelled, or that trapped.
+    pub stopped: u64,
+    pub active: u64,
+    pub cpu_us: u64,
+    pub fuel: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// CPU time drawn from the subject's budget in the current window.
+    pub budget_spent_us: u64,
+    pub budget_us: u64,
+}
+
+/// The answer to `storelet_stats`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreletReport {
+    pub subjects: Vec<SubjectStoreletStats>,
+    /// Most recent first.
+    pub recent: Vec<StoreletLogEntry>,
+    /// Modules compiled since the server started (the rest came from the cache).
+    pub compiles: u64,
 }
 
 /// Counts and service time of reads and writes, kept per file and per export.

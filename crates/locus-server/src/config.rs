@@ -44,10 +44,8 @@ pub struct ServerConfig {
     pub script_limits: locus_script::Limits,
     /// Limits for particular subjects, instead of `script_limits`.
     pub script_limits_by_subject: HashMap<String, locus_script::Limits>,
-    /// Storelets running at once; more wait their turn.
-    pub storelet_workers: usize,
-    /// Limits of a storelet run.
-    pub storelet_limits: locus_storelet::Limits,
+    /// Storelet workers, per-run limits and per-subject limits.
+    pub storelets: crate::storelet_host::StoreletConfig,
 }
 
 impl ServerConfig {
@@ -66,8 +64,7 @@ impl ServerConfig {
             script_cache: 1024,
             script_limits: locus_script::Limits::default(),
             script_limits_by_subject: HashMap::new(),
-            storelet_workers: 2,
-            storelet_limits: locus_storelet::Limits::default(),
+            storelets: Default::default(),
         }
     }
 

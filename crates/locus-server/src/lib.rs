@@ -19,6 +19,7 @@ pub mod error;
 pub mod script_host;
 pub mod session;
 pub mod splice;
+pub mod storelet_host;
 pub mod transport;
 
 pub use config::{ServerConfig, Tokens};
@@ -86,10 +87,8 @@ pub struct Shared {
     pub registry: Registry,
     /// Registered scripts and the interpreter pool that runs them.
     pub scripts: locus_script::Engine,
-    /// Compiles (with a disk cache in the state directory) and runs storelets.
-    pub storelets: Arc<locus_storelet::Runner>,
-    /// Bounds the storelets running at once.
-    pub storelet_slots: Arc<Semaphore>,
+    /// Queues, runs and accounts for storelets.
+    pub storelets: storelet_host::StoreletHost,
 }
 
 /// A configured server, ready to run on a listener.
@@ -111,18 +110,9 @@ impl Server {
         let store = Store::new(&config.root, &initial)?;
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
         let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
-        let storelets = locus_storelet::Runner::new(&config.state_dir.join("storelets"))
+        let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        let storelet_slots = Arc::new(Semaphore::new(config.storelet_workers.max(1)));
-        let shared = Arc::new(Shared {
-            config,
-            store,
-            tokens,
-            registry: Registry::default(),
-            scripts,
-            storelets,
-            storelet_slots,
-        });
+        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts, storelets });
         Ok(Server { shared, tls })
     }
 
@@ -373,6 +363,16 @@ async fn frame_loop(
 /// Sends the reply of a request answered elsewhere (a script), whenever it is ready.
 async fn reply_later(writer: Arc<tokio::sync::Mutex<FrameWriter>>, op: u16, id: u32, later: dispatch::Later) {
     let outcome = later.await;
+    if let Ok(Encoded { body: transport::Body::Events(mut events), .. }) = outcome {
+        // Frame by frame as they come, so other replies interleave with a long stream.
+        while let Some(e) = events.recv().await {
+            let mut w = writer.lock().await;
+            if w.frame(e.kind, e.more, op, id, &e.meta, &e.data).await.is_err() || w.flush().await.is_err() {
+                return;
+            }
+        }
+        return;
+    }
     let mut w = writer.lock().await;
     let sent = match outcome {
         Ok(enc) => w.reply(op, id, &enc.metas, enc.body).await,

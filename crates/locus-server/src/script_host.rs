@@ -35,6 +35,7 @@ impl locus_script::Host for ScriptHost {
             return Err(WireError::new(Code::NOTSUP, "scripts cannot call scripts"));
         }
         let data = match enc.body {
+            Body::Events(_) => return Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets")),
             Body::None => Vec::new(),
             Body::Bytes(b) => b.to_vec(),
             Body::File { file, offset, len } => file.read_at(offset, len as usize).map_err(WireError::from)?,

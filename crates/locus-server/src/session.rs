@@ -4,7 +4,7 @@
 //! Everything a session holds is released when it is dropped, which happens when its
 //! connection ends for any reason: handles close, unfinished uploads are removed.
 
-use crate::dispatch::{Answer, Handler};
+use crate::dispatch::{Answer, Encoded, Handler};
 use crate::transport::Body;
 use crate::Shared;
 use bytes::Bytes;
@@ -30,6 +30,16 @@ pub struct Session {
     puts: HashMap<u32, PutFile>,
     /// Id and MORE flag of the request frame being handled (for streamed uploads).
     current: (u32, bool),
+    /// Storelet runs this connection started: cancelled if it goes away first.
+    storelet_runs: Vec<Arc<locus_storelet::RunControl>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        for run in &self.storelet_runs {
+            run.cancel();
+        }
+    }
 }
 
 type Reply<T> = Result<Answer<T>, WireError>;
@@ -50,6 +60,7 @@ impl Session {
             next_handle: 1,
             puts: HashMap::new(),
             current: (0, false),
+            storelet_runs: Vec::new(),
         }
     }
 
@@ -67,6 +78,12 @@ impl Session {
             return Err(WireError::new(Code::ACCES, "running code needs the 'x' right at the export root"));
         }
         Ok(who)
+    }
+
+    /// The subject, and whether it holds the admin right at the export root.
+    fn who_and_admin(&self) -> Result<(&str, bool), WireError> {
+        let who = self.who()?;
+        Ok((who, store(self.shared.store.rights(who, "/"))?.contains(Rights::ADMIN)))
     }
 
     /// True once the handshake has succeeded.
@@ -328,35 +345,39 @@ impl Handler for Session {
         })))
     }
 
-    fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletResult> {
+    fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {
         let who = self.may_execute()?.to_string();
         let dir = store(self.shared.store.open_workdir(&who, &req.dir, req.write))?;
-        let (runner, slots, limits) =
-            (self.shared.storelets.clone(), self.shared.storelet_slots.clone(), self.shared.config.storelet_limits);
-        let failed = |e: locus_storelet::StoreletError| WireError::new(e.code(), e.to_string());
+        let submission = crate::storelet_host::Submission {
+            subject: who,
+            wasm: data,
+            args: req.args,
+            env: req.env,
+            dir,
+            write: req.write,
+        };
+        let (control, events) = self.shared.storelets.submit(submission)?;
+        // Forget finished runs: only this list still holds their controls.
+        self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
+        self.storelet_runs.push(control);
         Ok(Answer::later(Box::pin(async move {
-            let _turn = slots.acquire_owned().await.map_err(|_| WireError::new(Code::SHUTDOWN, "shutting down"))?;
-            // Compiling and running both take long: never on a connection thread.
-            let run = tokio::task::spawn_blocking(move || {
-                let (hash, module) = runner.module(&data)?;
-                // The directory was resolved beneath the root; its /proc entry names exactly it.
-                let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&dir));
-                let mut argv = vec!["storelet".to_string()];
-                argv.extend(req.args);
-                runner.run(&module, &argv, Some((std::path::Path::new(&path), req.write)), limits).map(|o| (hash, o))
-            });
-            let (module, out) =
-                run.await.map_err(|e| WireError::new(Code::IO, format!("storelet worker: {e}")))?.map_err(failed)?;
-            let result = StoreletResult {
-                module,
-                exit_code: out.exit_code,
-                stderr: out.stderr,
-                fuel: out.account.fuel,
-                peak_memory: out.account.peak_memory as u64,
-                wall_us: out.account.wall.as_micros() as u64,
-            };
-            Ok(Answer::with_body(result, Body::Bytes(out.stdout.into())).encode())
+            Ok(Encoded { metas: Vec::new(), body: Body::Events(events), deferred: false, later: None })
         })))
+    }
+
+    fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
+        let (who, admin) = self.who_and_admin()?;
+        Ok(self.shared.storelets.ps(who, admin).into())
+    }
+
+    fn storelet_cancel(&mut self, req: StoreletCancel, _: Bytes) -> Reply<()> {
+        let (who, admin) = self.who_and_admin()?;
+        Ok(self.shared.storelets.cancel(who, admin, req.run)?.into())
+    }
+
+    fn storelet_stats(&mut self, _: StoreletStats, _: Bytes) -> Reply<StoreletReport> {
+        let (who, admin) = self.who_and_admin()?;
+        Ok(self.shared.storelets.stats(who, admin).into())
     }
 
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {

@@ -86,6 +86,17 @@ pub enum Body {
     },
     /// A whole file, sent as data frames of [`STREAM_CHUNK`] bytes until end of file.
     Stream(Arc<OpenFile>),
+    /// Frames produced over time elsewhere (a storelet's events), each sent as it
+    /// arrives; only answers that come `later` carry one.
+    Events(tokio::sync::mpsc::UnboundedReceiver<EventFrame>),
+}
+
+/// One frame of an [`Body::Events`] stream.
+pub struct EventFrame {
+    pub kind: Kind,
+    pub more: bool,
+    pub meta: Vec<u8>,
+    pub data: Bytes,
 }
 
 /// Writes frames to a connection, buffering small ones so that replies to pipelined
@@ -134,6 +145,7 @@ impl FrameWriter {
             }
             match &body {
                 Body::None | Body::Stream(_) => self.frame(Kind::Reply, streaming, op, id, meta, &[]).await?,
+                Body::Events(_) => unreachable!("event streams are sent by reply_later"),
                 Body::Bytes(b) => self.frame(Kind::Reply, false, op, id, meta, b).await?,
                 Body::File { file, offset, len } => self.file_frame(op, id, meta, file, *offset, *len).await?,
             }

@@ -4,22 +4,29 @@
 //! - [`Runner`]: one wasmtime engine and linker, shared; modules validated, compiled
 //!   once and cached by content hash in memory and on disk (an entry whose checksum does
 //!   not match is rebuilt); a fresh store per run carrying that run's [`Limits`].
-//! - Exact resource control: CPU by fuel, memory by a resource limiter, wall time by
-//!   epoch interruption (a ticker thread advances the epoch), output by capped pipes.
-//!   The reason a run stopped is read from the trap and named in [`StoreletError`].
+//! - Exact resource control: CPU by fuel and by thread CPU time, memory by a resource
+//!   limiter, wall time, cancellation and a principal's [`CpuBudget`] checked on every
+//!   epoch tick (a ticker thread advances the epoch), output by capped pipes, and bytes
+//!   read, bytes written and files opened by metered WASI calls (`meter`). The limit
+//!   that stopped a run is named in [`StoreletError`], with the run's [`Account`].
 //! - The file system a storelet sees is one directory, preopened read-only unless the
 //!   caller asked for and holds write rights; WASI resolves every path beneath it.
+
+mod meter;
+pub mod output;
+
+pub use output::{OutputSink, Stream};
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wasmtime::{Config, Engine, Linker, Module, ResourceLimiter, Store, Trap};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime::{Config, Engine, Linker, Module, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
 
-/// How often the epoch advances; wall-time limits are counted in these ticks.
+/// How often the epoch advances: time, CPU, budgets and cancellation are checked this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// Resource limits of one run.
@@ -31,13 +38,30 @@ pub struct Limits {
     pub memory: usize,
     /// Wall-clock time.
     pub wall: Duration,
+    /// CPU time of the thread running the program.
+    pub cpu: Duration,
     /// Bytes of stdout plus stderr.
     pub output: usize,
+    /// Bytes read from files.
+    pub read_bytes: u64,
+    /// Bytes written to files (not counting stdout and stderr).
+    pub write_bytes: u64,
+    /// Files and directories opened.
+    pub files: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { fuel: 10_000_000_000, memory: 256 << 20, wall: Duration::from_secs(60), output: 64 << 20 }
+        Limits {
+            fuel: 50_000_000_000,
+            memory: 256 << 20,
+            wall: Duration::from_secs(60),
+            cpu: Duration::from_secs(30),
+            output: 64 << 20,
+            read_bytes: 16 << 30,
+            write_bytes: 1 << 30,
+            files: 1_000_000,
+        }
     }
 }
 
@@ -45,12 +69,16 @@ impl Default for Limits {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Account {
     pub fuel: u64,
+    pub cpu: Duration,
     pub peak_memory: usize,
     pub wall: Duration,
     pub output: usize,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub files_opened: u64,
 }
 
-/// A finished run.
+/// A finished run. `stdout` and `stderr` hold the output only when no sink took it.
 #[derive(Clone, Debug)]
 pub struct RunOutcome {
     pub exit_code: i32,
@@ -66,6 +94,8 @@ pub enum StoreletError {
     Invalid(String),
     #[error("storelet exceeded its {limit} limit ({detail})")]
     Limit { limit: &'static str, detail: String, account: Account },
+    #[error("storelet cancelled")]
+    Cancelled { account: Account },
     #[error("storelet trapped: {0}")]
     Trap(String),
     #[error("storelet setup: {0}")]
@@ -78,9 +108,117 @@ impl StoreletError {
         match self {
             StoreletError::Invalid(_) => locus_proto::Code::INVAL,
             StoreletError::Limit { .. } => locus_proto::Code::LIMIT,
+            StoreletError::Cancelled { .. } => locus_proto::Code::CANCELED,
             StoreletError::Trap(_) => locus_proto::Code::SCRIPT_ERROR,
             StoreletError::Setup(_) => locus_proto::Code::IO,
         }
+    }
+
+    /// What the run used before it was stopped, if it ran at all.
+    pub fn account(&self) -> Option<&Account> {
+        match self {
+            StoreletError::Limit { account, .. } | StoreletError::Cancelled { account } => Some(account),
+            _ => None,
+        }
+    }
+}
+
+/// CPU time that one principal's runs may use together per window of time; every run
+/// of the principal draws on it as it goes, so concurrent runs cannot overspend it.
+pub struct CpuBudget {
+    limit: Duration,
+    window: Duration,
+    /// Start of the current window and what was spent in it.
+    spent: Mutex<(Instant, Duration)>,
+}
+
+impl CpuBudget {
+    /// A budget of `limit` CPU time per `window`.
+    pub fn new(limit: Duration, window: Duration) -> CpuBudget {
+        CpuBudget { limit, window, spent: Mutex::new((Instant::now(), Duration::ZERO)) }
+    }
+
+    /// Spends `cpu`; false once the window's budget is gone.
+    pub fn charge(&self, cpu: Duration) -> bool {
+        let mut s = self.spent.lock();
+        if s.0.elapsed() >= self.window {
+            *s = (Instant::now(), Duration::ZERO);
+        }
+        s.1 += cpu;
+        s.1 <= self.limit
+    }
+
+    /// What was spent in the current window.
+    pub fn spent(&self) -> Duration {
+        let s = self.spent.lock();
+        if s.0.elapsed() >= self.window {
+            Duration::ZERO
+        } else {
+            s.1
+        }
+    }
+}
+
+/// A handle on a run from outside it: cancels it and shows its progress.
+#[derive(Default)]
+pub struct RunControl {
+    cancelled: AtomicBool,
+    cpu_ns: AtomicU64,
+    fuel: AtomicU64,
+    budget: Option<Arc<CpuBudget>>,
+}
+
+impl RunControl {
+    /// A control for a run that draws on `budget`, if any.
+    pub fn new(budget: Option<Arc<CpuBudget>>) -> Arc<RunControl> {
+        Arc::new(RunControl { budget, ..Default::default() })
+    }
+
+    /// Asks the run to stop; it does within one epoch tick of running code.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the run was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed)
+    }
+
+    /// CPU time used so far (updated every tick).
+    pub fn cpu(&self) -> Duration {
+        Duration::from_nanos(self.cpu_ns.load(Ordering::Relaxed))
+    }
+
+    /// Fuel used as of the program's last call into the host (compiled code keeps its
+    /// running count to itself in between).
+    pub fn fuel(&self) -> u64 {
+        self.fuel.load(Ordering::Relaxed)
+    }
+}
+
+/// Everything about one run but the module.
+pub struct RunSpec<'a> {
+    /// Arguments, `argv[0]` first.
+    pub args: &'a [String],
+    pub env: &'a [(String, String)],
+    /// The directory preopened as `/`, and whether it is writable.
+    pub dir: Option<(&'a Path, bool)>,
+    pub limits: Limits,
+    /// Takes stdout and stderr as they are written; without one they are collected.
+    pub output: Option<OutputSink>,
+    pub control: Arc<RunControl>,
+}
+
+impl<'a> RunSpec<'a> {
+    /// A run with `args` and `limits`, no directory, collected output.
+    pub fn new(args: &'a [String], limits: Limits) -> RunSpec<'a> {
+        RunSpec { args, env: &[], dir: None, limits, output: None, control: Arc::default() }
+    }
+
+    /// The same run with `dir` preopened as `/`.
+    pub fn dir(mut self, dir: &'a Path, writable: bool) -> RunSpec<'a> {
+        self.dir = Some((dir, writable));
+        self
     }
 }
 
@@ -106,32 +244,55 @@ impl ResourceLimiter for Limiter {
     }
 }
 
-struct RunState {
+/// The I/O a run has done through metered calls.
+#[derive(Default)]
+struct IoUse {
+    read_bytes: u64,
+    write_bytes: u64,
+    files_opened: u64,
+}
+
+/// The data of a run's store.
+pub(crate) struct RunState {
     wasi: wasmtime_wasi::p1::WasiP1Ctx,
     limiter: Limiter,
+    limits: Limits,
+    io: IoUse,
+    /// CPU time already charged to the principal's budget.
+    charged: Duration,
+    /// The limit (or "cancelled") that stopped the run, with a detail.
+    tripped: Option<(&'static str, String)>,
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 /// Compiles, caches and runs storelets.
 pub struct Runner {
     engine: Engine,
+    /// WASI with its I/O functions metered: what modules link against.
     linker: Linker<RunState>,
     cache_dir: PathBuf,
     modules: Mutex<HashMap<String, Module>>,
     /// Times a module was compiled (rather than found in a cache), for tests and stats.
-    pub compiles: std::sync::atomic::AtomicU64,
+    pub compiles: AtomicU64,
 }
 
 impl Runner {
     /// A runner keeping compiled modules in `cache_dir`.
     pub fn new(cache_dir: &Path) -> Result<Arc<Runner>, StoreletError> {
+        let setup = |e: anyhow::Error| StoreletError::Setup(e.to_string());
         std::fs::create_dir_all(cache_dir)
             .map_err(|e| StoreletError::Setup(format!("{}: {e}", cache_dir.display())))?;
         let mut config = Config::new();
         config.consume_fuel(true).epoch_interruption(true);
-        let engine = Engine::new(&config).map_err(|e| StoreletError::Setup(e.to_string()))?;
+        let engine = Engine::new(&config).map_err(setup)?;
         let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi)
-            .map_err(|e| StoreletError::Setup(e.to_string()))?;
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi).map_err(setup)?;
+        meter::add_to_linker(&mut linker)?;
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("locus-epoch".into())
@@ -152,11 +313,17 @@ impl Runner {
         }))
     }
 
+    /// The content hash (SHA-256, hex) that names a module in the caches.
+    pub fn hash(wasm: &[u8]) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(wasm))
+    }
+
     /// The compiled module for `wasm` (binary or text), from memory, from the disk
     /// cache (checked against its checksum), or compiled now; returns its hash too.
     pub fn module(&self, wasm: &[u8]) -> Result<(String, Module), StoreletError> {
         use sha2::Digest;
-        let hash = hex::encode(sha2::Sha256::digest(wasm));
+        let hash = Runner::hash(wasm);
         if let Some(m) = self.modules.lock().get(&hash) {
             return Ok((hash, m.clone()));
         }
@@ -172,7 +339,7 @@ impl Runner {
             }
         }
         let m = Module::new(&self.engine, wasm).map_err(|e| StoreletError::Invalid(format!("{e:#}")))?;
-        self.compiles.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.compiles.fetch_add(1, Ordering::Relaxed);
         if let Ok(bytes) = m.serialize() {
             let tmp = self.cache_dir.join(format!("{hash}.tmp"));
             if std::fs::write(&tmp, &bytes).is_ok() && std::fs::rename(&tmp, &path).is_ok() {
@@ -183,77 +350,109 @@ impl Runner {
         Ok((hash, m))
     }
 
-    /// Runs `module` with `args` (argv[0] first), the directory `dir` preopened as `/`
-    /// (read-only unless `writable`), under `limits`.
-    pub fn run(
-        &self,
-        module: &Module,
-        args: &[String],
-        dir: Option<(&Path, bool)>,
-        limits: Limits,
-    ) -> Result<RunOutcome, StoreletError> {
-        let stdout = MemoryOutputPipe::new(limits.output);
-        let stderr = MemoryOutputPipe::new(limits.output.min(1 << 20));
+    /// Runs `module` as `spec` says, on the calling thread.
+    pub fn run(&self, module: &Module, spec: RunSpec<'_>) -> Result<RunOutcome, StoreletError> {
+        let limits = spec.limits;
+        let output = output::Output::new(limits.output, spec.output);
         let mut b = WasiCtxBuilder::new();
-        b.args(args).stdout(stdout.clone()).stderr(stderr.clone());
-        if let Some((path, writable)) = dir {
+        b.args(spec.args).envs(spec.env).stdout(output.pipe(Stream::Stdout)).stderr(output.pipe(Stream::Stderr));
+        if let Some((path, writable)) = spec.dir {
             let (d, f) = if writable { (DirPerms::all(), FilePerms::all()) } else { (DirPerms::READ, FilePerms::READ) };
             b.preopened_dir(path, "/", d, f).map_err(|e| StoreletError::Setup(format!("preopen: {e:#}")))?;
         }
-        let state = RunState { wasi: b.build_p1(), limiter: Limiter { max: limits.memory, peak: 0, denied: false } };
+        let state = RunState {
+            wasi: b.build_p1(),
+            limiter: Limiter { max: limits.memory, peak: 0, denied: false },
+            limits,
+            io: IoUse::default(),
+            charged: Duration::ZERO,
+            tripped: None,
+        };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_fuel(limits.fuel).map_err(|e| StoreletError::Setup(e.to_string()))?;
-        let ticks = (limits.wall.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+
         let started = Instant::now();
+        let cpu_start = thread_cpu();
+        let control = spec.control.clone();
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut ctx| {
+            let cpu = thread_cpu().saturating_sub(cpu_start);
+            control.cpu_ns.store(cpu.as_nanos() as u64, Ordering::Relaxed);
+            control.fuel.store(limits.fuel - ctx.get_fuel().unwrap_or(0), Ordering::Relaxed);
+            let state = ctx.data_mut();
+            if control.cancelled.load(Ordering::Relaxed) {
+                return Err(meter::trip(state, "cancelled", String::new()));
+            }
+            if started.elapsed() >= limits.wall {
+                return Err(meter::trip(state, "time", format!("ran longer than {:?}", limits.wall)));
+            }
+            if cpu > limits.cpu {
+                return Err(meter::trip(state, "cpu time", format!("used more than {:?}", limits.cpu)));
+            }
+            if let Some(budget) = &control.budget {
+                let fresh = cpu.saturating_sub(state.charged);
+                state.charged = cpu;
+                if !budget.charge(fresh) {
+                    let detail =
+                        format!("the principal's budget of {:?} per {:?} is spent", budget.limit, budget.window);
+                    return Err(meter::trip(state, "cpu budget", detail));
+                }
+            }
+            Ok(UpdateDeadline::Continue(1))
+        });
+
         let result = self
             .linker
             .instantiate(&mut store, module)
             .and_then(|i| i.get_typed_func::<(), ()>(&mut store, "_start"))
             .and_then(|start| start.call(&mut store, ()));
+        let cpu = thread_cpu().saturating_sub(cpu_start);
+        let state = store.data();
         let account = Account {
             fuel: limits.fuel - store.get_fuel().unwrap_or(0),
-            peak_memory: store.data().limiter.peak,
+            cpu,
+            peak_memory: state.limiter.peak,
             wall: started.elapsed(),
-            output: stdout.contents().len() + stderr.contents().len(),
+            output: output.used(),
+            read_bytes: state.io.read_bytes,
+            write_bytes: state.io.write_bytes,
+            files_opened: state.io.files_opened,
         };
-        let denied = store.data().limiter.denied;
+        if let Some(budget) = &spec.control.budget {
+            // What the last partial tick used.
+            budget.charge(cpu.saturating_sub(state.charged));
+        }
+        let (denied, tripped) = (state.limiter.denied, state.tripped.clone());
         drop(store);
+        let limit =
+            |limit: &'static str, detail: String, account: Account| StoreletError::Limit { limit, detail, account };
+        if output.overflowed() {
+            return Err(limit("output", format!("wrote more than {} bytes", limits.output), account));
+        }
+        match tripped {
+            Some(("cancelled", _)) => return Err(StoreletError::Cancelled { account }),
+            Some((name, detail)) => return Err(limit(name, detail, account)),
+            None => {}
+        }
         let exit_code = match result {
             Ok(()) => 0,
-            Err(e) => {
-                if let Some(exit) = e.downcast_ref::<I32Exit>() {
-                    exit.0
-                } else {
-                    let limit = |limit: &'static str, detail: String| StoreletError::Limit {
-                        limit,
-                        detail,
-                        account: account.clone(),
-                    };
-                    // A flood fills the pipe and then spins until fuel or time runs out:
-                    // the output limit is the real cause, so it is checked first.
+            Err(e) => match e.downcast_ref::<I32Exit>() {
+                Some(exit) => exit.0,
+                None => {
                     return Err(match e.downcast_ref::<Trap>() {
-                        _ if account.output >= limits.output => limit("output", format!("{} bytes", account.output)),
-                        Some(Trap::OutOfFuel) => limit("fuel", format!("used {} units", account.fuel)),
-                        Some(Trap::Interrupt) => limit("time", format!("ran longer than {:?}", limits.wall)),
-                        _ if denied => limit("memory", format!("wanted more than {} bytes", limits.memory)),
+                        Some(Trap::OutOfFuel) => limit("fuel", format!("used {} units", account.fuel), account),
+                        _ if denied => limit("memory", format!("wanted more than {} bytes", limits.memory), account),
                         _ => StoreletError::Trap(format!("{e:#}")),
-                    });
+                    })
                 }
-            }
+            },
         };
-        if account.output >= limits.output {
-            return Err(StoreletError::Limit { limit: "output", detail: format!("{} bytes", account.output), account });
-        }
         if denied && exit_code != 0 {
-            return Err(StoreletError::Limit {
-                limit: "memory",
-                detail: format!("wanted more than {} bytes", limits.memory),
-                account,
-            });
+            // Go and other runtimes exit non-zero when an allocation fails.
+            return Err(limit("memory", format!("wanted more than {} bytes", limits.memory), account));
         }
-        Ok(RunOutcome { exit_code, stdout: stdout.contents().to_vec(), stderr: stderr.contents().to_vec(), account })
+        let (stdout, stderr) = output.take();
+        Ok(RunOutcome { exit_code, stdout, stderr, account })
     }
 }

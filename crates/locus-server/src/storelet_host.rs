@@ -1,0 +1,427 @@
+//! The server's storelet service: a queue, a fixed set of low-priority worker threads,
+//! per-subject limits (runs at once, a CPU budget per window), the runs in progress
+//! (for `storelet_ps` and `storelet_cancel`) and the accounts of finished runs (logged,
+//! appended to `storelet-accounts.log` in the state directory, and kept for
+//! `storelet_stats`).
+//!
+//! Storelets never run on connection threads: a burst of runs waits in the queue, and
+//! the workers run at the lowest scheduling priority so the file service always wins
+//! the CPU. Each run streams its events (started, output, finished) to the connection
+//! that asked, which sends them as frames as they come.
+
+use crate::transport::EventFrame;
+use bytes::Bytes;
+use locus_proto::types::{
+    StoreletEvent, StoreletLogEntry, StoreletReport, StoreletResult, StoreletRunInfo, SubjectStoreletStats,
+};
+use locus_proto::{codec, frame::Kind, Code, Error as WireError};
+use locus_storelet::{Account, CpuBudget, Limits, RunControl, RunSpec, Runner, Stream};
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// Finished runs kept for `storelet_stats`.
+const LOG_KEPT: usize = 256;
+/// File in the state directory that gets one line per finished run.
+pub const ACCOUNTS_FILE: &str = "storelet-accounts.log";
+/// Nice value of the storelet workers: the lowest priority there is.
+const WORKER_NICE: i32 = 19;
+
+/// How the storelet service is sized and limited.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreletConfig {
+    /// Worker threads, so storelets running at once; more wait in the queue.
+    pub workers: usize,
+    /// Limits of each run.
+    pub limits: Limits,
+    /// Runs one subject may have queued or running at once.
+    pub runs_per_subject: usize,
+    /// CPU time one subject's runs may use together per `budget_window`.
+    pub cpu_budget: Duration,
+    pub budget_window: Duration,
+}
+
+impl Default for StoreletConfig {
+    fn default() -> Self {
+        StoreletConfig {
+            workers: 2,
+            limits: Limits::default(),
+            runs_per_subject: 4,
+            cpu_budget: Duration::from_secs(120),
+            budget_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a connection asks to run.
+pub struct Submission {
+    pub subject: String,
+    pub wasm: Bytes,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// The directory to preopen, already resolved beneath the export root and checked.
+    pub dir: OwnedFd,
+    pub write: bool,
+}
+
+struct Job {
+    run: u64,
+    submission: Submission,
+    control: Arc<RunControl>,
+    events: mpsc::UnboundedSender<EventFrame>,
+}
+
+/// A queued or running run.
+struct LiveRun {
+    subject: String,
+    module: String,
+    args: Vec<String>,
+    submitted: Instant,
+    running: bool,
+    control: Arc<RunControl>,
+}
+
+struct Subject {
+    budget: Arc<CpuBudget>,
+    totals: SubjectStoreletStats,
+}
+
+#[derive(Default)]
+struct State {
+    runs: HashMap<u64, LiveRun>,
+    subjects: HashMap<String, Subject>,
+    log: VecDeque<StoreletLogEntry>,
+}
+
+/// What the workers share with the service.
+struct Core {
+    runner: Arc<Runner>,
+    config: StoreletConfig,
+    state: Mutex<State>,
+    accounts_file: PathBuf,
+}
+
+/// The storelet service of one server.
+pub struct StoreletHost {
+    core: Arc<Core>,
+    /// Dropping it stops the workers once the queue is empty.
+    queue: std::sync::mpsc::Sender<Job>,
+    next_run: AtomicU64,
+}
+
+impl StoreletHost {
+    /// Starts the workers; compiled modules are cached in `state_dir/storelets`.
+    pub fn start(config: StoreletConfig, state_dir: &Path) -> Result<StoreletHost, locus_storelet::StoreletError> {
+        let runner = Runner::new(&state_dir.join("storelets"))?;
+        let core = Arc::new(Core {
+            runner,
+            config,
+            state: Mutex::new(State::default()),
+            accounts_file: state_dir.join(ACCOUNTS_FILE),
+        });
+        let (queue, jobs) = std::sync::mpsc::channel::<Job>();
+        let jobs = Arc::new(Mutex::new(jobs));
+        for i in 0..config.workers.max(1) {
+            let (core, jobs) = (core.clone(), jobs.clone());
+            std::thread::Builder::new()
+                .name(format!("locus-storelet-{i}"))
+                .spawn(move || {
+                    if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
+                        tracing::debug!("storelet worker keeps its priority: {e}");
+                    }
+                    loop {
+                        let job = jobs.lock().recv();
+                        match job {
+                            Ok(job) => core.execute(job),
+                            Err(_) => return,
+                        }
+                    }
+                })
+                .map_err(|e| locus_storelet::StoreletError::Setup(e.to_string()))?;
+        }
+        Ok(StoreletHost { core, queue, next_run: AtomicU64::new(1) })
+    }
+
+    /// Queues a run; returns its control and the channel its events arrive on (the last
+    /// one without MORE).
+    pub fn submit(&self, s: Submission) -> Result<(Arc<RunControl>, mpsc::UnboundedReceiver<EventFrame>), WireError> {
+        let config = &self.core.config;
+        let run = self.next_run.fetch_add(1, Ordering::Relaxed);
+        let control = {
+            let mut state = self.core.state.lock();
+            let active = state.runs.values().filter(|r| r.subject == s.subject).count();
+            if active >= config.runs_per_subject {
+                return Err(WireError::new(
+                    Code::LIMIT,
+                    format!(
+                        "storelet exceeded its concurrent runs limit ({active} of {} per subject)",
+                        config.runs_per_subject
+                    ),
+                ));
+            }
+            let subject = state.subject(&s.subject, config);
+            if subject.budget.spent() >= config.cpu_budget {
+                return Err(WireError::new(
+                    Code::LIMIT,
+                    format!(
+                        "storelet exceeded its cpu budget limit ({:?} per {:?} is spent; wait for the window to pass)",
+                        config.cpu_budget, config.budget_window
+                    ),
+                ));
+            }
+            let control = RunControl::new(Some(subject.budget.clone()));
+            state.runs.insert(
+                run,
+                LiveRun {
+                    subject: s.subject.clone(),
+                    module: Runner::hash(&s.wasm),
+                    args: s.args.clone(),
+                    submitted: Instant::now(),
+                    running: false,
+                    control: control.clone(),
+                },
+            );
+            control
+        };
+        let (events, rx) = mpsc::unbounded_channel();
+        if self.queue.send(Job { run, submission: s, control: control.clone(), events }).is_err() {
+            self.core.state.lock().runs.remove(&run);
+            return Err(WireError::new(Code::SHUTDOWN, "the storelet workers have stopped"));
+        }
+        Ok((control, rx))
+    }
+
+    /// Runs queued or running: `who`'s own, or all of them for an admin.
+    pub fn ps(&self, who: &str, admin: bool) -> Vec<StoreletRunInfo> {
+        let state = self.core.state.lock();
+        let mut list: Vec<StoreletRunInfo> = state
+            .runs
+            .iter()
+            .filter(|(_, r)| admin || r.subject == who)
+            .map(|(&run, r)| StoreletRunInfo {
+                run,
+                subject: r.subject.clone(),
+                module: r.module.clone(),
+                args: r.args.clone(),
+                running: r.running,
+                age_us: r.submitted.elapsed().as_micros() as u64,
+                cpu_us: r.control.cpu().as_micros() as u64,
+                fuel: r.control.fuel(),
+            })
+            .collect();
+        list.sort_by_key(|r| r.run);
+        list
+    }
+
+    /// Cancels a run of `who`'s (any run, for an admin).
+    pub fn cancel(&self, who: &str, admin: bool, run: u64) -> Result<(), WireError> {
+        let state = self.core.state.lock();
+        match state.runs.get(&run) {
+            Some(r) if admin || r.subject == who => {
+                r.control.cancel();
+                Ok(())
+            }
+            Some(_) => Err(WireError::new(Code::PERM, format!("run {run} belongs to another subject"))),
+            None => Err(WireError::new(Code::NOENT, format!("no storelet run {run} is queued or running"))),
+        }
+    }
+
+    /// Totals per subject and recent runs: `who`'s own, or everyone's for an admin.
+    pub fn stats(&self, who: &str, admin: bool) -> StoreletReport {
+        let state = self.core.state.lock();
+        let mut subjects: Vec<SubjectStoreletStats> = state
+            .subjects
+            .iter()
+            .filter(|(name, _)| admin || name.as_str() == who)
+            .map(|(name, s)| SubjectStoreletStats {
+                active: state.runs.values().filter(|r| &r.subject == name).count() as u64,
+                budget_spent_us: s.budget.spent().as_micros() as u64,
+                ..s.totals.clone()
+            })
+            .collect();
+        subjects.sort_by(|a, b| a.subject.cmp(&b.subject));
+        StoreletReport {
+            subjects,
+            recent: state.log.iter().rev().filter(|e| admin || e.subject == who).cloned().collect(),
+            compiles: self.core.runner.compiles.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The runner (for its compile counter in tests).
+    pub fn runner(&self) -> &Runner {
+        &self.core.runner
+    }
+}
+
+impl State {
+    fn subject(&mut self, name: &str, config: &StoreletConfig) -> &mut Subject {
+        self.subjects.entry(name.to_string()).or_insert_with(|| Subject {
+            budget: Arc::new(CpuBudget::new(config.cpu_budget, config.budget_window)),
+            totals: SubjectStoreletStats {
+                subject: name.to_string(),
+                budget_us: config.cpu_budget.as_micros() as u64,
+                ..Default::default()
+            },
+        })
+    }
+}
+
+fn event(kind: Kind, more: bool, meta: &impl serde::Serialize, data: Bytes) -> EventFrame {
+    EventFrame { kind, more, meta: codec::encode(meta), data }
+}
+
+fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletResult {
+    StoreletResult {
+        run,
+        module,
+        exit_code,
+        fuel: a.fuel,
+        cpu_us: a.cpu.as_micros() as u64,
+        peak_memory: a.peak_memory as u64,
+        wall_us: a.wall.as_micros() as u64,
+        output_bytes: a.output as u64,
+        read_bytes: a.read_bytes,
+        write_bytes: a.write_bytes,
+        files_opened: a.files_opened,
+    }
+}
+
+impl Core {
+    /// Runs one job on this worker thread and sends its events.
+    fn execute(&self, job: Job) {
+        let Job { run, submission: s, control, events } = job;
+        let module_hash = {
+            let mut state = self.state.lock();
+            let Some(live) = state.runs.get_mut(&run) else { return };
+            live.running = true;
+            live.module.clone()
+        };
+        let _ = events.send(event(
+            Kind::Reply,
+            true,
+            &StoreletEvent::Started { run, module: module_hash.clone() },
+            Bytes::new(),
+        ));
+        let sink_events = events.clone();
+        let sink_control = control.clone();
+        let sink: locus_storelet::OutputSink = Arc::new(move |stream, bytes| {
+            let kind = match stream {
+                Stream::Stdout => StoreletEvent::Stdout,
+                Stream::Stderr => StoreletEvent::Stderr,
+            };
+            // Nobody is listening any more: the client went away, so stop the run.
+            if sink_events.send(event(Kind::Reply, true, &kind, Bytes::copy_from_slice(bytes))).is_err() {
+                sink_control.cancel();
+            }
+        });
+        // The directory was resolved beneath the root; its /proc entry names exactly it.
+        let dir = PathBuf::from(format!("/proc/self/fd/{}", s.dir.as_raw_fd()));
+        let mut argv = vec!["storelet".to_string()];
+        argv.extend(s.args.iter().cloned());
+        let outcome = if control.is_cancelled() {
+            Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
+        } else {
+            self.runner.module(&s.wasm).and_then(|(_, module)| {
+                let spec = RunSpec {
+                    args: &argv,
+                    env: &s.env,
+                    dir: Some((&dir, s.write)),
+                    limits: self.config.limits,
+                    output: Some(sink),
+                    control: control.clone(),
+                };
+                self.runner.run(&module, spec)
+            })
+        };
+        let (account, outcome_text, last) = match &outcome {
+            Ok(out) => {
+                let result = result_of(run, module_hash.clone(), out.exit_code, &out.account);
+                let frame = event(Kind::Reply, false, &StoreletEvent::Finished(result), Bytes::new());
+                (out.account.clone(), format!("exit {}", out.exit_code), frame)
+            }
+            Err(e) => {
+                let account = e.account().cloned().unwrap_or_default();
+                let message = format!("{e}; it used {}", describe(&account));
+                let frame = event(Kind::Error, false, &WireError::new(e.code(), message), Bytes::new());
+                (account, format!("{}: {e}", e.code().name()), frame)
+            }
+        };
+        let result = result_of(run, module_hash, outcome.as_ref().map_or(-1, |o| o.exit_code), &account);
+        self.record(run, &s, outcome.is_ok(), &outcome_text, &result);
+        let _ = events.send(last);
+    }
+
+    /// Accounts for a finished run: subject totals, the recent log, the accounts file.
+    fn record(&self, run: u64, s: &Submission, completed: bool, outcome: &str, result: &StoreletResult) {
+        tracing::info!(
+            run,
+            subject = %s.subject,
+            module = %&result.module[..12],
+            outcome,
+            fuel = result.fuel,
+            cpu_us = result.cpu_us,
+            peak_memory = result.peak_memory,
+            wall_us = result.wall_us,
+            read_bytes = result.read_bytes,
+            write_bytes = result.write_bytes,
+            files = result.files_opened,
+            output = result.output_bytes,
+            "storelet finished"
+        );
+        let line = format!(
+            "{} run={run} subject={} module={} outcome={:?} fuel={} cpu_us={} peak_memory={} wall_us={} read_bytes={} write_bytes={} files={} output={}\n",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            s.subject,
+            result.module,
+            outcome,
+            result.fuel,
+            result.cpu_us,
+            result.peak_memory,
+            result.wall_us,
+            result.read_bytes,
+            result.write_bytes,
+            result.files_opened,
+            result.output_bytes,
+        );
+        if let Err(e) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.accounts_file)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+        {
+            tracing::warn!("cannot append to {}: {e}", self.accounts_file.display());
+        }
+        let mut state = self.state.lock();
+        state.runs.remove(&run);
+        let t = &mut state.subject(&s.subject, &self.config).totals;
+        t.runs += 1;
+        t.stopped += u64::from(!completed);
+        t.cpu_us += result.cpu_us;
+        t.fuel += result.fuel;
+        t.read_bytes += result.read_bytes;
+        t.write_bytes += result.write_bytes;
+        if state.log.len() == LOG_KEPT {
+            state.log.pop_front();
+        }
+        state.log.push_back(StoreletLogEntry {
+            subject: s.subject.clone(),
+            args: s.args.clone(),
+            outcome: outcome.to_string(),
+            account: result.clone(),
+        });
+    }
+}
+
+/// An account in words, for error messages.
+fn describe(a: &Account) -> String {
+    format!(
+        "{} fuel, {:?} CPU, {} bytes of memory, {:?} wall time, {} bytes read, {} written, {} files opened, {} bytes of output",
+        a.fuel, a.cpu, a.peak_memory, a.wall, a.read_bytes, a.write_bytes, a.files_opened, a.output
+    )
+}

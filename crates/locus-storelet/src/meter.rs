@@ -1,0 +1,197 @@
+//! Metering of what a storelet asks the file system to do on its behalf: bytes read,
+//! bytes written and files opened.
+//!
+//! WASI's `fd_read`, `fd_pread`, `fd_write`, `fd_pwrite` and `path_open` are shadowed in
+//! the linker by wrappers that check the run's limits before the call, run WASI's own
+//! implementation (the `WasiSnapshotPreview1` trait of the run's context, on the
+//! caller's memory) and count what it did. A limit reached stops the run before the
+//! call that would pass it.
+
+use crate::{RunState, StoreletError};
+use wasmtime::{Caller, Extern, Linker};
+use wasmtime_wasi::p1::types::{self, Errno};
+use wasmtime_wasi::p1::wasi_snapshot_preview1::WasiSnapshotPreview1;
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::runtime::in_tokio;
+use wiggle::{GuestMemory, GuestPtr};
+
+const WASI: &str = "wasi_snapshot_preview1";
+
+/// Runs `f` with the guest's memory and the run's WASI context, as WASI's own glue does.
+fn with_memory<R>(
+    c: &mut Caller<'_, RunState>,
+    f: impl FnOnce(&mut GuestMemory<'_>, &mut WasiP1Ctx) -> anyhow::Result<R>,
+) -> anyhow::Result<R> {
+    let mem = c.get_export("memory").and_then(Extern::into_memory);
+    let mem = mem.ok_or_else(|| anyhow::anyhow!("missing required memory export"))?;
+    let (data, state) = mem.data_and_store_mut(c);
+    f(&mut GuestMemory::Unshared(data), &mut state.wasi)
+}
+
+/// The errno a WASI call answers (`Ok` of 0 on success, after `store` saved its result).
+fn errno_of<T>(
+    r: Result<T, types::Error>,
+    mem: &mut GuestMemory<'_>,
+    store: impl FnOnce(&mut GuestMemory<'_>, T) -> Result<(), wiggle::GuestError>,
+) -> anyhow::Result<i32> {
+    match r {
+        Ok(v) => Ok(match store(mem, v) {
+            Ok(()) => 0,
+            Err(_) => Errno::Fault as i32,
+        }),
+        Err(e) => Ok(e.downcast()? as i32),
+    }
+}
+
+/// Reads the little-endian u32 a WASI call stored at `ptr` in the guest's memory.
+fn guest_u32(c: &mut Caller<'_, RunState>, ptr: i32) -> u64 {
+    let Some(mem) = c.get_export("memory").and_then(Extern::into_memory) else { return 0 };
+    let mut b = [0u8; 4];
+    match mem.read(&*c, ptr as u32 as usize, &mut b) {
+        Ok(()) => u32::from_le_bytes(b) as u64,
+        Err(_) => 0,
+    }
+}
+
+/// Stops the run: remembers which limit tripped and returns the trap that unwinds it.
+pub(crate) fn trip(state: &mut RunState, limit: &'static str, detail: String) -> anyhow::Error {
+    if state.tripped.is_none() {
+        state.tripped = Some((limit, detail));
+    }
+    anyhow::anyhow!("storelet stopped by its {limit} limit")
+}
+
+fn check_read(c: &mut Caller<'_, RunState>) -> anyhow::Result<()> {
+    let s = c.data_mut();
+    if s.io.read_bytes >= s.limits.read_bytes {
+        let detail = format!("read {} bytes", s.io.read_bytes);
+        return Err(trip(s, "bytes read", detail));
+    }
+    Ok(())
+}
+
+fn count_read(c: &mut Caller<'_, RunState>, errno: i32, nread_ptr: i32) -> anyhow::Result<i32> {
+    if errno == 0 {
+        let n = guest_u32(c, nread_ptr);
+        c.data_mut().io.read_bytes += n;
+    }
+    Ok(errno)
+}
+
+fn check_write(c: &mut Caller<'_, RunState>, fd: i32) -> anyhow::Result<()> {
+    let s = c.data_mut();
+    // stdout and stderr are counted (and capped) as output.
+    if fd > 2 && s.io.write_bytes >= s.limits.write_bytes {
+        let detail = format!("wrote {} bytes", s.io.write_bytes);
+        return Err(trip(s, "bytes written", detail));
+    }
+    Ok(())
+}
+
+fn count_write(c: &mut Caller<'_, RunState>, fd: i32, errno: i32, nwritten_ptr: i32) -> anyhow::Result<i32> {
+    if errno == 0 && fd > 2 {
+        let n = guest_u32(c, nwritten_ptr);
+        c.data_mut().io.write_bytes += n;
+    }
+    Ok(errno)
+}
+
+/// Shadows WASI's I/O functions in `linker` with metered wrappers.
+pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), StoreletError> {
+    let setup = |e: anyhow::Error| StoreletError::Setup(e.to_string());
+    let size_at = |out: i32| move |m: &mut GuestMemory<'_>, n: types::Size| m.write(GuestPtr::new(out as u32), n);
+    linker.allow_shadowing(true);
+    linker
+        .func_wrap(WASI, "fd_read", move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, out: i32| {
+            check_read(&mut c)?;
+            let r = with_memory(&mut c, |m, wasi| {
+                let r = in_tokio(wasi.fd_read(m, types::Fd::from(fd as u32), GuestPtr::new((iovs as u32, n as u32))));
+                errno_of(r, m, size_at(out))
+            })?;
+            count_read(&mut c, r, out)
+        })
+        .map_err(setup)?;
+    linker
+        .func_wrap(
+            WASI,
+            "fd_pread",
+            move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, off: i64, out: i32| {
+                check_read(&mut c)?;
+                let r = with_memory(&mut c, |m, wasi| {
+                    let iovs = GuestPtr::new((iovs as u32, n as u32));
+                    let r = in_tokio(wasi.fd_pread(m, types::Fd::from(fd as u32), iovs, off as u64));
+                    errno_of(r, m, size_at(out))
+                })?;
+                count_read(&mut c, r, out)
+            },
+        )
+        .map_err(setup)?;
+    linker
+        .func_wrap(WASI, "fd_write", move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, out: i32| {
+            check_write(&mut c, fd)?;
+            let r = with_memory(&mut c, |m, wasi| {
+                let r = in_tokio(wasi.fd_write(m, types::Fd::from(fd as u32), GuestPtr::new((iovs as u32, n as u32))));
+                errno_of(r, m, size_at(out))
+            })?;
+            count_write(&mut c, fd, r, out)
+        })
+        .map_err(setup)?;
+    linker
+        .func_wrap(
+            WASI,
+            "fd_pwrite",
+            move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, off: i64, out: i32| {
+                check_write(&mut c, fd)?;
+                let r = with_memory(&mut c, |m, wasi| {
+                    let iovs = GuestPtr::new((iovs as u32, n as u32));
+                    let r = in_tokio(wasi.fd_pwrite(m, types::Fd::from(fd as u32), iovs, off as u64));
+                    errno_of(r, m, size_at(out))
+                })?;
+                count_write(&mut c, fd, r, out)
+            },
+        )
+        .map_err(setup)?;
+    linker
+        .func_wrap(
+            WASI,
+            "path_open",
+            |mut c: Caller<'_, RunState>,
+             dir: i32,
+             dirflags: i32,
+             path: i32,
+             path_len: i32,
+             oflags: i32,
+             base: i64,
+             inheriting: i64,
+             fdflags: i32,
+             out: i32| {
+                let s = c.data_mut();
+                if s.io.files_opened >= s.limits.files {
+                    let detail = format!("opened {} files", s.io.files_opened);
+                    return Err(trip(s, "files opened", detail));
+                }
+                let (Ok(dirflags), Ok(oflags), Ok(base), Ok(inheriting), Ok(fdflags)) = (
+                    types::Lookupflags::try_from(dirflags as u32),
+                    types::Oflags::try_from(oflags as u16),
+                    types::Rights::try_from(base as u64),
+                    types::Rights::try_from(inheriting as u64),
+                    types::Fdflags::try_from(fdflags as u16),
+                ) else {
+                    return Ok(Errno::Inval as i32);
+                };
+                let r = with_memory(&mut c, |m, wasi| {
+                    let path = GuestPtr::new((path as u32, path_len as u32));
+                    let dir = types::Fd::from(dir as u32);
+                    let r = in_tokio(wasi.path_open(m, dir, dirflags, path, oflags, base, inheriting, fdflags));
+                    errno_of(r, m, |m, fd| m.write(GuestPtr::new(out as u32), fd))
+                })?;
+                if r == 0 {
+                    c.data_mut().io.files_opened += 1;
+                }
+                Ok(r)
+            },
+        )
+        .map_err(setup)?;
+    linker.allow_shadowing(false);
+    Ok(())
+}

@@ -1,0 +1,3 @@
+module locus/storelets/csv
+
+go 1.22

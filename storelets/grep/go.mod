@@ -1,0 +1,3 @@
+module locus/storelets/grep
+
+go 1.22

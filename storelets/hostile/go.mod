@@ -1,0 +1,3 @@
+module locus/storelets/hostile
+
+go 1.22

@@ -1,0 +1,3 @@
+module locus/storelets/wc
+
+go 1.22
