@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"strconv"
+	"strings"
 )
 
 // sizeTest is a parsed -size argument: compare the size in units, rounded up, with n.
@@ -84,36 +85,90 @@ func main() {
 	}
 	out := bufio.NewWriterSize(os.Stdout, 1<<16)
 	defer out.Flush()
-	err := fs.WalkDir(os.DirFS(root), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
+	nameMatches := globMatcher(glob)
+	match := func(dir string, name string, t fs.FileMode, info func() (fs.FileInfo, error)) {
+		if kind == "f" && !t.IsRegular() || kind == "d" && !t.IsDir() || kind == "l" && t&fs.ModeSymlink == 0 {
+			return
 		}
-		t := d.Type()
-		if kind == "f" && !t.IsRegular() || kind == "d" && !d.IsDir() || kind == "l" && t&fs.ModeSymlink == 0 {
-			return nil
+		if !nameMatches(name) {
+			return
 		}
 		if len(sizes) > 0 {
-			info, err := d.Info()
+			fi, err := info()
 			if err != nil {
-				return nil
+				return
 			}
 			for _, s := range sizes {
-				if !s.match(info.Size()) {
-					return nil
+				if !s.match(fi.Size()) {
+					return
 				}
 			}
 		}
-		name := d.Name()
-		if p == "." {
-			name = path.Base(root)
+		if dir != "" {
+			out.WriteString(dir)
+			if dir != "/" {
+				out.WriteByte('/')
+			}
 		}
-		if ok, _ := path.Match(glob, name); ok || glob == "" {
-			fmt.Fprintln(out, path.Join(root, p))
-		}
-		return nil
-	})
+		out.WriteString(name)
+		out.WriteByte('\n')
+	}
+	fi, err := os.Lstat(root)
 	if err != nil {
+		out.Flush()
 		fail(err.Error())
+	}
+	match("", root, fi.Mode().Type(), func() (fs.FileInfo, error) { return fi, nil })
+	if fi.IsDir() {
+		walk(root, match)
+	}
+}
+
+// globMatcher returns a test of base names against glob: path.Match in general, with
+// fast paths for the common shapes `*`, `*SUFFIX`, `PREFIX*` and a literal name.
+func globMatcher(glob string) func(string) bool {
+	if glob == "" || glob == "*" {
+		return func(string) bool { return true }
+	}
+	special := func(s string) bool { return strings.ContainsAny(s, "*?[\\") }
+	switch {
+	case glob[0] == '*' && !special(glob[1:]):
+		suffix := glob[1:]
+		return func(name string) bool { return strings.HasSuffix(name, suffix) }
+	case glob[len(glob)-1] == '*' && !special(glob[:len(glob)-1]):
+		prefix := glob[:len(glob)-1]
+		return func(name string) bool { return strings.HasPrefix(name, prefix) }
+	case !special(glob):
+		return func(name string) bool { return name == glob }
+	}
+	return func(name string) bool {
+		ok, _ := path.Match(glob, name)
+		return ok
+	}
+}
+
+// walk visits the entries of dir in directory order (no sorting: find does not sort
+// either), depth first, without following symbolic links.
+func walk(dir string, match func(dir, name string, t fs.FileMode, info func() (fs.FileInfo, error))) {
+	f, err := os.Open(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "find:", err)
+		return
+	}
+	entries, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "find:", err)
+	}
+	for _, e := range entries {
+		match(dir, e.Name(), e.Type(), e.Info)
+		if e.IsDir() {
+			if dir == "/" {
+				walk("/"+e.Name(), match)
+			} else {
+				walk(dir+"/"+e.Name(), match)
+			}
+		}
 	}
 }
 

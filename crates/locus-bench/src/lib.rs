@@ -7,6 +7,8 @@
 //! - [`chirp`]: a client for the Chirp protocol, so chirp_server is measured without
 //!   process start-up in the loop.
 //! - [`peers`]: starting and stopping the servers under test.
+//! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
+//!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
 pub mod chirp;
@@ -16,6 +18,7 @@ pub mod pingpong;
 pub mod proxy;
 pub mod scripts;
 pub mod stats;
+pub mod storelets;
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]

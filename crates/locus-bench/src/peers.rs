@@ -73,6 +73,12 @@ fn open_up(dir: &Path) -> Result<(), BenchError> {
 
 /// `locus serve` from this very binary, exporting `root`; returns the peer and its token.
 pub fn start_locus(exe: &Path, work: &Path, root: &Path, threads: Option<usize>) -> Result<(Peer, String), BenchError> {
+    let flags: Vec<String> = threads.map(|n| format!("--threads={n}")).into_iter().collect();
+    start_locus_with(exe, work, root, &flags)
+}
+
+/// `locus serve` with extra flags.
+pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) -> Result<(Peer, String), BenchError> {
     let state = work.join("locus-state");
     let port_file = work.join("locus.port");
     let _ = std::fs::remove_file(&port_file);
@@ -84,8 +90,11 @@ pub fn start_locus(exe: &Path, work: &Path, root: &Path, threads: Option<usize>)
         .arg(&state)
         .arg("--port-file")
         .arg(&port_file)
-        .args(threads.map(|n| format!("--threads={n}")))
+        .args(flags)
         .env("LOCUS_LOG", "warn")
+        // A developer's RUST_BACKTRACE would make every error path capture a backtrace.
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -237,7 +237,8 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
-fn connect(addr: std::net::SocketAddr, token: &str) -> Result<blocking::Client, String> {
+/// A blocking admin connection to a Locus server at `addr`.
+pub fn connect(addr: std::net::SocketAddr, token: &str) -> Result<blocking::Client, String> {
     let opts = ConnectOptions {
         addr: addr.to_string(),
         credentials: Credentials { subject: "admin".into(), token: token.into() },

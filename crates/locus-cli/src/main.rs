@@ -167,6 +167,8 @@ enum BenchCommand {
     Ops(locus_bench::ops::OpsArgs),
     /// What scripts buy: call overhead (beside Redis), combined and partial operations across RTTs.
     Scripts(locus_bench::scripts::ScriptsArgs),
+    /// find at the server vs client-side traversal vs local, across RTTs; the file service under hostile storelets.
+    Storelets(locus_bench::storelets::StoreletsArgs),
 }
 
 fn main() -> ExitCode {
@@ -179,6 +181,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

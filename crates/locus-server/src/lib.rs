@@ -97,6 +97,9 @@ pub struct Server {
     tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
+/// Largest frame made by merging a backlog of small output events.
+const MERGED_FRAME_MAX: usize = 1 << 20;
+
 /// How long a shutdown waits for connections to finish their current request.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -365,10 +368,27 @@ async fn reply_later(writer: Arc<tokio::sync::Mutex<FrameWriter>>, op: u16, id: 
     let outcome = later.await;
     if let Ok(Encoded { body: transport::Body::Events(mut events), .. }) = outcome {
         // Frame by frame as they come, so other replies interleave with a long stream.
-        while let Some(e) = events.recv().await {
+        let mut next = events.frames.recv().await;
+        while let Some(e) = next.take() {
+            let mut data = BytesMut::from(&e.data[..]);
+            while e.mergeable && data.len() < MERGED_FRAME_MAX {
+                match events.frames.try_recv() {
+                    Ok(f) if f.mergeable && f.meta == e.meta => data.extend_from_slice(&f.data),
+                    Ok(f) => {
+                        next = Some(f);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
             let mut w = writer.lock().await;
-            if w.frame(e.kind, e.more, op, id, &e.meta, &e.data).await.is_err() || w.flush().await.is_err() {
+            if w.frame(e.kind, e.more, op, id, &e.meta, &data).await.is_err() || w.flush().await.is_err() {
                 return;
+            }
+            drop(w);
+            events.queued.fetch_sub(data.len(), Ordering::Relaxed);
+            if next.is_none() {
+                next = events.frames.recv().await;
             }
         }
         return;

@@ -9,7 +9,7 @@
 //! the CPU. Each run streams its events (started, output, finished) to the connection
 //! that asked, which sends them as frames as they come.
 
-use crate::transport::EventFrame;
+use crate::transport::{EventFrame, EventStream};
 use bytes::Bytes;
 use locus_proto::types::{
     StoreletEvent, StoreletLogEntry, StoreletReport, StoreletResult, StoreletRunInfo, SubjectStoreletStats,
@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -30,8 +30,10 @@ use tokio::sync::mpsc;
 const LOG_KEPT: usize = 256;
 /// File in the state directory that gets one line per finished run.
 pub const ACCOUNTS_FILE: &str = "storelet-accounts.log";
-/// Nice value of the storelet workers: the lowest priority there is.
+/// Nice value of the storelet workers where SCHED_IDLE is refused.
 const WORKER_NICE: i32 = 19;
+/// Output bytes a run may have waiting to be sent before it is made to wait.
+const MAX_QUEUED_OUTPUT: usize = 4 << 20;
 
 /// How the storelet service is sized and limited.
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +77,7 @@ struct Job {
     submission: Submission,
     control: Arc<RunControl>,
     events: mpsc::UnboundedSender<EventFrame>,
+    queued: Arc<AtomicUsize>,
 }
 
 /// A queued or running run.
@@ -132,9 +135,7 @@ impl StoreletHost {
             std::thread::Builder::new()
                 .name(format!("locus-storelet-{i}"))
                 .spawn(move || {
-                    if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
-                        tracing::debug!("storelet worker keeps its priority: {e}");
-                    }
+                    lowest_priority();
                     loop {
                         let job = jobs.lock().recv();
                         match job {
@@ -150,7 +151,7 @@ impl StoreletHost {
 
     /// Queues a run; returns its control and the channel its events arrive on (the last
     /// one without MORE).
-    pub fn submit(&self, s: Submission) -> Result<(Arc<RunControl>, mpsc::UnboundedReceiver<EventFrame>), WireError> {
+    pub fn submit(&self, s: Submission) -> Result<(Arc<RunControl>, EventStream), WireError> {
         let config = &self.core.config;
         let run = self.next_run.fetch_add(1, Ordering::Relaxed);
         let control = {
@@ -189,12 +190,14 @@ impl StoreletHost {
             );
             control
         };
-        let (events, rx) = mpsc::unbounded_channel();
-        if self.queue.send(Job { run, submission: s, control: control.clone(), events }).is_err() {
+        let (events, frames) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let job = Job { run, submission: s, control: control.clone(), events, queued: queued.clone() };
+        if self.queue.send(job).is_err() {
             self.core.state.lock().runs.remove(&run);
             return Err(WireError::new(Code::SHUTDOWN, "the storelet workers have stopped"));
         }
-        Ok((control, rx))
+        Ok((control, EventStream { frames, queued }))
     }
 
     /// Runs queued or running: `who`'s own, or all of them for an admin.
@@ -259,6 +262,19 @@ impl StoreletHost {
     }
 }
 
+/// Puts the calling thread in the SCHED_IDLE class: it runs only when no other thread
+/// wants the CPU, and any waking file-service thread preempts it at once (a low nice
+/// value alone still lets a busy thread finish its time slice first).
+fn lowest_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain system call on the calling thread (pid 0) with a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
+            tracing::debug!("storelet worker keeps its priority: {e}");
+        }
+    }
+}
+
 impl State {
     fn subject(&mut self, name: &str, config: &StoreletConfig) -> &mut Subject {
         self.subjects.entry(name.to_string()).or_insert_with(|| Subject {
@@ -273,7 +289,7 @@ impl State {
 }
 
 fn event(kind: Kind, more: bool, meta: &impl serde::Serialize, data: Bytes) -> EventFrame {
-    EventFrame { kind, more, meta: codec::encode(meta), data }
+    EventFrame { kind, more, meta: codec::encode(meta), data, mergeable: false }
 }
 
 fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletResult {
@@ -295,7 +311,7 @@ fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletR
 impl Core {
     /// Runs one job on this worker thread and sends its events.
     fn execute(&self, job: Job) {
-        let Job { run, submission: s, control, events } = job;
+        let Job { run, submission: s, control, events, queued } = job;
         let module_hash = {
             let mut state = self.state.lock();
             let Some(live) = state.runs.get_mut(&run) else { return };
@@ -308,6 +324,7 @@ impl Core {
             &StoreletEvent::Started { run, module: module_hash.clone() },
             Bytes::new(),
         ));
+        let (started, wall) = (Instant::now(), self.config.limits.wall);
         let sink_events = events.clone();
         let sink_control = control.clone();
         let sink: locus_storelet::OutputSink = Arc::new(move |stream, bytes| {
@@ -315,8 +332,20 @@ impl Core {
                 Stream::Stdout => StoreletEvent::Stdout,
                 Stream::Stderr => StoreletEvent::Stderr,
             };
+            // Backpressure: a client that reads slowly makes the program wait (its wall
+            // clock keeps running; cancelling still ends the wait).
+            while queued.load(Ordering::Relaxed) > MAX_QUEUED_OUTPUT
+                && !sink_events.is_closed()
+                && !sink_control.is_cancelled()
+                && started.elapsed() < wall
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let mut frame = event(Kind::Reply, true, &kind, Bytes::copy_from_slice(bytes));
+            frame.mergeable = true;
+            queued.fetch_add(bytes.len(), Ordering::Relaxed);
             // Nobody is listening any more: the client went away, so stop the run.
-            if sink_events.send(event(Kind::Reply, true, &kind, Bytes::copy_from_slice(bytes))).is_err() {
+            if sink_events.send(frame).is_err() {
                 sink_control.cancel();
             }
         });

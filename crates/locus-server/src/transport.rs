@@ -88,15 +88,25 @@ pub enum Body {
     Stream(Arc<OpenFile>),
     /// Frames produced over time elsewhere (a storelet's events), each sent as it
     /// arrives; only answers that come `later` carry one.
-    Events(tokio::sync::mpsc::UnboundedReceiver<EventFrame>),
+    Events(EventStream),
 }
 
-/// One frame of an [`Body::Events`] stream.
+/// Frames produced over time, and how many data bytes are queued in them (producers
+/// wait while too many are, so a client that reads slowly holds its producer back).
+pub struct EventStream {
+    pub frames: tokio::sync::mpsc::UnboundedReceiver<EventFrame>,
+    pub queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One frame of an [`EventStream`].
 pub struct EventFrame {
     pub kind: Kind,
     pub more: bool,
     pub meta: Vec<u8>,
     pub data: Bytes,
+    /// Consecutive mergeable frames with the same metadata may be sent as one frame
+    /// carrying all their data (output written in many small pieces).
+    pub mergeable: bool,
 }
 
 /// Writes frames to a connection, buffering small ones so that replies to pipelined

@@ -12,6 +12,7 @@
 //! - The file system a storelet sees is one directory, preopened read-only unless the
 //!   caller asked for and holds write rights; WASI resolves every path beneath it.
 
+mod dirs;
 mod meter;
 pub mod output;
 
@@ -260,6 +261,8 @@ pub(crate) struct RunState {
     io: IoUse,
     /// CPU time already charged to the principal's budget.
     charged: Duration,
+    /// The host side of the directories the program opened (see `dirs`).
+    dirs: dirs::Dirs,
     /// The limit (or "cancelled") that stopped the run, with a detail.
     tripped: Option<(&'static str, String)>,
 }
@@ -270,6 +273,28 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
+/// Builds a storelet shipped in this repository's `storelets/NAME` (a Go program) with
+/// Go's wasip1 port and returns the module. For tests and benchmarks run from a checkout.
+pub fn build_shipped(name: &str) -> Result<Vec<u8>, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../storelets").join(name);
+    let out_dir = std::env::temp_dir().join(format!("locus-storelets-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("{}: {e}", out_dir.display()))?;
+    let out = out_dir.join(format!("{name}.wasm"));
+    let status = std::process::Command::new("go")
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(".")
+        .current_dir(&src)
+        .env("GOOS", "wasip1")
+        .env("GOARCH", "wasm")
+        .status()
+        .map_err(|e| format!("Go is needed to build the storelets (GOOS=wasip1): {e}"))?;
+    if !status.success() {
+        return Err(format!("go build of storelet {name} in {} failed", src.display()));
+    }
+    std::fs::read(&out).map_err(|e| format!("{}: {e}", out.display()))
+}
+
 /// Compiles, caches and runs storelets.
 pub struct Runner {
     engine: Engine,
@@ -277,6 +302,7 @@ pub struct Runner {
     linker: Linker<RunState>,
     cache_dir: PathBuf,
     modules: Mutex<HashMap<String, Module>>,
+    compile_lock: Mutex<()>,
     /// Times a module was compiled (rather than found in a cache), for tests and stats.
     pub compiles: AtomicU64,
 }
@@ -288,7 +314,9 @@ impl Runner {
         std::fs::create_dir_all(cache_dir)
             .map_err(|e| StoreletError::Setup(format!("{}: {e}", cache_dir.display())))?;
         let mut config = Config::new();
-        config.consume_fuel(true).epoch_interruption(true);
+        // Compiling on the calling (storelet worker) thread keeps it at that thread's
+        // low priority, where a parallel compile would use threads at normal priority.
+        config.consume_fuel(true).epoch_interruption(true).parallel_compilation(false);
         let engine = Engine::new(&config).map_err(setup)?;
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi).map_err(setup)?;
@@ -309,6 +337,7 @@ impl Runner {
             linker,
             cache_dir: cache_dir.to_path_buf(),
             modules: Mutex::new(HashMap::new()),
+            compile_lock: Mutex::new(()),
             compiles: Default::default(),
         }))
     }
@@ -324,6 +353,12 @@ impl Runner {
     pub fn module(&self, wasm: &[u8]) -> Result<(String, Module), StoreletError> {
         use sha2::Digest;
         let hash = Runner::hash(wasm);
+        if let Some(m) = self.modules.lock().get(&hash) {
+            return Ok((hash, m.clone()));
+        }
+        // One compile at a time: a burst of runs of a new module compiles it once, and
+        // compiling never takes more than one (low-priority) worker's CPU.
+        let _compiling = self.compile_lock.lock();
         if let Some(m) = self.modules.lock().get(&hash) {
             return Ok((hash, m.clone()));
         }
@@ -356,7 +391,12 @@ impl Runner {
         let output = output::Output::new(limits.output, spec.output);
         let mut b = WasiCtxBuilder::new();
         b.args(spec.args).envs(spec.env).stdout(output.pipe(Stream::Stdout)).stderr(output.pipe(Stream::Stderr));
+        // File operations run on this (low-priority, metered) thread, not on a shared pool.
+        b.allow_blocking_current_thread(true);
+        let mut preopen = None;
         if let Some((path, writable)) = spec.dir {
+            let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
+            preopen = rustix::fs::open(path, flags, rustix::fs::Mode::empty()).ok();
             let (d, f) = if writable { (DirPerms::all(), FilePerms::all()) } else { (DirPerms::READ, FilePerms::READ) };
             b.preopened_dir(path, "/", d, f).map_err(|e| StoreletError::Setup(format!("preopen: {e:#}")))?;
         }
@@ -366,6 +406,7 @@ impl Runner {
             limits,
             io: IoUse::default(),
             charged: Duration::ZERO,
+            dirs: dirs::Dirs::new(preopen),
             tripped: None,
         };
         let mut store = Store::new(&self.engine, state);

@@ -6,6 +6,9 @@
 //! implementation (the `WasiSnapshotPreview1` trait of the run's context, on the
 //! caller's memory) and count what it did. A limit reached stops the run before the
 //! call that would pass it.
+//!
+//! `fd_readdir`, `fd_close` and `fd_renumber` are shadowed too, for the speed of
+//! directory listings (see `dirs`).
 
 use crate::{RunState, StoreletError};
 use wasmtime::{Caller, Extern, Linker};
@@ -18,7 +21,7 @@ use wiggle::{GuestMemory, GuestPtr};
 const WASI: &str = "wasi_snapshot_preview1";
 
 /// Runs `f` with the guest's memory and the run's WASI context, as WASI's own glue does.
-fn with_memory<R>(
+pub(crate) fn with_memory<R>(
     c: &mut Caller<'_, RunState>,
     f: impl FnOnce(&mut GuestMemory<'_>, &mut WasiP1Ctx) -> anyhow::Result<R>,
 ) -> anyhow::Result<R> {
@@ -29,7 +32,7 @@ fn with_memory<R>(
 }
 
 /// The errno a WASI call answers (`Ok` of 0 on success, after `store` saved its result).
-fn errno_of<T>(
+pub(crate) fn errno_of<T>(
     r: Result<T, types::Error>,
     mem: &mut GuestMemory<'_>,
     store: impl FnOnce(&mut GuestMemory<'_>, T) -> Result<(), wiggle::GuestError>,
@@ -170,7 +173,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
                     let detail = format!("opened {} files", s.io.files_opened);
                     return Err(trip(s, "files opened", detail));
                 }
-                let (Ok(dirflags), Ok(oflags), Ok(base), Ok(inheriting), Ok(fdflags)) = (
+                let (Ok(lookup), Ok(oflags), Ok(base), Ok(inheriting), Ok(fdflags)) = (
                     types::Lookupflags::try_from(dirflags as u32),
                     types::Oflags::try_from(oflags as u16),
                     types::Rights::try_from(base as u64),
@@ -182,15 +185,33 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
                 let r = with_memory(&mut c, |m, wasi| {
                     let path = GuestPtr::new((path as u32, path_len as u32));
                     let dir = types::Fd::from(dir as u32);
-                    let r = in_tokio(wasi.path_open(m, dir, dirflags, path, oflags, base, inheriting, fdflags));
+                    let r = in_tokio(wasi.path_open(m, dir, lookup, path, oflags, base, inheriting, fdflags));
                     errno_of(r, m, |m, fd| m.write(GuestPtr::new(out as u32), fd))
                 })?;
                 if r == 0 {
                     c.data_mut().io.files_opened += 1;
+                    crate::dirs::opened(&mut c, dir, path, path_len, dirflags, out);
                 }
                 Ok(r)
             },
         )
+        .map_err(setup)?;
+    linker.func_wrap(WASI, "fd_readdir", crate::dirs::readdir).map_err(setup)?;
+    linker
+        .func_wrap(WASI, "fd_close", |mut c: Caller<'_, RunState>, fd: i32| -> anyhow::Result<i32> {
+            c.data_mut().dirs.forget(fd as u32);
+            let r = in_tokio(c.data_mut().wasi.fd_close(&mut GuestMemory::Unshared(&mut []), types::Fd::from(fd as u32)));
+            errno_of(r, &mut GuestMemory::Unshared(&mut []), |_, ()| Ok(()))
+        })
+        .map_err(setup)?;
+    linker
+        .func_wrap(WASI, "fd_renumber", |mut c: Caller<'_, RunState>, from: i32, to: i32| -> anyhow::Result<i32> {
+            c.data_mut().dirs.forget(from as u32);
+            c.data_mut().dirs.forget(to as u32);
+            let (from, to) = (types::Fd::from(from as u32), types::Fd::from(to as u32));
+            let r = c.data_mut().wasi.fd_renumber(&mut GuestMemory::Unshared(&mut []), from, to);
+            errno_of(r, &mut GuestMemory::Unshared(&mut []), |_, ()| Ok(()))
+        })
         .map_err(setup)?;
     linker.allow_shadowing(false);
     Ok(())

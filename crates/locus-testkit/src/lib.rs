@@ -105,19 +105,7 @@ impl TestServer {
 
 /// Builds the storelet in `storelets/NAME` with Go's wasip1 port and returns the module.
 pub fn build_storelet(name: &str) -> Vec<u8> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../storelets").join(name);
-    let out = tempfile::tempdir().expect("temp dir").keep().join(format!("{name}.wasm"));
-    let status = std::process::Command::new("go")
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(&src)
-        .env("GOOS", "wasip1")
-        .env("GOARCH", "wasm")
-        .status()
-        .expect("Go is needed to build the storelets (GOOS=wasip1)");
-    assert!(status.success(), "go build of storelet {name} failed");
-    std::fs::read(out).expect("built module")
+    locus_storelet::build_shipped(name).unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Drop for TestServer {
