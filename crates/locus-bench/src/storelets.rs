@@ -144,7 +144,10 @@ pub fn run(args: StoreletsArgs) -> Result<(), BenchError> {
     };
     for &rtt in &args.rtt_ms {
         let proxy = if rtt > 0.0 {
-            Some(DelayProxy::start(peer.addr, Duration::from_secs_f64(rtt / 2000.0)).map_err(|e| BenchError::io("proxy", e))?)
+            Some(
+                DelayProxy::start(peer.addr, Duration::from_secs_f64(rtt / 2000.0))
+                    .map_err(|e| BenchError::io("proxy", e))?,
+            )
         } else {
             None
         };
@@ -218,11 +221,13 @@ fn dos(args: &StoreletsArgs, work: &Path, root: &Path, exe: &Path) -> Result<Str
         .iter()
         .map(|m| if m == "open" { vec![m.clone(), "/probe".into()] } else { vec![m.clone()] })
         .collect();
-    let workers = [format!("--storelet-workers={}", modes.len()), format!("--storelet-runs-per-subject={}", modes.len())];
+    let workers =
+        [format!("--storelet-workers={}", modes.len()), format!("--storelet-runs-per-subject={}", modes.len())];
     let (peer, token) = peers::start_locus_with(exe, &work, root, &workers)?;
     let c = connect(peer.addr, &token).map_err(setup)?;
     // Compile the module before measuring (a first run would compile it).
-    let warm = c.run(|c| c.storelet_run(&hostile, "/", vec!["nothing".into()], false)).map_err(|e| setup(e.to_string()))?;
+    let warm =
+        c.run(|c| c.storelet_run(&hostile, "/", vec!["nothing".into()], false)).map_err(|e| setup(e.to_string()))?;
     if warm.result.exit_code != 2 {
         return Err(setup("the hostile storelet did not start".into()));
     }

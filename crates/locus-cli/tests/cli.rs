@@ -185,3 +185,48 @@ fn script_register_and_call_from_the_command_line() {
     let bad = locus(&home, &["script", "call", &s.url("/"), echo.to_str().unwrap().replace("echo", "nope").as_str()]);
     assert_eq!(bad.status.code(), Some(1));
 }
+
+#[test]
+fn storelet_run_ps_cancel_and_stats_from_the_command_line() {
+    let s = TestServer::start();
+    let home = s.scratch().join("home");
+    s.put_local("src/a.go", b"package a\n");
+    s.put_local("src/b.txt", b"b\n");
+    let find = s.scratch().join("find.wasm");
+    std::fs::write(&find, locus_testkit::build_storelet("find")).unwrap();
+    let find = find.to_str().unwrap();
+    let out =
+        locus(&home, &["storelet", "run", find, "--dir", &s.url("/src"), "--account", "--", "/", "-name", "*.go"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/a.go\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exit 0, fuel"), "the account goes to stderr");
+
+    // A run that spins until cancelled from another invocation.
+    let spin = s.scratch().join("spin.wat");
+    std::fs::write(&spin, r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#).unwrap();
+    let running = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["storelet", "run", spin.to_str().unwrap(), "--dir", &s.url("/")])
+        .env("LOCUS_HOME", &home)
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let run = loop {
+        let ps: serde_json::Value =
+            serde_json::from_str(&ok(&home, &["--json", "storelet", "ps", &s.url("/")])).unwrap();
+        if let Some(r) = ps.as_array().unwrap().iter().find(|r| r["running"] == true) {
+            break r["run"].as_u64().unwrap();
+        }
+        assert!(Instant::now() < deadline, "the run never showed up in ps");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(ok(&home, &["storelet", "ps", &s.url("/")]).contains("running"));
+    ok(&home, &["storelet", "cancel", &s.url("/"), &run.to_string()]);
+    let out = running.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cancelled") && err.lines().count() == 1, "{err}");
+    let stats = ok(&home, &["storelet", "stats", &s.url("/")]);
+    assert!(stats.contains("admin") && stats.contains("cancelled"), "{stats}");
+}

@@ -200,7 +200,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
     linker
         .func_wrap(WASI, "fd_close", |mut c: Caller<'_, RunState>, fd: i32| -> anyhow::Result<i32> {
             c.data_mut().dirs.forget(fd as u32);
-            let r = in_tokio(c.data_mut().wasi.fd_close(&mut GuestMemory::Unshared(&mut []), types::Fd::from(fd as u32)));
+            let r =
+                in_tokio(c.data_mut().wasi.fd_close(&mut GuestMemory::Unshared(&mut []), types::Fd::from(fd as u32)));
             errno_of(r, &mut GuestMemory::Unshared(&mut []), |_, ()| Ok(()))
         })
         .map_err(setup)?;
