@@ -265,7 +265,11 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 println!("{}", output::storelet_report(&report));
             }
         }
-        Command::Serve(_) | Command::Token { .. } | Command::Bench(_) => {
+        Command::Serve(_)
+        | Command::Token { .. }
+        | Command::Bench(_)
+        | Command::Mount { .. }
+        | Command::Umount { .. } => {
             unreachable!("handled in main")
         }
     }

@@ -7,6 +7,7 @@
 //! Every failure prints one line, `locus: ...`, and exits non-zero.
 
 mod files;
+mod mount;
 mod output;
 mod serve;
 
@@ -98,6 +99,16 @@ enum Command {
     /// Run WebAssembly programs at the server, beside the data.
     #[command(subcommand)]
     Storelet(StoreletCommand),
+    /// Mount a Locus directory on MOUNTPOINT with FUSE; runs until unmounted, SIGINT or SIGTERM.
+    Mount {
+        url: String,
+        mountpoint: PathBuf,
+        /// How long (ms) the kernel may trust attributes and names before asking the server again.
+        #[arg(long, default_value_t = 1000)]
+        attr_timeout_ms: u64,
+    },
+    /// Unmount a `locus mount`.
+    Umount { mountpoint: PathBuf },
     /// Run benchmarks side by side with peers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -179,6 +190,8 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Mount { url, mountpoint, attr_timeout_ms } => mount::run(&url, &mountpoint, attr_timeout_ms),
+        Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),

@@ -1,0 +1,77 @@
+//! `locus mount` and `locus umount`.
+
+use locus_client::{blocking, LocusUrl};
+use locus_mount::{LocusFs, MountOptions};
+use std::path::Path;
+use std::time::Duration;
+
+/// Mounts `url` on `mountpoint` and serves it until it is unmounted or a signal comes.
+pub fn run(url: &str, mountpoint: &Path, attr_timeout_ms: u64) -> Result<(), String> {
+    let u = LocusUrl::parse(url).map_err(|e| e.to_string())?;
+    let client = blocking::Client::connect_url(&u).map_err(|e| format!("{url}: {e}"))?;
+    let attr = client.run(|c| c.stat(&u.path)).map_err(|e| format!("{url}: {e}"))?;
+    if !attr.is_dir() {
+        return Err(format!("{url}: not a directory"));
+    }
+    let fs = LocusFs::new(client, &u.path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
+    let options = [
+        fuser::MountOption::FSName(format!("locus:{}{}", u.authority(), u.path)),
+        fuser::MountOption::Subtype("locus".into()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let session =
+        fuser::spawn_mount2(fs, mountpoint, &options).map_err(|e| format!("mount on {}: {e}", mountpoint.display()))?;
+    eprintln!("{url} is mounted on {}; Ctrl-C or `locus umount` to unmount", mountpoint.display());
+    wait_for_signal_or_unmount(mountpoint);
+    if is_mounted(mountpoint) {
+        // Dropping the session unmounts and ends its thread.
+        drop(session);
+    } else {
+        // Unmounted from outside (`locus umount`): there is nothing left to undo.
+        std::mem::forget(session);
+    }
+    Ok(())
+}
+
+/// Returns on SIGINT or SIGTERM, or once the mount point is no longer mounted.
+fn wait_for_signal_or_unmount(mountpoint: &Path) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        let unmounted = async {
+            while is_mounted(mountpoint) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = unmounted => {}
+        }
+    });
+}
+
+/// Whether a FUSE file system is mounted on `mountpoint`, by /proc/self/mountinfo (the
+/// mount point is field 5; the type follows the ` - ` separator).
+fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let target = mountpoint.to_string_lossy();
+    info.lines().any(|l| {
+        let on_target = l.split(' ').nth(4) == Some(target.as_ref());
+        let fuse = l.split_once(" - ").is_some_and(|(_, rest)| rest.starts_with("fuse"));
+        on_target && fuse
+    })
+}
+
+/// `locus umount MOUNTPOINT`: asks the kernel to unmount; the `locus mount` process ends.
+pub fn umount(mountpoint: &Path) -> Result<(), String> {
+    let status = std::process::Command::new("fusermount3").arg("-u").arg(mountpoint).status();
+    match status {
+        Ok(s) if s.success() => Ok(()),
+        _ => rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::empty())
+            .map_err(|e| format!("unmount {}: {e}", mountpoint.display())),
+    }
+}

@@ -1,0 +1,140 @@
+//! Local inode numbers for remote paths.
+//!
+//! The kernel names files by inode number; the protocol by path. Every path the kernel
+//! looks up gets a number (the root, the mounted directory, is 1) that lives until the
+//! kernel forgets it as often as it looked it up. A rename moves the path of the entry
+//! and of everything beneath it, so open directories and files keep working.
+
+use std::collections::HashMap;
+
+/// Joins a directory path and a name.
+pub fn join(dir: &str, name: &str) -> String {
+    if dir.ends_with('/') {
+        format!("{dir}{name}")
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+struct Node {
+    path: String,
+    lookups: u64,
+}
+
+/// The inode table of one mount.
+pub struct Inodes {
+    by_ino: HashMap<u64, Node>,
+    by_path: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Inodes {
+    /// A table whose root (inode 1) is `base`.
+    pub fn new(base: &str) -> Inodes {
+        let base = if base.is_empty() { "/".to_string() } else { base.to_string() };
+        let mut t = Inodes { by_ino: HashMap::new(), by_path: HashMap::new(), next: 2 };
+        t.by_path.insert(base.clone(), 1);
+        t.by_ino.insert(1, Node { path: base, lookups: 1 });
+        t
+    }
+
+    /// The path of an inode.
+    pub fn path(&self, ino: u64) -> Option<&str> {
+        self.by_ino.get(&ino).map(|n| n.path.as_str())
+    }
+
+    /// The inode of a path, if it has one, without counting a lookup.
+    pub fn peek(&self, path: &str) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
+    /// The inode of a path, numbered now if new; counts one kernel lookup.
+    pub fn lookup(&mut self, path: String) -> u64 {
+        if let Some(&ino) = self.by_path.get(&path) {
+            self.by_ino.get_mut(&ino).expect("both maps agree").lookups += 1;
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_path.insert(path.clone(), ino);
+        self.by_ino.insert(ino, Node { path, lookups: 1 });
+        ino
+    }
+
+    /// The kernel dropped `n` lookups of `ino`.
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == 1 {
+            return;
+        }
+        if let Some(node) = self.by_ino.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(n);
+            if node.lookups == 0 {
+                let node = self.by_ino.remove(&ino).expect("present");
+                if self.by_path.get(&node.path) == Some(&ino) {
+                    self.by_path.remove(&node.path);
+                }
+            }
+        }
+    }
+
+    /// The inode of the parent directory (the root is its own parent).
+    pub fn parent_of(&self, ino: u64) -> u64 {
+        let Some(path) = self.path(ino) else { return 1 };
+        match path.rsplit_once('/') {
+            Some((dir, _)) => self.peek(if dir.is_empty() { "/" } else { dir }).unwrap_or(1),
+            None => 1,
+        }
+    }
+
+    /// `path` was removed: its inode lives on (open files) but no longer has a name,
+    /// and a new file made under that name gets a new inode.
+    pub fn unlinked(&mut self, path: &str) {
+        if let Some(ino) = self.by_path.remove(path) {
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.path = format!("{path}\0removed");
+            }
+        }
+    }
+
+    /// `from` was renamed to `to`: it and everything beneath it move.
+    pub fn rename(&mut self, from: &str, to: &str) {
+        self.unlinked(to);
+        let prefix = format!("{from}/");
+        let moved: Vec<(String, u64)> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| p.as_str() == from || p.starts_with(&prefix))
+            .map(|(p, &i)| (p.clone(), i))
+            .collect();
+        for (old, ino) in moved {
+            let new = format!("{to}{}", &old[from.len()..]);
+            self.by_path.remove(&old);
+            self.by_path.insert(new.clone(), ino);
+            if let Some(n) = self.by_ino.get_mut(&ino) {
+                n.path = new;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renames_move_everything_beneath() {
+        let mut t = Inodes::new("/base");
+        let d = t.lookup("/base/d".into());
+        let f = t.lookup("/base/d/f".into());
+        let other = t.lookup("/base/dx".into());
+        t.rename("/base/d", "/base/e");
+        assert_eq!(t.path(d), Some("/base/e"));
+        assert_eq!(t.path(f), Some("/base/e/f"));
+        assert_eq!(t.path(other), Some("/base/dx"), "a sibling sharing a prefix stays");
+        assert_eq!(t.parent_of(f), d);
+        assert_eq!(t.lookup("/base/e/f".into()), f);
+        t.forget(f, 2);
+        assert_eq!(t.path(f), None);
+        assert_eq!(t.parent_of(d), 1);
+    }
+}

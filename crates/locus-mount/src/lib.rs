@@ -1,0 +1,459 @@
+//! `locus mount`: a Locus export as a local file system, through FUSE, so unmodified
+//! programs use remote data.
+//!
+//! [`LocusFs`] implements `fuser::Filesystem` over the blocking client. Inode numbers
+//! are local: each path the kernel looks up gets one ([`inodes::Inodes`]), and renames
+//! move the paths beneath. Open files are server handles, which bind to the object as
+//! POSIX does: a file removed or renamed while open stays readable and writable.
+//! Attributes and names are cached by the kernel for `attr_timeout` (an NFS-like
+//! attribute cache); file data by the kernel's page cache, dropped on open when the
+//! file's size or modification time changed.
+//!
+//! Errors keep their errno: the server sends POSIX codes, Locus' own codes map to the
+//! closest errno, and a lost connection is `EIO`.
+
+mod inodes;
+
+use fuser::{
+    FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use inodes::Inodes;
+use locus_client::blocking::Client;
+use locus_client::types::{open_flags, Attr, SetTime, Time, S_IFDIR, S_IFLNK, S_IFMT};
+use locus_client::ClientError;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How a mount behaves.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// How long the kernel may trust attributes and names without asking again.
+    pub attr_timeout: Duration,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions { attr_timeout: Duration::from_secs(1) }
+    }
+}
+
+/// A Locus export (or a directory of it) as a FUSE file system.
+pub struct LocusFs {
+    client: Client,
+    inodes: Inodes,
+    options: MountOptions,
+    /// Size and modification time of each file when last opened, to keep its cached
+    /// pages only while it is unchanged.
+    seen: HashMap<u64, (u64, Time)>,
+    /// Server handles open on each inode: how a file removed while open is still
+    /// described (the kernel asks for its attributes without a handle).
+    open: HashMap<u64, Vec<u64>>,
+}
+
+fn errno(e: &ClientError) -> i32 {
+    e.errno()
+}
+
+fn system_time(t: Time) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs())
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> SetTime {
+    match t {
+        None => SetTime::Omit,
+        Some(TimeOrNow::Now) => SetTime::Now,
+        Some(TimeOrNow::SpecificTime(t)) => {
+            let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+            SetTime::At(Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() })
+        }
+    }
+}
+
+fn file_attr(ino: u64, a: &Attr) -> FileAttr {
+    let kind = match a.mode & S_IFMT {
+        S_IFDIR => FileType::Directory,
+        S_IFLNK => FileType::Symlink,
+        0o020000 => FileType::CharDevice,
+        0o060000 => FileType::BlockDevice,
+        0o010000 => FileType::NamedPipe,
+        0o140000 => FileType::Socket,
+        _ => FileType::RegularFile,
+    };
+    FileAttr {
+        ino,
+        size: a.size,
+        blocks: a.blocks,
+        atime: system_time(a.atime),
+        mtime: system_time(a.mtime),
+        ctime: system_time(a.ctime),
+        crtime: system_time(a.ctime),
+        kind,
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink as u32,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// `open(2)` flags as Locus open flags.
+fn locus_flags(flags: i32) -> u32 {
+    let mut f = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => open_flags::WRITE,
+        libc::O_RDWR => open_flags::READ | open_flags::WRITE,
+        _ => open_flags::READ,
+    };
+    for (posix, locus) in [
+        (libc::O_CREAT, open_flags::CREATE),
+        (libc::O_EXCL, open_flags::EXCLUSIVE),
+        (libc::O_TRUNC, open_flags::TRUNCATE),
+        (libc::O_APPEND, open_flags::APPEND),
+        (libc::O_DIRECTORY, open_flags::DIRECTORY),
+        (libc::O_NOFOLLOW, open_flags::NOFOLLOW),
+    ] {
+        if flags & posix != 0 {
+            f |= locus;
+        }
+    }
+    f
+}
+
+impl LocusFs {
+    /// A file system showing `base` (a directory path on the server) through `client`.
+    pub fn new(client: Client, base: &str, options: MountOptions) -> LocusFs {
+        LocusFs { client, inodes: Inodes::new(base), options, seen: HashMap::new(), open: HashMap::new() }
+    }
+
+    fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
+        let name = name.to_str().ok_or(libc::EINVAL)?;
+        let dir = self.inodes.path(parent).ok_or(libc::ESTALE)?;
+        Ok(inodes::join(dir, name))
+    }
+
+    fn path(&self, ino: u64) -> Result<String, i32> {
+        self.inodes.path(ino).map(str::to_string).ok_or(libc::ESTALE)
+    }
+
+    /// Replies with the entry for `path`, giving it an inode number.
+    fn entry(&mut self, path: String, attr: &Attr, reply: ReplyEntry) {
+        let ino = self.inodes.lookup(path);
+        reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
+    }
+
+    fn lstat(&self, path: &str) -> Result<Attr, i32> {
+        self.client.run(|c| c.lstat(path)).map_err(|e| errno(&e))
+    }
+}
+
+macro_rules! ok_or_reply {
+    ($e:expr, $reply:ident) => {
+        match $e {
+            Ok(v) => v,
+            Err(code) => return $reply.error(code),
+        }
+    };
+}
+
+impl Filesystem for LocusFs {
+    fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        let attr = ok_or_reply!(self.lstat(&path), reply);
+        self.entry(path, &attr, reply);
+    }
+
+    fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
+        self.inodes.forget(ino, nlookup);
+    }
+
+    fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
+        let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
+        let attr = match by_handle {
+            Some(h) => self.client.run(|c| c.fstat(h)).map_err(|e| errno(&e)),
+            None => self.path(ino).and_then(|p| self.lstat(&p)),
+        };
+        let attr = ok_or_reply!(attr, reply);
+        reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+    }
+
+    fn setattr(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<u64>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<u32>,
+        reply: ReplyAttr,
+    ) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        if uid.is_some() || gid.is_some() {
+            // Ownership is the server's: a chown that changes nothing (as `tar` and
+            // `cp -p` do) succeeds, any other is refused.
+            let now = ok_or_reply!(self.lstat(&path), reply);
+            if uid.is_some_and(|u| u != now.uid) || gid.is_some_and(|g| g != now.gid) {
+                return reply.error(libc::EPERM);
+            }
+        }
+        let result = (|| -> Result<Attr, ClientError> {
+            if let Some(mode) = mode {
+                self.client.run(|c| c.chmod(&path, mode & 0o7777))?;
+            }
+            if let Some(size) = size {
+                match fh {
+                    Some(h) => self.client.run(|c| c.ftruncate(h, size))?,
+                    None => self.client.run(|c| c.truncate(&path, size))?,
+                }
+            }
+            if atime.is_some() || mtime.is_some() {
+                self.client.run(|c| c.utimes(&path, set_time(atime), set_time(mtime)))?;
+            }
+            match fh {
+                Some(h) => self.client.run(|c| c.fstat(h)),
+                None => self.client.run(|c| c.lstat(&path)),
+            }
+        })();
+        let attr = ok_or_reply!(result.map_err(|e| errno(&e)), reply);
+        reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+    }
+
+    fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        let target = ok_or_reply!(self.client.run(|c| c.readlink(&path)).map_err(|e| errno(&e)), reply);
+        reply.data(target.as_bytes());
+    }
+
+    fn mkdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        ok_or_reply!(self.client.run(|c| c.mkdir(&path, mode & !umask & 0o7777)).map_err(|e| errno(&e)), reply);
+        let attr = ok_or_reply!(self.lstat(&path), reply);
+        self.entry(path, &attr, reply);
+    }
+
+    fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        ok_or_reply!(self.client.run(|c| c.unlink(&path)).map_err(|e| errno(&e)), reply);
+        self.inodes.unlinked(&path);
+        reply.ok();
+    }
+
+    fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        ok_or_reply!(self.client.run(|c| c.rmdir(&path)).map_err(|e| errno(&e)), reply);
+        self.inodes.unlinked(&path);
+        reply.ok();
+    }
+
+    fn symlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, link: &Path, reply: ReplyEntry) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        let target = ok_or_reply!(link.to_str().ok_or(libc::EINVAL), reply);
+        ok_or_reply!(self.client.run(|c| c.symlink(target, &path)).map_err(|e| errno(&e)), reply);
+        let attr = ok_or_reply!(self.lstat(&path), reply);
+        self.entry(path, &attr, reply);
+    }
+
+    fn rename(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+        reply: ReplyEmpty,
+    ) {
+        if flags != 0 {
+            // RENAME_NOREPLACE and RENAME_EXCHANGE are not in the protocol.
+            return reply.error(libc::EINVAL);
+        }
+        let from = ok_or_reply!(self.child(parent, name), reply);
+        let to = ok_or_reply!(self.child(newparent, newname), reply);
+        ok_or_reply!(self.client.run(|c| c.rename(&from, &to)).map_err(|e| errno(&e)), reply);
+        self.inodes.rename(&from, &to);
+        reply.ok();
+    }
+
+    fn link(&mut self, _req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
+        let from = ok_or_reply!(self.path(ino), reply);
+        let to = ok_or_reply!(self.child(newparent, newname), reply);
+        ok_or_reply!(self.client.run(|c| c.link(&from, &to)).map_err(|e| errno(&e)), reply);
+        let attr = ok_or_reply!(self.lstat(&to), reply);
+        self.entry(to, &attr, reply);
+    }
+
+    fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        let opened =
+            ok_or_reply!(self.client.run(|c| c.open(&path, locus_flags(flags), 0)).map_err(|e| errno(&e)), reply);
+        // Keep the cached pages only if the file is as it was when last opened.
+        let now = (opened.attr.size, opened.attr.mtime);
+        let keep = self.seen.insert(ino, now) == Some(now);
+        self.open.entry(ino).or_default().push(opened.handle);
+        reply.opened(opened.handle, if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+    }
+
+    fn create(
+        &mut self,
+        _req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let path = ok_or_reply!(self.child(parent, name), reply);
+        let flags = locus_flags(flags) | open_flags::CREATE;
+        let opened = ok_or_reply!(
+            self.client.run(|c| c.open(&path, flags, mode & !umask & 0o7777)).map_err(|e| errno(&e)),
+            reply
+        );
+        let ino = self.inodes.lookup(path);
+        self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
+        self.open.entry(ino).or_default().push(opened.handle);
+        reply.created(&self.options.attr_timeout, &file_attr(ino, &opened.attr), 0, opened.handle, 0);
+    }
+
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        fh: u64,
+        offset: i64,
+        size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyData,
+    ) {
+        let data = ok_or_reply!(self.client.run(|c| c.pread(fh, offset as u64, size)).map_err(|e| errno(&e)), reply);
+        reply.data(&data);
+    }
+
+    fn write(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        offset: i64,
+        data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        reply: ReplyWrite,
+    ) {
+        let n = ok_or_reply!(self.client.run(|c| c.pwrite(fh, offset as u64, data)).map_err(|e| errno(&e)), reply);
+        // Our own write changed the file: its next open must not trust the old pages.
+        self.seen.remove(&ino);
+        reply.written(n as u32);
+    }
+
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(handles) = self.open.get_mut(&ino) {
+            handles.retain(|&h| h != fh);
+            if handles.is_empty() {
+                self.open.remove(&ino);
+            }
+        }
+        ok_or_reply!(self.client.run(|c| c.close(fh)).map_err(|e| errno(&e)), reply);
+        reply.ok();
+    }
+
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        ok_or_reply!(self.client.run(|c| c.fsync(fh)).map_err(|e| errno(&e)), reply);
+        reply.ok();
+    }
+
+    fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        let entries = ok_or_reply!(self.client.run(|c| c.readdir(&path)).map_err(|e| errno(&e)), reply);
+        let parent = self.inodes.parent_of(ino);
+        let dots = [(ino, FileType::Directory, ".".to_string()), (parent, FileType::Directory, "..".to_string())];
+        // Entries get inode numbers only when looked up; until then a stable stand-in.
+        let rest = entries.into_iter().map(|e| {
+            let kind = file_attr(0, &e.attr).kind;
+            let child = inodes::join(&path, &e.name);
+            (self.inodes.peek(&child).unwrap_or(e.attr.ino | 1 << 63), kind, e.name)
+        });
+        let all: Vec<_> = dots.into_iter().chain(rest).collect();
+        for (i, (ino, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(ino, (i + 1) as i64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+        // The protocol has no extended attributes: none are set on any file.
+        reply.error(libc::ENODATA);
+    }
+
+    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn ioctl(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _flags: u32,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(libc::ENOTTY);
+    }
+
+    fn statfs(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyStatfs) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        let s = ok_or_reply!(self.client.run(|c| c.statfs(&path)).map_err(|e| errno(&e)), reply);
+        reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize as u32, s.namemax as u32, s.frsize as u32);
+    }
+
+    fn access(&mut self, _req: &Request<'_>, ino: u64, mask: i32, reply: ReplyEmpty) {
+        let path = ok_or_reply!(self.path(ino), reply);
+        ok_or_reply!(self.client.run(|c| c.access(&path, mask as u32)).map_err(|e| errno(&e)), reply);
+        reply.ok();
+    }
+}
