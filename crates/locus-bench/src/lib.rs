@@ -4,14 +4,11 @@
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
 //! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
 //! - [`pingpong`]: the bare TCP request/reply floor.
-//! - [`chirp`]: a client for the Chirp protocol, so chirp_server is measured without
-//!   process start-up in the loop.
 //! - [`peers`]: starting and stopping the servers under test.
 //! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
-pub mod chirp;
 pub mod ops;
 pub mod peers;
 pub mod pingpong;

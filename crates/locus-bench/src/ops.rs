@@ -3,13 +3,13 @@
 //! CCTools' chirp_server, XRootD and a bare TCP ping-pong, optionally through the
 //! delay proxy. Each target runs `--repeat` times, interleaved; medians are reported.
 
-use crate::chirp::ChirpClient;
 use crate::peers::{self, Peer};
 use crate::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::{pingpong, BenchError};
 use locus_client::types::open_flags as of;
 use locus_client::{blocking, ConnectOptions, CountingSink, Credentials};
+use locus_drivers::chirp::ChirpClient;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

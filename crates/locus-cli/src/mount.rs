@@ -1,21 +1,20 @@
 //! `locus mount` and `locus umount`.
 
-use locus_client::{blocking, LocusUrl};
 use locus_mount::{LocusFs, MountOptions};
 use std::path::Path;
 use std::time::Duration;
 
-/// Mounts `url` on `mountpoint` and serves it until it is unmounted or a signal comes.
+/// Mounts `url` (`locus://`, `chirp://`, `http(s)://`) on `mountpoint` and serves it
+/// until it is unmounted or a signal comes.
 pub fn run(url: &str, mountpoint: &Path, attr_timeout_ms: u64) -> Result<(), String> {
-    let u = LocusUrl::parse(url).map_err(|e| e.to_string())?;
-    let client = blocking::Client::connect_url(&u).map_err(|e| format!("{url}: {e}"))?;
-    let attr = client.run(|c| c.stat(&u.path)).map_err(|e| format!("{url}: {e}"))?;
-    if !attr.is_dir() {
+    let (mut driver, path) = locus_drivers::connect(url).map_err(|e| format!("{url}: {e}"))?;
+    let attr = driver.lstat(&path).map_err(|e| format!("{url}: {e}"))?;
+    if attr.mode & locus_client::types::S_IFMT != locus_client::types::S_IFDIR {
         return Err(format!("{url}: not a directory"));
     }
-    let fs = LocusFs::new(client, &u.path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
+    let fs = LocusFs::new(driver, &path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
     let options = [
-        fuser::MountOption::FSName(format!("locus:{}{}", u.authority(), u.path)),
+        fuser::MountOption::FSName(url.to_string()),
         fuser::MountOption::Subtype("locus".into()),
         fuser::MountOption::DefaultPermissions,
     ];

@@ -1,7 +1,8 @@
 //! `locus mount`: a Locus export as a local file system, through FUSE, so unmodified
 //! programs use remote data.
 //!
-//! [`LocusFs`] implements `fuser::Filesystem` over the blocking client. Inode numbers
+//! [`LocusFs`] implements `fuser::Filesystem` over a protocol driver (`locus-drivers`:
+//! a Locus server, a chirp_server, or an HTTP server read-only). Inode numbers
 //! are local: each path the kernel looks up gets one ([`inodes::Inodes`]), and renames
 //! move the paths beneath. Open files are server handles, which bind to the object as
 //! POSIX does: a file removed or renamed while open stays readable and writable.
@@ -9,8 +10,8 @@
 //! attribute cache); file data by the kernel's page cache, dropped on open when the
 //! file's size or modification time changed.
 //!
-//! Errors keep their errno: the server sends POSIX codes, Locus' own codes map to the
-//! closest errno, and a lost connection is `EIO`.
+//! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
+//! Chirp's map to the closest errno), and a lost connection is `EIO`.
 
 mod inodes;
 
@@ -19,9 +20,8 @@ use fuser::{
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use inodes::Inodes;
-use locus_client::blocking::Client;
-use locus_client::types::{open_flags, Attr, SetTime, Time, S_IFDIR, S_IFLNK, S_IFMT};
-use locus_client::ClientError;
+use locus_drivers::{Attr, Driver, DriverError, SetTime, Time};
+use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -40,9 +40,9 @@ impl Default for MountOptions {
     }
 }
 
-/// A Locus export (or a directory of it) as a FUSE file system.
+/// A remote directory as a FUSE file system.
 pub struct LocusFs {
-    client: Client,
+    driver: Box<dyn Driver>,
     inodes: Inodes,
     options: MountOptions,
     /// Size and modification time of each file when last opened, to keep its cached
@@ -53,8 +53,11 @@ pub struct LocusFs {
     open: HashMap<u64, Vec<u64>>,
 }
 
-fn errno(e: &ClientError) -> i32 {
-    e.errno()
+fn errno(e: DriverError) -> i32 {
+    if e.transient {
+        tracing::warn!("{e}");
+    }
+    e.errno
 }
 
 fn system_time(t: Time) -> SystemTime {
@@ -128,9 +131,9 @@ fn locus_flags(flags: i32) -> u32 {
 }
 
 impl LocusFs {
-    /// A file system showing `base` (a directory path on the server) through `client`.
-    pub fn new(client: Client, base: &str, options: MountOptions) -> LocusFs {
-        LocusFs { client, inodes: Inodes::new(base), options, seen: HashMap::new(), open: HashMap::new() }
+    /// A file system showing `base` (a directory path on the server) through `driver`.
+    pub fn new(driver: Box<dyn Driver>, base: &str, options: MountOptions) -> LocusFs {
+        LocusFs { driver, inodes: Inodes::new(base), options, seen: HashMap::new(), open: HashMap::new() }
     }
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
@@ -149,8 +152,8 @@ impl LocusFs {
         reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
     }
 
-    fn lstat(&self, path: &str) -> Result<Attr, i32> {
-        self.client.run(|c| c.lstat(path)).map_err(|e| errno(&e))
+    fn lstat(&mut self, path: &str) -> Result<Attr, i32> {
+        self.driver.lstat(path).map_err(errno)
     }
 }
 
@@ -183,7 +186,7 @@ impl Filesystem for LocusFs {
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
         let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
         let attr = match by_handle {
-            Some(h) => self.client.run(|c| c.fstat(h)).map_err(|e| errno(&e)),
+            Some(h) => self.driver.fstat(h).map_err(errno),
             None => self.path(ino).and_then(|p| self.lstat(&p)),
         };
         let attr = ok_or_reply!(attr, reply);
@@ -217,51 +220,51 @@ impl Filesystem for LocusFs {
                 return reply.error(libc::EPERM);
             }
         }
-        let result = (|| -> Result<Attr, ClientError> {
+        let result = (|| -> Result<Attr, DriverError> {
             if let Some(mode) = mode {
-                self.client.run(|c| c.chmod(&path, mode & 0o7777))?;
+                self.driver.chmod(&path, mode & 0o7777)?;
             }
             if let Some(size) = size {
                 match fh {
-                    Some(h) => self.client.run(|c| c.ftruncate(h, size))?,
-                    None => self.client.run(|c| c.truncate(&path, size))?,
+                    Some(h) => self.driver.ftruncate(h, size)?,
+                    None => self.driver.truncate(&path, size)?,
                 }
             }
             if atime.is_some() || mtime.is_some() {
-                self.client.run(|c| c.utimes(&path, set_time(atime), set_time(mtime)))?;
+                self.driver.utimes(&path, set_time(atime), set_time(mtime))?;
             }
             match fh {
-                Some(h) => self.client.run(|c| c.fstat(h)),
-                None => self.client.run(|c| c.lstat(&path)),
+                Some(h) => self.driver.fstat(h),
+                None => self.driver.lstat(&path),
             }
         })();
-        let attr = ok_or_reply!(result.map_err(|e| errno(&e)), reply);
+        let attr = ok_or_reply!(result.map_err(errno), reply);
         reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
     }
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
         let path = ok_or_reply!(self.path(ino), reply);
-        let target = ok_or_reply!(self.client.run(|c| c.readlink(&path)).map_err(|e| errno(&e)), reply);
+        let target = ok_or_reply!(self.driver.readlink(&path).map_err(errno), reply);
         reply.data(target.as_bytes());
     }
 
     fn mkdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let path = ok_or_reply!(self.child(parent, name), reply);
-        ok_or_reply!(self.client.run(|c| c.mkdir(&path, mode & !umask & 0o7777)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.mkdir(&path, mode & !umask & 0o7777).map_err(errno), reply);
         let attr = ok_or_reply!(self.lstat(&path), reply);
         self.entry(path, &attr, reply);
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
-        ok_or_reply!(self.client.run(|c| c.unlink(&path)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
         self.inodes.unlinked(&path);
         reply.ok();
     }
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
-        ok_or_reply!(self.client.run(|c| c.rmdir(&path)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.rmdir(&path).map_err(errno), reply);
         self.inodes.unlinked(&path);
         reply.ok();
     }
@@ -269,7 +272,7 @@ impl Filesystem for LocusFs {
     fn symlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, link: &Path, reply: ReplyEntry) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         let target = ok_or_reply!(link.to_str().ok_or(libc::EINVAL), reply);
-        ok_or_reply!(self.client.run(|c| c.symlink(target, &path)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.symlink(target, &path).map_err(errno), reply);
         let attr = ok_or_reply!(self.lstat(&path), reply);
         self.entry(path, &attr, reply);
     }
@@ -290,7 +293,7 @@ impl Filesystem for LocusFs {
         }
         let from = ok_or_reply!(self.child(parent, name), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
-        ok_or_reply!(self.client.run(|c| c.rename(&from, &to)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
         self.inodes.rename(&from, &to);
         reply.ok();
     }
@@ -298,15 +301,14 @@ impl Filesystem for LocusFs {
     fn link(&mut self, _req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
         let from = ok_or_reply!(self.path(ino), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
-        ok_or_reply!(self.client.run(|c| c.link(&from, &to)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.link(&from, &to).map_err(errno), reply);
         let attr = ok_or_reply!(self.lstat(&to), reply);
         self.entry(to, &attr, reply);
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let path = ok_or_reply!(self.path(ino), reply);
-        let opened =
-            ok_or_reply!(self.client.run(|c| c.open(&path, locus_flags(flags), 0)).map_err(|e| errno(&e)), reply);
+        let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
         // Keep the cached pages only if the file is as it was when last opened.
         let now = (opened.attr.size, opened.attr.mtime);
         let keep = self.seen.insert(ino, now) == Some(now);
@@ -326,10 +328,7 @@ impl Filesystem for LocusFs {
     ) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         let flags = locus_flags(flags) | open_flags::CREATE;
-        let opened = ok_or_reply!(
-            self.client.run(|c| c.open(&path, flags, mode & !umask & 0o7777)).map_err(|e| errno(&e)),
-            reply
-        );
+        let opened = ok_or_reply!(self.driver.open(&path, flags, mode & !umask & 0o7777).map_err(errno), reply);
         let ino = self.inodes.lookup(path);
         self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
         self.open.entry(ino).or_default().push(opened.handle);
@@ -347,7 +346,7 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        let data = ok_or_reply!(self.client.run(|c| c.pread(fh, offset as u64, size)).map_err(|e| errno(&e)), reply);
+        let data = ok_or_reply!(self.driver.pread(fh, offset as u64, size).map_err(errno), reply);
         reply.data(&data);
     }
 
@@ -363,7 +362,7 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        let n = ok_or_reply!(self.client.run(|c| c.pwrite(fh, offset as u64, data)).map_err(|e| errno(&e)), reply);
+        let n = ok_or_reply!(self.driver.pwrite(fh, offset as u64, data).map_err(errno), reply);
         // Our own write changed the file: its next open must not trust the old pages.
         self.seen.remove(&ino);
         reply.written(n as u32);
@@ -389,18 +388,18 @@ impl Filesystem for LocusFs {
                 self.open.remove(&ino);
             }
         }
-        ok_or_reply!(self.client.run(|c| c.close(fh)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.close(fh).map_err(errno), reply);
         reply.ok();
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        ok_or_reply!(self.client.run(|c| c.fsync(fh)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.fsync(fh).map_err(errno), reply);
         reply.ok();
     }
 
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
         let path = ok_or_reply!(self.path(ino), reply);
-        let entries = ok_or_reply!(self.client.run(|c| c.readdir(&path)).map_err(|e| errno(&e)), reply);
+        let entries = ok_or_reply!(self.driver.readdir(&path).map_err(errno), reply);
         let parent = self.inodes.parent_of(ino);
         let dots = [(ino, FileType::Directory, ".".to_string()), (parent, FileType::Directory, "..".to_string())];
         // Entries get inode numbers only when looked up; until then a stable stand-in.
@@ -447,13 +446,13 @@ impl Filesystem for LocusFs {
 
     fn statfs(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyStatfs) {
         let path = ok_or_reply!(self.path(ino), reply);
-        let s = ok_or_reply!(self.client.run(|c| c.statfs(&path)).map_err(|e| errno(&e)), reply);
+        let s = ok_or_reply!(self.driver.statfs(&path).map_err(errno), reply);
         reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize as u32, s.namemax as u32, s.frsize as u32);
     }
 
     fn access(&mut self, _req: &Request<'_>, ino: u64, mask: i32, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.path(ino), reply);
-        ok_or_reply!(self.client.run(|c| c.access(&path, mask as u32)).map_err(|e| errno(&e)), reply);
+        ok_or_reply!(self.driver.access(&path, mask as u32).map_err(errno), reply);
         reply.ok();
     }
 }

@@ -1,0 +1,455 @@
+//! The Chirp protocol (CCTools' `chirp_server`): text commands, one per line, answered
+//! by a line holding a result code (negative: an error), with bulk data after it.
+//!
+//! [`ChirpClient`] speaks the `address` authentication method and the operations the
+//! driver and the benchmarks use. [`ChirpDriver`] puts it behind the [`Driver`] trait.
+//! A chirp_server closes the connection when it cannot map an errno (ENODATA, or EBUSY
+//! from removing a mount point): the call that provoked it fails with `EIO`, and the
+//! next call connects again (handles opened before are then gone: `EBADF`).
+
+use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
+use locus_proto::types::open_flags;
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+/// A connection to a chirp_server.
+pub struct ChirpClient {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+/// Result of a Chirp call: errors carry the negative code's errno when there is one.
+pub type ChirpResult<T> = std::result::Result<T, String>;
+
+impl ChirpClient {
+    /// Connects and authenticates by network address.
+    pub fn connect(addr: SocketAddr) -> ChirpResult<ChirpClient> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| format!("chirp connect: {e}"))?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+        let writer = s.try_clone().map_err(|e| e.to_string())?;
+        let mut c = ChirpClient { reader: BufReader::with_capacity(1 << 20, s), writer };
+        c.writer.write_all(b"address\n").map_err(|e| e.to_string())?;
+        // The server answers "yes" until it names the method and the subject it accepted.
+        loop {
+            let line = c.line()?;
+            if line == "address" {
+                c.line()?; // the subject
+                return Ok(c);
+            }
+            if line != "yes" {
+                return Err(format!("chirp auth refused: {line}"));
+            }
+        }
+    }
+
+    fn line(&mut self) -> ChirpResult<String> {
+        let mut s = String::new();
+        match self.reader.read_line(&mut s) {
+            Ok(0) => Err("chirp server closed the connection".into()),
+            Ok(_) => Ok(s.trim_end_matches('\n').to_string()),
+            Err(e) => Err(format!("chirp: {e}")),
+        }
+    }
+
+    fn result(&mut self) -> ChirpResult<i64> {
+        let line = self.line()?;
+        let n: i64 = line.trim().parse().map_err(|_| format!("chirp: bad result line {line:?}"))?;
+        if n < 0 {
+            return Err(format!("chirp error {n}"));
+        }
+        Ok(n)
+    }
+
+    /// Sends a command line; answers its result code, negative codes included.
+    fn call(&mut self, cmd: &str) -> std::result::Result<i64, DriverError> {
+        let lost = |e: String| DriverError::errno(libc::EIO, format!("chirp server dropped the connection: {e}"));
+        self.writer.write_all(cmd.as_bytes()).map_err(|e| lost(e.to_string()))?;
+        let line = self.line().map_err(lost)?;
+        let n: i64 = line.trim().parse().map_err(|_| DriverError::errno(libc::EPROTO, format!("chirp: {line:?}")))?;
+        if n < 0 {
+            return Err(chirp_error(n, cmd.trim_end()));
+        }
+        Ok(n)
+    }
+
+    fn data_line(&mut self) -> std::result::Result<String, DriverError> {
+        self.line().map_err(|e| DriverError::errno(libc::EIO, e))
+    }
+
+    fn bytes(&mut self, n: usize) -> std::result::Result<Vec<u8>, DriverError> {
+        let mut buf = vec![0u8; n];
+        self.reader.read_exact(&mut buf).map_err(|e| DriverError::errno(libc::EIO, format!("chirp: {e}")))?;
+        Ok(buf)
+    }
+
+    fn command(&mut self, cmd: &str) -> ChirpResult<i64> {
+        self.writer.write_all(cmd.as_bytes()).map_err(|e| format!("chirp: {e}"))?;
+        self.result()
+    }
+
+    /// `stat`: returns the size.
+    pub fn stat(&mut self, path: &str) -> ChirpResult<u64> {
+        self.command(&format!("stat {path}\n"))?;
+        let fields = self.line()?;
+        fields.split_whitespace().nth(7).and_then(|s| s.parse().ok()).ok_or_else(|| "chirp: bad stat line".into())
+    }
+
+    /// `open` with Chirp flag letters (`r`, `w`, `rw`, `c`, `t`, ...); returns the fd.
+    pub fn open(&mut self, path: &str, flags: &str, mode: u32) -> ChirpResult<i64> {
+        let fd = self.command(&format!("open {path} {flags} {mode}\n"))?;
+        self.line()?; // attributes of the opened file
+        Ok(fd)
+    }
+
+    /// `close`.
+    pub fn close(&mut self, fd: i64) -> ChirpResult<()> {
+        self.command(&format!("close {fd}\n")).map(|_| ())
+    }
+
+    /// `pread` into `buf`; returns the count read.
+    pub fn pread(&mut self, fd: i64, buf: &mut [u8], offset: u64) -> ChirpResult<usize> {
+        let n = self.command(&format!("pread {fd} {} {offset}\n", buf.len()))? as usize;
+        self.reader.read_exact(&mut buf[..n]).map_err(|e| format!("chirp: {e}"))?;
+        Ok(n)
+    }
+
+    /// `pwrite`; returns the count written.
+    pub fn pwrite(&mut self, fd: i64, data: &[u8], offset: u64) -> ChirpResult<usize> {
+        self.writer
+            .write_all(format!("pwrite {fd} {} {offset}\n", data.len()).as_bytes())
+            .map_err(|e| e.to_string())?;
+        self.writer.write_all(data).map_err(|e| e.to_string())?;
+        Ok(self.result()? as usize)
+    }
+
+    /// `getfile`: streams a whole file into `sink`; returns its length.
+    pub fn getfile(&mut self, path: &str, sink: &mut impl Write) -> ChirpResult<u64> {
+        let len = self.command(&format!("getfile {path}\n"))? as u64;
+        let copied = std::io::copy(&mut (&mut self.reader).take(len), sink).map_err(|e| e.to_string())?;
+        if copied != len {
+            return Err("chirp: short getfile".into());
+        }
+        Ok(len)
+    }
+
+    /// `putfile`: sends `len` bytes from `source` as a whole file.
+    pub fn putfile(&mut self, path: &str, mode: u32, len: u64, source: &mut impl Read) -> ChirpResult<()> {
+        self.command(&format!("putfile {path} {mode} {len}\n"))?;
+        let sent = std::io::copy(&mut source.take(len), &mut self.writer).map_err(|e| e.to_string())?;
+        if sent != len {
+            return Err("chirp: short putfile source".into());
+        }
+        self.result().map(|_| ())
+    }
+}
+
+/// The errno for a Chirp result code (CCTools' `chirp_protocol.h`).
+fn chirp_error(code: i64, cmd: &str) -> DriverError {
+    let errno = match code {
+        -1 | -2 => libc::EACCES,
+        -3 => libc::ENOENT,
+        -4 => libc::EEXIST,
+        -5 => libc::EFBIG,
+        -6 => libc::ENOSPC,
+        -7 => libc::ENOMEM,
+        -8 => libc::EINVAL,
+        -9 => libc::EMFILE,
+        -10 => libc::EBUSY,
+        -11 => libc::EAGAIN,
+        -12 => libc::EBADF,
+        -13 => libc::EISDIR,
+        -14 => libc::ENOTDIR,
+        -15 => libc::ENOTEMPTY,
+        -16 => libc::EXDEV,
+        -17 | -19 => return DriverError::transient(format!("{cmd}: chirp server offline ({code})")),
+        -18 => libc::ETIMEDOUT,
+        -21 => libc::ESRCH,
+        -22 => libc::ESPIPE,
+        -23 => libc::EOPNOTSUPP,
+        -24 => libc::ENAMETOOLONG,
+        _ => libc::EIO,
+    };
+    DriverError::errno(errno, format!("{cmd}: chirp error {code}"))
+}
+
+/// A Chirp stat line: dev ino mode nlink uid gid rdev size blksize blocks atime mtime ctime.
+fn parse_attr(line: &str) -> std::result::Result<Attr, DriverError> {
+    let f: Vec<i64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    if f.len() < 13 {
+        return Err(DriverError::errno(libc::EPROTO, format!("chirp: bad stat line {line:?}")));
+    }
+    let t = |s: i64| Time { sec: s, nsec: 0 };
+    Ok(Attr {
+        dev: f[0] as u64,
+        ino: f[1] as u64,
+        mode: f[2] as u32,
+        nlink: f[3] as u64,
+        uid: f[4] as u32,
+        gid: f[5] as u32,
+        rdev: f[6] as u64,
+        size: f[7] as u64,
+        blksize: f[8] as u32,
+        blocks: f[9] as u64,
+        atime: t(f[10]),
+        mtime: t(f[11]),
+        ctime: t(f[12]),
+    })
+}
+
+/// Chirp separates words with spaces: escape what would break a command line.
+fn enc(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for b in path.bytes() {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A chirp_server behind the [`Driver`] trait.
+pub struct ChirpDriver {
+    addr: SocketAddr,
+    conn: Option<ChirpClient>,
+    /// Handles opened on the current connection.
+    open: HashSet<u64>,
+}
+
+impl ChirpDriver {
+    /// Connects to `chirp://HOST:PORT/path`; returns the driver and the path.
+    pub fn connect(url: &str) -> Result<(ChirpDriver, String)> {
+        let rest =
+            url.strip_prefix("chirp://").ok_or_else(|| DriverError::errno(libc::EINVAL, "not a chirp:// URL"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].to_string()),
+            None => (rest, "/".to_string()),
+        };
+        let authority = if authority.contains(':') { authority.to_string() } else { format!("{authority}:9094") };
+        let addr = authority
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| DriverError::errno(libc::EINVAL, format!("{url}: cannot resolve {authority}")))?;
+        let mut d = ChirpDriver { addr, conn: None, open: HashSet::new() };
+        d.conn()?;
+        Ok((d, path))
+    }
+
+    fn conn(&mut self) -> Result<&mut ChirpClient> {
+        if self.conn.is_none() {
+            let c = ChirpClient::connect(self.addr).map_err(DriverError::transient)?;
+            self.open.clear();
+            self.conn = Some(c);
+        }
+        Ok(self.conn.as_mut().expect("connected"))
+    }
+
+    /// Runs `f` on the connection; a dropped connection is forgotten so the next call
+    /// reconnects.
+    fn with<T>(&mut self, f: impl FnOnce(&mut ChirpClient) -> Result<T>) -> Result<T> {
+        let r = f(self.conn()?);
+        if matches!(&r, Err(e) if e.message.contains("dropped the connection")) {
+            self.conn = None;
+        }
+        r
+    }
+
+    fn simple(&mut self, cmd: String) -> Result<()> {
+        self.with(|c| c.call(&cmd).map(drop))
+    }
+
+    fn handle(&self, h: u64) -> Result<i64> {
+        if self.open.contains(&h) {
+            Ok(h as i64)
+        } else {
+            Err(DriverError::errno(libc::EBADF, "the chirp connection was lost since this file was opened"))
+        }
+    }
+}
+
+fn unix_time(t: SetTime, now: i64) -> i64 {
+    match t {
+        SetTime::Omit | SetTime::Now => now,
+        SetTime::At(t) => t.sec,
+    }
+}
+
+impl Driver for ChirpDriver {
+    fn name(&self) -> &'static str {
+        "chirp"
+    }
+
+    fn lstat(&mut self, path: &str) -> Result<Attr> {
+        self.with(|c| {
+            c.call(&format!("lstat {}\n", enc(path)))?;
+            parse_attr(&c.data_line()?)
+        })
+    }
+
+    fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
+        self.with(|c| {
+            c.call(&format!("getlongdir {}\n", enc(path)))?;
+            let mut out = Vec::new();
+            loop {
+                let name = c.data_line()?;
+                if name.is_empty() {
+                    return Ok(out);
+                }
+                let attr = parse_attr(&c.data_line()?)?;
+                if name != "." && name != ".." {
+                    out.push(DirEntry { name, attr });
+                }
+            }
+        })
+    }
+
+    fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
+        let mut letters = String::new();
+        if flags & open_flags::READ != 0 {
+            letters.push('r');
+        }
+        if flags & open_flags::WRITE != 0 {
+            letters.push('w');
+        }
+        for (bit, letter) in [
+            (open_flags::APPEND, 'a'),
+            (open_flags::TRUNCATE, 't'),
+            (open_flags::CREATE, 'c'),
+            (open_flags::EXCLUSIVE, 'x'),
+        ] {
+            if flags & bit != 0 {
+                letters.push(letter);
+            }
+        }
+        let opened = self.with(|c| {
+            let fd = c.call(&format!("open {} {letters} {mode}\n", enc(path)))?;
+            Ok(Opened { handle: fd as u64, attr: parse_attr(&c.data_line()?)? })
+        })?;
+        self.open.insert(opened.handle);
+        Ok(opened)
+    }
+
+    fn close(&mut self, handle: u64) -> Result<()> {
+        let fd = self.handle(handle)?;
+        self.open.remove(&handle);
+        self.simple(format!("close {fd}\n"))
+    }
+
+    fn fstat(&mut self, handle: u64) -> Result<Attr> {
+        let fd = self.handle(handle)?;
+        self.with(|c| {
+            c.call(&format!("fstat {fd}\n"))?;
+            parse_attr(&c.data_line()?)
+        })
+    }
+
+    fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
+        let fd = self.handle(handle)?;
+        self.with(|c| {
+            let n = c.call(&format!("pread {fd} {len} {offset}\n"))?;
+            c.bytes(n as usize)
+        })
+    }
+
+    fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
+        let fd = self.handle(handle)?;
+        self.with(|c| {
+            let lost =
+                |e: std::io::Error| DriverError::errno(libc::EIO, format!("chirp server dropped the connection: {e}"));
+            c.writer.write_all(format!("pwrite {fd} {} {offset}\n", data.len()).as_bytes()).map_err(lost)?;
+            c.writer.write_all(data).map_err(lost)?;
+            let line = c.data_line()?;
+            match line.trim().parse::<i64>() {
+                Ok(n) if n >= 0 => Ok(n as u64),
+                Ok(n) => Err(chirp_error(n, "pwrite")),
+                Err(_) => Err(DriverError::errno(libc::EPROTO, format!("chirp: {line:?}"))),
+            }
+        })
+    }
+
+    fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
+        let fd = self.handle(handle)?;
+        self.simple(format!("ftruncate {fd} {size}\n"))
+    }
+
+    fn fsync(&mut self, handle: u64) -> Result<()> {
+        let fd = self.handle(handle)?;
+        self.simple(format!("fsync {fd}\n"))
+    }
+
+    fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
+        self.simple(format!("mkdir {} {mode}\n", enc(path)))
+    }
+
+    fn rmdir(&mut self, path: &str) -> Result<()> {
+        self.simple(format!("rmdir {}\n", enc(path)))
+    }
+
+    fn unlink(&mut self, path: &str) -> Result<()> {
+        self.simple(format!("unlink {}\n", enc(path)))
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> Result<()> {
+        self.simple(format!("rename {} {}\n", enc(from), enc(to)))
+    }
+
+    fn symlink(&mut self, target: &str, path: &str) -> Result<()> {
+        self.simple(format!("symlink {} {}\n", enc(target), enc(path)))
+    }
+
+    fn readlink(&mut self, path: &str) -> Result<String> {
+        self.with(|c| {
+            let n = c.call(&format!("readlink {} 4096\n", enc(path)))?;
+            String::from_utf8(c.bytes(n as usize)?)
+                .map_err(|_| DriverError::errno(libc::EILSEQ, "link target is not UTF-8"))
+        })
+    }
+
+    fn link(&mut self, from: &str, to: &str) -> Result<()> {
+        self.simple(format!("link {} {}\n", enc(from), enc(to)))
+    }
+
+    fn truncate(&mut self, path: &str, size: u64) -> Result<()> {
+        self.simple(format!("truncate {} {size}\n", enc(path)))
+    }
+
+    fn chmod(&mut self, path: &str, mode: u32) -> Result<()> {
+        self.simple(format!("chmod {} {mode}\n", enc(path)))
+    }
+
+    fn utimes(&mut self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let (a, m) = (unix_time(atime, now), unix_time(mtime, now));
+        self.simple(format!("utime {} {a} {m}\n", enc(path)))
+    }
+
+    fn statfs(&mut self, path: &str) -> Result<StatFs> {
+        self.with(|c| {
+            c.call(&format!("statfs {}\n", enc(path)))?;
+            let line = c.data_line()?;
+            let f: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            if f.len() < 7 {
+                return Err(DriverError::errno(libc::EPROTO, format!("chirp: bad statfs line {line:?}")));
+            }
+            Ok(StatFs {
+                bsize: f[1],
+                frsize: f[1],
+                blocks: f[2],
+                bfree: f[3],
+                bavail: f[4],
+                files: f[5],
+                ffree: f[6],
+                namemax: 255,
+            })
+        })
+    }
+
+    fn access(&mut self, path: &str, mode: u32) -> Result<()> {
+        self.simple(format!("access {} {mode}\n", enc(path)))
+    }
+}
