@@ -39,13 +39,17 @@ impl Drop for Mount {
 }
 
 fn mount(s: &TestServer, path: &str) -> Mount {
-    let mnt = s.scratch().join("mnt");
+    mount_url(&s.url(path), s.scratch())
+}
+
+fn mount_url(url: &str, scratch: &Path) -> Mount {
+    let mnt = scratch.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let mnt = mnt.canonicalize().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["mount", &s.url(path)])
+        .args(["mount", url])
         .arg(&mnt)
-        .env("LOCUS_HOME", s.scratch().join("home"))
+        .env("LOCUS_HOME", scratch.join("home"))
         .env("LOCUS_TOKEN", "admin:admin-token")
         .spawn()
         .expect("locus mount");
@@ -119,4 +123,99 @@ fn unmodified_programs_work_on_the_mount() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!mounted(&mnt));
+}
+
+fn fuse_available() -> bool {
+    let ok = Path::new("/dev/fuse").exists();
+    if !ok {
+        eprintln!("skipped: this machine has no /dev/fuse");
+    }
+    ok
+}
+
+#[test]
+fn the_chirp_driver_mounts_a_chirp_server() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
+    let chirp = locus_bench::peers::start_chirp(work.path(), &root).expect("chirp_server (coop-computing-tools) runs");
+    // chirp_server runs as nobody: what it creates must be writable by it.
+    Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
+    let m = mount_url(&format!("chirp://{}/", chirp.addr), work.path());
+    let mnt = m.mnt.clone();
+    let out = sh(&mnt, "ls -la docs && cat docs/readme.txt");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("chirp says hi"));
+    // A real source tree: this repository's protocol crate.
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../locus-proto");
+    sh(&mnt, &format!("mkdir src && cp -r {} src/proto && grep -rl operation_table src | head -1", proto.display()));
+    let here = sh(&proto, "find . -name '*.rs' | sort");
+    let there = sh(&mnt.join("src/proto"), "find . -name '*.rs' | sort");
+    assert_eq!(here.stdout, there.stdout, "find sees what cp wrote");
+    assert!(root.join("src/proto/src/lib.rs").is_file(), "the copy is on the chirp server");
+    let tarball = work.path().join("src.tar");
+    sh(
+        &mnt,
+        &format!(
+            "tar cf {} src && mkdir back && tar xf {} -C back && diff -r src back/src",
+            tarball.display(),
+            tarball.display()
+        ),
+    );
+    sh(
+        &mnt,
+        "mv docs/readme.txt docs/moved.txt && ln -s moved.txt docs/link && test \"$(cat docs/link)\" = 'chirp says hi'",
+    );
+    let out = Command::new("cat").arg(mnt.join("docs/missing")).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file or directory"));
+    sh(&mnt, "rm -r src back && df . >/dev/null");
+    assert!(!root.join("src").exists());
+}
+
+#[test]
+fn the_http_driver_reads_through_a_real_http_server() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let www = work.path().join("www");
+    std::fs::create_dir_all(www.join("sub")).unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(www.join("big.bin"), &big).unwrap();
+    std::fs::write(www.join("sub/a.txt"), "over http\n").unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = Command::new("python3")
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1"])
+        .current_dir(&www)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 -m http.server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "http.server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let m = mount_url(&format!("http://127.0.0.1:{port}/"), work.path());
+    let mnt = m.mnt.clone();
+    assert_eq!(std::fs::read_to_string(mnt.join("sub/a.txt")).unwrap(), "over http\n");
+    assert_eq!(std::fs::read(mnt.join("big.bin")).unwrap(), big, "ranged reads put the file together");
+    assert_eq!(std::fs::metadata(mnt.join("big.bin")).unwrap().len(), 300_000);
+    assert!(std::fs::metadata(mnt.join("sub")).unwrap().is_dir());
+    let e = std::fs::write(mnt.join("new"), "x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc_erofs()), "read-only: {e}");
+    let e = std::fs::read_dir(&mnt).and_then(|mut d| d.next().transpose()).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(95), "no listings over HTTP: {e}");
+    assert_eq!(std::fs::read(mnt.join("nothing")).unwrap_err().kind(), std::io::ErrorKind::NotFound);
+    drop(m);
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// EROFS on Linux.
+fn libc_erofs() -> i32 {
+    30
 }
