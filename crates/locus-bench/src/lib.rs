@@ -2,6 +2,8 @@
 //!
 //! - [`ops`]: `locus bench ops`, per-operation latency and bandwidth (Parrot's Figure 11
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
+//! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
+//!   (Locus and Chirp drivers) beside a local directory.
 //! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
 //! - [`pingpong`]: the bare TCP request/reply floor.
 //! - [`peers`]: starting and stopping the servers under test.
@@ -9,6 +11,7 @@
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
+pub mod mount;
 pub mod ops;
 pub mod peers;
 pub mod pingpong;

@@ -180,6 +180,8 @@ enum BenchCommand {
     Scripts(locus_bench::scripts::ScriptsArgs),
     /// find at the server vs client-side traversal vs local, across RTTs; the file service under hostile storelets.
     Storelets(locus_bench::storelets::StoreletsArgs),
+    /// Figure 4 rows and an Andrew-like run on locus mount (Locus and Chirp drivers) beside local.
+    Mount(locus_bench::mount::MountArgs),
 }
 
 fn main() -> ExitCode {
@@ -194,6 +196,7 @@ fn main() -> ExitCode {
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {

@@ -1,0 +1,270 @@
+//! `locus bench mount`: unmodified programs on `locus mount`, side by side with the same
+//! on a local directory and on `locus mount` over the Chirp driver against CCTools'
+//! `chirp_server`, at each emulated round-trip time.
+//!
+//! - The Parrot paper's Figure 4 rows, as system calls from this process: stat,
+//!   open+close, read and write of 1 B and 8 KB at offset 0 of an open file, and the
+//!   sequential read bandwidth of a large file whose cached pages are dropped first.
+//! - An Andrew-like run over a real C source tree (Lua 5.4's, from the cargo registry,
+//!   by default): copy it in, `ls -lR`, `grep -r`, build it with `make`, remove it;
+//!   timed per stage.
+
+use crate::peers;
+use crate::proxy::DelayProxy;
+use crate::stats::{median, time_each, Summary};
+use crate::BenchError;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Options of `locus bench mount`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct MountArgs {
+    /// Timed calls per row.
+    #[arg(long, default_value_t = 2000)]
+    pub iterations: usize,
+    /// Size of the file read sequentially, in MiB.
+    #[arg(long, default_value_t = 64)]
+    pub size_mb: u64,
+    /// Emulated round-trip times in milliseconds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,1")]
+    pub rtt_ms: Vec<f64>,
+    /// A C source tree for the Andrew-like run (default: Lua 5.4's from the cargo registry).
+    #[arg(long)]
+    pub tree: Option<PathBuf>,
+    /// Repeats of the Andrew-like run (the median per stage is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+}
+
+/// A `locus mount` child process, unmounted when dropped.
+struct Mounted {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3").arg("-u").arg(&self.dir).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mounted(dir: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(dir.to_string_lossy().as_ref()))
+}
+
+fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::io("mkdir", e))?;
+    let dir = dir.canonicalize().map_err(|e| BenchError::io("mount point", e))?;
+    let child = Command::new(exe)
+        .args(["mount", url])
+        .arg(&dir)
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
+        .env("LOCUS_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| BenchError::io("locus mount", e))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mounted(&dir) {
+        if Instant::now() > deadline {
+            return Err(BenchError::Setup(format!("{url} did not mount on {}", dir.display())));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Mounted { child, dir })
+}
+
+/// The Figure 4 rows in `dir`; returns (row, summary) and the bandwidth in MB/s.
+fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Vec<(&'static str, Summary)>, f64), String> {
+    let e = |e: std::io::Error| e.to_string();
+    let small = dir.join("small");
+    std::fs::write(&small, vec![b'x'; 8192]).map_err(e)?;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&small).map_err(e)?;
+    let (mut b1, mut b8) = ([0u8; 1], [0u8; 8192]);
+    let mut out = Vec::new();
+    let mut row = |name, samples: Result<Vec<Duration>, String>| -> Result<(), String> {
+        out.push((name, Summary::of(&mut samples?)));
+        Ok(())
+    };
+    row("stat", time_each(iterations, || std::fs::metadata(&small).map(drop).map_err(e)))?;
+    row("open+close", time_each(iterations, || File::open(&small).map(drop).map_err(e)))?;
+    row("read 1B", time_each(iterations, || f.read_at(&mut b1, 0).map(drop).map_err(e)))?;
+    row("read 8KB", time_each(iterations, || f.read_at(&mut b8, 0).map(drop).map_err(e)))?;
+    row("write 1B", time_each(iterations, || f.write_at(b"y", 0).map(drop).map_err(e)))?;
+    row("write 8KB", time_each(iterations, || f.write_at(&b8, 0).map(drop).map_err(e)))?;
+    drop(f);
+    let big = dir.join("big");
+    {
+        let f = File::create(&big).map_err(e)?;
+        let chunk = vec![b'z'; 1 << 20];
+        for i in 0..size_mb {
+            f.write_at(&chunk, i << 20).map_err(e)?;
+        }
+        f.sync_all().map_err(e)?;
+    }
+    let f = File::open(&big).map_err(e)?;
+    // Cold: drop the file's cached pages so the data crosses the file system again.
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).map_err(|x| x.to_string())?;
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    let mut off = 0u64;
+    loop {
+        let n = f.read_at(&mut buf, off).map_err(e)?;
+        if n == 0 {
+            break;
+        }
+        off += n as u64;
+    }
+    let mbps = off as f64 / 1e6 / t.elapsed().as_secs_f64();
+    std::fs::remove_file(&big).map_err(e)?;
+    std::fs::remove_file(&small).map_err(e)?;
+    Ok((out, mbps))
+}
+
+/// The Lua 5.4 sources vendored by mlua, if the cargo registry has them.
+fn default_tree() -> Option<PathBuf> {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    let registry = std::fs::read_dir(home.join("registry/src")).ok()?;
+    for index in registry.flatten() {
+        for krate in std::fs::read_dir(index.path()).ok()?.flatten() {
+            if krate.file_name().to_string_lossy().starts_with("lua-src-") {
+                for sub in std::fs::read_dir(krate.path()).ok()?.flatten() {
+                    if sub.file_name().to_string_lossy().starts_with("lua-5.4") {
+                        return Some(sub.path());
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+const MAKEFILE: &str = "SRC := $(filter-out lua.c luac.c,$(wildcard *.c))\n\
+liblua.a: $(SRC:.c=.o)\n\tar rcs $@ $^\n\
+%.o: %.c\n\tcc -O0 -c -o $@ $<\n";
+
+/// The Andrew-like stages in `dir`: (stage, seconds).
+fn andrew(dir: &Path, tree: &Path) -> Result<Vec<(&'static str, f64)>, String> {
+    let stages = [
+        ("copy", format!("cp -r {} src && cp Makefile.andrew src/Makefile", tree.display())),
+        ("ls -lR", "ls -lR src > /dev/null".to_string()),
+        ("grep -r", "grep -r lua_State src > /dev/null".to_string()),
+        ("make", "make -s -C src > /dev/null".to_string()),
+        ("rm -r", "rm -r src".to_string()),
+    ];
+    std::fs::write(dir.join("Makefile.andrew"), MAKEFILE).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (name, script) in stages {
+        let t = Instant::now();
+        let status = Command::new("sh").arg("-c").arg(&script).current_dir(dir).status().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("{name} failed in {}", dir.display()));
+        }
+        out.push((name, t.elapsed().as_secs_f64()));
+    }
+    std::fs::remove_file(dir.join("Makefile.andrew")).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: MountArgs) -> Result<(), BenchError> {
+    let setup = BenchError::Setup;
+    let tree = args.tree.clone().or_else(default_tree).ok_or_else(|| setup("no C source tree: give --tree".into()))?;
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let work = tempfile::Builder::new()
+        .prefix("locus-bench-mount-")
+        .tempdir_in(base)
+        .map_err(|e| BenchError::io("temp", e))?;
+    let (export, chirp_root, local) =
+        (work.path().join("export"), work.path().join("chirp-root"), work.path().join("local"));
+    for d in [&export, &chirp_root, &local] {
+        std::fs::create_dir_all(d).map_err(|e| BenchError::io("mkdir", e))?;
+    }
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
+    let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
+    let chirp = peers::start_chirp(work.path(), &chirp_root).ok();
+
+    let mut out = format!(
+        "\n### bench mount: Figure 4 rows (p50 µs; {} calls each) and sequential read of {} MiB\n",
+        args.iterations, args.size_mb
+    );
+    let mut andrew_out = format!(
+        "\n### bench mount: Andrew-like run over {} (median of {} runs, seconds)\n",
+        tree.display(),
+        args.repeat
+    );
+    andrew_out.push_str("\n| RTT ms | target | copy | ls -lR | grep -r | make | rm -r | total | ÷ local |\n|---|---|---|---|---|---|---|---|---|\n");
+    let (local_rows, local_mbps) = rows(&local, args.iterations, args.size_mb).map_err(setup)?;
+    let mut local_total = 0.0;
+    for &rtt in &args.rtt_ms {
+        let one_way = Duration::from_secs_f64(rtt / 2000.0);
+        let lp = DelayProxy::start(locus.addr, one_way).map_err(|e| BenchError::io("proxy", e))?;
+        let mut targets: Vec<(String, PathBuf, Option<Mounted>)> = vec![("local".into(), local.clone(), None)];
+        let m = mount(&exe, &format!("locus://{}/", lp.addr), &work.path().join(format!("m-locus-{rtt}")), &token)?;
+        targets.push(("locus mount".into(), m.dir.clone(), Some(m)));
+        let cp = match &chirp {
+            Some(c) => Some(DelayProxy::start(c.addr, one_way).map_err(|e| BenchError::io("proxy", e))?),
+            None => None,
+        };
+        if let Some(cp) = &cp {
+            let m = mount(&exe, &format!("chirp://{}/", cp.addr), &work.path().join(format!("m-chirp-{rtt}")), &token)?;
+            targets.push(("locus mount, Chirp driver → chirp_server".into(), m.dir.clone(), Some(m)));
+        }
+        out.push_str(&format!("\n**RTT {rtt} ms**\n\n| row | "));
+        out.push_str(&targets.iter().map(|t| t.0.clone()).collect::<Vec<_>>().join(" | "));
+        out.push_str(" |\n|---|");
+        out.push_str(&"---|".repeat(targets.len()));
+        out.push('\n');
+        let mut results = vec![(local_rows.clone(), local_mbps)];
+        for (_, dir, _) in targets.iter().skip(1) {
+            let sub = dir.join("rows");
+            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io("mkdir", e))?;
+            results.push(rows(&sub, if rtt > 0.0 { 200 } else { args.iterations }, args.size_mb).map_err(setup)?);
+        }
+        for (i, (name, _)) in local_rows.iter().enumerate() {
+            out.push_str(&format!("| {name} |"));
+            for r in &results {
+                out.push_str(&format!(" {:.1} |", r.0[i].1.p50));
+            }
+            out.push('\n');
+        }
+        out.push_str("| seq read MB/s |");
+        for r in &results {
+            out.push_str(&format!(" {:.0} |", r.1));
+        }
+        out.push('\n');
+        for (name, dir, _) in &targets {
+            if rtt > 0.0 && name == "local" {
+                continue;
+            }
+            let runs: Vec<Vec<(&str, f64)>> =
+                (0..args.repeat).map(|_| andrew(dir, &tree)).collect::<Result<_, _>>().map_err(setup)?;
+            let stage = |k: usize| median(runs.iter().map(|r| r[k].1).collect());
+            let total: f64 = (0..5).map(stage).sum();
+            if name == "local" {
+                local_total = total;
+            }
+            andrew_out.push_str(&format!(
+                "| {rtt} | {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {total:.2} | {:.2}x |\n",
+                stage(0),
+                stage(1),
+                stage(2),
+                stage(3),
+                stage(4),
+                total / local_total
+            ));
+        }
+        eprintln!("rtt {rtt} ms done");
+    }
+    out.push_str("\nThe kernel's page cache serves repeated reads of the same bytes on the mounts (files are reopened only when unchanged); writes go to the server every time. sshfs and PostMark are not installed on this machine and are not measured.\n");
+    print!("{out}{andrew_out}");
+    Ok(())
+}
