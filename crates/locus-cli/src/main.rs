@@ -14,6 +14,7 @@ mod serve;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Locus: a remote file server that runs your code next to your data.
 #[derive(Parser)]
@@ -106,6 +107,9 @@ enum Command {
         /// How long (ms) the kernel may trust attributes and names before asking the server again.
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
+        /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
+        #[arg(long, default_value_t = 30)]
+        retry_secs: u64,
     },
     /// Unmount a `locus mount`.
     Umount { mountpoint: PathBuf },
@@ -192,7 +196,9 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
-        Command::Mount { url, mountpoint, attr_timeout_ms } => mount::run(&url, &mountpoint, attr_timeout_ms),
+        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs } => {
+            mount::run(&url, &mountpoint, attr_timeout_ms, Duration::from_secs(retry_secs))
+        }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),

@@ -219,3 +219,76 @@ fn the_http_driver_reads_through_a_real_http_server() {
 fn libc_erofs() -> i32 {
     30
 }
+
+/// `locus serve` on a fixed port, so it can be stopped and started again.
+fn serve(root: &Path, state: &Path, port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(root)
+        .arg("--state")
+        .arg(state)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("locus serve");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_down_is_eio() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (root, state) = (work.path().join("root"), work.path().join("state"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("f.txt"), "still here\n").unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = serve(&root, &state, port);
+    let token = std::fs::read_to_string(state.join("tokens")).unwrap();
+    let token = token.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string();
+    let mnt = work.path().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mnt = mnt.canonicalize().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["mount", &format!("locus://127.0.0.1:{port}/"), "--retry-secs", "3"])
+        .arg(&mnt)
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
+        .spawn()
+        .unwrap();
+    let _m = Mount { child, mnt: mnt.clone() };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mounted(&mnt) {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "still here\n");
+
+    // Killed mid-run and back within the window: the program does not notice.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let restarter = {
+        let (root, state) = (root.clone(), state.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(800));
+            serve(&root, &state, port)
+        })
+    };
+    let started = Instant::now();
+    assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "still here\n");
+    assert!(started.elapsed() >= Duration::from_millis(500), "the read waited for the server");
+    let mut server = restarter.join().unwrap();
+
+    // Down for longer than the window: the call fails with EIO, after about the window.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let started = Instant::now();
+    let e = std::fs::read_to_string(mnt.join("f.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(5), "EIO: {e}");
+    assert!(started.elapsed() >= Duration::from_secs(2), "gave up after {:?}", started.elapsed());
+}

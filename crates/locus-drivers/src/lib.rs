@@ -59,6 +59,9 @@ pub type Result<T> = std::result::Result<T, DriverError>;
 pub trait Driver: Send {
     /// A short name for messages (`locus`, `chirp`, `http`).
     fn name(&self) -> &'static str;
+    /// How long calls keep retrying an unreachable server before failing with `EIO`
+    /// (drivers that cannot reconnect ignore it).
+    fn set_retry(&mut self, _window: std::time::Duration) {}
     /// Attributes of a path, not following a final symbolic link.
     fn lstat(&mut self, path: &str) -> Result<Attr>;
     /// A directory's entries with their attributes.

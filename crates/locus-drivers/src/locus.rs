@@ -1,28 +1,94 @@
 //! The Locus driver: the blocking client, every operation.
+//!
+//! A lost connection is transient: the call reconnects and tries again with backoff
+//! for the driver's retry window, so a program survives a server restart; past the
+//! window the call fails with `EIO`. Handles carry the connection's generation in their
+//! upper bits, so a handle from before a reconnection answers `EBADF` instead of naming
+//! whatever the new session numbered the same.
 
 use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
-use locus_client::{blocking::Client, ClientError, LocusUrl};
+use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl};
+use std::time::{Duration, Instant};
 
-/// A connection to a Locus server.
+/// How long calls keep retrying a lost server by default.
+pub const DEFAULT_RETRY: Duration = Duration::from_secs(30);
+
+/// A connection to a Locus server that reconnects when it is lost.
 pub struct LocusDriver {
-    client: Client,
+    options: ConnectOptions,
+    client: Option<Client>,
+    /// Counts connections; the upper 24 bits of every handle given out.
+    generation: u64,
+    retry: Duration,
 }
 
 fn err(e: ClientError) -> DriverError {
     DriverError { errno: e.errno(), message: e.to_string(), transient: e.is_transient() }
 }
 
+const GENERATION_SHIFT: u32 = 40;
+
 impl LocusDriver {
     /// Connects to the server of `url`; returns the driver and the URL's path.
     pub fn connect(url: &str) -> Result<(LocusDriver, String)> {
         let u = LocusUrl::parse(url).map_err(|e| DriverError::errno(libc::EINVAL, e.to_string()))?;
-        let client = Client::connect_url(&u).map_err(err)?;
-        Ok((LocusDriver { client }, u.path))
+        let options = ConnectOptions::for_url(&u).map_err(err)?;
+        let client = Client::connect(&options).map_err(err)?;
+        Ok((LocusDriver { options, client: Some(client), generation: 1, retry: DEFAULT_RETRY }, u.path))
     }
 
-    /// A driver over an existing connection.
-    pub fn new(client: Client) -> LocusDriver {
-        LocusDriver { client }
+    /// Runs `f`, reconnecting and retrying while the server is unreachable, up to the
+    /// retry window.
+    fn call<T>(&mut self, f: impl Fn(&Client) -> std::result::Result<T, ClientError>) -> Result<T> {
+        let deadline = Instant::now() + self.retry;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let outcome = match &self.client {
+                Some(c) => f(c),
+                None => Client::connect(&self.options)
+                    .map(|c| {
+                        self.client = Some(c);
+                        self.generation += 1;
+                    })
+                    .and_then(|()| f(self.client.as_ref().expect("just connected"))),
+            };
+            match outcome {
+                Err(e) if e.is_transient() => {
+                    self.client = None;
+                    if Instant::now() >= deadline {
+                        return Err(DriverError::transient(format!("server unreachable for {:?}: {e}", self.retry)));
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other.map_err(err),
+            }
+        }
+    }
+
+    /// Runs `f` on the current connection without reconnecting: for calls on handles,
+    /// which a new connection would not know.
+    fn call_on<T>(&mut self, f: impl FnOnce(&Client) -> std::result::Result<T, ClientError>) -> Result<T> {
+        let client = self.client.as_ref().ok_or_else(|| DriverError::errno(libc::EBADF, "the connection was lost"))?;
+        let outcome = f(client);
+        if matches!(&outcome, Err(e) if e.is_transient()) {
+            self.client = None;
+        }
+        outcome.map_err(err)
+    }
+
+    /// The handle given out for server handle `h` of this connection.
+    fn outer(&self, h: u64) -> u64 {
+        self.generation << GENERATION_SHIFT | h
+    }
+
+    /// The server handle behind `handle`, if it belongs to the current connection.
+    fn inner(&self, handle: u64) -> Result<u64> {
+        if handle >> GENERATION_SHIFT == self.generation && self.client.is_some() {
+            Ok(handle & ((1 << GENERATION_SHIFT) - 1))
+        } else {
+            Err(DriverError::errno(libc::EBADF, "the file was opened before the connection to the server was lost"))
+        }
     }
 }
 
@@ -30,73 +96,86 @@ impl Driver for LocusDriver {
     fn name(&self) -> &'static str {
         "locus"
     }
+    fn set_retry(&mut self, window: Duration) {
+        self.retry = window;
+    }
     fn lstat(&mut self, path: &str) -> Result<Attr> {
-        self.client.run(|c| c.lstat(path)).map_err(err)
+        self.call(|c| c.run(|c| c.lstat(path)))
     }
     fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
-        self.client.run(|c| c.readdir(path)).map_err(err)
+        self.call(|c| c.run(|c| c.readdir(path)))
     }
     fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
-        self.client.run(|c| c.open(path, flags, mode)).map_err(err)
+        let opened = self.call(|c| c.run(|c| c.open(path, flags, mode)))?;
+        Ok(Opened { handle: self.outer(opened.handle), attr: opened.attr })
     }
     fn close(&mut self, handle: u64) -> Result<()> {
         // Nothing is buffered on either side (writes are synchronous), so a close cannot
         // fail in a way the program could act on: send it and do not wait for the reply,
         // which saves a round trip per open file.
-        let close = locus_proto::ops::Close { handle };
+        let Ok(h) = self.inner(handle) else { return Ok(()) };
+        let close = locus_proto::ops::Close { handle: h };
         let code = <locus_proto::ops::Close as locus_proto::Operation>::INFO.code;
         let meta = locus_proto::codec::encode(&close);
-        self.client.run(|c| c.send_request(code, &meta, &[], false)).map(drop).map_err(err)
+        match &self.client {
+            Some(c) => c.run(|c| c.send_request(code, &meta, &[], false)).map(drop).map_err(err),
+            None => Ok(()),
+        }
     }
     fn fstat(&mut self, handle: u64) -> Result<Attr> {
-        self.client.run(|c| c.fstat(handle)).map_err(err)
+        let h = self.inner(handle)?;
+        self.call_on(|c| c.run(|c| c.fstat(h)))
     }
     fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        self.client.run(|c| c.pread(handle, offset, len)).map(|b| b.to_vec()).map_err(err)
+        let h = self.inner(handle)?;
+        self.call_on(|c| c.run(|c| c.pread(h, offset, len))).map(|b| b.to_vec())
     }
     fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
-        self.client.run(|c| c.pwrite(handle, offset, data)).map_err(err)
+        let h = self.inner(handle)?;
+        self.call_on(|c| c.run(|c| c.pwrite(h, offset, data)))
     }
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
-        self.client.run(|c| c.ftruncate(handle, size)).map_err(err)
+        let h = self.inner(handle)?;
+        self.call_on(|c| c.run(|c| c.ftruncate(h, size)))
     }
     fn fsync(&mut self, handle: u64) -> Result<()> {
-        self.client.run(|c| c.fsync(handle)).map_err(err)
+        let h = self.inner(handle)?;
+        self.call_on(|c| c.run(|c| c.fsync(h)))
     }
     fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.client.run(|c| c.mkdir(path, mode)).map_err(err)
+        self.call(|c| c.run(|c| c.mkdir(path, mode)))
     }
     fn rmdir(&mut self, path: &str) -> Result<()> {
-        self.client.run(|c| c.rmdir(path)).map_err(err)
+        self.call(|c| c.run(|c| c.rmdir(path)))
     }
     fn unlink(&mut self, path: &str) -> Result<()> {
-        self.client.run(|c| c.unlink(path)).map_err(err)
+        self.call(|c| c.run(|c| c.unlink(path)))
     }
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
-        self.client.run(|c| c.rename(from, to)).map_err(err)
+        self.call(|c| c.run(|c| c.rename(from, to)))
     }
     fn symlink(&mut self, target: &str, path: &str) -> Result<()> {
-        self.client.run(|c| c.symlink(target, path)).map_err(err)
+        self.call(|c| c.run(|c| c.symlink(target, path)))
     }
     fn readlink(&mut self, path: &str) -> Result<String> {
-        self.client.run(|c| c.readlink(path)).map_err(err)
+        self.call(|c| c.run(|c| c.readlink(path)))
     }
     fn link(&mut self, from: &str, to: &str) -> Result<()> {
-        self.client.run(|c| c.link(from, to)).map_err(err)
+        self.call(|c| c.run(|c| c.link(from, to)))
     }
     fn truncate(&mut self, path: &str, size: u64) -> Result<()> {
-        self.client.run(|c| c.truncate(path, size)).map_err(err)
+        self.call(|c| c.run(|c| c.truncate(path, size)))
     }
     fn chmod(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.client.run(|c| c.chmod(path, mode)).map_err(err)
+        self.call(|c| c.run(|c| c.chmod(path, mode)))
     }
     fn utimes(&mut self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
-        self.client.run(|c| c.utimes(path, atime, mtime)).map_err(err)
+        self.call(|c| c.run(|c| c.utimes(path, atime, mtime)))
     }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
-        self.client.run(|c| c.statfs(path)).map_err(err)
+        self.call(|c| c.run(|c| c.statfs(path)))
     }
     fn access(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.client.run(|c| c.access(path, mode)).map_err(err)
+        self.call(|c| c.run(|c| c.access(path, mode)))
     }
 }

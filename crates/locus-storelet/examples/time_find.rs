@@ -1,4 +1,5 @@
-//! Times the shipped `find` storelet over a directory, outside any server:
+//! Times the shipped `find` storelet over a directory, outside any server (`RUNS=N` runs,
+//! `STORELET_ENV=NAME=VALUE` for one environment variable):
 //! `cargo run --release -p locus-storelet --example time_find DIR [GLOB]`.
 use locus_storelet::{build_shipped, Limits, RunSpec, Runner};
 use std::time::Instant;
