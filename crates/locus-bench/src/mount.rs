@@ -8,6 +8,10 @@
 //! - An Andrew-like run over a real C source tree (Lua 5.4's, from the cargo registry,
 //!   by default): copy it in, `ls -lR`, `grep -r`, build it with `make`, remove it;
 //!   timed per stage.
+//! - PostMark (Debian's `postmark`) on each target.
+//!
+//! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
+//! configuration and keys in the work directory) is measured beside the others.
 
 use crate::peers;
 use crate::proxy::DelayProxy;
@@ -39,18 +43,127 @@ pub struct MountArgs {
     pub repeat: usize,
 }
 
-/// A `locus mount` child process, unmounted when dropped.
+/// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
 struct Mounted {
-    child: Child,
+    child: Option<Child>,
     dir: PathBuf,
 }
 
 impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("fusermount3").arg("-u").arg(&self.dir).status();
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_mounted(dir: &Path, what: &str) -> Result<(), BenchError> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mounted(dir) {
+        if Instant::now() > deadline {
+            return Err(BenchError::Setup(format!("{what} did not mount on {}", dir.display())));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// A loopback sshd with its own configuration and keys, for sshfs.
+struct Sshd {
+    child: Child,
+    port: u16,
+    key: PathBuf,
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn start_sshd(work: &Path) -> Result<Sshd, String> {
+    let sshd = ["/usr/sbin/sshd", "/usr/bin/sshd"].into_iter().find(|p| Path::new(p).exists()).ok_or("no sshd")?;
+    peers::which("sshfs").ok_or("no sshfs")?;
+    let dir = work.join("sshd");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    for key in ["host_key", "user_key"] {
+        let ok = Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(dir.join(key))
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !ok.success() {
+            return Err("ssh-keygen failed".into());
+        }
+    }
+    std::fs::copy(dir.join("user_key.pub"), dir.join("authorized_keys")).map_err(|e| e.to_string())?;
+    let _ = std::fs::create_dir_all("/run/sshd");
+    let port = peers::free_port().map_err(|e| e.to_string())?;
+    let config = format!(
+        "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
+         PermitRootLogin yes\nPasswordAuthentication no\nUsePAM no\nStrictModes no\nPidFile {d}/sshd.pid\n\
+         Subsystem sftp internal-sftp\n",
+        d = dir.display()
+    );
+    std::fs::write(dir.join("sshd_config"), config).map_err(|e| e.to_string())?;
+    let child = Command::new(sshd)
+        .args(["-D", "-f"])
+        .arg(dir.join("sshd_config"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("sshd did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Sshd { child, port, key: dir.join("user_key") })
+}
+
+fn mount_sshfs(sshd: &Sshd, port: u16, remote: &Path, dir: &Path) -> Result<Mounted, BenchError> {
+    std::fs::create_dir_all(dir).map_err(|e| BenchError::io("mkdir", e))?;
+    let dir = dir.canonicalize().map_err(|e| BenchError::io("mount point", e))?;
+    let user = std::env::var("USER").unwrap_or_else(|_| "root".into());
+    let status = Command::new("sshfs")
+        .arg(format!("{user}@127.0.0.1:{}", remote.display()))
+        .arg(&dir)
+        .args(["-p", &port.to_string(), "-o"])
+        .arg(format!(
+            "IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR",
+            sshd.key.display()
+        ))
+        .status()
+        .map_err(|e| BenchError::io("sshfs", e))?;
+    if !status.success() {
+        return Err(BenchError::Setup("sshfs failed to mount".into()));
+    }
+    wait_mounted(&dir, "sshfs")?;
+    Ok(Mounted { child: None, dir })
+}
+
+/// PostMark in `dir`: its own transactions per second and our wall time of the run.
+fn postmark(dir: &Path, work: &Path) -> Result<(f64, f64), String> {
+    let cfg = work.join("postmark.cfg");
+    std::fs::write(&cfg, format!("set location {}\nset number 500\nset transactions 5000\nrun\nquit\n", dir.display()))
+        .map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let out = Command::new("postmark").arg(&cfg).output().map_err(|e| e.to_string())?;
+    let secs = t.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.contains("seconds of transactions"))
+        .and_then(|l| l.split('(').nth(1))
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("postmark said: {text}"))?;
+    Ok((tps, secs))
 }
 
 fn mounted(dir: &Path) -> bool {
@@ -70,14 +183,8 @@ fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, Benc
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| BenchError::io("locus mount", e))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !mounted(&dir) {
-        if Instant::now() > deadline {
-            return Err(BenchError::Setup(format!("{url} did not mount on {}", dir.display())));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(Mounted { child, dir })
+    wait_mounted(&dir, url)?;
+    Ok(Mounted { child: Some(child), dir })
 }
 
 /// The Figure 4 rows in `dir`; returns (row, summary) and the bandwidth in MB/s.
@@ -191,6 +298,10 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
     let chirp = peers::start_chirp(work.path(), &chirp_root).ok();
+    let ssh_root = work.path().join("ssh-root");
+    std::fs::create_dir_all(&ssh_root).map_err(|e| BenchError::io("mkdir", e))?;
+    let sshd = start_sshd(work.path()).map_err(|e| eprintln!("sshfs not measured: {e}")).ok();
+    let mut postmark_out = String::from("\n### bench mount: PostMark (500 files, 5000 transactions)\n\n| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
 
     let mut out = format!(
         "\n### bench mount: Figure 4 rows (p50 µs; {} calls each) and sequential read of {} MiB\n",
@@ -217,6 +328,16 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         if let Some(cp) = &cp {
             let m = mount(&exe, &format!("chirp://{}/", cp.addr), &work.path().join(format!("m-chirp-{rtt}")), &token)?;
             targets.push(("locus mount, Chirp driver → chirp_server".into(), m.dir.clone(), Some(m)));
+        }
+        let sp = match &sshd {
+            Some(s) => Some(
+                DelayProxy::start(([127, 0, 0, 1], s.port).into(), one_way).map_err(|e| BenchError::io("proxy", e))?,
+            ),
+            None => None,
+        };
+        if let (Some(s), Some(sp)) = (&sshd, &sp) {
+            let m = mount_sshfs(s, sp.addr.port(), &ssh_root, &work.path().join(format!("m-sshfs-{rtt}")))?;
+            targets.push(("sshfs".into(), m.dir.clone(), Some(m)));
         }
         out.push_str(&format!("\n**RTT {rtt} ms**\n\n| row | "));
         out.push_str(&targets.iter().map(|t| t.0.clone()).collect::<Vec<_>>().join(" | "));
@@ -262,9 +383,21 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                 total / local_total
             ));
         }
+        for (name, dir, _) in &targets {
+            if rtt > 0.0 && name == "local" {
+                continue;
+            }
+            let sub = dir.join("postmark");
+            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io("mkdir", e))?;
+            match postmark(&sub, work.path()) {
+                Ok((tps, secs)) => postmark_out.push_str(&format!("| {rtt} | {name} | {tps:.0} | {secs:.2} |\n")),
+                Err(e) => postmark_out
+                    .push_str(&format!("| {rtt} | {name} | failed: {} | |\n", e.lines().next().unwrap_or(""))),
+            }
+        }
         eprintln!("rtt {rtt} ms done");
     }
-    out.push_str("\nThe kernel's page cache serves repeated reads of the same bytes on the mounts (files are reopened only when unchanged); writes go to the server every time. sshfs and PostMark are not installed on this machine and are not measured.\n");
-    print!("{out}{andrew_out}");
+    out.push_str("\nThe kernel's page cache serves repeated reads of the same bytes on the mounts (files are reopened only when unchanged); writes go to the server every time.\n");
+    print!("{out}{andrew_out}{postmark_out}");
     Ok(())
 }
