@@ -100,9 +100,11 @@ enum Command {
     /// Run WebAssembly programs at the server, beside the data.
     #[command(subcommand)]
     Storelet(StoreletCommand),
-    /// Mount a Locus directory on MOUNTPOINT with FUSE; runs until unmounted, SIGINT or SIGTERM.
+    /// Mount a remote directory on MOUNTPOINT with FUSE; runs until unmounted, SIGINT or SIGTERM.
     Mount {
+        /// locus://HOST:PORT/path, chirp://HOST:PORT/path (CCTools' chirp_server) or http(s)://HOST/path (read-only).
         url: String,
+        /// An existing, empty directory.
         mountpoint: PathBuf,
         /// How long (ms) the kernel may trust attributes and names before asking the server again.
         #[arg(long, default_value_t = 1000)]
