@@ -346,8 +346,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         out.push('\n');
         let mut results = vec![(local_rows.clone(), local_mbps)];
         for (_, dir, _) in targets.iter().skip(1) {
-            let sub = dir.join("rows");
-            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io("mkdir", e))?;
+            let sub = dir.join(format!("rows-{rtt}"));
+            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io(format!("mkdir {}", sub.display()), e))?;
             results.push(rows(&sub, if rtt > 0.0 { 200 } else { args.iterations }, args.size_mb).map_err(setup)?);
         }
         for (i, (name, _)) in local_rows.iter().enumerate() {
@@ -387,8 +387,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             if rtt > 0.0 && name == "local" {
                 continue;
             }
-            let sub = dir.join("postmark");
-            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io("mkdir", e))?;
+            let sub = dir.join(format!("postmark-{rtt}"));
+            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io(format!("mkdir {}", sub.display()), e))?;
             match postmark(&sub, work.path()) {
                 Ok((tps, secs)) => postmark_out.push_str(&format!("| {rtt} | {name} | {tps:.0} | {secs:.2} |\n")),
                 Err(e) => postmark_out

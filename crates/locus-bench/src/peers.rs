@@ -111,6 +111,11 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
 
 /// CCTools' chirp_server exporting `root`, accepting address authentication from loopback.
 pub fn start_chirp(work: &Path, root: &Path) -> Result<Peer, BenchError> {
+    start_chirp_with(work, root, &[])
+}
+
+/// chirp_server with extra flags (for example `-t 1` to drop clients idle for a second).
+pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer, BenchError> {
     let bin = which("chirp_server")
         .ok_or_else(|| BenchError::Setup("chirp_server not installed (apt-get install coop-computing-tools)".into()))?;
     let acl = work.join("chirp.acl");
@@ -120,7 +125,7 @@ pub fn start_chirp(work: &Path, root: &Path) -> Result<Peer, BenchError> {
     open_up(root)?;
     let mut cmd = Command::new(bin);
     cmd.arg("-r").arg(root).args(["-p", "0", "-u", "-", "-a", "address", "-I", "127.0.0.1"]);
-    cmd.arg("-A").arg(&acl).arg("-Z").arg(&port_file).arg("-y").arg(root);
+    cmd.arg("-A").arg(&acl).arg("-Z").arg(&port_file).arg("-y").arg(root).args(flags);
     if running_as_root() {
         cmd.args(["-i", "nobody"]);
     }

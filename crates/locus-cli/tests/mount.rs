@@ -142,13 +142,21 @@ fn the_chirp_driver_mounts_a_chirp_server() {
     let root = work.path().join("root");
     std::fs::create_dir_all(root.join("docs")).unwrap();
     std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
-    let chirp = locus_bench::peers::start_chirp(work.path(), &root).expect("chirp_server (coop-computing-tools) runs");
+    // Clients idle for a second are dropped: the driver must reconnect unnoticed.
+    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
+        .expect("chirp_server (coop-computing-tools) runs");
     // chirp_server runs as nobody: what it creates must be writable by it.
     Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
     let m = mount_url(&format!("chirp://{}/", chirp.addr), work.path());
     let mnt = m.mnt.clone();
     let out = sh(&mnt, "ls -la docs && cat docs/readme.txt");
     assert!(String::from_utf8_lossy(&out.stdout).contains("chirp says hi"));
+    std::thread::sleep(Duration::from_millis(2500));
+    let out = sh(&mnt, "cat docs/readme.txt && mkdir after-idle");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("chirp says hi"),
+        "after chirp_server dropped the idle client"
+    );
     // A real source tree: this repository's protocol crate.
     let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("../locus-proto");
     sh(&mnt, &format!("mkdir src && cp -r {} src/proto && grep -rl operation_table src | head -1", proto.display()));

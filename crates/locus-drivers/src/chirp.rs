@@ -45,6 +45,23 @@ impl ChirpClient {
         }
     }
 
+    /// False once the server has closed the connection (nothing is pending on a healthy
+    /// idle one, so a peek that finds end of file means closed).
+    fn is_open(&self) -> bool {
+        let s = self.reader.get_ref();
+        if !self.reader.buffer().is_empty() || s.set_nonblocking(true).is_err() {
+            return true;
+        }
+        let mut b = [0u8; 1];
+        let open = match s.peek(&mut b) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+        };
+        let _ = s.set_nonblocking(false);
+        open
+    }
+
     fn line(&mut self) -> ChirpResult<String> {
         let mut s = String::new();
         match self.reader.read_line(&mut s) {
@@ -241,6 +258,11 @@ impl ChirpDriver {
     }
 
     fn conn(&mut self) -> Result<&mut ChirpClient> {
+        // chirp_server closes connections that stay idle: notice before sending, so that
+        // the call goes on a fresh connection instead of failing.
+        if self.conn.as_ref().is_some_and(|c| !c.is_open()) {
+            self.conn = None;
+        }
         if self.conn.is_none() {
             let c = ChirpClient::connect(self.addr).map_err(DriverError::transient)?;
             self.open.clear();
