@@ -61,7 +61,7 @@ impl Drop for Mounted {
 
 fn wait_mounted(dir: &Path, what: &str) -> Result<(), BenchError> {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !mounted(dir) {
+    while !locus_mount::is_mounted(dir) {
         if Instant::now() > deadline {
             return Err(BenchError::Setup(format!("{what} did not mount on {}", dir.display())));
         }
@@ -164,11 +164,6 @@ fn postmark(dir: &Path, work: &Path) -> Result<(f64, f64), String> {
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| format!("postmark said: {text}"))?;
     Ok((tps, secs))
-}
-
-fn mounted(dir: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(dir.to_string_lossy().as_ref()))
 }
 
 fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, BenchError> {

@@ -90,6 +90,11 @@ fn walk(c: &blocking::Client, dir: &str, glob: &str, stat_each: bool) -> Result<
     Ok(found)
 }
 
+/// Non-empty lines of a program's output: how many paths a find printed.
+fn lines(out: &[u8]) -> usize {
+    out.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count()
+}
+
 fn timed<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(Duration, T), String> {
     let t = Instant::now();
     let v = f()?;
@@ -124,7 +129,7 @@ pub fn run(args: StoreletsArgs) -> Result<(), BenchError> {
     }
     let count = |kind: &str| -> Result<usize, BenchError> {
         let out = Command::new("find").arg(root.join("tree")).args(["-type", kind]).output();
-        Ok(out.map_err(|e| BenchError::io("find", e))?.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count())
+        Ok(lines(&out.map_err(|e| BenchError::io("find", e))?.stdout))
     };
     let (files, dirs) = (count("f")?, count("d")?);
     let find = locus_storelet::build_shipped("find").map_err(setup)?;
@@ -140,7 +145,7 @@ pub fn run(args: StoreletsArgs) -> Result<(), BenchError> {
     out.push_str("| RTT ms | local GNU find | storelet find | storelet ÷ local | client readdir walk | client readdir+stat walk | readdir walk ÷ storelet | readdir+stat walk ÷ storelet |\n|---|---|---|---|---|---|---|---|\n");
     let local_find = || -> Result<usize, String> {
         let o = Command::new("find").arg(root.join("tree")).args(["-name", &args.name]).output();
-        Ok(o.map_err(|e| e.to_string())?.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count())
+        Ok(lines(&o.map_err(|e| e.to_string())?.stdout))
     };
     for &rtt in &args.rtt_ms {
         let proxy = if rtt > 0.0 {
@@ -155,7 +160,7 @@ pub fn run(args: StoreletsArgs) -> Result<(), BenchError> {
         let find_args = vec!["/".to_string(), "-name".to_string(), args.name.clone()];
         let storelet = || -> Result<usize, String> {
             let o = c.run(|c| c.storelet_run(&find, "/tree", find_args.clone(), false)).map_err(|e| e.to_string())?;
-            Ok(o.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count())
+            Ok(lines(&o.stdout))
         };
         let (compile, _) = timed(storelet).map_err(setup)?;
         let (mut local, mut remote, mut walk_dirs, mut walk_files) = (vec![], vec![], vec![], vec![]);

@@ -1,6 +1,6 @@
 //! `locus mount` and `locus umount`.
 
-use locus_mount::{LocusFs, MountOptions};
+use locus_mount::{is_mounted, LocusFs, MountOptions};
 use std::path::Path;
 use std::time::Duration;
 
@@ -52,18 +52,6 @@ fn wait_for_signal_or_unmount(mountpoint: &Path) {
             _ = unmounted => {}
         }
     });
-}
-
-/// Whether a FUSE file system is mounted on `mountpoint`, by /proc/self/mountinfo (the
-/// mount point is field 5; the type follows the ` - ` separator).
-fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
-    let target = mountpoint.to_string_lossy();
-    info.lines().any(|l| {
-        let on_target = l.split(' ').nth(4) == Some(target.as_ref());
-        let fuse = l.split_once(" - ").is_some_and(|(_, rest)| rest.starts_with("fuse"));
-        on_target && fuse
-    })
 }
 
 /// `locus umount MOUNTPOINT`: asks the kernel to unmount; the `locus mount` process ends.

@@ -2,15 +2,11 @@
 //! make and cc, Python, a shell that forks and execs) work on the mounted directory and
 //! their effects land in the export; errors keep their errno; `locus umount` ends it.
 
+use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
-
-fn mounted(mnt: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
-}
 
 fn sh(dir: &Path, script: &str) -> Output {
     let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().expect("sh");
@@ -43,14 +39,20 @@ fn mount(s: &TestServer, path: &str) -> Mount {
 }
 
 fn mount_url(url: &str, scratch: &Path) -> Mount {
+    mount_with(url, scratch, "admin-token", &[])
+}
+
+/// `locus mount URL SCRATCH/mnt FLAGS...` as admin, once the mount is there.
+fn mount_with(url: &str, scratch: &Path, token: &str, flags: &[&str]) -> Mount {
     let mnt = scratch.join("mnt");
     std::fs::create_dir_all(&mnt).unwrap();
     let mnt = mnt.canonicalize().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(["mount", url])
+        .args(flags)
         .arg(&mnt)
         .env("LOCUS_HOME", scratch.join("home"))
-        .env("LOCUS_TOKEN", "admin:admin-token")
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
         .spawn()
         .expect("locus mount");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -59,6 +61,15 @@ fn mount_url(url: &str, scratch: &Path) -> Mount {
         std::thread::sleep(Duration::from_millis(20));
     }
     Mount { child, mnt }
+}
+
+/// Waits until something listens on the loopback `port`.
+fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -202,11 +213,7 @@ fn the_http_driver_reads_through_a_real_http_server() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("python3 -m http.server");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "http.server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_port(port, "http.server");
     let m = mount_url(&format!("http://127.0.0.1:{port}/"), work.path());
     let mnt = m.mnt.clone();
     assert_eq!(std::fs::read_to_string(mnt.join("sub/a.txt")).unwrap(), "over http\n");
@@ -239,11 +246,7 @@ fn serve(root: &Path, state: &Path, port: u16) -> Child {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("locus serve");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_port(port, "locus serve");
     child
 }
 
@@ -260,21 +263,8 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     let mut server = serve(&root, &state, port);
     let token = std::fs::read_to_string(state.join("tokens")).unwrap();
     let token = token.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string();
-    let mnt = work.path().join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mnt = mnt.canonicalize().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["mount", &format!("locus://127.0.0.1:{port}/"), "--retry-secs", "3"])
-        .arg(&mnt)
-        .env("LOCUS_TOKEN", format!("admin:{token}"))
-        .spawn()
-        .unwrap();
-    let _m = Mount { child, mnt: mnt.clone() };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !mounted(&mnt) {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let m = mount_with(&format!("locus://127.0.0.1:{port}/"), work.path(), &token, &["--retry-secs", "3"]);
+    let mnt = m.mnt.clone();
     assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "still here\n");
 
     // Killed mid-run and back within the window: the program does not notice.

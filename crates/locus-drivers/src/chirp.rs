@@ -12,12 +12,14 @@ use locus_proto::types::open_flags;
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A connection to a chirp_server.
 pub struct ChirpClient {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
+    /// Set once the connection failed mid-call: it cannot be used again.
+    lost: bool,
 }
 
 /// Result of a Chirp call: errors carry the negative code's errno when there is one.
@@ -30,7 +32,7 @@ impl ChirpClient {
         s.set_nodelay(true).map_err(|e| e.to_string())?;
         s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
         let writer = s.try_clone().map_err(|e| e.to_string())?;
-        let mut c = ChirpClient { reader: BufReader::with_capacity(1 << 20, s), writer };
+        let mut c = ChirpClient { reader: BufReader::with_capacity(1 << 20, s), writer, lost: false };
         c.writer.write_all(b"address\n").map_err(|e| e.to_string())?;
         // The server answers "yes" until it names the method and the subject it accepted.
         loop {
@@ -71,40 +73,51 @@ impl ChirpClient {
         }
     }
 
-    fn result(&mut self) -> ChirpResult<i64> {
-        let line = self.line()?;
-        let n: i64 = line.trim().parse().map_err(|_| format!("chirp: bad result line {line:?}"))?;
-        if n < 0 {
-            return Err(format!("chirp error {n}"));
-        }
-        Ok(n)
+    /// An I/O failure mid-call: the connection is lost (chirp_server closes it after an
+    /// error it cannot map to a code).
+    fn lost(&mut self, e: impl std::fmt::Display) -> DriverError {
+        self.lost = true;
+        DriverError::errno(libc::EIO, format!("chirp server dropped the connection: {e}"))
     }
 
-    /// Sends a command line; answers its result code, negative codes included.
-    fn call(&mut self, cmd: &str) -> std::result::Result<i64, DriverError> {
-        let lost = |e: String| DriverError::errno(libc::EIO, format!("chirp server dropped the connection: {e}"));
-        self.writer.write_all(cmd.as_bytes()).map_err(|e| lost(e.to_string()))?;
-        let line = self.line().map_err(lost)?;
+    /// Reads the result line of `what`; negative codes become their errno.
+    fn reply(&mut self, what: &str) -> Result<i64> {
+        let line = self.line().map_err(|e| self.lost(e))?;
         let n: i64 = line.trim().parse().map_err(|_| DriverError::errno(libc::EPROTO, format!("chirp: {line:?}")))?;
         if n < 0 {
-            return Err(chirp_error(n, cmd.trim_end()));
+            return Err(chirp_error(n, what));
         }
         Ok(n)
     }
 
-    fn data_line(&mut self) -> std::result::Result<String, DriverError> {
-        self.line().map_err(|e| DriverError::errno(libc::EIO, e))
+    /// Sends a command line and its bulk data; answers its result.
+    fn send(&mut self, cmd: &str, data: &[u8]) -> Result<i64> {
+        if let Err(e) = self.writer.write_all(cmd.as_bytes()).and_then(|()| self.writer.write_all(data)) {
+            return Err(self.lost(e));
+        }
+        self.reply(cmd.trim_end())
     }
 
-    fn bytes(&mut self, n: usize) -> std::result::Result<Vec<u8>, DriverError> {
+    /// Sends a command line; answers its result.
+    fn call(&mut self, cmd: &str) -> Result<i64> {
+        self.send(cmd, &[])
+    }
+
+    fn data_line(&mut self) -> Result<String> {
+        self.line().map_err(|e| self.lost(e))
+    }
+
+    fn bytes(&mut self, n: usize) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; n];
-        self.reader.read_exact(&mut buf).map_err(|e| DriverError::errno(libc::EIO, format!("chirp: {e}")))?;
+        if let Err(e) = self.reader.read_exact(&mut buf) {
+            return Err(self.lost(e));
+        }
         Ok(buf)
     }
 
+    /// [`ChirpClient::call`] with the error as a message, for the simple client API.
     fn command(&mut self, cmd: &str) -> ChirpResult<i64> {
-        self.writer.write_all(cmd.as_bytes()).map_err(|e| format!("chirp: {e}"))?;
-        self.result()
+        self.call(cmd).map_err(|e| e.message)
     }
 
     /// `stat`: returns the size.
@@ -129,17 +142,14 @@ impl ChirpClient {
     /// `pread` into `buf`; returns the count read.
     pub fn pread(&mut self, fd: i64, buf: &mut [u8], offset: u64) -> ChirpResult<usize> {
         let n = self.command(&format!("pread {fd} {} {offset}\n", buf.len()))? as usize;
-        self.reader.read_exact(&mut buf[..n]).map_err(|e| format!("chirp: {e}"))?;
+        self.reader.read_exact(&mut buf[..n]).map_err(|e| self.lost(e).message)?;
         Ok(n)
     }
 
     /// `pwrite`; returns the count written.
     pub fn pwrite(&mut self, fd: i64, data: &[u8], offset: u64) -> ChirpResult<usize> {
-        self.writer
-            .write_all(format!("pwrite {fd} {} {offset}\n", data.len()).as_bytes())
-            .map_err(|e| e.to_string())?;
-        self.writer.write_all(data).map_err(|e| e.to_string())?;
-        Ok(self.result()? as usize)
+        let n = self.send(&format!("pwrite {fd} {} {offset}\n", data.len()), data).map_err(|e| e.message)?;
+        Ok(n as usize)
     }
 
     /// `getfile`: streams a whole file into `sink`; returns its length.
@@ -159,7 +169,7 @@ impl ChirpClient {
         if sent != len {
             return Err("chirp: short putfile source".into());
         }
-        self.result().map(|_| ())
+        self.reply("putfile").map(drop).map_err(|e| e.message)
     }
 }
 
@@ -193,7 +203,7 @@ fn chirp_error(code: i64, cmd: &str) -> DriverError {
 }
 
 /// A Chirp stat line: dev ino mode nlink uid gid rdev size blksize blocks atime mtime ctime.
-fn parse_attr(line: &str) -> std::result::Result<Attr, DriverError> {
+fn parse_attr(line: &str) -> Result<Attr> {
     let f: Vec<i64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
     if f.len() < 13 {
         return Err(DriverError::errno(libc::EPROTO, format!("chirp: bad stat line {line:?}")));
@@ -235,7 +245,11 @@ pub struct ChirpDriver {
     conn: Option<ChirpClient>,
     /// Handles opened on the current connection.
     open: HashSet<u64>,
+    last_used: Instant,
 }
+
+/// Idle time after which a connection is checked for having been closed by the server.
+const IDLE_CHECK: Duration = Duration::from_millis(500);
 
 impl ChirpDriver {
     /// Connects to `chirp://HOST:PORT/path`; returns the driver and the path.
@@ -252,17 +266,19 @@ impl ChirpDriver {
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| DriverError::errno(libc::EINVAL, format!("{url}: cannot resolve {authority}")))?;
-        let mut d = ChirpDriver { addr, conn: None, open: HashSet::new() };
+        let mut d = ChirpDriver { addr, conn: None, open: HashSet::new(), last_used: Instant::now() };
         d.conn()?;
         Ok((d, path))
     }
 
     fn conn(&mut self) -> Result<&mut ChirpClient> {
-        // chirp_server closes connections that stay idle: notice before sending, so that
-        // the call goes on a fresh connection instead of failing.
-        if self.conn.as_ref().is_some_and(|c| !c.is_open()) {
+        // chirp_server closes connections that stay idle (for a second at the least):
+        // after a pause, look before sending, so that the call goes on a fresh connection
+        // instead of failing. Busy connections skip the look.
+        if self.last_used.elapsed() > IDLE_CHECK && self.conn.as_ref().is_some_and(|c| !c.is_open()) {
             self.conn = None;
         }
+        self.last_used = Instant::now();
         if self.conn.is_none() {
             let c = ChirpClient::connect(self.addr).map_err(DriverError::transient)?;
             self.open.clear();
@@ -275,7 +291,7 @@ impl ChirpDriver {
     /// reconnects.
     fn with<T>(&mut self, f: impl FnOnce(&mut ChirpClient) -> Result<T>) -> Result<T> {
         let r = f(self.conn()?);
-        if matches!(&r, Err(e) if e.message.contains("dropped the connection")) {
+        if self.conn.as_ref().is_some_and(|c| c.lost) {
             self.conn = None;
         }
         r
@@ -380,18 +396,7 @@ impl Driver for ChirpDriver {
 
     fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
         let fd = self.handle(handle)?;
-        self.with(|c| {
-            let lost =
-                |e: std::io::Error| DriverError::errno(libc::EIO, format!("chirp server dropped the connection: {e}"));
-            c.writer.write_all(format!("pwrite {fd} {} {offset}\n", data.len()).as_bytes()).map_err(lost)?;
-            c.writer.write_all(data).map_err(lost)?;
-            let line = c.data_line()?;
-            match line.trim().parse::<i64>() {
-                Ok(n) if n >= 0 => Ok(n as u64),
-                Ok(n) => Err(chirp_error(n, "pwrite")),
-                Err(_) => Err(DriverError::errno(libc::EPROTO, format!("chirp: {line:?}"))),
-            }
-        })
+        self.with(|c| c.send(&format!("pwrite {fd} {} {offset}\n", data.len()), data).map(|n| n as u64))
     }
 
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {

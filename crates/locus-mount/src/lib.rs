@@ -40,6 +40,18 @@ impl Default for MountOptions {
     }
 }
 
+/// Whether a FUSE file system is mounted on `mountpoint`, by /proc/self/mountinfo (the
+/// mount point is field 5; the type follows the ` - ` separator).
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    let target = mountpoint.to_string_lossy();
+    info.lines().any(|l| {
+        let on_target = l.split(' ').nth(4) == Some(target.as_ref());
+        let fuse = l.split_once(" - ").is_some_and(|(_, rest)| rest.starts_with("fuse"));
+        on_target && fuse
+    })
+}
+
 /// A remote directory as a FUSE file system.
 pub struct LocusFs {
     driver: Box<dyn Driver>,

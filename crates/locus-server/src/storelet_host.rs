@@ -356,7 +356,7 @@ impl Core {
         let outcome = if control.is_cancelled() {
             Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
         } else {
-            self.runner.module(&s.wasm).and_then(|(_, module)| {
+            self.runner.module_hashed(module_hash.clone(), &s.wasm).and_then(|(_, module)| {
                 let spec = RunSpec {
                     args: &argv,
                     env: &s.env,
@@ -368,20 +368,19 @@ impl Core {
                 self.runner.run(&module, spec)
             })
         };
-        let (account, outcome_text, last) = match &outcome {
+        let (result, outcome_text, last) = match &outcome {
             Ok(out) => {
-                let result = result_of(run, module_hash.clone(), out.exit_code, &out.account);
-                let frame = event(Kind::Reply, false, &StoreletEvent::Finished(result), Bytes::new());
-                (out.account.clone(), format!("exit {}", out.exit_code), frame)
+                let result = result_of(run, module_hash, out.exit_code, &out.account);
+                let frame = event(Kind::Reply, false, &StoreletEvent::Finished(result.clone()), Bytes::new());
+                (result, format!("exit {}", out.exit_code), frame)
             }
             Err(e) => {
                 let account = e.account().cloned().unwrap_or_default();
                 let message = format!("{e}; it used {}", describe(&account));
                 let frame = event(Kind::Error, false, &WireError::new(e.code(), message), Bytes::new());
-                (account, format!("{}: {e}", e.code().name()), frame)
+                (result_of(run, module_hash, -1, &account), format!("{}: {e}", e.code().name()), frame)
             }
         };
-        let result = result_of(run, module_hash, outcome.as_ref().map_or(-1, |o| o.exit_code), &account);
         self.record(run, &s, outcome.is_ok(), &outcome_text, &result);
         let _ = events.send(last);
     }

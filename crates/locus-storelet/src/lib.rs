@@ -351,8 +351,13 @@ impl Runner {
     /// The compiled module for `wasm` (binary or text), from memory, from the disk
     /// cache (checked against its checksum), or compiled now; returns its hash too.
     pub fn module(&self, wasm: &[u8]) -> Result<(String, Module), StoreletError> {
-        use sha2::Digest;
         let hash = Runner::hash(wasm);
+        self.module_hashed(hash, wasm)
+    }
+
+    /// [`Runner::module`] for a caller that already has the module's [`Runner::hash`].
+    pub fn module_hashed(&self, hash: String, wasm: &[u8]) -> Result<(String, Module), StoreletError> {
+        use sha2::Digest;
         if let Some(m) = self.modules.lock().get(&hash) {
             return Ok((hash, m.clone()));
         }

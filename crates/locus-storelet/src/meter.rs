@@ -46,16 +46,6 @@ pub(crate) fn errno_of<T>(
     }
 }
 
-/// Reads the little-endian u32 a WASI call stored at `ptr` in the guest's memory.
-fn guest_u32(c: &mut Caller<'_, RunState>, ptr: i32) -> u64 {
-    let Some(mem) = c.get_export("memory").and_then(Extern::into_memory) else { return 0 };
-    let mut b = [0u8; 4];
-    match mem.read(&*c, ptr as u32 as usize, &mut b) {
-        Ok(()) => u32::from_le_bytes(b) as u64,
-        Err(_) => 0,
-    }
-}
-
 /// Stops the run: remembers which limit tripped and returns the trap that unwinds it.
 pub(crate) fn trip(state: &mut RunState, limit: &'static str, detail: String) -> anyhow::Error {
     if state.tripped.is_none() {
@@ -64,37 +54,50 @@ pub(crate) fn trip(state: &mut RunState, limit: &'static str, detail: String) ->
     anyhow::anyhow!("storelet stopped by its {limit} limit")
 }
 
-fn check_read(c: &mut Caller<'_, RunState>) -> anyhow::Result<()> {
+/// The guest's array of `n` I/O vectors at `ptr`.
+fn iovs_of<T>(ptr: i32, n: i32) -> GuestPtr<[T]> {
+    GuestPtr::new((ptr as u32, n as u32))
+}
+
+/// Which byte limit a metered call counts against.
+#[derive(Clone, Copy)]
+enum Bytes {
+    Read,
+    Written,
+}
+
+/// Runs one of WASI's read or write calls under the run's byte limit: refuses it once
+/// the limit is reached, stores the count at `out` as WASI's own glue does, and adds the
+/// count to the run's total. Writes to stdout and stderr are counted as output instead.
+fn metered(
+    c: &mut Caller<'_, RunState>,
+    kind: Bytes,
+    fd: i32,
+    out: i32,
+    call: impl FnOnce(&mut GuestMemory<'_>, &mut WasiP1Ctx) -> Result<types::Size, types::Error>,
+) -> anyhow::Result<i32> {
+    let counted = matches!(kind, Bytes::Read) || fd > 2;
     let s = c.data_mut();
-    if s.io.read_bytes >= s.limits.read_bytes {
-        let detail = format!("read {} bytes", s.io.read_bytes);
-        return Err(trip(s, "bytes read", detail));
+    let (used, limit, name, verb) = match kind {
+        Bytes::Read => (s.io.read_bytes, s.limits.read_bytes, "bytes read", "read"),
+        Bytes::Written => (s.io.write_bytes, s.limits.write_bytes, "bytes written", "wrote"),
+    };
+    if counted && used >= limit {
+        return Err(trip(s, name, format!("{verb} {used} bytes")));
     }
-    Ok(())
-}
-
-fn count_read(c: &mut Caller<'_, RunState>, errno: i32, nread_ptr: i32) -> anyhow::Result<i32> {
-    if errno == 0 {
-        let n = guest_u32(c, nread_ptr);
-        c.data_mut().io.read_bytes += n;
-    }
-    Ok(errno)
-}
-
-fn check_write(c: &mut Caller<'_, RunState>, fd: i32) -> anyhow::Result<()> {
-    let s = c.data_mut();
-    // stdout and stderr are counted (and capped) as output.
-    if fd > 2 && s.io.write_bytes >= s.limits.write_bytes {
-        let detail = format!("wrote {} bytes", s.io.write_bytes);
-        return Err(trip(s, "bytes written", detail));
-    }
-    Ok(())
-}
-
-fn count_write(c: &mut Caller<'_, RunState>, fd: i32, errno: i32, nwritten_ptr: i32) -> anyhow::Result<i32> {
-    if errno == 0 && fd > 2 {
-        let n = guest_u32(c, nwritten_ptr);
-        c.data_mut().io.write_bytes += n;
+    let (errno, n) = with_memory(c, |m, wasi| match call(m, wasi) {
+        Ok(n) => Ok(match m.write(GuestPtr::new(out as u32), n) {
+            Ok(()) => (0, n as u64),
+            Err(_) => (Errno::Fault as i32, 0),
+        }),
+        Err(e) => Ok((e.downcast()? as i32, 0)),
+    })?;
+    if counted {
+        let io = &mut c.data_mut().io;
+        match kind {
+            Bytes::Read => io.read_bytes += n,
+            Bytes::Written => io.write_bytes += n,
+        }
     }
     Ok(errno)
 }
@@ -102,16 +105,11 @@ fn count_write(c: &mut Caller<'_, RunState>, fd: i32, errno: i32, nwritten_ptr: 
 /// Shadows WASI's I/O functions in `linker` with metered wrappers.
 pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), StoreletError> {
     let setup = |e: anyhow::Error| StoreletError::Setup(e.to_string());
-    let size_at = |out: i32| move |m: &mut GuestMemory<'_>, n: types::Size| m.write(GuestPtr::new(out as u32), n);
+    let fd_of = |fd: i32| types::Fd::from(fd as u32);
     linker.allow_shadowing(true);
     linker
         .func_wrap(WASI, "fd_read", move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, out: i32| {
-            check_read(&mut c)?;
-            let r = with_memory(&mut c, |m, wasi| {
-                let r = in_tokio(wasi.fd_read(m, types::Fd::from(fd as u32), GuestPtr::new((iovs as u32, n as u32))));
-                errno_of(r, m, size_at(out))
-            })?;
-            count_read(&mut c, r, out)
+            metered(&mut c, Bytes::Read, fd, out, |m, wasi| in_tokio(wasi.fd_read(m, fd_of(fd), iovs_of(iovs, n))))
         })
         .map_err(setup)?;
     linker
@@ -119,24 +117,15 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
             WASI,
             "fd_pread",
             move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, off: i64, out: i32| {
-                check_read(&mut c)?;
-                let r = with_memory(&mut c, |m, wasi| {
-                    let iovs = GuestPtr::new((iovs as u32, n as u32));
-                    let r = in_tokio(wasi.fd_pread(m, types::Fd::from(fd as u32), iovs, off as u64));
-                    errno_of(r, m, size_at(out))
-                })?;
-                count_read(&mut c, r, out)
+                metered(&mut c, Bytes::Read, fd, out, |m, wasi| {
+                    in_tokio(wasi.fd_pread(m, fd_of(fd), iovs_of(iovs, n), off as u64))
+                })
             },
         )
         .map_err(setup)?;
     linker
         .func_wrap(WASI, "fd_write", move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, out: i32| {
-            check_write(&mut c, fd)?;
-            let r = with_memory(&mut c, |m, wasi| {
-                let r = in_tokio(wasi.fd_write(m, types::Fd::from(fd as u32), GuestPtr::new((iovs as u32, n as u32))));
-                errno_of(r, m, size_at(out))
-            })?;
-            count_write(&mut c, fd, r, out)
+            metered(&mut c, Bytes::Written, fd, out, |m, wasi| in_tokio(wasi.fd_write(m, fd_of(fd), iovs_of(iovs, n))))
         })
         .map_err(setup)?;
     linker
@@ -144,13 +133,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
             WASI,
             "fd_pwrite",
             move |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, off: i64, out: i32| {
-                check_write(&mut c, fd)?;
-                let r = with_memory(&mut c, |m, wasi| {
-                    let iovs = GuestPtr::new((iovs as u32, n as u32));
-                    let r = in_tokio(wasi.fd_pwrite(m, types::Fd::from(fd as u32), iovs, off as u64));
-                    errno_of(r, m, size_at(out))
-                })?;
-                count_write(&mut c, fd, r, out)
+                metered(&mut c, Bytes::Written, fd, out, |m, wasi| {
+                    in_tokio(wasi.fd_pwrite(m, fd_of(fd), iovs_of(iovs, n), off as u64))
+                })
             },
         )
         .map_err(setup)?;
