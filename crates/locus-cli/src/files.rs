@@ -269,7 +269,8 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
         | Command::Token { .. }
         | Command::Bench(_)
         | Command::Mount { .. }
-        | Command::Umount { .. } => {
+        | Command::Umount { .. }
+        | Command::RunAgent { .. } => {
             unreachable!("handled in main")
         }
     }

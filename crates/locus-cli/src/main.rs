@@ -115,6 +115,30 @@ enum Command {
     },
     /// Unmount a `locus mount`.
     Umount { mountpoint: PathBuf },
+    /// Run a program (and every process it starts) with remote storage in its namespace:
+    /// `/locus/HOST:PORT/path` always, plus the names given by --mount and --mount-list.
+    /// No privileges needed. Exits with the program's status; 75 if a server stayed
+    /// unreachable for the retry window (run it again), 1 on a request a driver can never
+    /// satisfy, 70 if the agent could not start.
+    #[command(name = "run")]
+    RunAgent {
+        /// LOGICAL=REMOTE: show REMOTE (a URL, /locus/HOST:PORT/path or a local path) at the
+        /// absolute path LOGICAL. Repeatable.
+        #[arg(long = "mount", value_name = "LOGICAL=REMOTE")]
+        mounts: Vec<String>,
+        /// A file of `LOGICAL REMOTE` lines (as Parrot's mount lists); `#` starts a comment.
+        #[arg(long, value_name = "FILE")]
+        mount_list: Option<PathBuf>,
+        /// Seconds to keep retrying an unreachable server before stopping the program.
+        #[arg(long, default_value_t = 30)]
+        retry_secs: u64,
+        /// How long (ms) attributes and listings are trusted before asking the server again.
+        #[arg(long, default_value_t = 1000)]
+        attr_timeout_ms: u64,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Run benchmarks side by side with peers.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -190,8 +214,42 @@ enum BenchCommand {
     Mount(locus_bench::mount::MountArgs),
 }
 
+/// The agent's options from `locus run`'s flags.
+fn agent_options(
+    mounts: &[String],
+    mount_list: Option<&std::path::Path>,
+    retry_secs: u64,
+    attr_timeout_ms: u64,
+) -> Result<locus_agent::RunOptions, String> {
+    let mut all = Vec::new();
+    if let Some(file) = mount_list {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        all = locus_agent::parse_mount_list(&text).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
+    for m in mounts {
+        let (logical, remote) = m.split_once('=').ok_or_else(|| format!("--mount {m}: expected LOGICAL=REMOTE"))?;
+        all.push(locus_agent::parse_mount(logical, remote)?);
+    }
+    Ok(locus_agent::RunOptions {
+        mounts: all,
+        retry: Duration::from_secs(retry_secs),
+        attr_timeout: Duration::from_millis(attr_timeout_ms),
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, command } = cli.command {
+        // The program's own exit status passes through, so this does not go through
+        // the one-line-error path below.
+        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms) {
+            Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
+            Err(msg) => {
+                eprintln!("locus: {msg}");
+                ExitCode::from(locus_agent::EXIT_SETUP as u8)
+            }
+        };
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)

@@ -99,8 +99,8 @@ impl Driver for HttpDriver {
         })
     }
 
-    fn readdir(&mut self, _path: &str) -> Result<Vec<DirEntry>> {
-        Err(DriverError::unsupported("readdir", "http"))
+    fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
+        Err(DriverError::permanent(libc::EOPNOTSUPP, format!("{}: HTTP has no directory listings", self.url(path))))
     }
 
     fn open(&mut self, path: &str, flags: u32, _mode: u32) -> Result<Opened> {
@@ -137,6 +137,12 @@ impl Driver for HttpDriver {
         let whole = r.status() == 200;
         let mut body = Vec::new();
         let limit = if whole { MAX_WHOLE_BODY } else { len as u64 };
+        if whole && attr.size > MAX_WHOLE_BODY {
+            return Err(DriverError::permanent(
+                libc::ESPIPE,
+                format!("{url}: the server ignores Range and the file is too large to read whole"),
+            ));
+        }
         r.into_reader()
             .take(limit)
             .read_to_end(&mut body)

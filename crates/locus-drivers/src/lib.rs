@@ -5,34 +5,60 @@
 //! - [`chirp::ChirpDriver`]: CCTools' `chirp_server`, a server we did not write.
 //! - [`http::HttpDriver`]: any HTTP or HTTPS server, read-only: `HEAD` for attributes,
 //!   `GET` with `Range` for reads; no directory listings.
+//! - [`local::LocalDriver`]: a directory of this machine (`file:///path`).
 //!
 //! Every driver speaks paths beneath its base and answers errors as a [`DriverError`]
-//! carrying the errno a program should see and whether trying again may help.
+//! carrying the errno a program should see and its [`ErrorClass`]: an answer, a
+//! transient failure (trying again may help) or a permanent one (it never will).
 
 pub mod chirp;
 pub mod http;
+pub mod local;
 pub mod locus;
 
-pub use locus_proto::types::{Attr, DirEntry, Opened, SetTime, StatFs, Time};
+pub use locus_proto::types::{open_flags, Attr, DirEntry, Opened, SetTime, StatFs, Time};
 
-/// A failed driver call: the errno for the program, a message, and whether the failure
-/// is transient (the server unreachable) rather than an answer.
+/// What kind of failure a [`DriverError`] is, which decides what a program sees
+/// (Parrot's error triage): an errno, a retry, or a clear stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The server answered: the operation failed with the errno.
+    Answer,
+    /// The server could not be reached or went away; trying again later may help.
+    Transient,
+    /// The driver can never do this (a listing over HTTP, a protocol violation); no
+    /// errno describes it honestly.
+    Permanent,
+}
+
+/// A failed driver call: the errno for the program, a message, and its class.
 #[derive(Debug, Clone)]
 pub struct DriverError {
     pub errno: i32,
     pub message: String,
-    pub transient: bool,
+    pub class: ErrorClass,
 }
 
 impl DriverError {
     /// An answer: the operation failed with `errno`.
     pub fn errno(errno: i32, message: impl Into<String>) -> DriverError {
-        DriverError { errno, message: message.into(), transient: false }
+        DriverError { errno, message: message.into(), class: ErrorClass::Answer }
     }
 
     /// The server could not be reached or went away.
     pub fn transient(message: impl Into<String>) -> DriverError {
-        DriverError { errno: libc::EIO, message: message.into(), transient: true }
+        DriverError { errno: libc::EIO, message: message.into(), class: ErrorClass::Transient }
+    }
+
+    /// A request the driver can never satisfy; `errno` is what a mount (which cannot
+    /// stop the program) answers instead.
+    pub fn permanent(errno: i32, message: impl Into<String>) -> DriverError {
+        DriverError { errno, message: message.into(), class: ErrorClass::Permanent }
+    }
+
+    /// True when the server could not be reached.
+    pub fn is_transient(&self) -> bool {
+        self.class == ErrorClass::Transient
     }
 
     /// The driver cannot do this at all (a read-only or listing-less protocol).
@@ -118,10 +144,45 @@ pub trait Driver: Send {
     fn access(&mut self, path: &str, _mode: u32) -> Result<()> {
         self.lstat(path).map(drop)
     }
+    /// A whole file and its attributes, for staging; by default open, read, close.
+    fn read_file(&mut self, path: &str) -> Result<(Vec<u8>, Attr)> {
+        let opened = self.open(path, open_flags::READ, 0)?;
+        let mut data = Vec::with_capacity(opened.attr.size.min(WHOLE_FILE_CHUNK as u64) as usize);
+        let read = loop {
+            match self.pread(opened.handle, data.len() as u64, WHOLE_FILE_CHUNK) {
+                Ok(piece) if piece.is_empty() => break Ok(()),
+                Ok(piece) => data.extend_from_slice(&piece),
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = self.close(opened.handle);
+        read.map(|()| (data, opened.attr))
+    }
+    /// Replaces a whole file (created with `mode` if missing); answers its new attributes.
+    fn write_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        let flags = open_flags::WRITE | open_flags::CREATE | open_flags::TRUNCATE;
+        let opened = self.open(path, flags, mode)?;
+        let mut written = 0usize;
+        let outcome = loop {
+            if written == data.len() {
+                break self.fstat(opened.handle);
+            }
+            let end = (written + WHOLE_FILE_CHUNK as usize).min(data.len());
+            match self.pwrite(opened.handle, written as u64, &data[written..end]) {
+                Ok(n) => written += n as usize,
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = self.close(opened.handle);
+        outcome
+    }
 }
 
+/// Bytes per call when [`Driver::read_file`] and [`Driver::write_file`] go piece by piece.
+const WHOLE_FILE_CHUNK: u32 = 1 << 20;
+
 /// The driver for a URL and the path within it: `locus://` and `locus+tls://`,
-/// `chirp://HOST:PORT/path`, `http://` and `https://`.
+/// `chirp://HOST:PORT/path`, `http://`, `https://` and `file:///path`.
 pub fn connect(url: &str) -> Result<(Box<dyn Driver>, String)> {
     let bad = |why: &str| DriverError::errno(libc::EINVAL, format!("{url}: {why}"));
     let (scheme, _) = url.split_once("://").ok_or_else(|| bad("not a URL"))?;
@@ -135,6 +196,7 @@ pub fn connect(url: &str) -> Result<(Box<dyn Driver>, String)> {
             Ok((Box::new(d), path))
         }
         "http" | "https" => Ok((Box::new(http::HttpDriver::new(url)?), "/".to_string())),
-        _ => Err(bad("unknown scheme (locus, locus+tls, chirp, http, https)")),
+        "file" => Ok((Box::new(local::LocalDriver::new(&url["file://".len()..])?), "/".to_string())),
+        _ => Err(bad("unknown scheme (locus, locus+tls, chirp, http, https, file)")),
     }
 }

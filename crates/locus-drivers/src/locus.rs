@@ -23,7 +23,11 @@ pub struct LocusDriver {
 }
 
 fn err(e: ClientError) -> DriverError {
-    DriverError { errno: e.errno(), message: e.to_string(), transient: e.is_transient() }
+    if e.is_transient() {
+        DriverError::transient(e.to_string())
+    } else {
+        DriverError::errno(e.errno(), e.to_string())
+    }
 }
 
 const GENERATION_SHIFT: u32 = 40;
@@ -177,5 +181,18 @@ impl Driver for LocusDriver {
     }
     fn access(&mut self, path: &str, mode: u32) -> Result<()> {
         self.call(|c| c.run(|c| c.access(path, mode)))
+    }
+    fn read_file(&mut self, path: &str) -> Result<(Vec<u8>, Attr)> {
+        // One streamed `get` by name: a round trip, and retried whole if the server goes away.
+        self.call(|c| {
+            c.run(|c| async move {
+                let mut data = Vec::new();
+                let attr = c.get(path, &mut data, |_, _| {}).await?;
+                Ok((data, attr))
+            })
+        })
+    }
+    fn write_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        self.call(|c| c.run(|c| c.write_file(path, mode, data)))
     }
 }

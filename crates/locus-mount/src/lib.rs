@@ -66,7 +66,7 @@ pub struct LocusFs {
 }
 
 fn errno(e: DriverError) -> i32 {
-    if e.transient {
+    if e.class != locus_drivers::ErrorClass::Answer {
         tracing::warn!("{e}");
     }
     e.errno

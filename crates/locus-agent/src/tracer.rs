@@ -1,0 +1,455 @@
+//! The tracing half of the agent: starts the program under ptrace with a seccomp filter
+//! that stops it only at file-related system calls, follows its whole process tree, and
+//! gives each stop to a [`Handler`], which answers with a [`Step`].
+//!
+//! Rewritten paths are written into a scratch mapping that the tracer creates in each
+//! address space on first need, by making the stopped thread run `mmap` in place of its
+//! system call and then run its own call again.
+
+use nix::sys::ptrace::{self, Event, Options};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::CString;
+use std::io::{IoSlice, IoSliceMut};
+
+/// What to do with a stopped system call.
+pub enum Step {
+    /// Let it run unchanged.
+    Continue,
+    /// Skip it and return this value (a result, or `-errno`).
+    Return(i64),
+    /// Replace path arguments (by index) with these strings, then let it run.
+    Rewrite(Vec<(usize, String)>),
+}
+
+/// Why the run ends early: the program tree is killed and the agent exits.
+pub struct Abort {
+    pub status: i32,
+    pub message: String,
+}
+
+/// The agent's view of one stop: which thread, which call, its arguments.
+pub trait Handler {
+    /// Decides what a stopped system call does.
+    fn syscall(&mut self, t: &Tracee, nr: i64, args: [u64; 6]) -> Result<Step, Abort>;
+    /// A process exec'd or ended: files it had open may have been closed without `close`.
+    fn process_event(&mut self) -> Result<(), Abort>;
+}
+
+/// A stopped thread of the traced program.
+pub struct Tracee {
+    pub tid: Pid,
+}
+
+impl Tracee {
+    /// A NUL-terminated path from the tracee's memory (`None` if unreadable, too long or
+    /// not UTF-8: such calls are left to the kernel).
+    pub fn read_path(&self, addr: u64) -> Option<String> {
+        if addr == 0 {
+            return None;
+        }
+        let mut out = Vec::with_capacity(128);
+        let mut at = addr;
+        while out.len() < libc::PATH_MAX as usize {
+            let room = 4096 - (at % 4096) as usize;
+            let mut buf = [0u8; 4096];
+            let n = process_vm_readv(
+                self.tid,
+                &mut [IoSliceMut::new(&mut buf[..room])],
+                &[RemoteIoVec { base: at as usize, len: room }],
+            )
+            .ok()?;
+            if n == 0 {
+                return None;
+            }
+            if let Some(end) = buf[..n].iter().position(|&b| b == 0) {
+                out.extend_from_slice(&buf[..end]);
+                return String::from_utf8(out).ok();
+            }
+            out.extend_from_slice(&buf[..n]);
+            at += n as u64;
+        }
+        None
+    }
+
+    /// Reads `len` bytes at `addr`.
+    pub fn read(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let n =
+            process_vm_readv(self.tid, &mut [IoSliceMut::new(&mut buf)], &[RemoteIoVec { base: addr as usize, len }])
+                .ok()?;
+        (n == len).then_some(buf)
+    }
+
+    /// Writes `bytes` at `addr`; false if the memory is not writable.
+    pub fn write(&self, addr: u64, bytes: &[u8]) -> bool {
+        let remote = [RemoteIoVec { base: addr as usize, len: bytes.len() }];
+        matches!(process_vm_writev(self.tid, &[IoSlice::new(bytes)], &remote), Ok(n) if n == bytes.len())
+    }
+
+    /// The thread's working directory, as the kernel names it.
+    pub fn cwd(&self) -> Option<String> {
+        std::fs::read_link(format!("/proc/{}/cwd", self.tid)).ok()?.into_os_string().into_string().ok()
+    }
+
+    /// What the thread's descriptor `fd` names.
+    pub fn fd_path(&self, fd: u64) -> Option<String> {
+        std::fs::read_link(format!("/proc/{}/fd/{}", self.tid, fd as i32)).ok()?.into_os_string().into_string().ok()
+    }
+
+    /// The process's umask.
+    pub fn umask(&self) -> u32 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.tid)).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Umask:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            .unwrap_or(0o022)
+    }
+}
+
+/// Size of the scratch mapping and of each slot in it (two paths fit in a slot).
+const SCRATCH_SIZE: u64 = 1 << 20;
+const SLOT_SIZE: u64 = 2 * libc::PATH_MAX as u64;
+
+/// The scratch mapping of one address space; slots are used round-robin so threads
+/// stopped at the same time do not overwrite each other's paths.
+#[derive(Clone, Copy)]
+struct Scratch {
+    addr: u64,
+    next: u64,
+}
+
+/// The system calls that stop the program: every one that names a path, plus `close`
+/// and `fsync` (write-back) and `getcwd` (a remote working directory).
+pub fn traced_syscalls() -> Vec<i64> {
+    use libc::*;
+    vec![
+        SYS_open,
+        SYS_openat,
+        SYS_openat2,
+        SYS_creat,
+        SYS_stat,
+        SYS_lstat,
+        SYS_newfstatat,
+        SYS_statx,
+        SYS_access,
+        SYS_faccessat,
+        SYS_faccessat2,
+        SYS_readlink,
+        SYS_readlinkat,
+        SYS_chdir,
+        SYS_getcwd,
+        SYS_mkdir,
+        SYS_mkdirat,
+        SYS_rmdir,
+        SYS_unlink,
+        SYS_unlinkat,
+        SYS_rename,
+        SYS_renameat,
+        SYS_renameat2,
+        SYS_link,
+        SYS_linkat,
+        SYS_symlink,
+        SYS_symlinkat,
+        SYS_chmod,
+        SYS_fchmodat,
+        SYS_chown,
+        SYS_lchown,
+        SYS_fchownat,
+        SYS_truncate,
+        SYS_utime,
+        SYS_utimes,
+        SYS_futimesat,
+        SYS_utimensat,
+        SYS_execve,
+        SYS_execveat,
+        SYS_statfs,
+        SYS_mknod,
+        SYS_mknodat,
+        SYS_getxattr,
+        SYS_lgetxattr,
+        SYS_setxattr,
+        SYS_lsetxattr,
+        SYS_listxattr,
+        SYS_llistxattr,
+        SYS_removexattr,
+        SYS_lremovexattr,
+        SYS_close,
+        SYS_fsync,
+        SYS_fdatasync,
+    ]
+}
+
+fn filter() -> Result<seccompiler::BpfProgram, String> {
+    let rules: BTreeMap<i64, Vec<seccompiler::SeccompRule>> =
+        traced_syscalls().into_iter().map(|n| (n, vec![])).collect();
+    let f = seccompiler::SeccompFilter::new(
+        rules,
+        seccompiler::SeccompAction::Allow,
+        seccompiler::SeccompAction::Trace(0),
+        seccompiler::TargetArch::x86_64,
+    )
+    .map_err(|e| format!("seccomp filter: {e}"))?;
+    f.try_into().map_err(|e: seccompiler::BackendError| format!("seccomp filter: {e}"))
+}
+
+/// The traced program tree and its bookkeeping.
+struct Tree {
+    main: Pid,
+    /// Thread → thread group (process), for the scratch mapping of its address space.
+    groups: HashMap<Pid, Pid>,
+    scratch: HashMap<Pid, Scratch>,
+    /// Threads whose first (attach) stop has been seen.
+    started: HashSet<Pid>,
+    status: i32,
+}
+
+/// Starts `argv` under the tracer and runs it to the end; answers its exit status
+/// (128 + signal if killed), or the abort that ended it.
+pub fn run(argv: &[CString], handler: &mut dyn Handler) -> Result<i32, Abort> {
+    let setup = |message: String| Abort { status: crate::EXIT_SETUP, message };
+    let program = filter().map_err(setup)?;
+    // SAFETY: the child only calls async-signal-safe functions (ptrace, raise, prctl,
+    // seccomp, execvp, _exit) on memory prepared before the fork.
+    let child = match unsafe { fork() }.map_err(|e| setup(format!("fork: {e}")))? {
+        ForkResult::Child => {
+            let _ = ptrace::traceme();
+            let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+            if seccompiler::apply_filter(&program).is_err() {
+                unsafe { libc::_exit(crate::EXIT_SETUP) };
+            }
+            let _ = nix::unistd::execvp(&argv[0], argv);
+            unsafe { libc::_exit(127) };
+        }
+        ForkResult::Parent { child } => child,
+    };
+    match waitpid(child, Some(WaitPidFlag::__WALL)) {
+        Ok(WaitStatus::Stopped(_, Signal::SIGSTOP)) => {}
+        other => return Err(setup(format!("the program did not start under the tracer: {other:?}"))),
+    }
+    let options = Options::PTRACE_O_TRACESECCOMP
+        | Options::PTRACE_O_TRACEFORK
+        | Options::PTRACE_O_TRACEVFORK
+        | Options::PTRACE_O_TRACECLONE
+        | Options::PTRACE_O_TRACEEXEC
+        | Options::PTRACE_O_TRACESYSGOOD
+        | Options::PTRACE_O_EXITKILL;
+    ptrace::setoptions(child, options).map_err(|e| setup(format!("ptrace: {e}")))?;
+    let _ = ptrace::cont(child, None);
+    let mut tree = Tree {
+        main: child,
+        groups: HashMap::from([(child, child)]),
+        scratch: HashMap::new(),
+        started: HashSet::from([child]),
+        status: 0,
+    };
+    match tree.events(handler) {
+        Ok(()) => Ok(tree.status),
+        Err(abort) => {
+            tree.kill_all();
+            Err(abort)
+        }
+    }
+}
+
+impl Tree {
+    fn events(&mut self, handler: &mut dyn Handler) -> Result<(), Abort> {
+        loop {
+            let status = match waitpid(None, Some(WaitPidFlag::__WALL)) {
+                Ok(s) => s,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => return Ok(()), // ECHILD: the whole tree has ended
+            };
+            match status {
+                WaitStatus::PtraceEvent(tid, _, ev) if ev == Event::PTRACE_EVENT_SECCOMP as i32 => {
+                    self.syscall_stop(tid, handler)?;
+                }
+                WaitStatus::PtraceEvent(tid, _, ev)
+                    if ev == Event::PTRACE_EVENT_FORK as i32
+                        || ev == Event::PTRACE_EVENT_VFORK as i32
+                        || ev == Event::PTRACE_EVENT_CLONE as i32 =>
+                {
+                    if let Ok(new) = ptrace::getevent(tid) {
+                        self.adopt(tid, Pid::from_raw(new as i32), ev);
+                    }
+                    let _ = ptrace::cont(tid, None);
+                }
+                WaitStatus::PtraceEvent(tid, _, ev) if ev == Event::PTRACE_EVENT_EXEC as i32 => {
+                    // A new program image: the old scratch mapping is gone, and close-on-exec
+                    // descriptors were closed without a `close`.
+                    let group = self.group(tid);
+                    self.scratch.remove(&group);
+                    handler.process_event()?;
+                    let _ = ptrace::cont(tid, None);
+                }
+                WaitStatus::PtraceEvent(tid, _, _) | WaitStatus::PtraceSyscall(tid) => {
+                    let _ = ptrace::cont(tid, None);
+                }
+                WaitStatus::Stopped(tid, sig) => {
+                    if self.started.insert(tid) && sig == Signal::SIGSTOP {
+                        // The stop every new thread of a traced process starts with.
+                        let _ = ptrace::cont(tid, None);
+                    } else if ptrace::getsiginfo(tid).is_err() {
+                        // A group stop (job control): resume rather than hang the tree.
+                        let _ = ptrace::cont(tid, None);
+                    } else {
+                        let _ = ptrace::cont(tid, Some(sig));
+                    }
+                }
+                WaitStatus::Exited(tid, code) => self.ended(tid, code, handler)?,
+                WaitStatus::Signaled(tid, sig, _) => self.ended(tid, 128 + sig as i32, handler)?,
+                _ => {}
+            }
+        }
+    }
+
+    fn ended(&mut self, tid: Pid, status: i32, handler: &mut dyn Handler) -> Result<(), Abort> {
+        if tid == self.main {
+            self.status = status;
+        }
+        let group = self.groups.remove(&tid);
+        self.started.remove(&tid);
+        if group == Some(tid) {
+            self.scratch.remove(&tid);
+            handler.process_event()?;
+        }
+        Ok(())
+    }
+
+    /// Records a new thread or process; a new process inherits its parent's scratch
+    /// mapping (fork copies it to the same address, vfork shares it).
+    fn adopt(&mut self, parent: Pid, child: Pid, event: i32) {
+        let parent_group = self.group(parent);
+        let thread =
+            event == Event::PTRACE_EVENT_CLONE as i32 && self.clone_flags(parent) & libc::CLONE_THREAD as u64 != 0;
+        if thread {
+            self.groups.insert(child, parent_group);
+        } else {
+            self.groups.insert(child, child);
+            if let Some(s) = self.scratch.get(&parent_group).copied() {
+                self.scratch.insert(child, s);
+            }
+        }
+    }
+
+    /// The flags of the `clone` or `clone3` the stopped `tid` is making.
+    fn clone_flags(&self, tid: Pid) -> u64 {
+        let Ok(regs) = ptrace::getregs(tid) else { return 0 };
+        if regs.orig_rax as i64 == libc::SYS_clone3 {
+            let t = Tracee { tid };
+            t.read(regs.rdi, 8).map(|b| u64::from_ne_bytes(b.try_into().expect("8 bytes"))).unwrap_or(0)
+        } else {
+            regs.rdi
+        }
+    }
+
+    /// The thread group of `tid`, from /proc when its creation has not been seen yet.
+    fn group(&mut self, tid: Pid) -> Pid {
+        if let Some(g) = self.groups.get(&tid) {
+            return *g;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+        let g = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Tgid:"))
+            .and_then(|v| v.trim().parse().ok())
+            .map(Pid::from_raw)
+            .unwrap_or(tid);
+        self.groups.insert(tid, g);
+        g
+    }
+
+    fn syscall_stop(&mut self, tid: Pid, handler: &mut dyn Handler) -> Result<(), Abort> {
+        let Ok(mut regs) = ptrace::getregs(tid) else { return Ok(()) };
+        let nr = regs.orig_rax as i64;
+        let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+        let t = Tracee { tid };
+        match handler.syscall(&t, nr, args)? {
+            Step::Continue => {}
+            Step::Return(value) => {
+                regs.orig_rax = u64::MAX; // skip the call; rax is what it returns
+                regs.rax = value as u64;
+                let _ = ptrace::setregs(tid, regs);
+            }
+            Step::Rewrite(paths) => {
+                let group = self.group(tid);
+                let Some(scratch) = self.scratch.get_mut(&group) else {
+                    // First rewrite in this address space: map the scratch area, and let
+                    // the call run again (it stops again and is decided afresh). An
+                    // address of 0 records that the mapping failed.
+                    let addr = inject_mmap(tid, regs).unwrap_or(0);
+                    self.scratch.insert(group, Scratch { addr, next: 0 });
+                    let _ = ptrace::cont(tid, None);
+                    return Ok(());
+                };
+                if scratch.addr == 0 {
+                    regs.orig_rax = u64::MAX;
+                    regs.rax = -libc::ENOMEM as i64 as u64;
+                    let _ = ptrace::setregs(tid, regs);
+                    let _ = ptrace::cont(tid, None);
+                    return Ok(());
+                }
+                let mut at = scratch.addr + (scratch.next % (SCRATCH_SIZE / SLOT_SIZE)) * SLOT_SIZE;
+                scratch.next += 1;
+                for (index, path) in paths {
+                    let mut bytes = path.into_bytes();
+                    bytes.push(0);
+                    if bytes.len() > libc::PATH_MAX as usize || !t.write(at, &bytes) {
+                        regs.orig_rax = u64::MAX;
+                        regs.rax = -libc::ENAMETOOLONG as i64 as u64;
+                        break;
+                    }
+                    match index {
+                        0 => regs.rdi = at,
+                        1 => regs.rsi = at,
+                        2 => regs.rdx = at,
+                        3 => regs.r10 = at,
+                        4 => regs.r8 = at,
+                        _ => regs.r9 = at,
+                    }
+                    at += bytes.len() as u64;
+                }
+                let _ = ptrace::setregs(tid, regs);
+            }
+        }
+        let _ = ptrace::cont(tid, None);
+        Ok(())
+    }
+
+    fn kill_all(&mut self) {
+        for tid in self.groups.keys() {
+            let _ = kill(*tid, Signal::SIGKILL);
+        }
+        while waitpid(None, Some(WaitPidFlag::__WALL)).is_ok() {}
+    }
+}
+
+/// Makes the thread stopped at `regs` run `mmap` for a scratch area instead of its call,
+/// then rewinds it to make its call again; answers the area's address. The thread is
+/// left stopped at the end of the `mmap`, and resumed by the caller.
+fn inject_mmap(tid: Pid, regs: libc::user_regs_struct) -> Option<u64> {
+    let mut call = regs;
+    call.orig_rax = libc::SYS_mmap as u64;
+    call.rdi = 0;
+    call.rsi = SCRATCH_SIZE;
+    call.rdx = (libc::PROT_READ | libc::PROT_WRITE) as u64;
+    call.r10 = (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64;
+    call.r8 = u64::MAX;
+    call.r9 = 0;
+    ptrace::setregs(tid, call).ok()?;
+    ptrace::syscall(tid, None).ok()?;
+    match waitpid(tid, Some(WaitPidFlag::__WALL)) {
+        Ok(WaitStatus::PtraceSyscall(_)) => {}
+        _ => return None,
+    }
+    let addr = ptrace::getregs(tid).ok()?.rax;
+    let mut again = regs;
+    again.rip -= 2; // the `syscall` instruction
+    again.rax = regs.orig_rax;
+    ptrace::setregs(tid, again).ok()?;
+    ((addr as i64) > 0).then_some(addr)
+}
