@@ -255,6 +255,16 @@ impl Stage {
         }
         let (data, fresh) = self.call(mount, logical, |d, r| d.read_file(r))?;
         let path = self.shadow(logical);
+        if self.copies.get(logical).is_some_and(|c| !c.fetched && c.stamp == stamp(&fresh)) {
+            // A placeholder nobody could have read yet: fill it in place, which leaves
+            // its directory unchanged (tar notices a directory changing as it reads).
+            let mut f = fs::OpenOptions::new().write(true).open(&path).map_err(io)?;
+            std::io::Write::write_all(&mut f, &data).map_err(io)?;
+            drop(f);
+            set_times(&path, fresh.atime, fresh.mtime);
+            self.copies.insert(logical.to_string(), Copy { stamp: stamp(&fresh), fetched: true });
+            return Ok(());
+        }
         let tmp = self.staging_file();
         let _ = fs::create_dir_all(parent(&path));
         fs::write(&tmp, &data).map_err(io)?;
@@ -295,6 +305,15 @@ impl Stage {
                 }
             }
         }
+        // Placing entries touched the directory: give it back the server's times (only
+        // if they differ, as setting them changes its ctime, which tar watches).
+        if let Some((Some(attr), _)) = self.attrs.get(logical) {
+            let path = self.shadow(logical);
+            let local = fs::symlink_metadata(&path).map(|m| (m.mtime(), m.mtime_nsec() as u32));
+            if local.is_ok_and(|t| t != (attr.mtime.sec, attr.mtime.nsec)) {
+                set_times(&path, attr.atime, attr.mtime);
+            }
+        }
         self.listed.insert(logical.to_string(), now);
         Ok(())
     }
@@ -304,8 +323,9 @@ impl Stage {
         !self.dirty.is_empty()
     }
 
-    /// Creates the file `logical` at the server (exclusively if `exclusive`) and an
-    /// empty local copy, which is dirty from now on.
+    /// Creates the file `logical` at the server (exclusively if `exclusive`) and clears
+    /// the way for the program's own open to create the local copy, which is dirty from
+    /// now on.
     pub fn create(&mut self, mount: usize, logical: &str, mode: u32, exclusive: bool) -> Result<(), Fail> {
         use locus_drivers::open_flags::{CREATE, EXCLUSIVE, WRITE};
         let flags = WRITE | CREATE | if exclusive { EXCLUSIVE } else { 0 };
@@ -315,11 +335,8 @@ impl Stage {
         let path = self.shadow(logical);
         let _ = fs::create_dir_all(parent(&path));
         remove_any(&path);
-        let f = fs::File::create(&path).map_err(io)?;
-        f.set_permissions(fs::Permissions::from_mode(mode)).map_err(io)?;
-        let local = f.metadata().map(|m| local_stamp(&m)).ok();
         self.copies.insert(logical.to_string(), Copy { stamp: stamp(&opened.attr), fetched: true });
-        self.dirty.insert(logical.to_string(), (mount, local));
+        self.dirty.insert(logical.to_string(), (mount, None));
         Ok(())
     }
 

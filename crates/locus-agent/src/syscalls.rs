@@ -191,6 +191,12 @@ impl Agent {
                 Resolved::Elsewhere(path) => Ok(Step::Rewrite(vec![(arg, path)])),
                 Resolved::Remote { mount, logical, attr } => {
                     self.stage.place(mount, &logical, &attr)?;
+                    if attr.is_dir() {
+                        // Listed now rather than at open, so that the directory does not
+                        // seem to change between the program's stat and its reading. The
+                        // stat stands even where listings fail (HTTP has none).
+                        let _ = self.stage.list(mount, &logical);
+                    }
                     Ok(Step::Rewrite(vec![(arg, self.stage.shadow(&logical))]))
                 }
             },

@@ -1,0 +1,331 @@
+//! `locus run` against real servers: unmodified programs (ls, cp, grep, find, tar, make
+//! and cc, Python, a forking shell, a static threaded binary) work on remote paths under
+//! the agent with the Locus, Chirp, HTTP and local-files drivers; and its error triage:
+//! errnos pass through, a permanent error stops the program with status 1, a server
+//! down past the retry window with status 75, one back within it goes unnoticed.
+
+use locus_testkit::TestServer;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// `locus run FLAGS... -- sh -c SCRIPT` as admin of the test server.
+fn run(flags: &[&str], script: &str, home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_locus"))
+        .arg("run")
+        .args(flags)
+        .args(["--", "sh", "-c", script])
+        .env("LOCUS_HOME", home)
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("locus run")
+}
+
+/// Like [`run`], asserting success; answers stdout.
+fn run_ok(flags: &[&str], script: &str, home: &Path) -> String {
+    let out = run(flags, script, home);
+    assert!(
+        out.status.success(),
+        "{script}: {:?}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A small C project with a subdirectory, a header and a Makefile.
+fn c_project(dir: &Path) {
+    std::fs::create_dir_all(dir.join("lib")).unwrap();
+    std::fs::write(
+        dir.join("lib/greet.c"),
+        "#include <stdio.h>\n#include \"../greet.h\"\nvoid greet(void) { puts(\"hello from locus\"); }\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("greet.h"), "void greet(void);\n").unwrap();
+    std::fs::write(dir.join("main.c"), "#include \"greet.h\"\nint main(void) { greet(); return 0; }\n").unwrap();
+    std::fs::write(
+        dir.join("Makefile"),
+        "hello: main.o lib/greet.o\n\tcc -o $@ $^\n%.o: %.c greet.h\n\tcc -c -o $@ $<\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn unmodified_programs_work_under_the_agent() {
+    let s = TestServer::start();
+    s.put_local("data/notes.txt", b"alpha\nbeta\n");
+    let home = s.scratch().join("home");
+    let src = s.scratch().join("proj");
+    c_project(&src);
+    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+
+    // Listing with attributes, a copy in, search, find, a build, the program it built.
+    let out = run_ok(&[], &format!("ls -la {r}"), &home);
+    assert!(out.contains("notes.txt") && out.contains(" 11 "), "ls -la shows the name and size: {out}");
+    run_ok(&[], &format!("cp -r {} {r}/proj", src.display()), &home);
+    assert!(s.local("data/proj/lib/greet.c").is_file(), "cp -r landed in the export");
+    let out = run_ok(&[], &format!("grep -rn greet {r}/proj | sort"), &home);
+    assert_eq!(out.lines().count(), 7, "grep -r: {out}");
+    let out = run_ok(&[], &format!("cd {r} && find proj -name '*.c' | sort"), &home);
+    assert_eq!(out, "proj/lib/greet.c\nproj/main.c\n");
+    let out = run_ok(&[], &format!("cd {r}/proj && make -s && pwd && ./hello"), &home);
+    assert_eq!(out, format!("{r}/proj\nhello from locus\n"), "a remote working directory, make and cc");
+    assert!(s.local("data/proj/hello").is_file() && s.local("data/proj/lib/greet.o").is_file());
+
+    // tar both ways, keeping modification times.
+    let tarball = s.scratch().join("proj.tar");
+    run_ok(
+        &[],
+        &format!("cd {r} && tar cf {} proj && mkdir back && tar xf {} -C back", tarball.display(), tarball.display()),
+        &home,
+    );
+    let diff =
+        Command::new("diff").arg("-r").arg(s.local("data/proj")).arg(s.local("data/back/proj")).output().unwrap();
+    assert!(diff.status.success(), "tar round trip: {}", String::from_utf8_lossy(&diff.stdout));
+    let mtime = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    let (a, b) = (mtime(&s.local("data/proj/main.c")), mtime(&s.local("data/back/proj/main.c")));
+    let skew = a.duration_since(b).or_else(|_| b.duration_since(a)).unwrap();
+    assert!(skew < Duration::from_secs(2), "tar xf kept the modification time ({skew:?})");
+
+    // Python reads and writes; a shell forks and execs children that share a file.
+    run_ok(
+        &[],
+        &format!("python3 -c \"p='{r}/py.txt'; open(p,'w').write('x'*100000); assert len(open(p).read()) == 100000\""),
+        &home,
+    );
+    assert_eq!(std::fs::metadata(s.local("data/py.txt")).unwrap().len(), 100000);
+    let out = run_ok(
+        &[],
+        &format!("cd {r} && (echo one > kids.txt; sh -c 'echo two >> kids.txt'; cat kids.txt) | wc -l"),
+        &home,
+    );
+    assert_eq!(out.trim(), "2");
+    assert_eq!(std::fs::read_to_string(s.local("data/kids.txt")).unwrap(), "one\ntwo\n");
+
+    // Renames and links act remotely; a file removed at the server while open stays readable.
+    run_ok(&[], &format!("cd {r} && mv notes.txt renamed.txt && ln -s renamed.txt link && test \"$(cat link)\" = \"$(printf 'alpha\\nbeta')\""), &home);
+    assert!(s.local("data/renamed.txt").is_file() && !s.local("data/notes.txt").exists());
+    let gone = s.local("data/renamed.txt");
+    let script = format!("exec 3<{r}/renamed.txt; rm {}; cat <&3", gone.display());
+    assert_eq!(run_ok(&[], &script, &home), "alpha\nbeta\n");
+
+    // Errors keep their errno.
+    let out = run(&[], &format!("cat {r}/missing"), &home);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file or directory"));
+    let out = run(&[], &format!("rmdir {r}/proj"), &home);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Directory not empty"));
+    let out = run(&[], &format!("mv {r}/kids.txt /tmp/never-here-{}", std::process::id()), &home);
+    assert!(out.status.success(), "mv across file systems copies (EXDEV): {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!s.local("data/kids.txt").exists());
+    let _ = std::fs::remove_file(format!("/tmp/never-here-{}", std::process::id()));
+
+    // Logical names: --mount and a mount list; the program's own exit status passes through.
+    let list = s.scratch().join("mounts");
+    std::fs::write(&list, format!("# logical remote\n/project {r}/proj\n")).unwrap();
+    let flags = ["--mount-list", list.to_str().unwrap(), "--mount", &format!("/d={}", s.url("/data"))];
+    let out = run_ok(&flags, "ls /project/lib && cat /d/py.txt >/dev/null && test -d /locus", &home);
+    assert_eq!(out, "greet.c\ngreet.o\n");
+    let out = run(&flags, "exit 3", &home);
+    assert_eq!(out.status.code(), Some(3));
+    let out = run_ok(&[], &format!("rm -r {r}/proj {r}/back && ls {r}"), &home);
+    assert!(!out.contains("proj") && !s.local("data/proj").exists());
+}
+
+#[test]
+fn a_static_threaded_binary_forks_and_execs_under_the_agent() {
+    let s = TestServer::start();
+    s.put_local("data/in.txt", b"input\n");
+    let dir = s.scratch().join("bin");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = dir.join("threads.c");
+    std::fs::write(
+        &source,
+        r#"#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+static const char *dir;
+static void *work(void *arg) {
+    long i = (long)arg; char p[4096], buf[64];
+    snprintf(p, sizeof p, "%s/t%ld.txt", dir, i);
+    FILE *f = fopen(p, "w"); if (!f) { perror(p); exit(2); }
+    fprintf(f, "thread %ld\n", i); fclose(f);
+    f = fopen(p, "r"); if (!f || !fgets(buf, sizeof buf, f)) { perror(p); exit(3); } fclose(f);
+    if (strncmp(buf, "thread", 6)) exit(4);
+    return 0;
+}
+int main(int argc, char **argv) {
+    dir = argv[1];
+    pthread_t t[4];
+    for (long i = 0; i < 4; i++) pthread_create(&t[i], 0, work, (void *)i);
+    for (int i = 0; i < 4; i++) pthread_join(t[i], 0);
+    pid_t pid = vfork();
+    if (pid == 0) { execl("/bin/cat", "cat", argv[2], (char *)0); _exit(9); }
+    int st; waitpid(pid, &st, 0);
+    if (fork() == 0) { execl("/bin/sh", "sh", "-c", "echo forked", (char *)0); _exit(9); }
+    wait(&st);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let binary = dir.join("threads");
+    let built =
+        Command::new("cc").args(["-static", "-pthread", "-O2", "-o"]).arg(&binary).arg(&source).status().unwrap();
+    assert!(built.success(), "cc -static (libc6-dev) builds the test program");
+    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let out = run_ok(&[], &format!("{} {r} {r}/in.txt", binary.display()), &s.scratch().join("home"));
+    assert_eq!(out, "input\nforked\n");
+    for i in 0..4 {
+        assert_eq!(std::fs::read_to_string(s.local(&format!("data/t{i}.txt"))).unwrap(), format!("thread {i}\n"));
+    }
+}
+
+#[test]
+fn the_chirp_http_and_local_drivers_work_under_the_agent() {
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("home");
+    // Chirp: CCTools' chirp_server, dropping clients idle for a second.
+    let root = work.path().join("chirp");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
+    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
+        .expect("chirp_server (coop-computing-tools) runs");
+    Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
+    let flag = format!("/c=chirp://{}/", chirp.addr);
+    let src = work.path().join("proj");
+    c_project(&src);
+    let out = run_ok(
+        &["--mount", &flag],
+        &format!("ls -la /c/docs && cat /c/docs/readme.txt && sleep 1.5 && cp -r {} /c/proj && cd /c/proj && make -s && ./hello && find . -name '*.o' | sort", src.display()),
+        &home,
+    );
+    assert!(out.contains("chirp says hi"), "{out}");
+    assert!(out.ends_with("hello from locus\n./lib/greet.o\n./main.o\n"), "{out}");
+    assert!(root.join("proj/hello").is_file(), "the build is on the chirp server");
+    let tarball = work.path().join("c.tar");
+    run_ok(&["--mount", &flag], &format!("tar cf {0} -C /c proj && mkdir /c/back && tar xf {0} -C /c/back && diff -r /c/proj /c/back/proj && rm -r /c/back", tarball.display()), &home);
+
+    // HTTP: reads through a real HTTP server; a listing can never work (permanent: status 1).
+    let www = work.path().join("www");
+    std::fs::create_dir_all(www.join("sub")).unwrap();
+    std::fs::write(www.join("sub/a.txt"), "over http\n").unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = Command::new("python3")
+        .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1"])
+        .current_dir(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 -m http.server");
+    wait_for_port(port);
+    let flag = format!("/w=http://127.0.0.1:{port}/");
+    let out = run_ok(&["--mount", &flag], "cat /w/sub/a.txt && wc -c < /w/sub/a.txt && test -d /w/sub", &home);
+    assert_eq!(out, "over http\n10\n");
+    let out = run(&["--mount", &flag], "echo no > /w/new.txt", &home);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Read-only file system"), "writes: EROFS");
+    let out = run(&["--mount", &flag], "ls /w/sub; echo still running", &home);
+    assert_eq!(out.status.code(), Some(1), "a permanent error stops the program");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("still running"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP has no directory listings"));
+    let _ = server.kill();
+    let _ = server.wait();
+
+    // Local files under a logical name, through the same driver trait.
+    let local = work.path().join("local");
+    std::fs::create_dir_all(&local).unwrap();
+    let flag = format!("/l={}", local.display());
+    run_ok(&["--mount", &flag], "echo local > /l/x.txt && mkdir /l/d && mv /l/x.txt /l/d/ && cat /l/d/x.txt", &home);
+    assert_eq!(std::fs::read_to_string(local.join("d/x.txt")).unwrap(), "local\n");
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `locus serve` on a fixed port, so it can be stopped and started again.
+fn serve(root: &Path, state: &Path, port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(root)
+        .arg("--state")
+        .arg(state)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("locus serve");
+    wait_for_port(port);
+    child
+}
+
+#[test]
+fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75() {
+    let work = tempfile::tempdir().unwrap();
+    let (root, state) = (work.path().join("root"), work.path().join("state"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("a.txt"), "first\n").unwrap();
+    std::fs::write(root.join("b.txt"), "second\n").unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = serve(&root, &state, port);
+    let token = std::fs::read_to_string(state.join("tokens")).unwrap();
+    let token = token.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string();
+    let agent = |script: &str| {
+        Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["run", "--retry-secs", "3", "--", "sh", "-c", script])
+            .env("LOCUS_HOME", work.path().join("home"))
+            .env("LOCUS_TOKEN", format!("admin:{token}"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let r = format!("/locus/127.0.0.1:{port}");
+    let marker = work.path().join("marker");
+    let script =
+        format!("cat {r}/a.txt && touch {} && sleep 1 && cat {r}/b.txt && echo written > {r}/c.txt", marker.display());
+
+    // Killed mid-run and back within the window: the program finishes.
+    let child = agent(&script);
+    wait_for(&marker);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut server = serve(&root, &state, port);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\nsecond\n");
+    assert_eq!(std::fs::read_to_string(root.join("c.txt")).unwrap(), "written\n");
+
+    // Down past the window: the program is stopped with status 75 and a message to retry.
+    std::fs::remove_file(&marker).unwrap();
+    let child = agent(&script);
+    wait_for(&marker);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("may be run again"));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "first\n", "the program did not go on");
+    assert!(started.elapsed() >= Duration::from_secs(2), "gave up after {:?}", started.elapsed());
+
+    // A command that does not exist: 127, as a shell says.
+    let out = Command::new(env!("CARGO_BIN_EXE_locus")).args(["run", "--", "/no/such/program"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(127));
+}
+
+fn wait_for(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !path.exists() {
+        assert!(Instant::now() < deadline, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
