@@ -2,6 +2,8 @@
 //!
 //! - [`ops`]: `locus bench ops`, per-operation latency and bandwidth (Parrot's Figure 11
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
+//! - [`agent`]: `locus bench agent`, Figure 4 rows under `locus run`, local and remote,
+//!   beside the same program unmodified and on `locus mount`.
 //! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
 //!   (Locus and Chirp drivers) beside a local directory.
 //! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
@@ -11,6 +13,7 @@
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
+pub mod agent;
 pub mod mount;
 pub mod ops;
 pub mod peers;

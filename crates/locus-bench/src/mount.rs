@@ -44,9 +44,9 @@ pub struct MountArgs {
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
-struct Mounted {
+pub(crate) struct Mounted {
     child: Option<Child>,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 impl Drop for Mounted {
@@ -166,7 +166,8 @@ fn postmark(dir: &Path, work: &Path) -> Result<(f64, f64), String> {
     Ok((tps, secs))
 }
 
-fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, BenchError> {
+/// `locus mount URL DIR` as admin, once mounted.
+pub(crate) fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::io("mkdir", e))?;
     let dir = dir.canonicalize().map_err(|e| BenchError::io("mount point", e))?;
     let child = Command::new(exe)
@@ -183,7 +184,7 @@ fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, Benc
 }
 
 /// The Figure 4 rows in `dir`; returns (row, summary) and the bandwidth in MB/s.
-fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Vec<(&'static str, Summary)>, f64), String> {
+pub(crate) fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Vec<(&'static str, Summary)>, f64), String> {
     let e = |e: std::io::Error| e.to_string();
     let small = dir.join("small");
     std::fs::write(&small, vec![b'x'; 8192]).map_err(e)?;
@@ -194,6 +195,13 @@ fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Vec<(&'static st
         out.push((name, Summary::of(&mut samples?)));
         Ok(())
     };
+    row(
+        "getpid",
+        time_each(iterations, || {
+            std::hint::black_box(rustix::process::getpid());
+            Ok(())
+        }),
+    )?;
     row("stat", time_each(iterations, || std::fs::metadata(&small).map(drop).map_err(e)))?;
     row("open+close", time_each(iterations, || File::open(&small).map(drop).map_err(e)))?;
     row("read 1B", time_each(iterations, || f.read_at(&mut b1, 0).map(drop).map_err(e)))?;
@@ -253,26 +261,42 @@ const MAKEFILE: &str = "SRC := $(filter-out lua.c luac.c,$(wildcard *.c))\n\
 liblua.a: $(SRC:.c=.o)\n\tar rcs $@ $^\n\
 %.o: %.c\n\tcc -O0 -c -o $@ $<\n";
 
-/// The Andrew-like stages in `dir`: (stage, seconds).
-fn andrew(dir: &Path, tree: &Path) -> Result<Vec<(&'static str, f64)>, String> {
+/// The Andrew-like stages in `dir`: (stage, seconds). `tree` holds the sources and the
+/// Makefile; each stage is a shell command run through `wrapper` (empty, or `locus run
+/// ... --`), in which `dir` is the path the wrapped program sees.
+fn andrew(dir: &Path, tree: &Path, wrapper: &[String], token: &str) -> Result<Vec<(&'static str, f64)>, String> {
     let stages = [
-        ("copy", format!("cp -r {} src && cp Makefile.andrew src/Makefile", tree.display())),
+        ("copy", format!("cp -r {} src", tree.display())),
         ("ls -lR", "ls -lR src > /dev/null".to_string()),
         ("grep -r", "grep -r lua_State src > /dev/null".to_string()),
         ("make", "make -s -C src > /dev/null".to_string()),
         ("rm -r", "rm -r src".to_string()),
     ];
-    std::fs::write(dir.join("Makefile.andrew"), MAKEFILE).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (name, script) in stages {
         let t = Instant::now();
-        let status = Command::new("sh").arg("-c").arg(&script).current_dir(dir).status().map_err(|e| e.to_string())?;
+        let script = format!("cd {} && {script}", dir.display());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args);
+                c.arg("sh");
+                c
+            }
+            None => Command::new("sh"),
+        };
+        let status = cmd
+            .arg("-c")
+            .arg(&script)
+            .env("LOCUS_TOKEN", format!("admin:{token}"))
+            .env_remove("RUST_BACKTRACE")
+            .status()
+            .map_err(|e| e.to_string())?;
         if !status.success() {
             return Err(format!("{name} failed in {}", dir.display()));
         }
         out.push((name, t.elapsed().as_secs_f64()));
     }
-    std::fs::remove_file(dir.join("Makefile.andrew")).map_err(|e| e.to_string())?;
     Ok(out)
 }
 
@@ -293,6 +317,19 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
     let chirp = peers::start_chirp(work.path(), &chirp_root).ok();
+    // The sources with the Makefile that builds them, copied in by the first stage.
+    let andrew_tree = work.path().join("andrew-tree");
+    let copied = Command::new("cp").arg("-r").arg(&tree).arg(&andrew_tree).status();
+    if !copied.is_ok_and(|s| s.success()) {
+        return Err(setup(format!("cannot copy {}", tree.display())));
+    }
+    std::fs::write(andrew_tree.join("Makefile"), MAKEFILE).map_err(|e| BenchError::io("Makefile", e))?;
+    let agent = |extra: &[String]| -> Vec<String> {
+        let mut w = vec![exe.display().to_string(), "run".to_string()];
+        w.extend_from_slice(extra);
+        w.push("--".to_string());
+        w
+    };
     let ssh_root = work.path().join("ssh-root");
     std::fs::create_dir_all(&ssh_root).map_err(|e| BenchError::io("mkdir", e))?;
     let sshd = start_sshd(work.path()).map_err(|e| eprintln!("sshfs not measured: {e}")).ok();
@@ -357,12 +394,30 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             out.push_str(&format!(" {:.0} |", r.1));
         }
         out.push('\n');
-        for (name, dir, _) in &targets {
+        // `locus run` against the same servers: the Locus driver by /locus/HOST:PORT, the
+        // Chirp driver by a logical name.
+        let mut andrew_targets: Vec<(String, PathBuf, Vec<String>)> =
+            targets.iter().map(|(n, d, _)| (n.clone(), d.clone(), Vec::new())).collect();
+        let run_dir = PathBuf::from(format!("/locus/{}/andrew-run", lp.addr));
+        std::fs::create_dir_all(export.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
+        andrew_targets.insert(2, ("locus run".into(), run_dir, agent(&[])));
+        if let Some(cp) = &cp {
+            std::fs::create_dir_all(chirp_root.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
+            let _ = Command::new("chmod").args(["-R", "a+rwX"]).arg(&chirp_root).status();
+            let flags = ["--mount".to_string(), format!("/chirp=chirp://{}/", cp.addr)];
+            andrew_targets.insert(
+                4,
+                ("locus run, Chirp driver → chirp_server".into(), "/chirp/andrew-run".into(), agent(&flags)),
+            );
+        }
+        for (name, dir, wrapper) in &andrew_targets {
             if rtt > 0.0 && name == "local" {
                 continue;
             }
-            let runs: Vec<Vec<(&str, f64)>> =
-                (0..args.repeat).map(|_| andrew(dir, &tree)).collect::<Result<_, _>>().map_err(setup)?;
+            let runs: Vec<Vec<(&str, f64)>> = (0..args.repeat)
+                .map(|_| andrew(dir, &andrew_tree, wrapper, &token))
+                .collect::<Result<_, _>>()
+                .map_err(setup)?;
             let stage = |k: usize| median(runs.iter().map(|r| r[k].1).collect());
             let total: f64 = (0..5).map(stage).sum();
             if name == "local" {

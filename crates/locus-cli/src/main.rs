@@ -204,6 +204,11 @@ enum StoreletCommand {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Figure 4 rows (getpid, stat, open+close, read/write, bandwidth) under `locus run`, local and remote.
+    Agent(locus_bench::agent::AgentArgs),
+    /// The measuring process of `bench agent` (prints JSON).
+    #[command(hide = true)]
+    Syscalls(locus_bench::agent::SyscallArgs),
     /// Per-operation latency and bandwidth against Locus, chirp_server, XRootD and a bare TCP ping-pong.
     Ops(locus_bench::ops::OpsArgs),
     /// What scripts buy: call overhead (beside Redis), combined and partial operations across RTTs.
@@ -262,6 +267,8 @@ fn main() -> ExitCode {
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Agent(args)) => locus_bench::agent::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
