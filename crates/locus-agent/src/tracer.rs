@@ -259,7 +259,7 @@ pub fn run(argv: &[CString], handler: &mut dyn Handler) -> Result<i32, Abort> {
 impl Tree {
     fn events(&mut self, handler: &mut dyn Handler) -> Result<(), Abort> {
         loop {
-            let status = match next_stop() {
+            let status = match waitpid(None, Some(WaitPidFlag::__WALL)) {
                 Ok(s) => s,
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(_) => return Ok(()), // ECHILD: the whole tree has ended
@@ -323,6 +323,11 @@ impl Tree {
     /// Records a new thread or process; a new process inherits its parent's scratch
     /// mapping (fork copies it to the same address, vfork shares it).
     fn adopt(&mut self, parent: Pid, child: Pid, event: i32) {
+        if self.groups.contains_key(&child) {
+            // The child stopped before this event was read and is known already; it may
+            // even have exec'd since, so the parent's mapping must not be given to it.
+            return;
+        }
         let parent_group = self.group(parent);
         let thread =
             event == Event::PTRACE_EVENT_CLONE as i32 && self.clone_flags(parent) & libc::CLONE_THREAD as u64 != 0;
@@ -386,6 +391,14 @@ impl Tree {
                     let _ = ptrace::cont(tid, None);
                     return Ok(());
                 };
+                let fits = paths.iter().map(|(_, p)| p.len() + 1).sum::<usize>() <= SLOT_SIZE as usize;
+                if !fits {
+                    regs.orig_rax = u64::MAX;
+                    regs.rax = -libc::ENAMETOOLONG as i64 as u64;
+                    let _ = ptrace::setregs(tid, regs);
+                    let _ = ptrace::cont(tid, None);
+                    return Ok(());
+                }
                 if scratch.addr == 0 {
                     regs.orig_rax = u64::MAX;
                     regs.rax = -libc::ENOMEM as i64 as u64;
@@ -393,15 +406,19 @@ impl Tree {
                     let _ = ptrace::cont(tid, None);
                     return Ok(());
                 }
+                let original = regs;
                 let mut at = scratch.addr + (scratch.next % (SCRATCH_SIZE / SLOT_SIZE)) * SLOT_SIZE;
                 scratch.next += 1;
                 for (index, path) in paths {
                     let mut bytes = path.into_bytes();
                     bytes.push(0);
-                    if bytes.len() > libc::PATH_MAX as usize || !t.write(at, &bytes) {
-                        regs.orig_rax = u64::MAX;
-                        regs.rax = -libc::ENAMETOOLONG as i64 as u64;
-                        break;
+                    if !t.write(at, &bytes) {
+                        // The mapping is not where it was thought to be: make a new one
+                        // and let the call run again.
+                        let addr = inject_mmap(tid, original).unwrap_or(0);
+                        self.scratch.insert(group, Scratch { addr, next: 0 });
+                        let _ = ptrace::cont(tid, None);
+                        return Ok(());
                     }
                     match index {
                         0 => regs.rdi = at,
@@ -426,24 +443,6 @@ impl Tree {
         }
         while waitpid(None, Some(WaitPidFlag::__WALL)).is_ok() {}
     }
-}
-
-/// How long the tracer polls for the next stop before sleeping in `waitpid`: a program
-/// making file calls in a row stops again within microseconds, and a sleeping tracer
-/// costs a cross-CPU wake-up per stop (tens of microseconds on a virtual machine).
-const SPIN: std::time::Duration = std::time::Duration::from_micros(SPIN_MICROS);
-const SPIN_MICROS: u64 = 200;
-
-/// The next stop of any tracee.
-fn next_stop() -> nix::Result<WaitStatus> {
-    let start = std::time::Instant::now();
-    while start.elapsed() < SPIN {
-        match waitpid(None, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG))? {
-            WaitStatus::StillAlive => std::thread::yield_now(),
-            status => return Ok(status),
-        }
-    }
-    waitpid(None, Some(WaitPidFlag::__WALL))
 }
 
 /// Makes the thread stopped at `regs` run `mmap` for a scratch area instead of its call,

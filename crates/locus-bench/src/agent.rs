@@ -3,7 +3,9 @@
 //! read bandwidth, run by a separate process (`locus bench syscalls`) in four settings:
 //!
 //! 1. a local file, unmodified;
-//! 2. the same local file under `locus run` (what interposition costs local work);
+//! 2. the same local file under `locus run` (what interposition costs local work), also
+//!    with the agent and the program on one CPU (`taskset -c 0`): on a virtual machine a
+//!    stop that wakes the tracer on the other CPU costs tens of microseconds more;
 //! 3. a remote file on a Locus server under `locus run` (`/locus/HOST:PORT/...`);
 //! 4. the same server through `locus mount`.
 //!
@@ -113,6 +115,11 @@ pub fn run(args: AgentArgs) -> Result<(), BenchError> {
     let settings: Vec<(&str, Measured)> = vec![
         ("local, unmodified", measure(&[], &exe, &local, &args, &token)?),
         ("local, locus run", measure(&agent, &exe, &local, &args, &token)?),
+        ("local, locus run on one CPU", {
+            let mut pinned = vec!["taskset".to_string(), "-c".into(), "0".into()];
+            pinned.extend(agent.iter().cloned());
+            measure(&pinned, &exe, &local, &args, &token)?
+        }),
         (
             "remote, locus run",
             measure(&agent, &exe, &PathBuf::from(format!("/locus/{}/rows", locus.addr)), &args, &token)?,
