@@ -134,12 +134,12 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
     let stage = stage::Stage::new(ns, options.attr_timeout).map_err(setup)?;
     let mut agent = syscalls::Agent { stage };
     let outcome = tracer::run(&argv, &mut agent);
-    // Whatever happened, write back what the program wrote.
-    let synced = match &outcome {
-        Err(a) if a.status == EXIT_TRANSIENT => Err(()),
-        _ => agent.stage.sync_all().map_err(|_| ()),
+    // Whatever happened, write back what the program wrote (unless the server is gone).
+    let unsent = match &outcome {
+        Err(a) if a.status == EXIT_TRANSIENT => true,
+        _ => agent.stage.sync_all().is_err(),
     };
-    if synced.is_err() && agent.stage.has_dirty() {
+    if unsent && agent.stage.has_dirty() {
         if let Some(dir) = agent.stage.keep() {
             eprintln!("locus run: files not written back are kept in {}", dir.display());
         }

@@ -139,16 +139,23 @@ impl Namespace {
 
 /// Connects to `url`, retrying an unreachable server for `window`.
 fn connect_with_retry(url: &str, window: Duration) -> Result<(Box<dyn Driver>, String), String> {
+    retry_transient(window, || locus_drivers::connect(url)).map_err(|e| e.to_string())
+}
+
+/// Runs `f` again with backoff while it fails transiently, up to `window`.
+pub fn retry_transient<T>(
+    window: Duration,
+    mut f: impl FnMut() -> locus_drivers::Result<T>,
+) -> locus_drivers::Result<T> {
     let deadline = Instant::now() + window;
     let mut pause = Duration::from_millis(50);
     loop {
-        match locus_drivers::connect(url) {
-            Ok(c) => return Ok(c),
+        match f() {
             Err(e) if e.is_transient() && Instant::now() < deadline => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
-            Err(e) => return Err(e.to_string()),
+            other => return other,
         }
     }
 }

@@ -11,7 +11,7 @@
 //! exits or execs, and at the end of the run. Metadata changes (mkdir, unlink, rename,
 //! chmod, ...) go to the server first and are mirrored locally only if it agrees.
 
-use crate::names::{beneath, parent, Namespace};
+use crate::names::{beneath, parent, retry_transient, Namespace};
 use crate::Fail;
 use locus_drivers::{Attr, Driver, SetTime, Time};
 use std::collections::{HashMap, HashSet};
@@ -144,19 +144,8 @@ impl Stage {
         mut f: impl FnMut(&mut dyn Driver, &str) -> locus_drivers::Result<T>,
     ) -> Result<T, Fail> {
         let remote = self.ns.remote(mount, logical);
-        let deadline = Instant::now() + self.ns.retry;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let m = &mut self.ns.mounts[mount];
-            match f(m.driver.as_mut(), &remote) {
-                Ok(v) => return Ok(v),
-                Err(e) if e.is_transient() && Instant::now() < deadline => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-                Err(e) => return Err(Fail::driver(e, &m.url)),
-            }
-        }
+        let m = &mut self.ns.mounts[mount];
+        retry_transient(self.ns.retry, || f(m.driver.as_mut(), &remote)).map_err(|e| Fail::driver(e, &m.url))
     }
 
     fn fresh(&self, t: Instant) -> bool {
@@ -192,8 +181,8 @@ impl Stage {
 
     /// A remote symbolic link's target.
     pub fn readlink(&mut self, mount: usize, logical: &str) -> Result<String, Fail> {
-        if let Ok(t) = fs::read_link(self.shadow(logical)) {
-            if self.copies.contains_key(logical) {
+        if self.copies.contains_key(logical) {
+            if let Ok(t) = fs::read_link(self.shadow(logical)) {
                 return Ok(t.to_string_lossy().into_owned());
             }
         }

@@ -2,6 +2,9 @@
 //! make and cc, Python, a shell that forks and execs) work on the mounted directory and
 //! their effects land in the export; errors keep their errno; `locus umount` ends it.
 
+mod common;
+
+use common::{admin_token, serve, wait_for_port};
 use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
@@ -61,15 +64,6 @@ fn mount_with(url: &str, scratch: &Path, token: &str, flags: &[&str]) -> Mount {
         std::thread::sleep(Duration::from_millis(20));
     }
     Mount { child, mnt }
-}
-
-/// Waits until something listens on the loopback `port`.
-fn wait_for_port(port: u16, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "{what} did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -235,21 +229,6 @@ fn libc_erofs() -> i32 {
     30
 }
 
-/// `locus serve` on a fixed port, so it can be stopped and started again.
-fn serve(root: &Path, state: &Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--root")
-        .arg(root)
-        .arg("--state")
-        .arg(state)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("locus serve");
-    wait_for_port(port, "locus serve");
-    child
-}
-
 #[test]
 fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_down_is_eio() {
     if !fuse_available() {
@@ -261,8 +240,7 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     std::fs::write(root.join("f.txt"), "still here\n").unwrap();
     let port = locus_bench::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
-    let token = std::fs::read_to_string(state.join("tokens")).unwrap();
-    let token = token.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string();
+    let token = admin_token(&state);
     let m = mount_with(&format!("locus://127.0.0.1:{port}/"), work.path(), &token, &["--retry-secs", "3"]);
     let mnt = m.mnt.clone();
     assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "still here\n");

@@ -4,9 +4,12 @@
 //! errnos pass through, a permanent error stops the program with status 1, a server
 //! down past the retry window with status 75, one back within it goes unnoticed.
 
+mod common;
+
+use common::{admin_token, serve, wait_for_port};
 use locus_testkit::TestServer;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// `locus run FLAGS... -- sh -c SCRIPT` as admin of the test server.
@@ -222,7 +225,7 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
         .stderr(Stdio::null())
         .spawn()
         .expect("python3 -m http.server");
-    wait_for_port(port);
+    wait_for_port(port, "http.server");
     let flag = format!("/w=http://127.0.0.1:{port}/");
     let out = run_ok(&["--mount", &flag], "cat /w/sub/a.txt && wc -c < /w/sub/a.txt && test -d /w/sub", &home);
     assert_eq!(out, "over http\n10\n");
@@ -243,29 +246,6 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
     assert_eq!(std::fs::read_to_string(local.join("d/x.txt")).unwrap(), "local\n");
 }
 
-fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// `locus serve` on a fixed port, so it can be stopped and started again.
-fn serve(root: &Path, state: &Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .arg("--root")
-        .arg(root)
-        .arg("--state")
-        .arg(state)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("locus serve");
-    wait_for_port(port);
-    child
-}
-
 #[test]
 fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75() {
     let work = tempfile::tempdir().unwrap();
@@ -275,8 +255,7 @@ fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_t
     std::fs::write(root.join("b.txt"), "second\n").unwrap();
     let port = locus_bench::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
-    let token = std::fs::read_to_string(state.join("tokens")).unwrap();
-    let token = token.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string();
+    let token = admin_token(&state);
     let agent = |script: &str| {
         Command::new(env!("CARGO_BIN_EXE_locus"))
             .args(["run", "--retry-secs", "3", "--", "sh", "-c", script])

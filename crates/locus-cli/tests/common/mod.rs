@@ -1,0 +1,35 @@
+//! Helpers shared by the tests that start `locus` processes (`mount.rs`, `run.rs`).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Waits until something listens on the loopback `port`.
+pub fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `locus serve` on a fixed port, so it can be stopped and started again.
+pub fn serve(root: &Path, state: &Path, port: u16) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(root)
+        .arg("--state")
+        .arg(state)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("locus serve");
+    wait_for_port(port, "locus serve");
+    child
+}
+
+/// The admin token a `locus serve` wrote to its state directory.
+pub fn admin_token(state: &Path) -> String {
+    let tokens = std::fs::read_to_string(state.join("tokens")).unwrap();
+    tokens.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string()
+}
