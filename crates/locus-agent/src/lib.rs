@@ -19,6 +19,7 @@
 //! - [`EXIT_SETUP`] (70): the agent could not start (bad mount, no ptrace);
 //! - 127: the command was not found.
 
+mod notify;
 pub mod names;
 pub mod stage;
 pub mod syscalls;
@@ -135,11 +136,19 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
     let mut agent = syscalls::Agent { stage };
     let outcome = tracer::run(&argv, &mut agent);
     // Whatever happened, write back what the program wrote (unless the server is gone).
-    let unsent = match &outcome {
-        Err(a) if a.status == EXIT_TRANSIENT => true,
-        _ => agent.stage.sync_all().is_err(),
+    // A program that ended well whose files cannot be written back has not ended well.
+    let outcome = match outcome {
+        Err(abort) if abort.status == EXIT_TRANSIENT => Err(abort),
+        Err(abort) => {
+            let _ = agent.stage.sync_all();
+            Err(abort)
+        }
+        Ok(status) => match agent.stage.sync_all() {
+            Err(Fail::Stop(abort)) => Err(abort),
+            _ => Ok(status),
+        },
     };
-    if unsent && agent.stage.has_dirty() {
+    if agent.stage.has_unsent() {
         if let Some(dir) = agent.stage.keep() {
             eprintln!("locus run: files not written back are kept in {}", dir.display());
         }

@@ -312,6 +312,14 @@ impl Stage {
         !self.dirty.is_empty()
     }
 
+    /// Whether a dirty file has changed since it was last written back.
+    pub fn has_unsent(&self) -> bool {
+        self.dirty.iter().any(|(logical, &(_, last))| match fs::symlink_metadata(self.shadow(logical)) {
+            Ok(m) if m.is_file() => last != Some(local_stamp(&m)),
+            _ => false,
+        })
+    }
+
     /// Creates the file `logical` at the server (exclusively if `exclusive`) and clears
     /// the way for the program's own open to create the local copy, which is dirty from
     /// now on.
