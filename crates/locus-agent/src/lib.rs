@@ -2,8 +2,9 @@
 //! storage spliced into its namespace, as Parrot's interposition agent does, without
 //! privileges.
 //!
-//! The program runs under ptrace with a seccomp filter, so only file-related system
-//! calls stop it (everything else runs at native speed). A call that names a remote
+//! The program runs under a seccomp filter, so only file-related system calls reach the
+//! agent (everything else runs at native speed): the frequent ones as user
+//! notifications, the rest as ptrace stops. A call that names a remote
 //! path (`/locus/HOST:PORT/path`, or a logical name from `--mount` or a mount list) is
 //! served through a local staging area: the agent brings the local shadow of the remote
 //! file up to date and points the call at it, so the kernel gives the program real

@@ -121,17 +121,18 @@ fn file_attr(ino: u64, a: &Attr) -> FileAttr {
 }
 
 /// `open(2)` flags as Locus open flags.
+/// The server open flags for a kernel open. With the write-back cache the kernel may
+/// read pages of a file opened for writing only (to fill a partly written page), and it
+/// places appends itself, so writers open for reading too and without `O_APPEND`.
 fn locus_flags(flags: i32) -> u32 {
     let mut f = match flags & libc::O_ACCMODE {
-        libc::O_WRONLY => open_flags::WRITE,
-        libc::O_RDWR => open_flags::READ | open_flags::WRITE,
+        libc::O_WRONLY | libc::O_RDWR => open_flags::READ | open_flags::WRITE,
         _ => open_flags::READ,
     };
     for (posix, locus) in [
         (libc::O_CREAT, open_flags::CREATE),
         (libc::O_EXCL, open_flags::EXCLUSIVE),
         (libc::O_TRUNC, open_flags::TRUNCATE),
-        (libc::O_APPEND, open_flags::APPEND),
         (libc::O_DIRECTORY, open_flags::DIRECTORY),
         (libc::O_NOFOLLOW, open_flags::NOFOLLOW),
     ] {
@@ -182,13 +183,21 @@ impl Filesystem for LocusFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
+        // Writes gather in the page cache and reach the server in large requests when
+        // the file is flushed (at close, fsync or memory pressure), not one per write(2).
+        let _ = config.add_capabilities(fuser::consts::FUSE_WRITEBACK_CACHE);
         Ok(())
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let path = ok_or_reply!(self.child(parent, name), reply);
-        let attr = ok_or_reply!(self.lstat(&path), reply);
-        self.entry(path, &attr, reply);
+        match self.lstat(&path) {
+            Ok(attr) => self.entry(path, &attr, reply),
+            // Inode 0: the kernel remembers that the name is absent for the timeout (make
+            // and compilers look up many names that do not exist).
+            Err(libc::ENOENT) => reply.entry(&self.options.attr_timeout, &file_attr(0, &Attr::default()), 0),
+            Err(code) => reply.error(code),
+        }
     }
 
     fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
