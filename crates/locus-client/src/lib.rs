@@ -102,6 +102,20 @@ pub struct Client {
     subject: String,
 }
 
+/// The reply of an operation sent with [`Client::start_with`], not yet waited for.
+pub struct Pending<R> {
+    rx: oneshot::Receiver<Result<Frame>>,
+    decode: fn(&[u8]) -> Result<R>,
+}
+
+impl<R> Pending<R> {
+    /// Waits for the reply.
+    pub async fn wait(self) -> Result<R> {
+        let frame = self.rx.await.map_err(|_| ClientError::Closed)??;
+        (self.decode)(&frame.meta)
+    }
+}
+
 /// Size of the data frames of a streamed `put`.
 pub const PUT_CHUNK: usize = 1 << 20;
 
@@ -242,6 +256,16 @@ impl Client {
         Ok((codec::decode(&f.meta)?, f.data))
     }
 
+    /// Sends an operation and answers at once, without waiting for its reply, which
+    /// [`Pending::wait`] collects later: writes behind. The server runs the requests of
+    /// one connection in order, so later requests see the operation's effect.
+    pub async fn start_with<O: Operation>(&self, req: O, data: &[u8]) -> Result<Pending<O::Reply>> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        self.send(O::INFO.code, id, false, &codec::encode(&req), data).await?;
+        Ok(Pending { rx, decode: |meta| Ok(codec::decode::<O::Reply>(meta)?) })
+    }
+
     /// Runs a streamed-reply operation; frames arrive on the returned channel until one
     /// without the MORE flag.
     pub async fn call_stream<O: Operation>(&self, req: O) -> Result<mpsc::UnboundedReceiver<Result<Frame>>> {
@@ -298,6 +322,25 @@ impl Client {
     /// Writes `data` at `offset`.
     pub async fn pwrite(&self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
         Ok(self.call_with(Pwrite { handle, offset }, data).await?.0)
+    }
+
+    /// Writes `data` at `offset` without waiting for the answer (see [`Client::start_with`]).
+    pub async fn pwrite_behind(&self, handle: u64, offset: u64, data: &[u8]) -> Result<Pending<u64>> {
+        self.start_with(Pwrite { handle, offset }, data).await
+    }
+
+    /// Sets a file's times and answers its attributes afterwards (of the open `handle`
+    /// if given), both requests in flight at once: one round trip.
+    pub async fn utimes_stat(&self, path: &str, atime: SetTime, mtime: SetTime, handle: Option<u64>) -> Result<Attr> {
+        let stat = async {
+            match handle {
+                Some(h) => self.fstat(h).await,
+                None => self.lstat(path).await,
+            }
+        };
+        let (set, attr) = tokio::join!(self.utimes(path, atime, mtime), stat);
+        set?;
+        attr
     }
 
     /// Lists a directory with attributes.

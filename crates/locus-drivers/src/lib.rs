@@ -100,6 +100,18 @@ pub trait Driver: Send {
     fn pwrite(&mut self, _handle: u64, _offset: u64, _data: &[u8]) -> Result<u64> {
         Err(DriverError::unsupported("write", self.name()))
     }
+    /// Writes all of `data` at `offset`, without waiting for the server where the driver
+    /// can; an error then shows at the next [`Driver::settle`] of the handle.
+    fn pwrite_behind(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
+        match self.pwrite(handle, offset, data)? {
+            n if n as usize == data.len() => Ok(()),
+            _ => Err(DriverError::errno(libc::EIO, "short write")),
+        }
+    }
+    /// Waits for the handle's writes behind; answers the first error among them.
+    fn settle(&mut self, _handle: u64) -> Result<()> {
+        Ok(())
+    }
     fn ftruncate(&mut self, _handle: u64, _size: u64) -> Result<()> {
         Err(DriverError::unsupported("truncate", self.name()))
     }
@@ -135,6 +147,15 @@ pub trait Driver: Send {
     }
     fn utimes(&mut self, _path: &str, _atime: SetTime, _mtime: SetTime) -> Result<()> {
         Err(DriverError::unsupported("utimes", self.name()))
+    }
+    /// Sets times, then answers the attributes (of the open `handle` if given), in one
+    /// round trip where the driver can send both at once.
+    fn utimes_stat(&mut self, path: &str, atime: SetTime, mtime: SetTime, handle: Option<u64>) -> Result<Attr> {
+        self.utimes(path, atime, mtime)?;
+        match handle {
+            Some(h) => self.fstat(h),
+            None => self.lstat(path),
+        }
     }
     /// File-system statistics; zeros where the protocol has none.
     fn statfs(&mut self, _path: &str) -> Result<StatFs> {

@@ -7,7 +7,8 @@
 //! whatever the new session numbered the same.
 
 use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
-use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl};
+use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How long calls keep retrying a lost server by default.
@@ -20,7 +21,12 @@ pub struct LocusDriver {
     /// Counts connections; the upper 24 bits of every handle given out.
     generation: u64,
     retry: Duration,
+    /// Writes sent and not yet answered, by handle (with the length sent).
+    behind: HashMap<u64, Vec<(Pending<u64>, usize)>>,
 }
+
+/// Writes behind on one handle before the driver waits for their answers.
+const MAX_BEHIND: usize = 64;
 
 fn err(e: ClientError) -> DriverError {
     if e.is_transient() {
@@ -37,8 +43,13 @@ impl LocusDriver {
     pub fn connect(url: &str) -> Result<(LocusDriver, String)> {
         let u = LocusUrl::parse(url).map_err(|e| DriverError::errno(libc::EINVAL, e.to_string()))?;
         let options = ConnectOptions::for_url(&u).map_err(err)?;
+        Ok((LocusDriver::with_options(options)?, u.path))
+    }
+
+    /// Connects with explicit connection options (address and credentials).
+    pub fn with_options(options: ConnectOptions) -> Result<LocusDriver> {
         let client = Client::connect(&options).map_err(err)?;
-        Ok((LocusDriver { options, client: Some(client), generation: 1, retry: DEFAULT_RETRY }, u.path))
+        Ok(LocusDriver { options, client: Some(client), generation: 1, retry: DEFAULT_RETRY, behind: HashMap::new() })
     }
 
     /// Runs `f`, reconnecting and retrying while the server is unreachable, up to the
@@ -114,17 +125,18 @@ impl Driver for LocusDriver {
         Ok(Opened { handle: self.outer(opened.handle), attr: opened.attr })
     }
     fn close(&mut self, handle: u64) -> Result<()> {
-        // Nothing is buffered on either side (writes are synchronous), so a close cannot
-        // fail in a way the program could act on: send it and do not wait for the reply,
-        // which saves a round trip per open file.
-        let Ok(h) = self.inner(handle) else { return Ok(()) };
+        // Once the writes behind are answered, nothing is buffered on either side, so a
+        // close cannot fail in a way the program could act on: send it and do not wait
+        // for the reply, which saves a round trip per open file.
+        let settled = self.settle(handle);
+        let Ok(h) = self.inner(handle) else { return settled };
         let close = locus_proto::ops::Close { handle: h };
         let code = <locus_proto::ops::Close as locus_proto::Operation>::INFO.code;
         let meta = locus_proto::codec::encode(&close);
-        match &self.client {
-            Some(c) => c.run(|c| c.send_request(code, &meta, &[], false)).map(drop).map_err(err),
-            None => Ok(()),
+        if let Some(c) = &self.client {
+            c.run(|c| c.send_request(code, &meta, &[], false)).map_err(err)?;
         }
+        settled
     }
     fn fstat(&mut self, handle: u64) -> Result<Attr> {
         let h = self.inner(handle)?;
@@ -141,6 +153,29 @@ impl Driver for LocusDriver {
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
         let h = self.inner(handle)?;
         self.call_on(|c| c.run(|c| c.ftruncate(h, size)))
+    }
+    fn pwrite_behind(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
+        if self.behind.get(&handle).is_some_and(|w| w.len() >= MAX_BEHIND) {
+            self.settle(handle)?;
+        }
+        let h = self.inner(handle)?;
+        let pending = self.call_on(|c| c.run(|c| c.pwrite_behind(h, offset, data)))?;
+        self.behind.entry(handle).or_default().push((pending, data.len()));
+        Ok(())
+    }
+    fn settle(&mut self, handle: u64) -> Result<()> {
+        let mut first = Ok(());
+        for (pending, len) in self.behind.remove(&handle).unwrap_or_default() {
+            let written = self.call_on(|c| c.run(|_| pending.wait()));
+            if first.is_ok() {
+                first = match written {
+                    Ok(n) if n as usize == len => Ok(()),
+                    Ok(_) => Err(DriverError::errno(libc::EIO, "short write")),
+                    Err(e) => Err(e),
+                };
+            }
+        }
+        first
     }
     fn fsync(&mut self, handle: u64) -> Result<()> {
         let h = self.inner(handle)?;
@@ -172,6 +207,16 @@ impl Driver for LocusDriver {
     }
     fn chmod(&mut self, path: &str, mode: u32) -> Result<()> {
         self.call(|c| c.run(|c| c.chmod(path, mode)))
+    }
+    fn utimes_stat(&mut self, path: &str, atime: SetTime, mtime: SetTime, handle: Option<u64>) -> Result<Attr> {
+        match handle {
+            // A handle names a file of this connection only: no reconnecting.
+            Some(h) => {
+                let h = self.inner(h)?;
+                self.call_on(|c| c.run(|c| c.utimes_stat(path, atime, mtime, Some(h))))
+            }
+            None => self.call(|c| c.run(|c| c.utimes_stat(path, atime, mtime, None))),
+        }
     }
     fn utimes(&mut self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         self.call(|c| c.run(|c| c.utimes(path, atime, mtime)))

@@ -252,7 +252,8 @@ impl Filesystem for LocusFs {
                 }
             }
             if atime.is_some() || mtime.is_some() {
-                self.driver.utimes(&path, set_time(atime), set_time(mtime))?;
+                // The kernel's write-back cache sends each written file's times this way.
+                return self.driver.utimes_stat(&path, set_time(atime), set_time(mtime), fh);
             }
             match fh {
                 Some(h) => self.driver.fstat(h),
@@ -383,13 +384,15 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        let n = ok_or_reply!(self.driver.pwrite(fh, offset as u64, data).map_err(errno), reply);
+        // Written behind: an error shows at the flush (close) or fsync of the file.
+        ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
         // Our own write changed the file: its next open must not trust the old pages.
         self.seen.remove(&ino);
-        reply.written(n as u32);
+        reply.written(data.len() as u32);
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         reply.ok();
     }
 
@@ -414,6 +417,7 @@ impl Filesystem for LocusFs {
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         ok_or_reply!(self.driver.fsync(fh).map_err(errno), reply);
         reply.ok();
     }
