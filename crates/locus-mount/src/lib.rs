@@ -6,9 +6,11 @@
 //! are local: each path the kernel looks up gets one ([`inodes::Inodes`]), and renames
 //! move the paths beneath. Open files are server handles, which bind to the object as
 //! POSIX does: a file removed or renamed while open stays readable and writable.
-//! Attributes and names are cached by the kernel for `attr_timeout` (an NFS-like
-//! attribute cache); file data by the kernel's page cache, dropped on open when the
-//! file's size or modification time changed.
+//! Attributes and names (present or absent) are cached by the kernel for `attr_timeout`
+//! (an NFS-like attribute cache); file data by the kernel's page cache, dropped on open
+//! when the file's size or modification time changed. Writes gather in the kernel's
+//! write-back cache and are sent behind at flush; their errors show at `close` or
+//! `fsync`.
 //!
 //! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.

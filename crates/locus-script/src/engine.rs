@@ -1,5 +1,11 @@
 //! The script engine: a bounded cache of sources by id, and a pool of interpreter
 //! threads, each with one sandboxed Lua state that runs one call at a time.
+//!
+//! The interpreters are grouped by CPU, each group's threads held to its CPU, and a call
+//! goes to an idle interpreter of the CPU the calling connection thread runs on when
+//! there is one. Handing a call to a thread on the same CPU, and the answer back, is a
+//! context switch; handing it to a sleeping thread on another CPU costs a cross-CPU
+//! wake-up each way, which on a virtual machine is tens of microseconds.
 
 use crate::error::ScriptError;
 use crate::stdlib::{self, Buffer, CallCtx, Shared};
@@ -9,7 +15,7 @@ use locus_proto::types::Value;
 use mlua::{ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -63,36 +69,98 @@ struct Sources {
     capacity: usize,
 }
 
+/// The interpreters held to one CPU, and their queue.
+struct Group {
+    queue: mpsc::SyncSender<Job>,
+    /// Interpreters of the group waiting for a call.
+    idle: Arc<AtomicUsize>,
+}
+
 /// Registered scripts and the interpreters that run them.
 pub struct Engine {
     sources: Mutex<Sources>,
-    queue: mpsc::SyncSender<Job>,
+    /// Groups in CPU order: group `i` runs on the `i`-th CPU the process may use.
+    groups: Vec<Group>,
+    /// The group of each CPU number (`None`: not one of ours).
+    group_of_cpu: Vec<Option<usize>>,
     shared: Arc<Shared>,
     checker: Mutex<Lua>,
+}
+
+/// The CPUs this process may run on.
+fn usable_cpus() -> Vec<usize> {
+    match rustix::thread::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 impl Engine {
     /// An engine with `workers` interpreter threads, a cache of `capacity` sources and a
     /// queue of `queue` waiting calls.
     pub fn new(workers: usize, capacity: usize, queue: usize) -> Engine {
-        let (tx, rx) = mpsc::sync_channel::<Job>(queue.max(1));
-        let rx = Arc::new(std::sync::Mutex::new(rx));
+        let workers = workers.max(1);
+        let mut cpus = usable_cpus();
+        cpus.truncate(workers);
+        let pinned = !cpus.is_empty();
+        if !pinned {
+            cpus.push(0);
+        }
         let shared = Arc::new(Shared::default());
-        for i in 0..workers.max(1) {
-            let (rx, shared) = (rx.clone(), shared.clone());
-            let spawned =
-                std::thread::Builder::new().name(format!("locus-script-{i}")).spawn(move || worker(rx, shared));
-            if let Err(e) = spawned {
-                tracing::error!("cannot start script worker: {e}");
+        let mut groups = Vec::with_capacity(cpus.len());
+        let mut group_of_cpu = Vec::new();
+        for (g, &cpu) in cpus.iter().enumerate() {
+            let (tx, rx) = mpsc::sync_channel::<Job>((queue / cpus.len()).max(1));
+            let rx = Arc::new(std::sync::Mutex::new(rx));
+            let idle = Arc::new(AtomicUsize::new(0));
+            // Workers are dealt to the groups in turn.
+            for i in (g..workers).step_by(cpus.len()) {
+                let (rx, shared, idle) = (rx.clone(), shared.clone(), idle.clone());
+                let spawned = std::thread::Builder::new().name(format!("locus-script-{i}")).spawn(move || {
+                    if pinned {
+                        let mut set = rustix::thread::CpuSet::new();
+                        set.set(cpu);
+                        if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                            tracing::debug!("script worker not held to CPU {cpu}: {e}");
+                        }
+                    }
+                    worker(rx, shared, idle)
+                });
+                if let Err(e) = spawned {
+                    tracing::error!("cannot start script worker: {e}");
+                }
             }
+            if group_of_cpu.len() <= cpu {
+                group_of_cpu.resize(cpu + 1, None);
+            }
+            group_of_cpu[cpu] = Some(g);
+            groups.push(Group { queue: tx, idle });
         }
         let checker = Lua::new_with(StdLib::NONE, LuaOptions::new()).expect("a bare Lua state");
         Engine {
             sources: Mutex::new(Sources { by_id: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1) }),
-            queue: tx,
+            groups,
+            group_of_cpu,
             shared,
             checker: Mutex::new(checker),
         }
+    }
+
+    /// Queues `job`: with an idle interpreter of this CPU if there is one, else with any
+    /// idle interpreter, else in this CPU's queue (or any queue with room).
+    fn dispatch(&self, job: Job) -> Result<(), ScriptError> {
+        let n = self.groups.len();
+        let here = self.group_of_cpu.get(rustix::thread::sched_getcpu()).copied().flatten().unwrap_or(0);
+        let order = (0..n).map(|k| (here + k) % n);
+        let first = order.clone().find(|&g| self.groups[g].idle.load(Ordering::Relaxed) > 0).unwrap_or(here);
+        let mut job = job;
+        for g in std::iter::once(first).chain(order.filter(|&g| g != first)) {
+            match self.groups[g].queue.try_send(job) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::TrySendError::Full(j)) | Err(mpsc::TrySendError::Disconnected(j)) => job = j,
+            }
+        }
+        Err(ScriptError::Busy)
     }
 
     /// Checks that `source` compiles and registers it; returns its id.
@@ -150,8 +218,7 @@ impl Engine {
         };
         let source = self.sources.lock().by_id.get(&id).cloned().ok_or_else(|| ScriptError::NoScript(id.clone()))?;
         let (reply, rx) = oneshot::channel();
-        let job = Job { id, source, args, input, limits, host, reply };
-        self.queue.try_send(job).map_err(|_| ScriptError::Busy)?;
+        self.dispatch(Job { id, source, args, input, limits, host, reply })?;
         Ok(rx)
     }
 }
@@ -167,7 +234,7 @@ static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
 const WORKER_NICE: i32 = 10;
 
 /// One interpreter thread: takes calls from the shared queue until the engine is gone.
-fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
+fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, idle: Arc<AtomicUsize>) {
     // Computation yields to the file service: on Linux this sets this thread's nice value.
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
@@ -178,13 +245,13 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>) {
     };
     let mut compiled: HashMap<String, Function> = HashMap::new();
     loop {
+        idle.fetch_add(1, Ordering::Relaxed);
         let job = match rx.lock() {
-            Ok(rx) => match rx.recv() {
-                Ok(job) => job,
-                Err(_) => return,
-            },
+            Ok(rx) => rx.recv(),
             Err(_) => return,
         };
+        idle.fetch_sub(1, Ordering::Relaxed);
+        let Ok(job) = job else { return };
         let reply = job.reply;
         let Job { id, source, args, input, limits, host, .. } = job;
         let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
