@@ -217,8 +217,8 @@ struct Filters {
 /// (seccompiler has no such action).
 const NOTIFY_MARK: u32 = 0x7ff;
 
-/// A seccomp program that matches `calls` (the ones named in `o_path` only if their
-/// flags argument has `O_PATH` set, or only if clear, as `o_path_set` says).
+/// A seccomp program that matches `calls`; `open` and `openat` among them only if their
+/// flags have `O_PATH` set, or only if clear, as `o_path_set` says.
 fn filter(calls: Vec<i64>, o_path_set: bool, data: u32) -> Result<seccompiler::BpfProgram, String> {
     use seccompiler::{SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompRule};
     let flags_arg = |nr: i64| match nr {
