@@ -20,8 +20,8 @@
 //! - [`EXIT_SETUP`] (70): the agent could not start (bad mount, no ptrace);
 //! - 127: the command was not found.
 
-mod notify;
 pub mod names;
+mod notify;
 pub mod stage;
 pub mod syscalls;
 pub mod tracer;

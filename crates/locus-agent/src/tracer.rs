@@ -258,11 +258,7 @@ fn filters() -> Result<Filters, String> {
     // The opens the notification filter leaves out (O_PATH) stop under ptrace.
     let mut traced = traced_syscalls();
     traced.extend([libc::SYS_open, libc::SYS_openat]);
-    Ok(Filters {
-        trace: filter(traced, true, 0)?,
-        notify,
-        notify_by_trace: filter(notified_syscalls(), false, 0)?,
-    })
+    Ok(Filters { trace: filter(traced, true, 0)?, notify, notify_by_trace: filter(notified_syscalls(), false, 0)? })
 }
 
 /// Installs `program` with a user-notification listener; answers the listener's
