@@ -5,8 +5,8 @@
 //! compared after lexical normalization (`.` and `..` folded, repeated `/` removed).
 
 use crate::Fail;
-use locus_drivers::Driver;
-use std::time::{Duration, Instant};
+use locus_drivers::{retry_transient, Driver};
+use std::time::Duration;
 
 /// One remote tree spliced into the namespace.
 pub struct Mount {
@@ -140,24 +140,6 @@ impl Namespace {
 /// Connects to `url`, retrying an unreachable server for `window`.
 fn connect_with_retry(url: &str, window: Duration) -> Result<(Box<dyn Driver>, String), String> {
     retry_transient(window, || locus_drivers::connect(url)).map_err(|e| e.to_string())
-}
-
-/// Runs `f` again with backoff while it fails transiently, up to `window`.
-pub fn retry_transient<T>(
-    window: Duration,
-    mut f: impl FnMut() -> locus_drivers::Result<T>,
-) -> locus_drivers::Result<T> {
-    let deadline = Instant::now() + window;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match f() {
-            Err(e) if e.is_transient() && Instant::now() < deadline => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(2));
-            }
-            other => return other,
-        }
-    }
 }
 
 #[cfg(test)]

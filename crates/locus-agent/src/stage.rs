@@ -11,7 +11,7 @@
 //! exits or execs, and at the end of the run. Metadata changes (mkdir, unlink, rename,
 //! chmod, ...) go to the server first and are mirrored locally only if it agrees.
 
-use crate::names::{beneath, parent, retry_transient, Namespace};
+use crate::names::{beneath, parent, Namespace};
 use crate::Fail;
 use locus_drivers::{Attr, Driver, SetTime, Time};
 use std::collections::{HashMap, HashSet};
@@ -145,7 +145,8 @@ impl Stage {
     ) -> Result<T, Fail> {
         let remote = self.ns.remote(mount, logical);
         let m = &mut self.ns.mounts[mount];
-        retry_transient(self.ns.retry, || f(m.driver.as_mut(), &remote)).map_err(|e| Fail::driver(e, &m.url))
+        locus_drivers::retry_transient(self.ns.retry, || f(m.driver.as_mut(), &remote))
+            .map_err(|e| Fail::driver(e, &m.url))
     }
 
     fn fresh(&self, t: Instant) -> bool {

@@ -183,8 +183,11 @@ pub(crate) fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mo
     Ok(Mounted { child: Some(child), dir })
 }
 
+/// Latency rows by name.
+pub(crate) type Rows = Vec<(&'static str, Summary)>;
+
 /// The Figure 4 rows in `dir`; returns (row, summary) and the bandwidth in MB/s.
-pub(crate) fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Vec<(&'static str, Summary)>, f64), String> {
+pub(crate) fn rows(dir: &Path, iterations: usize, size_mb: u64) -> Result<(Rows, f64), String> {
     let e = |e: std::io::Error| e.to_string();
     let small = dir.join("small");
     std::fs::write(&small, vec![b'x'; 8192]).map_err(e)?;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{admin_token, serve, wait_for_port};
+use common::{admin_token, serve, start_chirp, wait_for_port};
 use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
@@ -144,14 +144,7 @@ fn the_chirp_driver_mounts_a_chirp_server() {
         return;
     }
     let work = tempfile::tempdir().unwrap();
-    let root = work.path().join("root");
-    std::fs::create_dir_all(root.join("docs")).unwrap();
-    std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
-    // Clients idle for a second are dropped: the driver must reconnect unnoticed.
-    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
-        .expect("chirp_server (coop-computing-tools) runs");
-    // chirp_server runs as nobody: what it creates must be writable by it.
-    Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
+    let (root, chirp) = start_chirp(work.path());
     let m = mount_url(&format!("chirp://{}/", chirp.addr), work.path());
     let mnt = m.mnt.clone();
     let out = sh(&mnt, "ls -la docs && cat docs/readme.txt");

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{admin_token, serve, wait_for_port};
+use common::{admin_token, serve, start_chirp, wait_for_port};
 use locus_testkit::TestServer;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -193,12 +193,7 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
     let work = tempfile::tempdir().unwrap();
     let home = work.path().join("home");
     // Chirp: CCTools' chirp_server, dropping clients idle for a second.
-    let root = work.path().join("chirp");
-    std::fs::create_dir_all(root.join("docs")).unwrap();
-    std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
-    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
-        .expect("chirp_server (coop-computing-tools) runs");
-    Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
+    let (root, chirp) = start_chirp(work.path());
     let flag = format!("/c=chirp://{}/", chirp.addr);
     let src = work.path().join("proj");
     c_project(&src);

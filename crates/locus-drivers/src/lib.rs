@@ -221,3 +221,20 @@ pub fn connect(url: &str) -> Result<(Box<dyn Driver>, String)> {
         _ => Err(bad("unknown scheme (locus, locus+tls, chirp, http, https, file)")),
     }
 }
+
+/// Runs `f` again with backoff (50 ms doubling to 2 s) while it fails transiently, up to
+/// `window`; answers its last outcome.
+pub fn retry_transient<T>(window: std::time::Duration, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + window;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match f() {
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}

@@ -9,7 +9,7 @@
 use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
 use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending};
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long calls keep retrying a lost server by default.
 pub const DEFAULT_RETRY: Duration = Duration::from_secs(30);
@@ -55,30 +55,18 @@ impl LocusDriver {
     /// Runs `f`, reconnecting and retrying while the server is unreachable, up to the
     /// retry window.
     fn call<T>(&mut self, f: impl Fn(&Client) -> std::result::Result<T, ClientError>) -> Result<T> {
-        let deadline = Instant::now() + self.retry;
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let outcome = match &self.client {
-                Some(c) => f(c),
-                None => Client::connect(&self.options)
-                    .map(|c| {
-                        self.client = Some(c);
-                        self.generation += 1;
-                    })
-                    .and_then(|()| f(self.client.as_ref().expect("just connected"))),
-            };
-            match outcome {
-                Err(e) if e.is_transient() => {
-                    self.client = None;
-                    if Instant::now() >= deadline {
-                        return Err(DriverError::transient(format!("server unreachable for {:?}: {e}", self.retry)));
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-                other => return other.map_err(err),
+        let window = self.retry;
+        crate::retry_transient(window, || {
+            if self.client.is_none() {
+                self.client = Some(Client::connect(&self.options).map_err(err)?);
+                self.generation += 1;
             }
-        }
+            self.call_on(&f)
+        })
+        .map_err(|e| match e.is_transient() {
+            true => DriverError::transient(format!("server unreachable for {window:?}: {}", e.message)),
+            false => e,
+        })
     }
 
     /// Runs `f` on the current connection without reconnecting: for calls on handles,

@@ -151,10 +151,10 @@ impl Engine {
     fn dispatch(&self, job: Job) -> Result<(), ScriptError> {
         let n = self.groups.len();
         let here = self.group_of_cpu.get(rustix::thread::sched_getcpu()).copied().flatten().unwrap_or(0);
-        let order = (0..n).map(|k| (here + k) % n);
-        let first = order.clone().find(|&g| self.groups[g].idle.load(Ordering::Relaxed) > 0).unwrap_or(here);
+        let idle = |&g: &usize| self.groups[g].idle.load(Ordering::Relaxed) > 0;
+        let first = (0..n).map(|k| (here + k) % n).find(idle).unwrap_or(here);
         let mut job = job;
-        for g in std::iter::once(first).chain(order.filter(|&g| g != first)) {
+        for g in (0..n).map(|k| (first + k) % n) {
             match self.groups[g].queue.try_send(job) {
                 Ok(()) => return Ok(()),
                 Err(mpsc::TrySendError::Full(j)) | Err(mpsc::TrySendError::Disconnected(j)) => job = j,

@@ -1,6 +1,6 @@
 //! Helpers shared by the tests that start `locus` processes (`mount.rs`, `run.rs`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,4 +32,17 @@ pub fn serve(root: &Path, state: &Path, port: u16) -> Child {
 pub fn admin_token(state: &Path) -> String {
     let tokens = std::fs::read_to_string(state.join("tokens")).unwrap();
     tokens.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().to_string()
+}
+
+/// CCTools' chirp_server exporting `WORK/chirp`, which holds `docs/readme.txt` ("chirp says
+/// hi"); it drops clients idle for a second, so drivers must reconnect unnoticed.
+pub fn start_chirp(work: &Path) -> (PathBuf, locus_bench::peers::Peer) {
+    let root = work.join("chirp");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
+    let chirp = locus_bench::peers::start_chirp_with(work, &root, &["-t", "1"])
+        .expect("chirp_server (coop-computing-tools) runs");
+    // chirp_server runs as nobody: what it creates must be writable by it.
+    Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
+    (root, chirp)
 }
