@@ -137,6 +137,16 @@ async fn the_sandbox_has_no_way_out() {
     assert!(run(&c, "return getmetatable('')", vec![]).await.unwrap() == vec![Value::Bool(false)]);
     run(&c, "leaked = 42 fs_backup = fs", vec![]).await.unwrap();
     assert_eq!(run(&c, "return leaked, ('x'):rep(3)", vec![]).await.unwrap(), vec![Value::Nil, s("xxx")]);
+    // nor between calls of one script, whether the call ends well or fails
+    let again = "local before = seen seen = true if ... then error('stop') end return before";
+    for fail in [false, true, false] {
+        let r = run(&c, again, vec![Value::Bool(fail)]).await;
+        if fail {
+            assert_eq!(code(r).0, Code::SCRIPT_ERROR);
+        } else {
+            assert_eq!(r.unwrap(), vec![Value::Nil]);
+        }
+    }
 }
 
 #[tokio::test]

@@ -22,11 +22,9 @@ fn bindable(code: u16) -> bool {
 
 /// Converts a reply's pages to one Lua value (pages of lists are concatenated).
 fn pages_to_lua<T: serde::Serialize>(lua: &Lua, pages: Vec<T>) -> mlua::Result<LuaValue> {
-    // Nothing becomes nil, not mlua's NULL light userdata, which cannot leave a script.
-    let options = mlua::SerializeOptions::new().serialize_none_to_null(false).serialize_unit_to_null(false);
     let mut values = Vec::with_capacity(pages.len());
     for p in &pages {
-        values.push(lua.to_value_with(p, options)?);
+        values.push(crate::lua_ser::to_value(lua, p)?);
     }
     if values.len() == 1 {
         return Ok(values.pop().expect("one"));

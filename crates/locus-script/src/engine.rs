@@ -63,6 +63,14 @@ struct Job {
     reply: oneshot::Sender<Result<CallOutcome, ScriptError>>,
 }
 
+/// A script compiled in one interpreter, with the global table its calls share (emptied
+/// after each call).
+#[derive(Clone)]
+struct Compiled {
+    function: Function,
+    env: Table,
+}
+
 struct Sources {
     by_id: HashMap<String, Arc<str>>,
     order: VecDeque<String>,
@@ -243,7 +251,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         Ok(s) => s,
         Err(e) => return tracing::error!("script sandbox: {e}"),
     };
-    let mut compiled: HashMap<String, Function> = HashMap::new();
+    let mut compiled: HashMap<String, Compiled> = HashMap::new();
     loop {
         idle.fetch_add(1, Ordering::Relaxed);
         let job = match rx.lock() {
@@ -373,7 +381,7 @@ fn run(
     lua: &Lua,
     shared: &Shared,
     env_meta: &Table,
-    compiled: &mut HashMap<String, Function>,
+    compiled: &mut HashMap<String, Compiled>,
     id: &str,
     source: &str,
     args: Vec<Value>,
@@ -381,36 +389,37 @@ fn run(
     limits: Limits,
     host: Box<dyn Host>,
 ) -> Result<CallOutcome, ScriptError> {
-    let f = match compiled.get(id) {
-        Some(f) => f.clone(),
+    let Compiled { function: f, env } = match compiled.get(id) {
+        Some(c) => c.clone(),
         None => {
-            let f = lua
-                .load(source)
-                .set_name("=script")
-                .set_mode(ChunkMode::Text)
-                .into_function()
-                .map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
+            let compile = || -> mlua::Result<Compiled> {
+                let function = lua.load(source).set_name("=script").set_mode(ChunkMode::Text).into_function()?;
+                // The environment is set once here: setting it per call makes mlua load a
+                // helper chunk each time. Each call starts from it emptied (see below).
+                let env = lua.create_table()?;
+                env.set_metatable(Some(env_meta.clone()))?;
+                function.set_environment(env.clone())?;
+                Ok(Compiled { function, env })
+            };
+            let c = compile().map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
             if compiled.len() >= COMPILED_PER_WORKER {
                 compiled.clear();
             }
-            compiled.insert(id.to_string(), f.clone());
-            f
+            compiled.insert(id.to_string(), c.clone());
+            c
         }
     };
-    let setup = || -> mlua::Result<(Table, MultiValue)> {
-        let env = lua.create_table()?;
-        env.set_metatable(Some(env_meta.clone()))?;
+    let setup = || -> mlua::Result<MultiValue> {
         env.raw_set("_G", env.clone())?;
         env.raw_set("input", Buffer(input))?;
         env.raw_set("output", Buffer(Vec::new()))?;
-        f.set_environment(env.clone())?;
         let mut lua_args = MultiValue::new();
         for a in &args {
             lua_args.push_back(to_lua(lua, a)?);
         }
-        Ok((env, lua_args))
+        Ok(lua_args)
     };
-    let (env, lua_args) = setup().map_err(|e| ScriptError::Invalid(format!("script arguments: {e}")))?;
+    let lua_args = setup().map_err(|e| ScriptError::Invalid(format!("script arguments: {e}")))?;
     let token = CALL_TOKENS.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
     lua.set_app_data(CallCtx {
@@ -426,6 +435,13 @@ fn run(
     let _ = lua.set_memory_limit(lua.used_memory().saturating_add(limits.memory));
     let result = f.call::<MultiValue>(lua_args);
     let _ = lua.set_memory_limit(0);
+    let output = env
+        .raw_get::<mlua::AnyUserData>("output")
+        .ok()
+        .and_then(|u| u.borrow_mut::<Buffer>().ok().map(|mut b| std::mem::take(&mut b.0)))
+        .unwrap_or_default();
+    // The next call of this script starts with no globals of this one.
+    let _ = env.clear();
     let ctx = lua.remove_app_data::<CallCtx>().expect("set above");
     for name in &ctx.locks {
         shared.locks.release(name, token);
@@ -452,11 +468,6 @@ fn run(
     for v in values.iter() {
         out.push(from_lua(v, 0).map_err(|e| ScriptError::Runtime(format!("result: {e}")))?);
     }
-    let output = env
-        .raw_get::<mlua::AnyUserData>("output")
-        .ok()
-        .and_then(|u| u.borrow_mut::<Buffer>().ok().map(|mut b| std::mem::take(&mut b.0)))
-        .unwrap_or_default();
     let size = encoded_len(&out) + output.len();
     if size > limits.result_bytes {
         return Err(ScriptError::Limit {

@@ -7,6 +7,7 @@
 //!   session acting as the calling subject, so scripts have exactly the caller's rights.
 //! - [`Limits`]: instructions, memory, wall time and result size of one call.
 //! - `bindings`: `fs.<op>` for every file operation, generated from the operation table.
+//! - `lua_ser`: replies as Lua tables, built in one protected call.
 //! - `stdlib`: buffers, named state, locks released when the call ends, messages to
 //!   clients, time.
 //! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
@@ -14,6 +15,7 @@
 mod bindings;
 mod engine;
 mod error;
+mod lua_ser;
 mod stdlib;
 mod value;
 

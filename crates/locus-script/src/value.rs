@@ -22,18 +22,24 @@ pub fn from_lua(v: &LuaValue, depth: usize) -> mlua::Result<Value> {
             Err(_) => Value::Bytes(s.as_bytes().to_vec()),
         },
         LuaValue::Table(t) => {
-            let len = t.raw_len();
-            let pairs = t.clone().pairs::<LuaValue, LuaValue>().count();
-            if len == pairs {
-                let mut list = Vec::with_capacity(len);
-                for i in 1..=len {
-                    list.push(from_lua(&t.raw_get::<LuaValue>(i)?, depth + 1)?);
+            // One pass over the pairs: a table whose keys are exactly 1..n is a list.
+            let mut pairs: Vec<(LuaValue, LuaValue)> = Vec::new();
+            t.for_each(|k, v| {
+                pairs.push((k, v));
+                Ok(())
+            })?;
+            let n = pairs.len() as i64;
+            let list = pairs.iter().all(|(k, _)| matches!(k, LuaValue::Integer(i) if (1..=n).contains(i)));
+            if list {
+                let mut items = vec![Value::Nil; pairs.len()];
+                for (k, v) in &pairs {
+                    let LuaValue::Integer(i) = k else { unreachable!("checked above") };
+                    items[(*i - 1) as usize] = from_lua(v, depth + 1)?;
                 }
-                Value::List(list)
+                Value::List(items)
             } else {
-                let mut map = Vec::with_capacity(pairs);
-                for pair in t.clone().pairs::<LuaValue, LuaValue>() {
-                    let (k, v) = pair?;
+                let mut map = Vec::with_capacity(pairs.len());
+                for (k, v) in &pairs {
                     let key = match k {
                         LuaValue::String(s) => s.to_str()?.to_string(),
                         LuaValue::Integer(i) => i.to_string(),
@@ -44,7 +50,7 @@ pub fn from_lua(v: &LuaValue, depth: usize) -> mlua::Result<Value> {
                             )))
                         }
                     };
-                    map.push((key, from_lua(&v, depth + 1)?));
+                    map.push((key, from_lua(v, depth + 1)?));
                 }
                 Value::Map(map)
             }

@@ -1,0 +1,59 @@
+//! Where a script call's time goes, without the network: times the plain store `stat`,
+//! and script calls of `return 1`, `return fs.whoami()` and `return fs.stat(p)` through
+//! the engine with the server's real host. Run:
+//! cargo run --release -p locus-server --example script_probe
+use locus_proto::types::Value;
+use locus_server::script_host::ScriptHost;
+use locus_server::{Server, ServerConfig, Tokens};
+use std::time::Instant;
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("big"), vec![b'.'; 1000]).unwrap();
+    let config = ServerConfig::new(&root, dir.path().join("state"));
+    let tokens = Tokens::from_pairs([("admin", "secret")]);
+    let server = Server::new(config, tokens).unwrap();
+    let shared = server.shared().clone();
+    let n = 20000;
+    let t = Instant::now();
+    for _ in 0..n {
+        shared.store.stat("admin", "/big").unwrap();
+    }
+    println!("store.stat: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
+    std::fs::create_dir_all(root.join("dir")).unwrap();
+    for i in 0..20 {
+        std::fs::write(root.join(format!("dir/f{i}")), b"x").unwrap();
+    }
+    // Bindings alone: a thousand calls inside one script call.
+    for body in ["fs.whoami()", "fs.stat(p)", "fs.readdir('/dir')"] {
+        let src = format!("local p = ... for i = 1, 1000 do {body} end");
+        let id = shared.scripts.register(&src).unwrap();
+        let t = Instant::now();
+        for _ in 0..20 {
+            let host = ScriptHost::new(shared.clone(), "admin", 0);
+            let rx = shared
+                .scripts
+                .call(&id, None, vec![Value::Str("/big".into())], vec![], Default::default(), Box::new(host))
+                .unwrap();
+            rx.blocking_recv().unwrap().unwrap();
+        }
+        println!("binding {body}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / 20_000.0);
+    }
+    for src in ["return 1", "return fs.whoami()", "return fs.stat(...)"] {
+        let id = shared.scripts.register(src).unwrap();
+        for round in 0..2 {
+            let t = Instant::now();
+            for _ in 0..n {
+                let host = ScriptHost::new(shared.clone(), "admin", 0);
+                let rx = shared
+                    .scripts
+                    .call(&id, None, vec![Value::Str("/big".into())], vec![], Default::default(), Box::new(host))
+                    .unwrap();
+                rx.blocking_recv().unwrap().unwrap();
+            }
+            println!("{src} (round {round}): {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
+        }
+    }
+}
