@@ -14,11 +14,7 @@ pub fn run(url: &str, mountpoint: &Path, attr_timeout_ms: u64, retry: Duration) 
         return Err(format!("{url}: not a directory"));
     }
     let fs = LocusFs::new(driver, &path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
-    let options = [
-        fuser::MountOption::FSName(url.to_string()),
-        fuser::MountOption::Subtype("locus".into()),
-        fuser::MountOption::DefaultPermissions,
-    ];
+    let options = [fuser::MountOption::FSName(url.to_string()), fuser::MountOption::Subtype("locus".into())];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let session =
         fuser::spawn_mount2(fs, mountpoint, &options).map_err(|e| format!("mount on {}: {e}", mountpoint.display()))?;

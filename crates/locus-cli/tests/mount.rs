@@ -103,6 +103,18 @@ fn unmodified_programs_work_on_the_mount() {
     // Python reads and writes; a shell forks and execs children that share the files.
     sh(&mnt, "python3 -c \"open('py.txt','w').write('x'*100000); assert len(open('py.txt').read()) == 100000\"");
     assert_eq!(std::fs::metadata(s.local("data/py.txt")).unwrap().len(), 100000);
+    // Times set on an open file (cp -p: futimens, sent behind the writes) and by path
+    // (touch -d) reach the server; extended attributes are not supported, as the kernel
+    // says to programs.
+    let stamped = s.scratch().join("stamped.txt");
+    std::fs::write(&stamped, b"old news").unwrap();
+    sh(&mnt, &format!("touch -d @1234567890 {} && cp -p {} copy.txt", stamped.display(), stamped.display()));
+    sh(&mnt, "touch -d @1000000000 py.txt");
+    let mtime = |p: &str| std::fs::metadata(s.local(p)).unwrap().modified().unwrap();
+    assert_eq!(mtime("data/copy.txt"), std::time::UNIX_EPOCH + Duration::from_secs(1234567890));
+    assert_eq!(mtime("data/py.txt"), std::time::UNIX_EPOCH + Duration::from_secs(1000000000));
+    assert_eq!(std::fs::read(s.local("data/copy.txt")).unwrap(), b"old news");
+    sh(&mnt, "python3 -c \"import os, errno\ntry: os.getxattr('copy.txt', 'user.x')\nexcept OSError as e: assert e.errno == errno.EOPNOTSUPP, e\"");
     let out = sh(&mnt, "(echo one > kids.txt; sh -c 'echo two >> kids.txt'; cat kids.txt) | wc -l");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2");
 

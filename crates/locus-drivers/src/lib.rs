@@ -148,6 +148,11 @@ pub trait Driver: Send {
     fn utimes(&mut self, _path: &str, _atime: SetTime, _mtime: SetTime) -> Result<()> {
         Err(DriverError::unsupported("utimes", self.name()))
     }
+    /// Sets the times of a file open as `handle`, without waiting for the server where
+    /// the driver can; an error then shows at the next [`Driver::settle`] of the handle.
+    fn utimes_behind(&mut self, path: &str, atime: SetTime, mtime: SetTime, _handle: u64) -> Result<()> {
+        self.utimes(path, atime, mtime)
+    }
     /// Sets times, then answers the attributes (of the open `handle` if given), in one
     /// round trip where the driver can send both at once.
     fn utimes_stat(&mut self, path: &str, atime: SetTime, mtime: SetTime, handle: Option<u64>) -> Result<Attr> {

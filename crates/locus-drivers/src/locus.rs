@@ -21,11 +21,19 @@ pub struct LocusDriver {
     /// Counts connections; the upper 24 bits of every handle given out.
     generation: u64,
     retry: Duration,
-    /// Writes sent and not yet answered, by handle (with the length sent).
-    behind: HashMap<u64, Vec<(Pending<u64>, usize)>>,
+    /// Requests sent on behalf of an open file and not yet answered, by handle.
+    behind: HashMap<u64, Vec<Behind>>,
 }
 
-/// Writes behind on one handle before the driver waits for their answers.
+/// A request sent without waiting for its answer.
+enum Behind {
+    /// A write, with the length sent.
+    Write(Pending<u64>, usize),
+    /// A change whose answer is only success or failure.
+    Change(Pending<()>),
+}
+
+/// Requests behind on one handle before the driver waits for their answers.
 const MAX_BEHIND: usize = 64;
 
 fn err(e: ClientError) -> DriverError {
@@ -78,6 +86,15 @@ impl LocusDriver {
             self.client = None;
         }
         outcome.map_err(err)
+    }
+
+    /// Makes room for one more request behind on `handle` (waiting for the earlier ones
+    /// when there are many); answers the server handle.
+    fn room_behind(&mut self, handle: u64) -> Result<u64> {
+        if self.behind.get(&handle).is_some_and(|w| w.len() >= MAX_BEHIND) {
+            self.settle(handle)?;
+        }
+        self.inner(handle)
     }
 
     /// The handle given out for server handle `h` of this connection.
@@ -143,24 +160,30 @@ impl Driver for LocusDriver {
         self.call_on(|c| c.run(|c| c.ftruncate(h, size)))
     }
     fn pwrite_behind(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
-        if self.behind.get(&handle).is_some_and(|w| w.len() >= MAX_BEHIND) {
-            self.settle(handle)?;
-        }
-        let h = self.inner(handle)?;
+        let h = self.room_behind(handle)?;
         let pending = self.call_on(|c| c.run(|c| c.pwrite_behind(h, offset, data)))?;
-        self.behind.entry(handle).or_default().push((pending, data.len()));
+        self.behind.entry(handle).or_default().push(Behind::Write(pending, data.len()));
+        Ok(())
+    }
+    fn utimes_behind(&mut self, path: &str, atime: SetTime, mtime: SetTime, handle: u64) -> Result<()> {
+        self.room_behind(handle)?;
+        let req = locus_proto::ops::Utimes { path: path.into(), atime, mtime };
+        let pending = self.call_on(|c| c.run(|c| c.start_with(req, &[])))?;
+        self.behind.entry(handle).or_default().push(Behind::Change(pending));
         Ok(())
     }
     fn settle(&mut self, handle: u64) -> Result<()> {
         let mut first = Ok(());
-        for (pending, len) in self.behind.remove(&handle).unwrap_or_default() {
-            let written = self.call_on(|c| c.run(|_| pending.wait()));
+        for behind in self.behind.remove(&handle).unwrap_or_default() {
+            let outcome = match behind {
+                Behind::Write(pending, len) => match self.call_on(|c| c.run(|_| pending.wait())) {
+                    Ok(n) if n as usize != len => Err(DriverError::errno(libc::EIO, "short write")),
+                    other => other.map(drop),
+                },
+                Behind::Change(pending) => self.call_on(|c| c.run(|_| pending.wait())),
+            };
             if first.is_ok() {
-                first = match written {
-                    Ok(n) if n as usize == len => Ok(()),
-                    Ok(_) => Err(DriverError::errno(libc::EIO, "short write")),
-                    Err(e) => Err(e),
-                };
+                first = outcome;
             }
         }
         first

@@ -48,3 +48,21 @@ fn utimes_stat_answers_the_attributes_after_the_change() {
     let missing = d.utimes_stat("/nope", SetTime::Now, SetTime::Now, None).expect_err("no such file");
     assert_eq!(missing.errno, libc::ENOENT);
 }
+
+#[test]
+fn times_set_behind_land_before_the_settle_and_their_errors_show_there() {
+    let server = TestServer::start();
+    server.put_local("t", b"abc");
+    let mut d = driver(&server);
+    let h = d.open("/t", open_flags::READ | open_flags::WRITE, 0).expect("open").handle;
+    d.pwrite_behind(h, 3, b"def").expect("queued");
+    let at = Time { sec: 1_200_000_000, nsec: 5 };
+    d.utimes_behind("/t", SetTime::Omit, SetTime::At(at), h).expect("queued");
+    d.settle(h).expect("both landed");
+    let attr = d.lstat("/t").expect("lstat");
+    assert_eq!((attr.size, attr.mtime.sec, attr.mtime.nsec), (6, 1_200_000_000, 5));
+    // Times on a path that is gone: accepted at once, reported at the settle.
+    d.utimes_behind("/gone", SetTime::Now, SetTime::Now, h).expect("queued without waiting");
+    assert_eq!(d.settle(h).expect_err("no such file").errno, libc::ENOENT);
+    d.close(h).expect("close");
+}

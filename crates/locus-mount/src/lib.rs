@@ -8,9 +8,11 @@
 //! POSIX does: a file removed or renamed while open stays readable and writable.
 //! Attributes and names (present or absent) are cached by the kernel for `attr_timeout`
 //! (an NFS-like attribute cache); file data by the kernel's page cache, dropped on open
-//! when the file's size or modification time changed. Writes gather in the kernel's
-//! write-back cache and are sent behind at flush; their errors show at `close` or
-//! `fsync`.
+//! when the file's size or modification time changed. The mount keeps the attributes
+//! the server answered too, for `attr_timeout`, so that a kernel question right after
+//! an open costs no round trip. Writes gather in the kernel's write-back cache and are
+//! sent behind at flush, with the file times the kernel sets; their errors show at
+//! `close` or `fsync`. Permissions are the server's: its ACLs decide every operation.
 //!
 //! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.
@@ -27,7 +29,7 @@ use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How a mount behaves.
 #[derive(Clone, Debug)]
@@ -65,6 +67,8 @@ pub struct LocusFs {
     /// Server handles open on each inode: how a file removed while open is still
     /// described (the kernel asks for its attributes without a handle).
     open: HashMap<u64, Vec<u64>>,
+    /// The attributes last answered by the server for each inode, and when.
+    attrs: HashMap<u64, (Attr, Instant)>,
 }
 
 fn errno(e: DriverError) -> i32 {
@@ -148,7 +152,33 @@ fn locus_flags(flags: i32) -> u32 {
 impl LocusFs {
     /// A file system showing `base` (a directory path on the server) through `driver`.
     pub fn new(driver: Box<dyn Driver>, base: &str, options: MountOptions) -> LocusFs {
-        LocusFs { driver, inodes: Inodes::new(base), options, seen: HashMap::new(), open: HashMap::new() }
+        LocusFs {
+            driver,
+            inodes: Inodes::new(base),
+            options,
+            seen: HashMap::new(),
+            open: HashMap::new(),
+            attrs: HashMap::new(),
+        }
+    }
+
+    /// Keeps attributes the server just answered.
+    fn remember(&mut self, ino: u64, attr: &Attr) {
+        self.attrs.insert(ino, (attr.clone(), Instant::now()));
+    }
+
+    /// Attributes of `ino` answered by the server less than `attr_timeout` ago.
+    fn fresh(&self, ino: u64) -> Option<&Attr> {
+        self.attrs.get(&ino).filter(|(_, at)| at.elapsed() < self.options.attr_timeout).map(|(a, _)| a)
+    }
+
+    /// Forgets what was known of a directory whose entries changed (its times and link
+    /// count did too), and of the entry `name` in it.
+    fn changed(&mut self, parent: u64, path: Option<&str>) {
+        self.attrs.remove(&parent);
+        if let Some(ino) = path.and_then(|p| self.inodes.peek(p)) {
+            self.attrs.remove(&ino);
+        }
     }
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
@@ -164,6 +194,7 @@ impl LocusFs {
     /// Replies with the entry for `path`, giving it an inode number.
     fn entry(&mut self, path: String, attr: &Attr, reply: ReplyEntry) {
         let ino = self.inodes.lookup(path);
+        self.remember(ino, attr);
         reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
     }
 
@@ -204,15 +235,22 @@ impl Filesystem for LocusFs {
 
     fn forget(&mut self, _req: &Request<'_>, ino: u64, nlookup: u64) {
         self.inodes.forget(ino, nlookup);
+        if self.inodes.path(ino).is_none() {
+            self.attrs.remove(&ino);
+        }
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
+        if let Some(attr) = self.fresh(ino) {
+            return reply.attr(&self.options.attr_timeout, &file_attr(ino, attr));
+        }
         let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
         let attr = match by_handle {
             Some(h) => self.driver.fstat(h).map_err(errno),
             None => self.path(ino).and_then(|p| self.lstat(&p)),
         };
         let attr = ok_or_reply!(attr, reply);
+        self.remember(ino, &attr);
         reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
     }
 
@@ -243,6 +281,28 @@ impl Filesystem for LocusFs {
                 return reply.error(libc::EPERM);
             }
         }
+        let only_times = mode.is_none() && size.is_none() && (atime.is_some() || mtime.is_some());
+        let known = self.attrs.get(&ino).map(|(a, _)| a.clone()).filter(Attr::is_file);
+        if let (true, Some(h), Some(mut attr)) = (only_times, fh, known) {
+            // The kernel's write-back cache sends each written file's times this way, just
+            // before the flush that settles its writes: the times go behind them. The
+            // kernel keeps a cached file's size and times itself, so the attributes the
+            // mount knows answer.
+            ok_or_reply!(self.driver.utimes_behind(&path, set_time(atime), set_time(mtime), h).map_err(errno), reply);
+            let now = || {
+                let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+                Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+            };
+            let at = |t: Option<TimeOrNow>, old: Time| match set_time(t) {
+                SetTime::Omit => old,
+                SetTime::Now => now(),
+                SetTime::At(t) => t,
+            };
+            attr.atime = at(atime, attr.atime);
+            attr.mtime = at(mtime, attr.mtime);
+            self.seen.remove(&ino);
+            return reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+        }
         let result = (|| -> Result<Attr, DriverError> {
             if let Some(mode) = mode {
                 self.driver.chmod(&path, mode & 0o7777)?;
@@ -263,6 +323,7 @@ impl Filesystem for LocusFs {
             }
         })();
         let attr = ok_or_reply!(result.map_err(errno), reply);
+        self.remember(ino, &attr);
         reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
     }
 
@@ -275,6 +336,7 @@ impl Filesystem for LocusFs {
     fn mkdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         ok_or_reply!(self.driver.mkdir(&path, mode & !umask & 0o7777).map_err(errno), reply);
+        self.changed(parent, None);
         let attr = ok_or_reply!(self.lstat(&path), reply);
         self.entry(path, &attr, reply);
     }
@@ -282,6 +344,7 @@ impl Filesystem for LocusFs {
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
+        self.changed(parent, Some(&path));
         self.inodes.unlinked(&path);
         reply.ok();
     }
@@ -289,6 +352,7 @@ impl Filesystem for LocusFs {
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         ok_or_reply!(self.driver.rmdir(&path).map_err(errno), reply);
+        self.changed(parent, Some(&path));
         self.inodes.unlinked(&path);
         reply.ok();
     }
@@ -297,6 +361,7 @@ impl Filesystem for LocusFs {
         let path = ok_or_reply!(self.child(parent, name), reply);
         let target = ok_or_reply!(link.to_str().ok_or(libc::EINVAL), reply);
         ok_or_reply!(self.driver.symlink(target, &path).map_err(errno), reply);
+        self.changed(parent, None);
         let attr = ok_or_reply!(self.lstat(&path), reply);
         self.entry(path, &attr, reply);
     }
@@ -318,6 +383,8 @@ impl Filesystem for LocusFs {
         let from = ok_or_reply!(self.child(parent, name), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
         ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
+        self.changed(parent, Some(&to));
+        self.changed(newparent, Some(&from));
         self.inodes.rename(&from, &to);
         reply.ok();
     }
@@ -326,6 +393,7 @@ impl Filesystem for LocusFs {
         let from = ok_or_reply!(self.path(ino), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
         ok_or_reply!(self.driver.link(&from, &to).map_err(errno), reply);
+        self.changed(newparent, Some(&from));
         let attr = ok_or_reply!(self.lstat(&to), reply);
         self.entry(to, &attr, reply);
     }
@@ -337,6 +405,7 @@ impl Filesystem for LocusFs {
         let now = (opened.attr.size, opened.attr.mtime);
         let keep = self.seen.insert(ino, now) == Some(now);
         self.open.entry(ino).or_default().push(opened.handle);
+        self.remember(ino, &opened.attr);
         reply.opened(opened.handle, if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
     }
 
@@ -353,7 +422,9 @@ impl Filesystem for LocusFs {
         let path = ok_or_reply!(self.child(parent, name), reply);
         let flags = locus_flags(flags) | open_flags::CREATE;
         let opened = ok_or_reply!(self.driver.open(&path, flags, mode & !umask & 0o7777).map_err(errno), reply);
+        self.changed(parent, None);
         let ino = self.inodes.lookup(path);
+        self.remember(ino, &opened.attr);
         self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
         self.open.entry(ino).or_default().push(opened.handle);
         reply.created(&self.options.attr_timeout, &file_attr(ino, &opened.attr), 0, opened.handle, 0);
@@ -390,6 +461,9 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
         // Our own write changed the file: its next open must not trust the old pages.
         self.seen.remove(&ino);
+        if let Some((attr, _)) = self.attrs.get_mut(&ino) {
+            attr.size = attr.size.max(offset as u64 + data.len() as u64);
+        }
         reply.written(data.len() as u32);
     }
 
@@ -445,8 +519,10 @@ impl Filesystem for LocusFs {
     }
 
     fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
-        // The protocol has no extended attributes: none are set on any file.
-        reply.error(libc::ENODATA);
+        // The protocol has no extended attributes. ENOSYS tells the kernel so once: it
+        // stops asking (it asked before every write, for `security.capability`) and
+        // answers EOPNOTSUPP to programs, as for a file system without xattrs.
+        reply.error(libc::ENOSYS);
     }
 
     fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: fuser::ReplyXattr) {
