@@ -273,3 +273,26 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     assert_eq!(e.raw_os_error(), Some(5), "EIO: {e}");
     assert!(started.elapsed() >= Duration::from_secs(2), "gave up after {:?}", started.elapsed());
 }
+
+#[test]
+fn changes_by_others_show_within_the_attribute_timeout_and_our_own_at_once() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/old.txt", b"old");
+    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300"]);
+    let mnt = m.mnt.clone();
+    // The mount's own changes show at once, through its listings and attribute cache.
+    sh(&mnt, "ls >/dev/null && echo hello > mine.txt && test \"$(cat mine.txt)\" = hello && rm old.txt");
+    sh(&mnt, "test ! -e old.txt && mkdir sub && test -z \"$(ls sub)\" && mv mine.txt sub/ && ls sub | grep -q mine");
+    let size = |p: &str| sh(&mnt, &format!("stat -c %s {p}")).stdout;
+    sh(&mnt, "printf 'more and more' >> sub/mine.txt");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(size("sub/mine.txt"), b"19\n", "a written file's size after its entry expired");
+    // Another client's changes show once the listing is older than the timeout.
+    s.put_local("d/theirs.txt", b"from elsewhere");
+    std::fs::remove_file(s.local("d/sub/mine.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    sh(&mnt, "test \"$(cat theirs.txt)\" = 'from elsewhere' && test ! -e sub/mine.txt");
+}

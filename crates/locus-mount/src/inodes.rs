@@ -21,6 +21,9 @@ struct Node {
     lookups: u64,
 }
 
+/// What ends the path kept for a removed file (no real path contains a NUL).
+const REMOVED: &str = "\0removed";
+
 /// The inode table of one mount.
 pub struct Inodes {
     by_ino: HashMap<u64, Node>,
@@ -86,12 +89,17 @@ impl Inodes {
         }
     }
 
+    /// True when the inode's file was removed (it lives on while open, without a name).
+    pub fn removed(&self, ino: u64) -> bool {
+        self.path(ino).is_some_and(|p| p.ends_with(REMOVED))
+    }
+
     /// `path` was removed: its inode lives on (open files) but no longer has a name,
     /// and a new file made under that name gets a new inode.
     pub fn unlinked(&mut self, path: &str) {
         if let Some(ino) = self.by_path.remove(path) {
             if let Some(n) = self.by_ino.get_mut(&ino) {
-                n.path = format!("{path}\0removed");
+                n.path = format!("{path}{REMOVED}");
             }
         }
     }

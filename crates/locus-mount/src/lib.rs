@@ -10,7 +10,8 @@
 //! (an NFS-like attribute cache); file data by the kernel's page cache, dropped on open
 //! when the file's size or modification time changed. The mount keeps the attributes
 //! the server answered too, for `attr_timeout`, so that a kernel question right after
-//! an open costs no round trip. Writes gather in the kernel's write-back cache and are
+//! an open costs no round trip, and directory listings ([`listings`]), so that looking up
+//! a name, present or absent, in a recently listed directory costs none either. Writes gather in the kernel's write-back cache and are
 //! sent behind at flush, with the file times the kernel sets; their errors show at
 //! `close` or `fsync`. Permissions are the server's: its ACLs decide every operation.
 //!
@@ -18,12 +19,14 @@
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.
 
 mod inodes;
+mod listings;
 
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
     ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
 };
 use inodes::Inodes;
+use listings::{Known, Listings};
 use locus_drivers::{Attr, Driver, DriverError, SetTime, Time};
 use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT};
 use std::collections::HashMap;
@@ -69,6 +72,8 @@ pub struct LocusFs {
     open: HashMap<u64, Vec<u64>>,
     /// The attributes last answered by the server for each inode, and when.
     attrs: HashMap<u64, (Attr, Instant)>,
+    /// Names in recently listed directories.
+    listings: Listings,
 }
 
 fn errno(e: DriverError) -> i32 {
@@ -155,6 +160,7 @@ impl LocusFs {
         LocusFs {
             driver,
             inodes: Inodes::new(base),
+            listings: Listings::new(options.attr_timeout),
             options,
             seen: HashMap::new(),
             open: HashMap::new(),
@@ -173,12 +179,37 @@ impl LocusFs {
     }
 
     /// Forgets what was known of a directory whose entries changed (its times and link
-    /// count did too), and of the entry `name` in it.
+    /// count did too), and of the entry at `path` in it.
     fn changed(&mut self, parent: u64, path: Option<&str>) {
         self.attrs.remove(&parent);
         if let Some(ino) = path.and_then(|p| self.inodes.peek(p)) {
             self.attrs.remove(&ino);
         }
+    }
+
+    /// The attributes of `ino` changed here (written, truncated, chmod): its entry in
+    /// its directory's listing no longer describes it.
+    fn file_changed(&mut self, ino: u64) {
+        let Some(path) = self.inodes.path(ino) else { return };
+        let Some((dir, name)) = path.rsplit_once('/') else { return };
+        let dir = if dir.is_empty() { "/" } else { dir };
+        if let Some(parent) = self.inodes.peek(dir) {
+            let name = name.to_string();
+            self.listings.changed(parent, &name);
+        }
+    }
+
+    /// `name` was made in `parent` with `attr`.
+    fn added(&mut self, parent: u64, name: &OsStr, attr: &Attr) {
+        self.listings.added(parent, name.to_str().unwrap_or_default(), Some(attr.clone()));
+    }
+
+    /// Lists `dir` from the server into the listings, and answers the entries.
+    fn list(&mut self, dir: u64) -> Result<Vec<locus_drivers::DirEntry>, i32> {
+        let path = self.path(dir)?;
+        let entries = self.driver.readdir(&path).map_err(errno)?;
+        self.listings.store(dir, entries.iter().map(|e| (e.name.clone(), e.attr.clone())));
+        Ok(entries)
     }
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {
@@ -191,11 +222,12 @@ impl LocusFs {
         self.inodes.path(ino).map(str::to_string).ok_or(libc::ESTALE)
     }
 
-    /// Replies with the entry for `path`, giving it an inode number.
-    fn entry(&mut self, path: String, attr: &Attr, reply: ReplyEntry) {
+    /// Replies with the entry for `path`, giving it an inode number, which it answers.
+    fn entry(&mut self, path: String, attr: &Attr, reply: ReplyEntry) -> u64 {
         let ino = self.inodes.lookup(path);
         self.remember(ino, attr);
         reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
+        ino
     }
 
     fn lstat(&mut self, path: &str) -> Result<Attr, i32> {
@@ -224,8 +256,26 @@ impl Filesystem for LocusFs {
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         let path = ok_or_reply!(self.child(parent, name), reply);
-        match self.lstat(&path) {
-            Ok(attr) => self.entry(path, &attr, reply),
+        let name = name.to_str().unwrap_or_default();
+        if self.listings.worth_relisting(parent) {
+            // One round trip either way; listing again answers the next lookups too.
+            let _ = self.list(parent);
+        }
+        let found = match self.listings.find(parent, name) {
+            Known::Present(attr) => Ok(attr),
+            Known::Absent => Err(libc::ENOENT),
+            Known::Unknown => {
+                let found = self.lstat(&path);
+                match &found {
+                    Ok(attr) => self.listings.added(parent, name, Some(attr.clone())),
+                    Err(libc::ENOENT) => drop(self.listings.removed(parent, name)),
+                    Err(_) => {}
+                }
+                found
+            }
+        };
+        match found {
+            Ok(attr) => drop(self.entry(path, &attr, reply)),
             // Inode 0: the kernel remembers that the name is absent for the timeout (make
             // and compilers look up many names that do not exist).
             Err(libc::ENOENT) => reply.entry(&self.options.attr_timeout, &file_attr(0, &Attr::default()), 0),
@@ -237,6 +287,7 @@ impl Filesystem for LocusFs {
         self.inodes.forget(ino, nlookup);
         if self.inodes.path(ino).is_none() {
             self.attrs.remove(&ino);
+            self.listings.forget(ino);
         }
     }
 
@@ -282,6 +333,15 @@ impl Filesystem for LocusFs {
             }
         }
         let only_times = mode.is_none() && size.is_none() && (atime.is_some() || mtime.is_some());
+        if only_times && self.inodes.removed(ino) {
+            // A removed file has no name to set times by; the kernel sends them as it
+            // drops the inode of a file written before its removal.
+            return match self.attrs.get(&ino) {
+                Some((attr, _)) => reply.attr(&self.options.attr_timeout, &file_attr(ino, attr)),
+                None => reply.error(libc::ENOENT),
+            };
+        }
+        self.file_changed(ino);
         let known = self.attrs.get(&ino).map(|(a, _)| a.clone()).filter(Attr::is_file);
         if let (true, Some(h), Some(mut attr)) = (only_times, fh, known) {
             // The kernel's write-back cache sends each written file's times this way, just
@@ -338,13 +398,16 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.mkdir(&path, mode & !umask & 0o7777).map_err(errno), reply);
         self.changed(parent, None);
         let attr = ok_or_reply!(self.lstat(&path), reply);
-        self.entry(path, &attr, reply);
+        self.added(parent, name, &attr);
+        let ino = self.entry(path, &attr, reply);
+        self.listings.made(ino);
     }
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
         self.changed(parent, Some(&path));
+        self.listings.removed(parent, name.to_str().unwrap_or_default());
         self.inodes.unlinked(&path);
         reply.ok();
     }
@@ -353,6 +416,10 @@ impl Filesystem for LocusFs {
         let path = ok_or_reply!(self.child(parent, name), reply);
         ok_or_reply!(self.driver.rmdir(&path).map_err(errno), reply);
         self.changed(parent, Some(&path));
+        self.listings.removed(parent, name.to_str().unwrap_or_default());
+        if let Some(ino) = self.inodes.peek(&path) {
+            self.listings.forget(ino);
+        }
         self.inodes.unlinked(&path);
         reply.ok();
     }
@@ -363,6 +430,7 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.symlink(target, &path).map_err(errno), reply);
         self.changed(parent, None);
         let attr = ok_or_reply!(self.lstat(&path), reply);
+        self.added(parent, name, &attr);
         self.entry(path, &attr, reply);
     }
 
@@ -385,6 +453,9 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
         self.changed(parent, Some(&to));
         self.changed(newparent, Some(&from));
+        let attr = self.listings.removed(parent, name.to_str().unwrap_or_default());
+        self.listings.removed(newparent, newname.to_str().unwrap_or_default());
+        self.listings.added(newparent, newname.to_str().unwrap_or_default(), attr);
         self.inodes.rename(&from, &to);
         reply.ok();
     }
@@ -394,7 +465,9 @@ impl Filesystem for LocusFs {
         let to = ok_or_reply!(self.child(newparent, newname), reply);
         ok_or_reply!(self.driver.link(&from, &to).map_err(errno), reply);
         self.changed(newparent, Some(&from));
+        self.file_changed(ino);
         let attr = ok_or_reply!(self.lstat(&to), reply);
+        self.added(newparent, newname, &attr);
         self.entry(to, &attr, reply);
     }
 
@@ -423,6 +496,7 @@ impl Filesystem for LocusFs {
         let flags = locus_flags(flags) | open_flags::CREATE;
         let opened = ok_or_reply!(self.driver.open(&path, flags, mode & !umask & 0o7777).map_err(errno), reply);
         self.changed(parent, None);
+        self.added(parent, name, &opened.attr);
         let ino = self.inodes.lookup(path);
         self.remember(ino, &opened.attr);
         self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
@@ -464,6 +538,7 @@ impl Filesystem for LocusFs {
         if let Some((attr, _)) = self.attrs.get_mut(&ino) {
             attr.size = attr.size.max(offset as u64 + data.len() as u64);
         }
+        self.file_changed(ino);
         reply.written(data.len() as u32);
     }
 
@@ -500,7 +575,7 @@ impl Filesystem for LocusFs {
 
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
         let path = ok_or_reply!(self.path(ino), reply);
-        let entries = ok_or_reply!(self.driver.readdir(&path).map_err(errno), reply);
+        let entries = ok_or_reply!(self.list(ino), reply);
         let parent = self.inodes.parent_of(ino);
         let dots = [(ino, FileType::Directory, ".".to_string()), (parent, FileType::Directory, "..".to_string())];
         // Entries get inode numbers only when looked up; until then a stable stand-in.

@@ -1,0 +1,125 @@
+//! Directory listings kept by the mount, so that the kernel's lookups of names in a
+//! recently listed directory, present or absent, cost no round trip.
+//!
+//! A listing comes from the server (a `readdir`, or one made to answer a lookup in a
+//! directory listed before), or is empty for a directory the mount just made. The
+//! mount's own changes keep it up to date; changes by others show once it is older than
+//! the attribute timeout, the same bound as the kernel's own cache of names.
+
+use locus_drivers::Attr;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Directories with more entries than this are not listed again to answer a lookup
+/// (one lookup would then cost a long transfer).
+const RELIST_MAX: usize = 4096;
+
+/// What a listing says of a name.
+#[derive(Debug, PartialEq)]
+pub enum Known {
+    /// The directory has no such entry.
+    Absent,
+    /// The entry exists with these attributes.
+    Present(Attr),
+    /// Nothing fresh is known: ask the server.
+    Unknown,
+}
+
+struct Listing {
+    /// Each name, with its attributes unless they changed since (a write, a chmod).
+    names: HashMap<String, Option<Attr>>,
+    at: Instant,
+}
+
+/// Listings by directory inode.
+pub struct Listings {
+    by_dir: HashMap<u64, Listing>,
+    ttl: Duration,
+}
+
+impl Listings {
+    /// Listings trusted for `ttl`.
+    pub fn new(ttl: Duration) -> Listings {
+        Listings { by_dir: HashMap::new(), ttl }
+    }
+
+    /// Keeps the server's listing of `dir`.
+    pub fn store(&mut self, dir: u64, entries: impl IntoIterator<Item = (String, Attr)>) {
+        let names = entries.into_iter().map(|(n, a)| (n, Some(a))).collect();
+        self.by_dir.insert(dir, Listing { names, at: Instant::now() });
+    }
+
+    /// `dir` was just made: it is empty.
+    pub fn made(&mut self, dir: u64) {
+        self.store(dir, []);
+    }
+
+    /// What the fresh listing of `dir`, if any, says of `name`.
+    pub fn find(&self, dir: u64, name: &str) -> Known {
+        match self.by_dir.get(&dir) {
+            Some(l) if l.at.elapsed() < self.ttl => match l.names.get(name) {
+                None => Known::Absent,
+                Some(Some(attr)) => Known::Present(attr.clone()),
+                Some(None) => Known::Unknown,
+            },
+            _ => Known::Unknown,
+        }
+    }
+
+    /// True when `dir` was listed before, the listing has expired, and it is small enough
+    /// to list again instead of asking for one name.
+    pub fn worth_relisting(&self, dir: u64) -> bool {
+        self.by_dir.get(&dir).is_some_and(|l| l.at.elapsed() >= self.ttl && l.names.len() <= RELIST_MAX)
+    }
+
+    /// `name` now exists in `dir` (with `attr` if known).
+    pub fn added(&mut self, dir: u64, name: &str, attr: Option<Attr>) {
+        if let Some(l) = self.by_dir.get_mut(&dir) {
+            l.names.insert(name.to_string(), attr);
+        }
+    }
+
+    /// `name` no longer exists in `dir`; answers its attributes if they were known.
+    pub fn removed(&mut self, dir: u64, name: &str) -> Option<Attr> {
+        self.by_dir.get_mut(&dir).and_then(|l| l.names.remove(name)).flatten()
+    }
+
+    /// The attributes of `name` in `dir` changed.
+    pub fn changed(&mut self, dir: u64, name: &str) {
+        if let Some(attr) = self.by_dir.get_mut(&dir).and_then(|l| l.names.get_mut(name)) {
+            *attr = None;
+        }
+    }
+
+    /// `dir` is gone, or the kernel forgot it.
+    pub fn forget(&mut self, dir: u64) {
+        self.by_dir.remove(&dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listings_answer_while_fresh_and_follow_changes() {
+        let mut l = Listings::new(Duration::from_millis(200));
+        let file = Attr { size: 3, ..Default::default() };
+        assert_eq!(l.find(1, "a"), Known::Unknown, "never listed");
+        l.store(1, [("a".to_string(), file.clone())]);
+        assert_eq!(l.find(1, "a"), Known::Present(file.clone()));
+        assert_eq!(l.find(1, "b"), Known::Absent);
+        l.added(1, "b", None);
+        assert_eq!(l.find(1, "b"), Known::Unknown, "exists, attributes unknown");
+        l.changed(1, "a");
+        assert_eq!(l.find(1, "a"), Known::Unknown);
+        assert_eq!(l.removed(1, "b"), None);
+        assert_eq!(l.find(1, "b"), Known::Absent);
+        assert!(!l.worth_relisting(1));
+        std::thread::sleep(Duration::from_millis(250));
+        assert_eq!(l.find(1, "b"), Known::Unknown, "expired");
+        assert!(l.worth_relisting(1));
+        l.forget(1);
+        assert!(!l.worth_relisting(1));
+    }
+}
