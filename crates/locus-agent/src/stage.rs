@@ -73,6 +73,21 @@ fn move_beneath<V>(map: &mut HashMap<String, V>, from: &str, to: &str) {
     }
 }
 
+/// A directory listed at the server, kept up to date with the program's own changes.
+struct Listing {
+    at: Instant,
+    /// The names in it (some may have changed since, but no other name exists).
+    names: HashSet<String>,
+}
+
+/// Directories with more entries than this are not listed again to answer for one name.
+const RELIST_MAX: usize = 4096;
+
+/// The last component of a logical path.
+fn name_of(logical: &str) -> &str {
+    logical.rsplit('/').next().unwrap_or(logical)
+}
+
 /// The shadow trees and what is known about them.
 pub struct Stage {
     pub ns: Namespace,
@@ -86,8 +101,8 @@ pub struct Stage {
     attr_timeout: Duration,
     /// Remote attributes by logical path (`None`: it does not exist), and when learned.
     attrs: HashMap<String, (Option<Attr>, Instant)>,
-    /// Directories whose shadow was made to match a remote listing, and when.
-    listed: HashMap<String, Instant>,
+    /// Directories whose shadow was made to match a remote listing.
+    listed: HashMap<String, Listing>,
     copies: HashMap<String, Copy>,
     /// Files opened for writing: their mount and their local state when last written back.
     dirty: HashMap<String, (usize, Option<LocalStamp>)>,
@@ -166,10 +181,20 @@ impl Stage {
                 return Ok(a.clone());
             }
         }
-        if logical != self.ns.mounts[mount].logical && self.listed.get(parent(logical)).is_some_and(|t| self.fresh(*t))
-        {
-            // Its directory was listed recently and it was not there.
-            return Ok(None);
+        if logical != self.ns.mounts[mount].logical {
+            let dir = parent(logical);
+            let stale = |l: &Listing| !self.fresh(l.at) && l.names.len() <= RELIST_MAX;
+            if self.listed.get(dir).is_some_and(stale) && self.list(mount, dir).is_ok() {
+                // Listed before: listing again costs the same round trip as one lstat
+                // and answers for every sibling too.
+                if let Some((a, _)) = self.attrs.get(logical) {
+                    return Ok(a.clone());
+                }
+            }
+            if self.listed.get(dir).is_some_and(|l| self.fresh(l.at) && !l.names.contains(name_of(logical))) {
+                // Its directory was listed recently and it is not there.
+                return Ok(None);
+            }
         }
         let found = match self.call(mount, logical, |d, r| d.lstat(r)) {
             Ok(a) => Some(a),
@@ -273,7 +298,7 @@ impl Stage {
 
     /// Makes the shadow directory `logical` list what the server lists.
     pub fn list(&mut self, mount: usize, logical: &str) -> Result<(), Fail> {
-        if self.listed.get(logical).is_some_and(|t| self.fresh(*t)) {
+        if self.listed.get(logical).is_some_and(|l| self.fresh(l.at)) {
             return Ok(());
         }
         let entries = self.call(mount, logical, |d, r| d.readdir(r))?;
@@ -304,7 +329,7 @@ impl Stage {
                 set_times(&path, attr.atime, attr.mtime);
             }
         }
-        self.listed.insert(logical.to_string(), now);
+        self.listed.insert(logical.to_string(), Listing { at: now, names });
         Ok(())
     }
 
@@ -329,7 +354,8 @@ impl Stage {
         let flags = WRITE | CREATE | if exclusive { EXCLUSIVE } else { 0 };
         let opened = self.call(mount, logical, |d, r| d.open(r, flags, mode))?;
         let _ = self.ns.mounts[mount].driver.close(opened.handle);
-        self.changed(logical);
+        // The program's own open makes the local copy: the listing stays true.
+        self.added(logical);
         let path = self.shadow(logical);
         let _ = fs::create_dir_all(parent(&path));
         remove_any(&path);
@@ -388,11 +414,32 @@ impl Stage {
         Ok(())
     }
 
-    /// Forgets what is known of `logical` and its parent listing after a change.
+    /// Forgets what is known of `logical` after a change. Its directory's listing stays
+    /// if the shadow mirrors the change; otherwise the next use lists it again.
     pub fn changed(&mut self, logical: &str) {
+        self.added(logical);
+        if fs::symlink_metadata(self.shadow(logical)).is_err() {
+            self.listed.remove(parent(logical));
+        }
+    }
+
+    /// `logical` exists now, or changed: its attributes and its directory's must be
+    /// asked for again.
+    fn added(&mut self, logical: &str) {
         self.attrs.remove(logical);
         self.attrs.remove(parent(logical));
-        self.listed.remove(parent(logical));
+        if let Some(l) = self.listed.get_mut(parent(logical)) {
+            l.names.insert(name_of(logical).to_string());
+        }
+    }
+
+    /// `logical` no longer exists (its shadow is gone too).
+    fn removed(&mut self, logical: &str) {
+        self.forget(logical);
+        self.attrs.remove(parent(logical));
+        if let Some(l) = self.listed.get_mut(parent(logical)) {
+            l.names.remove(name_of(logical));
+        }
     }
 
     /// Forgets everything about `logical` and what lies beneath it.
@@ -411,8 +458,7 @@ impl Stage {
             self.call(mount, logical, |d, r| d.unlink(r))?;
         }
         remove_any(&self.shadow(logical));
-        self.forget(logical);
-        self.changed(logical);
+        self.removed(logical);
         Ok(())
     }
 
@@ -432,8 +478,7 @@ impl Stage {
         self.forget(to);
         move_beneath(&mut self.copies, from, to);
         move_beneath(&mut self.dirty, from, to);
-        self.forget(from);
-        self.changed(from);
+        self.removed(from);
         self.changed(to);
         Ok(())
     }

@@ -303,3 +303,35 @@ fn wait_for(path: &Path) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+#[test]
+fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout() {
+    let s = TestServer::start();
+    s.put_local("d/old.txt", b"old");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let flags = ["--attr-timeout-ms", "300"];
+    // Every change the program makes shows in the listing it already has, whether the
+    // agent mirrors it locally (create, remove, rename) or only at the server (mkdir,
+    // symlink, link).
+    let script = format!(
+        "cd {r} && ls >/dev/null && echo hi > new.txt && rm old.txt && mkdir sub && ln -s new.txt lnk \
+         && ln new.txt hard && mv new.txt sub/moved.txt && ls && ls sub && test ! -e old.txt && test ! -e new.txt"
+    );
+    let out = run_ok(&flags, &script, &home);
+    assert_eq!(out, "hard\nlnk\nsub\nmoved.txt\n", "{out}");
+    // Another client's changes show once the listing is older than the timeout.
+    let script = format!(
+        "cd {r} && ls >/dev/null && test ! -e theirs.txt \
+         && while [ ! -e {dir}/go ]; do sleep 0.05; done && sleep 0.4 && cat theirs.txt",
+        dir = s.scratch().display()
+    );
+    let runner = {
+        let (script, home) = (script.clone(), home.clone());
+        std::thread::spawn(move || run_ok(&flags, &script, &home))
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    s.put_local("d/theirs.txt", b"from elsewhere");
+    std::fs::write(s.scratch().join("go"), b"").unwrap();
+    assert_eq!(runner.join().unwrap(), "from elsewhere");
+}
