@@ -11,9 +11,16 @@
 //! when the file's size or modification time changed. The mount keeps the attributes
 //! the server answered too, for `attr_timeout`, so that a kernel question right after
 //! an open costs no round trip, and directory listings ([`listings`]), so that looking up
-//! a name, present or absent, in a recently listed directory costs none either. Writes gather in the kernel's write-back cache and are
-//! sent behind at flush, with the file times the kernel sets; their errors show at
-//! `close` or `fsync`. Permissions are the server's: its ACLs decide every operation.
+//! a name, present or absent, in a recently listed directory costs none either. A file
+//! opened for reading whose attributes are that fresh and whose pages are cached is
+//! opened at the server only if a read needs it (as the attribute cache, it trusts what
+//! it learned within the timeout; `make` reopens the same headers for every compile).
+//!
+//! Writes are sent behind: each `write(2)` is answered at once and the server's replies
+//! are collected when the file is flushed, so their errors show at `close` or `fsync`.
+//! The kernel's own write-back cache is not used: with it the kernel never again takes a
+//! cached file's size from the server, so changes made by other clients would not show.
+//! Permissions are the server's: its ACLs decide every operation.
 //!
 //! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.
@@ -74,7 +81,15 @@ pub struct LocusFs {
     attrs: HashMap<u64, (Attr, Instant)>,
     /// Names in recently listed directories.
     listings: Listings,
+    /// Read-only opens not yet made at the server, by the handle given to the kernel:
+    /// the inode, and the server handle once a read needed one.
+    lazy: HashMap<u64, (u64, Option<u64>)>,
+    next_lazy: u64,
 }
+
+/// Handles of opens deferred until a read needs them are numbered from here (the
+/// drivers' own handles are far below).
+const FIRST_LAZY: u64 = 1 << 63;
 
 fn errno(e: DriverError) -> i32 {
     if e.class != locus_drivers::ErrorClass::Answer {
@@ -132,15 +147,14 @@ fn file_attr(ino: u64, a: &Attr) -> FileAttr {
 }
 
 /// `open(2)` flags as Locus open flags.
-/// The server open flags for a kernel open. With the write-back cache the kernel may
-/// read pages of a file opened for writing only (to fill a partly written page), and it
-/// places appends itself, so writers open for reading too and without `O_APPEND`.
 fn locus_flags(flags: i32) -> u32 {
     let mut f = match flags & libc::O_ACCMODE {
-        libc::O_WRONLY | libc::O_RDWR => open_flags::READ | open_flags::WRITE,
+        libc::O_WRONLY => open_flags::WRITE,
+        libc::O_RDWR => open_flags::READ | open_flags::WRITE,
         _ => open_flags::READ,
     };
     for (posix, locus) in [
+        (libc::O_APPEND, open_flags::APPEND),
         (libc::O_CREAT, open_flags::CREATE),
         (libc::O_EXCL, open_flags::EXCLUSIVE),
         (libc::O_TRUNC, open_flags::TRUNCATE),
@@ -165,6 +179,41 @@ impl LocusFs {
             seen: HashMap::new(),
             open: HashMap::new(),
             attrs: HashMap::new(),
+            lazy: HashMap::new(),
+            next_lazy: FIRST_LAZY,
+        }
+    }
+
+    /// The server handle behind a handle given to the kernel, opening the file at the
+    /// server now if its open was deferred.
+    fn real(&mut self, fh: u64) -> Result<u64, i32> {
+        let Some(&(ino, real)) = self.lazy.get(&fh) else { return Ok(fh) };
+        if let Some(h) = real {
+            return Ok(h);
+        }
+        let path = self.path(ino)?;
+        let opened = self.driver.open(&path, open_flags::READ, 0).map_err(errno)?;
+        self.lazy.insert(fh, (ino, Some(opened.handle)));
+        self.open.entry(ino).or_default().push(opened.handle);
+        Ok(opened.handle)
+    }
+
+    /// The server handle behind a handle given to the kernel, if the file is open at
+    /// the server.
+    fn opened(&self, fh: u64) -> Option<u64> {
+        match self.lazy.get(&fh) {
+            Some(&(_, real)) => real,
+            None => Some(fh),
+        }
+    }
+
+    /// Opens at the server every deferred open of `ino`, before its name goes away.
+    fn pin(&mut self, ino: Option<u64>) {
+        let Some(ino) = ino else { return };
+        let deferred: Vec<u64> =
+            self.lazy.iter().filter(|(_, &(i, h))| i == ino && h.is_none()).map(|(&fh, _)| fh).collect();
+        for fh in deferred {
+            let _ = self.real(fh);
         }
     }
 
@@ -248,9 +297,6 @@ impl Filesystem for LocusFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
-        // Writes gather in the page cache and reach the server in large requests when
-        // the file is flushed (at close, fsync or memory pressure), not one per write(2).
-        let _ = config.add_capabilities(fuser::consts::FUSE_WRITEBACK_CACHE);
         Ok(())
     }
 
@@ -295,6 +341,7 @@ impl Filesystem for LocusFs {
         if let Some(attr) = self.fresh(ino) {
             return reply.attr(&self.options.attr_timeout, &file_attr(ino, attr));
         }
+        let fh = fh.and_then(|h| self.opened(h));
         let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
         let attr = match by_handle {
             Some(h) => self.driver.fstat(h).map_err(errno),
@@ -324,6 +371,10 @@ impl Filesystem for LocusFs {
         reply: ReplyAttr,
     ) {
         let path = ok_or_reply!(self.path(ino), reply);
+        let fh = match fh {
+            Some(h) => Some(ok_or_reply!(self.real(h), reply)),
+            None => None,
+        };
         if uid.is_some() || gid.is_some() {
             // Ownership is the server's: a chown that changes nothing (as `tar` and
             // `cp -p` do) succeeds, any other is refused.
@@ -344,10 +395,8 @@ impl Filesystem for LocusFs {
         self.file_changed(ino);
         let known = self.attrs.get(&ino).map(|(a, _)| a.clone()).filter(Attr::is_file);
         if let (true, Some(h), Some(mut attr)) = (only_times, fh, known) {
-            // The kernel's write-back cache sends each written file's times this way, just
-            // before the flush that settles its writes: the times go behind them. The
-            // kernel keeps a cached file's size and times itself, so the attributes the
-            // mount knows answer.
+            // Times set on an open file (`cp -p`, `tar`) go behind its writes, and the
+            // attributes the mount knows, with the new times, answer.
             ok_or_reply!(self.driver.utimes_behind(&path, set_time(atime), set_time(mtime), h).map_err(errno), reply);
             let now = || {
                 let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -374,7 +423,6 @@ impl Filesystem for LocusFs {
                 }
             }
             if atime.is_some() || mtime.is_some() {
-                // The kernel's write-back cache sends each written file's times this way.
                 return self.driver.utimes_stat(&path, set_time(atime), set_time(mtime), fh);
             }
             match fh {
@@ -405,6 +453,7 @@ impl Filesystem for LocusFs {
 
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
+        self.pin(self.inodes.peek(&path));
         ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
         self.changed(parent, Some(&path));
         self.listings.removed(parent, name.to_str().unwrap_or_default());
@@ -450,6 +499,7 @@ impl Filesystem for LocusFs {
         }
         let from = ok_or_reply!(self.child(parent, name), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
+        self.pin(self.inodes.peek(&to));
         ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
         self.changed(parent, Some(&to));
         self.changed(newparent, Some(&from));
@@ -472,6 +522,16 @@ impl Filesystem for LocusFs {
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
+        let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
+        if read_only && cached.is_some() && self.seen.get(&ino) == cached.as_ref() {
+            // Unchanged within the attribute timeout and its pages are cached: the kernel
+            // may well read nothing from the server.
+            let fh = self.next_lazy;
+            self.next_lazy += 1;
+            self.lazy.insert(fh, (ino, None));
+            return reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE);
+        }
         let path = ok_or_reply!(self.path(ino), reply);
         let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
         // Keep the cached pages only if the file is as it was when last opened.
@@ -515,6 +575,7 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
+        let fh = ok_or_reply!(self.real(fh), reply);
         let data = ok_or_reply!(self.driver.pread(fh, offset as u64, size).map_err(errno), reply);
         reply.data(&data);
     }
@@ -532,6 +593,7 @@ impl Filesystem for LocusFs {
         reply: ReplyWrite,
     ) {
         // Written behind: an error shows at the flush (close) or fsync of the file.
+        let fh = ok_or_reply!(self.real(fh), reply);
         ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
         // Our own write changed the file: its next open must not trust the old pages.
         self.seen.remove(&ino);
@@ -543,6 +605,8 @@ impl Filesystem for LocusFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        // A deferred open that was never needed has nothing to flush.
+        let Some(fh) = self.opened(fh) else { return reply.ok() };
         ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         reply.ok();
     }
@@ -557,6 +621,11 @@ impl Filesystem for LocusFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let fh = match self.lazy.remove(&fh) {
+            Some((_, Some(real))) => real,
+            Some((_, None)) => return reply.ok(),
+            None => fh,
+        };
         if let Some(handles) = self.open.get_mut(&ino) {
             handles.retain(|&h| h != fh);
             if handles.is_empty() {
@@ -568,6 +637,7 @@ impl Filesystem for LocusFs {
     }
 
     fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        let Some(fh) = self.opened(fh) else { return reply.ok() };
         ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         ok_or_reply!(self.driver.fsync(fh).map_err(errno), reply);
         reply.ok();
