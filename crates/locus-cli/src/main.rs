@@ -106,7 +106,7 @@ enum Command {
         url: String,
         /// An existing, empty directory.
         mountpoint: PathBuf,
-        /// How long (ms) the kernel may trust attributes and names before asking the server again.
+        /// How long (ms) attributes, names, listings and cached pages of unchanged files are trusted before asking the server again.
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
         /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
