@@ -2,7 +2,10 @@
 //! storage spliced into its namespace, as Parrot's interposition agent does, without
 //! privileges.
 //!
-//! The program runs under a seccomp filter, so only file-related system calls reach the
+//! Two ways, chosen by [`Interposition`]. Where the kernel allows it, the program runs in
+//! a private mount namespace where the remote trees are a FUSE file system the agent
+//! serves, and nothing of the program is intercepted ([`fuse_path`]). Otherwise the
+//! program runs under a seccomp filter, so only file-related system calls reach the
 //! agent (everything else runs at native speed): the frequent ones as user
 //! notifications, the rest as ptrace stops. A call that names a remote
 //! path (`/locus/HOST:PORT/path`, or a logical name from `--mount` or a mount list) is
@@ -20,8 +23,10 @@
 //! - [`EXIT_SETUP`] (70): the agent could not start (bad mount, no ptrace);
 //! - 127: the command was not found.
 
+pub mod fuse_path;
 pub mod names;
 mod notify;
+pub mod ns_driver;
 pub mod stage;
 pub mod syscalls;
 pub mod tracer;
@@ -75,6 +80,31 @@ pub struct RunOptions {
     pub retry: Duration,
     /// How long attributes and listings are trusted before asking the server again.
     pub attr_timeout: Duration,
+    /// How the program is given its namespace.
+    pub interposition: Interposition,
+}
+
+/// How the agent shows the namespace to the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Interposition {
+    /// FUSE in a private mount namespace where the kernel allows it, else tracing.
+    Auto,
+    /// FUSE in a private mount namespace, or fail to start ([`fuse_path`]).
+    Fuse,
+    /// ptrace and seccomp ([`tracer`]).
+    Trace,
+}
+
+impl std::str::FromStr for Interposition {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Interposition, String> {
+        match s {
+            "auto" => Ok(Interposition::Auto),
+            "fuse" => Ok(Interposition::Fuse),
+            "trace" => Ok(Interposition::Trace),
+            _ => Err(format!("{s}: expected auto, fuse or trace")),
+        }
+    }
 }
 
 /// Parses a mount list: one `LOGICAL REMOTE` pair a line (as Parrot's), `#` comments and
@@ -131,6 +161,23 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
         .collect::<Result<_, _>>()?;
     if argv.is_empty() {
         return Err(setup("no command given".into()));
+    }
+    if options.interposition != Interposition::Trace {
+        let unavailable = match fuse_path::plan(&options.mounts) {
+            Ok(plan) => {
+                let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
+                match fuse_path::run(&argv, ns, plan, options.attr_timeout) {
+                    Ok(status) => return Ok(status),
+                    Err(Some(abort)) => return Err(abort),
+                    Err(None) => "the kernel refused the private namespace".to_string(),
+                }
+            }
+            Err(why) => why,
+        };
+        if options.interposition == Interposition::Fuse {
+            return Err(setup(format!("no FUSE path here: {unavailable}")));
+        }
+        tracing::debug!("tracing the program: no FUSE path here: {unavailable}");
     }
     let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
     let stage = stage::Stage::new(ns, options.attr_timeout).map_err(setup)?;

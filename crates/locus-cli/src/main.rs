@@ -117,7 +117,9 @@ enum Command {
     Umount { mountpoint: PathBuf },
     /// Run a program (and every process it starts) with remote storage in its namespace:
     /// `/locus/HOST:PORT/path` always, plus the names given by --mount and --mount-list.
-    /// No privileges needed. Exits with the program's status; 75 if a server stayed
+    /// No privileges needed. By default the program runs in a private mount namespace
+    /// where the remote trees are a FUSE file system (nothing intercepted), or, where the
+    /// kernel does not allow that, under ptrace and seccomp. Exits with the program's status; 75 if a server stayed
     /// unreachable for the retry window (run it again), 1 on a request a driver can never
     /// satisfy, 70 if the agent could not start.
     #[command(name = "run")]
@@ -135,6 +137,11 @@ enum Command {
         /// How long (ms) attributes and listings are trusted before asking the server again.
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
+        /// How the program sees the namespace: `fuse` (a private mount namespace with a
+        /// FUSE file system; fails if the kernel refuses), `trace` (ptrace and seccomp), or
+        /// `auto` (fuse where possible, else trace; LOCUS_LOG=debug says why).
+        #[arg(long, default_value = "auto", value_name = "auto|fuse|trace")]
+        interpose: locus_agent::Interposition,
         /// The program and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
@@ -225,6 +232,7 @@ fn agent_options(
     mount_list: Option<&std::path::Path>,
     retry_secs: u64,
     attr_timeout_ms: u64,
+    interposition: locus_agent::Interposition,
 ) -> Result<locus_agent::RunOptions, String> {
     let mut all = Vec::new();
     if let Some(file) = mount_list {
@@ -239,15 +247,25 @@ fn agent_options(
         mounts: all,
         retry: Duration::from_secs(retry_secs),
         attr_timeout: Duration::from_millis(attr_timeout_ms),
+        interposition,
     })
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, command } = cli.command {
+    // `locus run` shares the program's stderr: it says only what ends the run, unless asked.
+    let quiet = matches!(cli.command, Command::RunAgent { .. });
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
+                .unwrap_or_else(|_| if quiet { "off" } else { "info" }.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, interpose, command } = cli.command {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.
-        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms) {
+        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, interpose) {
             Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
             Err(msg) => {
                 eprintln!("locus: {msg}");
@@ -255,10 +273,6 @@ fn main() -> ExitCode {
             }
         };
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let result = match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs } => {

@@ -170,20 +170,6 @@ pub fn value_json(v: &locus_client::types::Value) -> Value {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes_render_like_ls() {
-        assert_eq!(mode_string(0o040755), "drwxr-xr-x");
-        assert_eq!(mode_string(0o100644), "-rw-r--r--");
-        assert_eq!(mode_string(0o120777), "lrwxrwxrwx");
-        assert_eq!(human(1536), "1.5 KiB");
-        assert_eq!(human(12), "12 B");
-    }
-}
-
 /// A storelet run's account on one line.
 pub fn storelet_account(r: &StoreletResult) -> String {
     format!(
@@ -252,4 +238,18 @@ pub fn storelet_report(r: &StoreletReport) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_render_like_ls() {
+        assert_eq!(mode_string(0o040755), "drwxr-xr-x");
+        assert_eq!(mode_string(0o100644), "-rw-r--r--");
+        assert_eq!(mode_string(0o120777), "lrwxrwxrwx");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
 }

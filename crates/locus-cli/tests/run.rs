@@ -1,4 +1,5 @@
-//! `locus run` against real servers: unmodified programs (ls, cp, grep, find, tar, make
+//! `locus run` against real servers, both through FUSE in a private namespace and traced:
+//! unmodified programs (ls, cp, grep, find, tar, make
 //! and cc, Python, a forking shell, a static threaded binary) work on remote paths under
 //! the agent with the Locus, Chirp, HTTP and local-files drivers; and its error triage:
 //! errnos pass through, a permanent error stops the program with status 1, a server
@@ -12,10 +13,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `locus run FLAGS... -- sh -c SCRIPT` as admin of the test server.
-fn run(flags: &[&str], script: &str, home: &Path) -> Output {
+/// `locus run --interpose MODE FLAGS... -- sh -c SCRIPT` as admin of the test server.
+fn run(mode: &str, flags: &[&str], script: &str, home: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_locus"))
-        .arg("run")
+        .args(["run", "--interpose", mode])
         .args(flags)
         .args(["--", "sh", "-c", script])
         .env("LOCUS_HOME", home)
@@ -26,8 +27,8 @@ fn run(flags: &[&str], script: &str, home: &Path) -> Output {
 }
 
 /// Like [`run`], asserting success; answers stdout.
-fn run_ok(flags: &[&str], script: &str, home: &Path) -> String {
-    let out = run(flags, script, home);
+fn run_ok(mode: &str, flags: &[&str], script: &str, home: &Path) -> String {
+    let out = run(mode, flags, script, home);
     assert!(
         out.status.success(),
         "{script}: {:?}\n{}{}",
@@ -55,8 +56,7 @@ fn c_project(dir: &Path) {
     .unwrap();
 }
 
-#[test]
-fn unmodified_programs_work_under_the_agent() {
+fn unmodified_programs_work_under_the_agent(mode: &str) {
     let s = TestServer::start();
     s.put_local("data/notes.txt", b"alpha\nbeta\n");
     let home = s.scratch().join("home");
@@ -65,21 +65,22 @@ fn unmodified_programs_work_under_the_agent() {
     let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
 
     // Listing with attributes, a copy in, search, find, a build, the program it built.
-    let out = run_ok(&[], &format!("ls -la {r}"), &home);
+    let out = run_ok(mode, &[], &format!("ls -la {r}"), &home);
     assert!(out.contains("notes.txt") && out.contains(" 11 "), "ls -la shows the name and size: {out}");
-    run_ok(&[], &format!("cp -r {} {r}/proj", src.display()), &home);
+    run_ok(mode, &[], &format!("cp -r {} {r}/proj", src.display()), &home);
     assert!(s.local("data/proj/lib/greet.c").is_file(), "cp -r landed in the export");
-    let out = run_ok(&[], &format!("grep -rn greet {r}/proj | sort"), &home);
+    let out = run_ok(mode, &[], &format!("grep -rn greet {r}/proj | sort"), &home);
     assert_eq!(out.lines().count(), 7, "grep -r: {out}");
-    let out = run_ok(&[], &format!("cd {r} && find proj -name '*.c' | sort"), &home);
+    let out = run_ok(mode, &[], &format!("cd {r} && find proj -name '*.c' | sort"), &home);
     assert_eq!(out, "proj/lib/greet.c\nproj/main.c\n");
-    let out = run_ok(&[], &format!("cd {r}/proj && make -s && pwd && ./hello"), &home);
+    let out = run_ok(mode, &[], &format!("cd {r}/proj && make -s && pwd && ./hello"), &home);
     assert_eq!(out, format!("{r}/proj\nhello from locus\n"), "a remote working directory, make and cc");
     assert!(s.local("data/proj/hello").is_file() && s.local("data/proj/lib/greet.o").is_file());
 
     // tar both ways, keeping modification times.
     let tarball = s.scratch().join("proj.tar");
     run_ok(
+        mode,
         &[],
         &format!("cd {r} && tar cf {} proj && mkdir back && tar xf {} -C back", tarball.display(), tarball.display()),
         &home,
@@ -94,12 +95,14 @@ fn unmodified_programs_work_under_the_agent() {
 
     // Python reads and writes; a shell forks and execs children that share a file.
     run_ok(
+        mode,
         &[],
         &format!("python3 -c \"p='{r}/py.txt'; open(p,'w').write('x'*100000); assert len(open(p).read()) == 100000\""),
         &home,
     );
     assert_eq!(std::fs::metadata(s.local("data/py.txt")).unwrap().len(), 100000);
     let out = run_ok(
+        mode,
         &[],
         &format!("cd {r} && (echo one > kids.txt; sh -c 'echo two >> kids.txt'; cat kids.txt) | wc -l"),
         &home,
@@ -108,18 +111,18 @@ fn unmodified_programs_work_under_the_agent() {
     assert_eq!(std::fs::read_to_string(s.local("data/kids.txt")).unwrap(), "one\ntwo\n");
 
     // Renames and links act remotely; a file removed at the server while open stays readable.
-    run_ok(&[], &format!("cd {r} && mv notes.txt renamed.txt && ln -s renamed.txt link && test \"$(cat link)\" = \"$(printf 'alpha\\nbeta')\""), &home);
+    run_ok(mode, &[], &format!("cd {r} && mv notes.txt renamed.txt && ln -s renamed.txt link && test \"$(cat link)\" = \"$(printf 'alpha\\nbeta')\""), &home);
     assert!(s.local("data/renamed.txt").is_file() && !s.local("data/notes.txt").exists());
     let gone = s.local("data/renamed.txt");
     let script = format!("exec 3<{r}/renamed.txt; rm {}; cat <&3", gone.display());
-    assert_eq!(run_ok(&[], &script, &home), "alpha\nbeta\n");
+    assert_eq!(run_ok(mode, &[], &script, &home), "alpha\nbeta\n");
 
     // Errors keep their errno.
-    let out = run(&[], &format!("cat {r}/missing"), &home);
+    let out = run(mode, &[], &format!("cat {r}/missing"), &home);
     assert!(String::from_utf8_lossy(&out.stderr).contains("No such file or directory"));
-    let out = run(&[], &format!("rmdir {r}/proj"), &home);
+    let out = run(mode, &[], &format!("rmdir {r}/proj"), &home);
     assert!(String::from_utf8_lossy(&out.stderr).contains("Directory not empty"));
-    let out = run(&[], &format!("mv {r}/kids.txt /tmp/never-here-{}", std::process::id()), &home);
+    let out = run(mode, &[], &format!("mv {r}/kids.txt /tmp/never-here-{}", std::process::id()), &home);
     assert!(out.status.success(), "mv across file systems copies (EXDEV): {}", String::from_utf8_lossy(&out.stderr));
     assert!(!s.local("data/kids.txt").exists());
     let _ = std::fs::remove_file(format!("/tmp/never-here-{}", std::process::id()));
@@ -128,16 +131,15 @@ fn unmodified_programs_work_under_the_agent() {
     let list = s.scratch().join("mounts");
     std::fs::write(&list, format!("# logical remote\n/project {r}/proj\n")).unwrap();
     let flags = ["--mount-list", list.to_str().unwrap(), "--mount", &format!("/d={}", s.url("/data"))];
-    let out = run_ok(&flags, "ls /project/lib && cat /d/py.txt >/dev/null && test -d /locus", &home);
+    let out = run_ok(mode, &flags, "ls /project/lib && cat /d/py.txt >/dev/null && test -d /locus", &home);
     assert_eq!(out, "greet.c\ngreet.o\n");
-    let out = run(&flags, "exit 3", &home);
+    let out = run(mode, &flags, "exit 3", &home);
     assert_eq!(out.status.code(), Some(3));
-    let out = run_ok(&[], &format!("rm -r {r}/proj {r}/back && ls {r}"), &home);
+    let out = run_ok(mode, &[], &format!("rm -r {r}/proj {r}/back && ls {r}"), &home);
     assert!(!out.contains("proj") && !s.local("data/proj").exists());
 }
 
-#[test]
-fn a_static_threaded_binary_forks_and_execs_under_the_agent() {
+fn a_static_threaded_binary_forks_and_execs_under_the_agent(mode: &str) {
     let s = TestServer::start();
     s.put_local("data/in.txt", b"input\n");
     let dir = s.scratch().join("bin");
@@ -181,15 +183,14 @@ int main(int argc, char **argv) {
         Command::new("cc").args(["-static", "-pthread", "-O2", "-o"]).arg(&binary).arg(&source).status().unwrap();
     assert!(built.success(), "cc -static (libc6-dev) builds the test program");
     let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
-    let out = run_ok(&[], &format!("{} {r} {r}/in.txt", binary.display()), &s.scratch().join("home"));
+    let out = run_ok(mode, &[], &format!("{} {r} {r}/in.txt", binary.display()), &s.scratch().join("home"));
     assert_eq!(out, "input\nforked\n");
     for i in 0..4 {
         assert_eq!(std::fs::read_to_string(s.local(&format!("data/t{i}.txt"))).unwrap(), format!("thread {i}\n"));
     }
 }
 
-#[test]
-fn the_chirp_http_and_local_drivers_work_under_the_agent() {
+fn the_chirp_http_and_local_drivers_work_under_the_agent(mode: &str) {
     let work = tempfile::tempdir().unwrap();
     let home = work.path().join("home");
     // Chirp: CCTools' chirp_server, dropping clients idle for a second.
@@ -197,8 +198,7 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
     let flag = format!("/c=chirp://{}/", chirp.addr);
     let src = work.path().join("proj");
     c_project(&src);
-    let out = run_ok(
-        &["--mount", &flag],
+    let out = run_ok(mode, &["--mount", &flag],
         &format!("ls -la /c/docs && cat /c/docs/readme.txt && sleep 1.5 && cp -r {} /c/proj && cd /c/proj && make -s && ./hello && find . -name '*.o' | sort", src.display()),
         &home,
     );
@@ -206,7 +206,7 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
     assert!(out.ends_with("hello from locus\n./lib/greet.o\n./main.o\n"), "{out}");
     assert!(root.join("proj/hello").is_file(), "the build is on the chirp server");
     let tarball = work.path().join("c.tar");
-    run_ok(&["--mount", &flag], &format!("tar cf {0} -C /c proj && mkdir /c/back && tar xf {0} -C /c/back && diff -r /c/proj /c/back/proj && rm -r /c/back", tarball.display()), &home);
+    run_ok(mode, &["--mount", &flag], &format!("tar cf {0} -C /c proj && mkdir /c/back && tar xf {0} -C /c/back && diff -r /c/proj /c/back/proj && rm -r /c/back", tarball.display()), &home);
 
     // HTTP: reads through a real HTTP server; a listing can never work (permanent: status 1).
     let www = work.path().join("www");
@@ -222,11 +222,11 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
         .expect("python3 -m http.server");
     wait_for_port(port, "http.server");
     let flag = format!("/w=http://127.0.0.1:{port}/");
-    let out = run_ok(&["--mount", &flag], "cat /w/sub/a.txt && wc -c < /w/sub/a.txt && test -d /w/sub", &home);
+    let out = run_ok(mode, &["--mount", &flag], "cat /w/sub/a.txt && wc -c < /w/sub/a.txt && test -d /w/sub", &home);
     assert_eq!(out, "over http\n10\n");
-    let out = run(&["--mount", &flag], "echo no > /w/new.txt", &home);
+    let out = run(mode, &["--mount", &flag], "echo no > /w/new.txt", &home);
     assert!(String::from_utf8_lossy(&out.stderr).contains("Read-only file system"), "writes: EROFS");
-    let out = run(&["--mount", &flag], "ls /w/sub; echo still running", &home);
+    let out = run(mode, &["--mount", &flag], "ls /w/sub; echo still running", &home);
     assert_eq!(out.status.code(), Some(1), "a permanent error stops the program");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("still running"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP has no directory listings"));
@@ -237,12 +237,16 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent() {
     let local = work.path().join("local");
     std::fs::create_dir_all(&local).unwrap();
     let flag = format!("/l={}", local.display());
-    run_ok(&["--mount", &flag], "echo local > /l/x.txt && mkdir /l/d && mv /l/x.txt /l/d/ && cat /l/d/x.txt", &home);
+    run_ok(
+        mode,
+        &["--mount", &flag],
+        "echo local > /l/x.txt && mkdir /l/d && mv /l/x.txt /l/d/ && cat /l/d/x.txt",
+        &home,
+    );
     assert_eq!(std::fs::read_to_string(local.join("d/x.txt")).unwrap(), "local\n");
 }
 
-#[test]
-fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75() {
+fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75(mode: &str) {
     let work = tempfile::tempdir().unwrap();
     let (root, state) = (work.path().join("root"), work.path().join("state"));
     std::fs::create_dir_all(&root).unwrap();
@@ -253,7 +257,7 @@ fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_t
     let token = admin_token(&state);
     let agent = |script: &str| {
         Command::new(env!("CARGO_BIN_EXE_locus"))
-            .args(["run", "--retry-secs", "3", "--", "sh", "-c", script])
+            .args(["run", "--interpose", mode, "--retry-secs", "3", "--", "sh", "-c", script])
             .env("LOCUS_HOME", work.path().join("home"))
             .env("LOCUS_TOKEN", format!("admin:{token}"))
             .stdout(Stdio::piped())
@@ -292,7 +296,10 @@ fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_t
     assert!(started.elapsed() >= Duration::from_secs(2), "gave up after {:?}", started.elapsed());
 
     // A command that does not exist: 127, as a shell says.
-    let out = Command::new(env!("CARGO_BIN_EXE_locus")).args(["run", "--", "/no/such/program"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["run", "--interpose", mode, "--", "/no/such/program"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(127));
 }
 
@@ -304,8 +311,7 @@ fn wait_for(path: &Path) {
     }
 }
 
-#[test]
-fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout() {
+fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout(mode: &str) {
     let s = TestServer::start();
     s.put_local("d/old.txt", b"old");
     let home = s.scratch().join("home");
@@ -318,7 +324,7 @@ fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeou
         "cd {r} && ls >/dev/null && echo hi > new.txt && rm old.txt && mkdir sub && ln -s new.txt lnk \
          && ln new.txt hard && mv new.txt sub/moved.txt && ls && ls sub && test ! -e old.txt && test ! -e new.txt"
     );
-    let out = run_ok(&flags, &script, &home);
+    let out = run_ok(mode, &flags, &script, &home);
     assert_eq!(out, "hard\nlnk\nsub\nmoved.txt\n", "{out}");
     // Another client's changes show once the listing is older than the timeout.
     let script = format!(
@@ -328,10 +334,78 @@ fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeou
     );
     let runner = {
         let (script, home) = (script.clone(), home.clone());
-        std::thread::spawn(move || run_ok(&flags, &script, &home))
+        let mode = mode.to_string();
+        std::thread::spawn(move || run_ok(&mode, &flags, &script, &home))
     };
     std::thread::sleep(Duration::from_millis(1500));
     s.put_local("d/theirs.txt", b"from elsewhere");
     std::fs::write(s.scratch().join("go"), b"").unwrap();
     assert_eq!(runner.join().unwrap(), "from elsewhere");
+}
+
+/// Each test runs both ways the agent can show the namespace to the program.
+macro_rules! both_ways {
+    ($($name:ident),*) => {
+        mod fuse {
+            $(#[test]
+            fn $name() {
+                super::$name("fuse")
+            })*
+        }
+        mod trace {
+            $(#[test]
+            fn $name() {
+                super::$name("trace")
+            })*
+        }
+    };
+}
+
+both_ways!(
+    unmodified_programs_work_under_the_agent,
+    a_static_threaded_binary_forks_and_execs_under_the_agent,
+    the_chirp_http_and_local_drivers_work_under_the_agent,
+    a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75,
+    listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout
+);
+
+#[test]
+fn the_fuse_path_runs_unprivileged_and_auto_falls_back_to_tracing_where_it_cannot_mount() {
+    let s = TestServer::start();
+    s.put_local("data/in.txt", b"remote\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    // Not root: in a user namespace where this user is uid 1000 (or as this user when
+    // the tests do not run as root), the agent makes its own user namespace.
+    let script = format!("id -u && cat {r}/in.txt && echo mine > {r}/out.txt && stat -c %u {r}/out.txt");
+    let locus = env!("CARGO_BIN_EXE_locus");
+    let euid = rustix::process::geteuid().as_raw();
+    let as_root = euid == 0;
+    let mut command = if as_root {
+        let mut c = Command::new("unshare");
+        c.args(["--user", "--map-user=1000", "--map-group=1000", locus]);
+        c
+    } else {
+        Command::new(locus)
+    };
+    let out = command
+        .args(["run", "--interpose", "fuse", "--", "sh", "-c", &script])
+        .env("LOCUS_HOME", &home)
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let uid = if as_root { "1000".to_string() } else { euid.to_string() };
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{uid}\nremote\n{uid}\n"), "files are the user's own");
+    assert_eq!(std::fs::read(s.local("data/out.txt")).unwrap(), b"mine\n");
+
+    // A logical name with nowhere to mount it (its parent exists, it does not): the FUSE
+    // path says so, and by default the agent traces the program instead.
+    let nowhere = s.scratch().join("no-such-dir/remote");
+    let flag = format!("{}={r}", nowhere.display());
+    let script = format!("cat {}/in.txt", nowhere.display());
+    let out = run("fuse", &["--mount", &flag], &script, &home);
+    assert_eq!(out.status.code(), Some(70), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no directory to mount it on"));
+    assert_eq!(run_ok("auto", &["--mount", &flag], &script, &home), "remote\n");
 }
