@@ -3,10 +3,11 @@
 //! read bandwidth, run by a separate process (`locus bench syscalls`) in four settings:
 //!
 //! 1. a local file, unmodified;
-//! 2. the same local file under `locus run` (what interposition costs local work), also
-//!    with the agent and the program on one CPU (`taskset -c 0`): on a virtual machine a
-//!    stop that wakes the tracer on the other CPU costs tens of microseconds more;
-//! 3. a remote file on a Locus server under `locus run` (`/locus/HOST:PORT/...`);
+//! 2. the same local file under `locus run` (what interposition costs local work), on its
+//!    FUSE path and traced, the traced one also with the agent and the program on one
+//!    CPU (`taskset -c 0`): on a virtual machine a stop that wakes the tracer on the other
+//!    CPU costs tens of microseconds more;
+//! 3. a remote file on a Locus server under `locus run` (`/locus/HOST:PORT/...`), both ways;
 //! 4. the same server through `locus mount`.
 //!
 //! Parrot's own figures (parrot_run of CCTools 7.17 on this kind of machine, from the
@@ -111,19 +112,21 @@ pub fn run(args: AgentArgs) -> Result<(), BenchError> {
     std::fs::create_dir_all(&local).map_err(|e| BenchError::io("mkdir", e))?;
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
-    let agent = vec![exe.display().to_string(), "run".into(), "--".into()];
+    let agent =
+        |how: &str| vec![exe.display().to_string(), "run".into(), "--interpose".into(), how.into(), "--".into()];
+    let (fuse, traced) = (agent("fuse"), agent("trace"));
+    let remote = PathBuf::from(format!("/locus/{}/rows", locus.addr));
     let settings: Vec<(&str, Measured)> = vec![
         ("local, unmodified", measure(&[], &exe, &local, &args, &token)?),
-        ("local, locus run", measure(&agent, &exe, &local, &args, &token)?),
-        ("local, locus run on one CPU", {
+        ("local, locus run (FUSE path)", measure(&fuse, &exe, &local, &args, &token)?),
+        ("local, locus run (traced)", measure(&traced, &exe, &local, &args, &token)?),
+        ("local, locus run (traced) on one CPU", {
             let mut pinned = vec!["taskset".to_string(), "-c".into(), "0".into()];
-            pinned.extend(agent.iter().cloned());
+            pinned.extend(traced.iter().cloned());
             measure(&pinned, &exe, &local, &args, &token)?
         }),
-        (
-            "remote, locus run",
-            measure(&agent, &exe, &PathBuf::from(format!("/locus/{}/rows", locus.addr)), &args, &token)?,
-        ),
+        ("remote, locus run (FUSE path)", measure(&fuse, &exe, &remote, &args, &token)?),
+        ("remote, locus run (traced)", measure(&traced, &exe, &remote, &args, &token)?),
         ("remote, locus mount", {
             let mnt = work.path().join("mnt");
             let m = crate::mount::mount(&exe, &format!("locus://{}/", locus.addr), &mnt, &token)?;
@@ -137,16 +140,18 @@ pub fn run(args: AgentArgs) -> Result<(), BenchError> {
     for (name, _) in &settings {
         out.push_str(&format!(" {name} |"));
     }
-    out.push_str(" locus run ÷ unmodified (local) | parrot_run (reference) | parrot ÷ unmodified |\n|---|");
-    out.push_str(&"---|".repeat(settings.len() + 3));
+    out.push_str(" FUSE path ÷ unmodified (local) | traced ÷ unmodified (local) | parrot_run (reference) | parrot ÷ unmodified |\n|---|");
+    out.push_str(&"---|".repeat(settings.len() + 4));
     out.push('\n');
     for (i, (row, _)) in settings[0].1.rows.iter().enumerate() {
         out.push_str(&format!("| {row} |"));
         for (_, m) in &settings {
             out.push_str(&format!(" {:.2} |", m.rows[i].1.p50));
         }
-        let ratio = settings[1].1.rows[i].1.p50 / settings[0].1.rows[i].1.p50;
-        out.push_str(&format!(" {ratio:.2}x |"));
+        for setting in [1, 2] {
+            let ratio = settings[setting].1.rows[i].1.p50 / settings[0].1.rows[i].1.p50;
+            out.push_str(&format!(" {ratio:.2}x |"));
+        }
         match PARROT.iter().find(|p| p.0 == row) {
             Some((_, parrot, plain)) => out.push_str(&format!(" {parrot} | {:.0}x |\n", parrot / plain)),
             None => out.push_str(" | |\n"),
@@ -156,7 +161,8 @@ pub fn run(args: AgentArgs) -> Result<(), BenchError> {
     for (_, m) in &settings {
         out.push_str(&format!(" {:.0} |", m.mbps));
     }
-    out.push_str(&format!(" {:.2}x | | 0.56x |\n", settings[1].1.mbps / settings[0].1.mbps));
+    let (plain, fuse, traced) = (settings[0].1.mbps, settings[1].1.mbps, settings[2].1.mbps);
+    out.push_str(&format!(" {:.2}x | {:.2}x | | 0.56x |\n", fuse / plain, traced / plain));
     print!("{out}");
     Ok(())
 }

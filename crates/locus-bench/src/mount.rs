@@ -403,13 +403,16 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             targets.iter().map(|(n, d, _)| (n.clone(), d.clone(), Vec::new())).collect();
         let run_dir = PathBuf::from(format!("/locus/{}/andrew-run", lp.addr));
         std::fs::create_dir_all(export.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
-        andrew_targets.insert(2, ("locus run".into(), run_dir, agent(&[])));
+        let fuse = ["--interpose".to_string(), "fuse".into()];
+        andrew_targets.insert(2, ("locus run (FUSE path)".into(), run_dir.clone(), agent(&fuse)));
+        let traced = ["--interpose".to_string(), "trace".into()];
+        andrew_targets.insert(3, ("locus run (traced)".into(), run_dir, agent(&traced)));
         if let Some(cp) = &cp {
             std::fs::create_dir_all(chirp_root.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
             let _ = Command::new("chmod").args(["-R", "a+rwX"]).arg(&chirp_root).status();
             let flags = ["--mount".to_string(), format!("/chirp=chirp://{}/", cp.addr)];
             andrew_targets.insert(
-                4,
+                5,
                 ("locus run, Chirp driver → chirp_server".into(), "/chirp/andrew-run".into(), agent(&flags)),
             );
         }
