@@ -293,6 +293,9 @@ impl Driver for NamespaceDriver {
         };
         self.on(path, |d, p| d.utimes_stat(p, atime, mtime, inner)).map(|a| self.own(a))
     }
+    fn lists_all(&self, path: &str) -> bool {
+        path != "/locus"
+    }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         match self.target(path)? {
             Target::Mount(mount, remote) => self.triage(mount, |d| d.statfs(&remote)),

@@ -65,7 +65,8 @@ fn unmodified_programs_work_under_the_agent(mode: &str) {
     let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
 
     // Listing with attributes, a copy in, search, find, a build, the program it built.
-    let out = run_ok(mode, &[], &format!("ls -la {r}"), &home);
+    // `/locus` lists the servers in use, and any other HOST:PORT connects when named.
+    let out = run_ok(mode, &[], &format!("ls /locus && ls -la {r}"), &home);
     assert!(out.contains("notes.txt") && out.contains(" 11 "), "ls -la shows the name and size: {out}");
     run_ok(mode, &[], &format!("cp -r {} {r}/proj", src.display()), &home);
     assert!(s.local("data/proj/lib/greet.c").is_file(), "cp -r landed in the export");

@@ -162,6 +162,12 @@ pub trait Driver: Send {
             None => self.lstat(path),
         }
     }
+    /// Whether a listing of the directory `path` names everything that can be looked up
+    /// in it. One whose entries come into being when first named (`/locus` of `locus
+    /// run`, where any `HOST:PORT` connects) says no, so that no absence is cached there.
+    fn lists_all(&self, _path: &str) -> bool {
+        true
+    }
     /// File-system statistics; zeros where the protocol has none.
     fn statfs(&mut self, _path: &str) -> Result<StatFs> {
         Ok(StatFs { bsize: 4096, frsize: 4096, namemax: 255, ..Default::default() })

@@ -257,7 +257,9 @@ impl LocusFs {
     fn list(&mut self, dir: u64) -> Result<Vec<locus_drivers::DirEntry>, i32> {
         let path = self.path(dir)?;
         let entries = self.driver.readdir(&path).map_err(errno)?;
-        self.listings.store(dir, entries.iter().map(|e| (e.name.clone(), e.attr.clone())));
+        if self.driver.lists_all(&path) {
+            self.listings.store(dir, entries.iter().map(|e| (e.name.clone(), e.attr.clone())));
+        }
         Ok(entries)
     }
 
@@ -323,8 +325,13 @@ impl Filesystem for LocusFs {
         match found {
             Ok(attr) => drop(self.entry(path, &attr, reply)),
             // Inode 0: the kernel remembers that the name is absent for the timeout (make
-            // and compilers look up many names that do not exist).
-            Err(libc::ENOENT) => reply.entry(&self.options.attr_timeout, &file_attr(0, &Attr::default()), 0),
+            // and compilers look up many names that do not exist), unless it may appear
+            // by being named.
+            Err(libc::ENOENT) => {
+                let lists_all = self.inodes.path(parent).is_some_and(|dir| self.driver.lists_all(dir));
+                let ttl = if lists_all { self.options.attr_timeout } else { Duration::ZERO };
+                reply.entry(&ttl, &file_attr(0, &Attr::default()), 0)
+            }
             Err(code) => reply.error(code),
         }
     }
