@@ -211,7 +211,9 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     let on_abort = Box::new(move || kill_descendants(agent));
     let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
     let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout });
+    let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
+    let _ = notifier.set(session.notifier());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = session.run();

@@ -236,6 +236,9 @@ impl Driver for NamespaceDriver {
     fn settle(&mut self, handle: u64) -> Result<()> {
         self.with_handle(handle, |d, h| d.settle(h))
     }
+    fn settle_stat(&mut self, handle: u64) -> Result<Attr> {
+        self.with_handle(handle, |d, h| d.settle_stat(h)).map(|a| self.own(a))
+    }
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
         self.with_handle(handle, |d, h| d.ftruncate(h, size))
     }

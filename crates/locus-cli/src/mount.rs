@@ -16,8 +16,10 @@ pub fn run(url: &str, mountpoint: &Path, attr_timeout_ms: u64, retry: Duration) 
     let fs = LocusFs::new(driver, &path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
     let options = [fuser::MountOption::FSName(url.to_string()), fuser::MountOption::Subtype("locus".into())];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let notifier = fs.notifier_slot();
     let session =
         fuser::spawn_mount2(fs, mountpoint, &options).map_err(|e| format!("mount on {}: {e}", mountpoint.display()))?;
+    let _ = notifier.set(session.notifier());
     eprintln!("{url} is mounted on {}; Ctrl-C or `locus umount` to unmount", mountpoint.display());
     wait_for_signal_or_unmount(mountpoint);
     if is_mounted(mountpoint) {

@@ -305,3 +305,53 @@ fn changes_by_others_show_within_the_attribute_timeout_and_our_own_at_once() {
     std::thread::sleep(Duration::from_millis(400));
     sh(&mnt, "test \"$(cat theirs.txt)\" = 'rewritten elsewhere' && exec 3<theirs.txt && rm theirs.txt && cat <&3 >/dev/null");
 }
+
+#[test]
+fn what_a_program_writes_it_reads_back_exactly_and_without_asking_the_server() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/keep.txt", b"x");
+    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300"]);
+    let preads = || {
+        let report = s.shared().store.stats("admin", 0).unwrap();
+        report.ops.iter().find(|o| o.op == "pread").map_or(0, |o| o.count)
+    };
+    // Writes in pieces that cover pages only in part, seeks back, reads, a truncation:
+    // the descriptor reads back exactly what it wrote, as a local file would.
+    let script = r#"
+expected = bytearray()
+def put(f, at, data):
+    global expected
+    f.seek(at); f.write(data)
+    if len(expected) < at + len(data):
+        expected.extend(bytes(at + len(data) - len(expected)))
+    expected[at:at + len(data)] = data
+with open("out.bin", "w+b", buffering=0) as f:
+    put(f, 0, b"a" * 5000)
+    put(f, 10000, b"b" * 100)
+    put(f, 3, b"XYZ")
+    f.seek(0); assert f.read() == bytes(expected), "read back"
+    f.truncate(7000); del expected[7000:]
+    f.seek(4090); assert f.read(20) == bytes(expected[4090:4110]), "read after truncate"
+    put(f, 6998, b"tail")
+    f.seek(0); assert f.read() == bytes(expected), "read after extending"
+open("expected.bin", "wb").write(bytes(expected))
+"#;
+    let before = preads();
+    sh(&m.mnt, &format!("python3 -c '{script}'"));
+    assert_eq!(preads(), before, "what the mount wrote whole came back from the mount");
+    // Another process reads both files back, from the kernel's cache, exactly.
+    sh(&m.mnt, "cmp out.bin expected.bin");
+    assert_eq!(preads(), before, "a file the mount wrote whole is cached whole");
+    assert_eq!(std::fs::read(s.local("d/out.bin")).unwrap(), std::fs::read(s.local("d/expected.bin")).unwrap());
+    assert_eq!(std::fs::metadata(s.local("d/out.bin")).unwrap().len(), 7002);
+    // Rewritten by another client with the same size: shown once the timeout has passed.
+    let mut other = std::fs::read(s.local("d/out.bin")).unwrap();
+    other[0] = b'Z';
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(s.local("d/out.bin"), &other).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(sh(&m.mnt, "head -c 1 out.bin").stdout, b"Z");
+}

@@ -112,6 +112,12 @@ pub trait Driver: Send {
     fn settle(&mut self, _handle: u64) -> Result<()> {
         Ok(())
     }
+    /// [`Driver::settle`], then the file's attributes after its writes, in the same
+    /// round trip where the driver can ask for them before the answers are in.
+    fn settle_stat(&mut self, handle: u64) -> Result<Attr> {
+        self.settle(handle)?;
+        self.fstat(handle)
+    }
     fn ftruncate(&mut self, _handle: u64, _size: u64) -> Result<()> {
         Err(DriverError::unsupported("truncate", self.name()))
     }

@@ -188,6 +188,14 @@ impl Driver for LocusDriver {
         }
         first
     }
+    fn settle_stat(&mut self, handle: u64) -> Result<Attr> {
+        let h = self.inner(handle)?;
+        // Asked now, answered after the writes before it: one round trip for both.
+        let attr = self.call_on(|c| c.run(|c| c.start_with(locus_proto::ops::Fstat { handle: h }, &[])))?;
+        let settled = self.settle(handle);
+        let attr = self.call_on(|c| c.run(|_| attr.wait()));
+        settled.and(attr)
+    }
     fn fsync(&mut self, handle: u64) -> Result<()> {
         let h = self.inner(handle)?;
         self.call_on(|c| c.run(|c| c.fsync(h)))

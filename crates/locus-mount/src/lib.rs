@@ -36,9 +36,10 @@ use inodes::Inodes;
 use listings::{Known, Listings};
 use locus_drivers::{Attr, Driver, DriverError, SetTime, Time};
 use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// How a mount behaves.
@@ -85,7 +86,19 @@ pub struct LocusFs {
     /// the inode, and the server handle once a read needed one.
     lazy: HashMap<u64, (u64, Option<u64>)>,
     next_lazy: u64,
+    /// Handles written through since their last flush, which then learns the attributes
+    /// the writes left: the pages they put in the kernel's cache stay valid after it.
+    written: HashSet<u64>,
+    /// The whole content of files opened for writing while empty and written only
+    /// through that handle since, up to [`KNOWN_MAX`]: reads on the handle answer from it
+    /// (programs that read back what they write, as `as` does, cost no round trip).
+    known: HashMap<u64, Vec<u8>>,
+    /// How the mount puts known content into the kernel's cache, once its session exists.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
+
+/// The most content kept per handle in [`LocusFs::known`].
+const KNOWN_MAX: usize = 8 << 20;
 
 /// Handles of opens deferred until a read needs them are numbered from here (the
 /// drivers' own handles are far below).
@@ -181,7 +194,18 @@ impl LocusFs {
             attrs: HashMap::new(),
             lazy: HashMap::new(),
             next_lazy: FIRST_LAZY,
+            written: HashSet::new(),
+            known: HashMap::new(),
+            notifier: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where the session's notifier goes once the session exists (`Session::notifier`):
+    /// with it, content the mount wrote whole is handed to the kernel's page cache, so
+    /// that reading it back costs no round trip (the kernel does not keep a page that
+    /// writes covered only in part, such as a file's last).
+    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+        self.notifier.clone()
     }
 
     /// The server handle behind a handle given to the kernel, opening the file at the
@@ -217,6 +241,15 @@ impl LocusFs {
         }
     }
 
+    /// `ino` changed through `fh` (`None`: by path): other handles' known content is stale.
+    fn forget_known(&mut self, ino: u64, fh: Option<u64>) {
+        for h in self.open.get(&ino).into_iter().flatten() {
+            if Some(*h) != fh {
+                self.known.remove(h);
+            }
+        }
+    }
+
     /// Keeps attributes the server just answered.
     fn remember(&mut self, ino: u64, attr: &Attr) {
         self.attrs.insert(ino, (attr.clone(), Instant::now()));
@@ -245,6 +278,17 @@ impl LocusFs {
         if let Some(parent) = self.inodes.peek(dir) {
             let name = name.to_string();
             self.listings.changed(parent, &name);
+        }
+    }
+
+    /// The server just said what `ino` is: its entry in its directory's listing says so.
+    fn file_known(&mut self, ino: u64, attr: Attr) {
+        let Some(path) = self.inodes.path(ino) else { return };
+        let Some((dir, name)) = path.rsplit_once('/') else { return };
+        let dir = if dir.is_empty() { "/" } else { dir };
+        if let Some(parent) = self.inodes.peek(dir) {
+            let name = name.to_string();
+            self.listings.refresh(parent, &name, attr);
         }
     }
 
@@ -417,6 +461,7 @@ impl Filesystem for LocusFs {
             attr.atime = at(atime, attr.atime);
             attr.mtime = at(mtime, attr.mtime);
             self.seen.remove(&ino);
+            self.written.insert(h);
             return reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
         }
         let result = (|| -> Result<Attr, DriverError> {
@@ -427,6 +472,13 @@ impl Filesystem for LocusFs {
                 match fh {
                     Some(h) => self.driver.ftruncate(h, size)?,
                     None => self.driver.truncate(&path, size)?,
+                }
+                self.forget_known(ino, fh);
+                if let Some(content) = fh.and_then(|h| self.known.get_mut(&h)) {
+                    match usize::try_from(size) {
+                        Ok(size) if size <= KNOWN_MAX => content.resize(size, 0),
+                        _ => drop(self.known.remove(&fh.unwrap_or_default())),
+                    }
                 }
             }
             if atime.is_some() || mtime.is_some() {
@@ -546,6 +598,9 @@ impl Filesystem for LocusFs {
         let keep = self.seen.insert(ino, now) == Some(now);
         self.open.entry(ino).or_default().push(opened.handle);
         self.remember(ino, &opened.attr);
+        if !read_only && opened.attr.size == 0 && opened.attr.is_file() {
+            self.known.insert(opened.handle, Vec::new());
+        }
         reply.opened(opened.handle, if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
     }
 
@@ -568,6 +623,9 @@ impl Filesystem for LocusFs {
         self.remember(ino, &opened.attr);
         self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
         self.open.entry(ino).or_default().push(opened.handle);
+        if opened.attr.size == 0 {
+            self.known.insert(opened.handle, Vec::new());
+        }
         reply.created(&self.options.attr_timeout, &file_attr(ino, &opened.attr), 0, opened.handle, 0);
     }
 
@@ -582,6 +640,11 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
+        if let Some(content) = self.known.get(&fh) {
+            let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
+            let end = start.saturating_add(size as usize).min(content.len());
+            return reply.data(&content[start..end]);
+        }
         let fh = ok_or_reply!(self.real(fh), reply);
         let data = ok_or_reply!(self.driver.pread(fh, offset as u64, size).map_err(errno), reply);
         reply.data(&data);
@@ -602,7 +665,22 @@ impl Filesystem for LocusFs {
         // Written behind: an error shows at the flush (close) or fsync of the file.
         let fh = ok_or_reply!(self.real(fh), reply);
         ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
-        // Our own write changed the file: its next open must not trust the old pages.
+        self.written.insert(fh);
+        self.forget_known(ino, Some(fh));
+        if let Some(content) = self.known.get_mut(&fh) {
+            let start = offset as usize;
+            match start.checked_add(data.len()).filter(|&end| end <= KNOWN_MAX) {
+                Some(end) => {
+                    if content.len() < end {
+                        content.resize(end, 0);
+                    }
+                    content[start..end].copy_from_slice(data);
+                }
+                None => drop(self.known.remove(&fh)),
+            }
+        }
+        // Our own write changed the file: its next open must not trust the old pages
+        // (until the flush learns what the file is now).
         self.seen.remove(&ino);
         if let Some((attr, _)) = self.attrs.get_mut(&ino) {
             attr.size = attr.size.max(offset as u64 + data.len() as u64);
@@ -611,10 +689,27 @@ impl Filesystem for LocusFs {
         reply.written(data.len() as u32);
     }
 
-    fn flush(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+    fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
         // A deferred open that was never needed has nothing to flush.
         let Some(fh) = self.opened(fh) else { return reply.ok() };
-        ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
+        if !self.written.remove(&fh) {
+            ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
+            return reply.ok();
+        }
+        // The pages this handle wrote are in the kernel's cache: once the server says
+        // what the file now is, an open that finds it so keeps them.
+        let attr = ok_or_reply!(self.driver.settle_stat(fh).map_err(errno), reply);
+        if self.open.get(&ino).is_some_and(|h| h.len() == 1) {
+            self.seen.insert(ino, (attr.size, attr.mtime));
+            let content = self.known.get(&fh).filter(|c| c.len() as u64 == attr.size);
+            if let (Some(content), Some(notifier)) = (content, self.notifier.get()) {
+                if let Err(e) = notifier.store(ino, 0, content) {
+                    tracing::debug!("notify store: {e}");
+                }
+            }
+        }
+        self.remember(ino, &attr);
+        self.file_known(ino, attr);
         reply.ok();
     }
 
@@ -633,6 +728,8 @@ impl Filesystem for LocusFs {
             Some((_, None)) => return reply.ok(),
             None => fh,
         };
+        self.known.remove(&fh);
+        self.written.remove(&fh);
         if let Some(handles) = self.open.get_mut(&ino) {
             handles.retain(|&h| h != fh);
             if handles.is_empty() {

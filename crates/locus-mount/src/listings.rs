@@ -72,6 +72,14 @@ impl Listings {
         self.by_dir.get(&dir).is_some_and(|l| l.at.elapsed() >= self.ttl && l.names.len() <= RELIST_MAX)
     }
 
+    /// The server just answered `attr` for `name` in `dir`: a listing that holds the
+    /// name describes it so again.
+    pub fn refresh(&mut self, dir: u64, name: &str, attr: Attr) {
+        if let Some(entry) = self.by_dir.get_mut(&dir).and_then(|l| l.names.get_mut(name)) {
+            *entry = Some(attr);
+        }
+    }
+
     /// `name` now exists in `dir` (with `attr` if known).
     pub fn added(&mut self, dir: u64, name: &str, attr: Option<Attr>) {
         if let Some(l) = self.by_dir.get_mut(&dir) {
