@@ -21,7 +21,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Options of `locus bench mount`.
 #[derive(clap::Args, Debug, Clone)]
@@ -265,8 +265,11 @@ liblua.a: $(SRC:.c=.o)\n\tar rcs $@ $^\n\
 %.o: %.c\n\tcc -O0 -c -o $@ $<\n";
 
 /// The Andrew-like stages in `dir`: (stage, seconds). `tree` holds the sources and the
-/// Makefile; each stage is a shell command run through `wrapper` (empty, or `locus run
-/// ... --`), in which `dir` is the path the wrapped program sees.
+/// Makefile; the stages run in one shell, through `wrapper` (empty, or `locus run ...
+/// --`: one run of the agent for the whole job, as a user would start it), in which
+/// `dir` is the path the wrapped program sees. The shell notes the time between stages;
+/// the first stage also counts the start (the agent's setup) and the last the end (its
+/// write-back).
 fn andrew(dir: &Path, tree: &Path, wrapper: &[String], token: &str) -> Result<Vec<(&'static str, f64)>, String> {
     let stages = [
         ("copy", format!("cp -r {} src", tree.display())),
@@ -275,32 +278,41 @@ fn andrew(dir: &Path, tree: &Path, wrapper: &[String], token: &str) -> Result<Ve
         ("make", "make -s -C src > /dev/null".to_string()),
         ("rm -r", "rm -r src".to_string()),
     ];
-    let mut out = Vec::new();
-    for (name, script) in stages {
-        let t = Instant::now();
-        let script = format!("cd {} && {script}", dir.display());
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut c = Command::new(program);
-                c.args(args);
-                c.arg("sh");
-                c
-            }
-            None => Command::new("sh"),
-        };
-        let status = cmd
-            .arg("-c")
-            .arg(&script)
-            .env("LOCUS_TOKEN", format!("admin:{token}"))
-            .env_remove("RUST_BACKTRACE")
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("{name} failed in {}", dir.display()));
-        }
-        out.push((name, t.elapsed().as_secs_f64()));
+    let mut script = format!("cd {} && date +%s.%N", dir.display());
+    for (_, stage) in &stages {
+        script.push_str(&format!(" && {stage} && date +%s.%N"));
     }
-    Ok(out)
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c.arg("sh");
+            c
+        }
+        None => Command::new("sh"),
+    };
+    let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
+    let started = now();
+    let out = cmd
+        .arg("-c")
+        .arg(&script)
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
+        .env_remove("RUST_BACKTRACE")
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let ended = now();
+    if !out.status.success() {
+        return Err(format!("the Andrew-like job failed in {}", dir.display()));
+    }
+    let mut marks: Vec<f64> =
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).collect();
+    if marks.len() != stages.len() + 1 {
+        return Err(format!("the Andrew-like job in {} printed {} times", dir.display(), marks.len()));
+    }
+    marks[0] = started;
+    *marks.last_mut().unwrap_or(&mut 0.0) = ended;
+    Ok(stages.iter().enumerate().map(|(i, (name, _))| (*name, marks[i + 1] - marks[i])).collect())
 }
 
 /// Runs the benchmark and prints the report.
