@@ -7,7 +7,8 @@
 //!   sequential read bandwidth of a large file whose cached pages are dropped first.
 //! - An Andrew-like run over a real C source tree (Lua 5.4's, from the cargo registry,
 //!   by default): copy it in, `ls -lR`, `grep -r`, build it with `make`, remove it;
-//!   timed per stage.
+//!   timed per stage, in one shell per target; also through `locus run` (its FUSE path
+//!   and traced) against the same servers.
 //! - PostMark (Debian's `postmark`) on each target.
 //!
 //! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
