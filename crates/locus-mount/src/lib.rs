@@ -272,24 +272,24 @@ impl LocusFs {
     /// The attributes of `ino` changed here (written, truncated, chmod): its entry in
     /// its directory's listing no longer describes it.
     fn file_changed(&mut self, ino: u64) {
-        let Some(path) = self.inodes.path(ino) else { return };
-        let Some((dir, name)) = path.rsplit_once('/') else { return };
-        let dir = if dir.is_empty() { "/" } else { dir };
-        if let Some(parent) = self.inodes.peek(dir) {
-            let name = name.to_string();
+        if let Some((parent, name)) = self.entry_of(ino) {
             self.listings.changed(parent, &name);
         }
     }
 
     /// The server just said what `ino` is: its entry in its directory's listing says so.
     fn file_known(&mut self, ino: u64, attr: Attr) {
-        let Some(path) = self.inodes.path(ino) else { return };
-        let Some((dir, name)) = path.rsplit_once('/') else { return };
-        let dir = if dir.is_empty() { "/" } else { dir };
-        if let Some(parent) = self.inodes.peek(dir) {
-            let name = name.to_string();
+        if let Some((parent, name)) = self.entry_of(ino) {
             self.listings.refresh(parent, &name, attr);
         }
+    }
+
+    /// The directory inode and name under which `ino` was looked up.
+    fn entry_of(&self, ino: u64) -> Option<(u64, String)> {
+        let path = self.inodes.path(ino)?;
+        let (dir, name) = path.rsplit_once('/')?;
+        let parent = self.inodes.peek(if dir.is_empty() { "/" } else { dir })?;
+        Some((parent, name.to_string()))
     }
 
     /// `name` was made in `parent` with `attr`.
@@ -474,10 +474,10 @@ impl Filesystem for LocusFs {
                     None => self.driver.truncate(&path, size)?,
                 }
                 self.forget_known(ino, fh);
-                if let Some(content) = fh.and_then(|h| self.known.get_mut(&h)) {
-                    match usize::try_from(size) {
-                        Ok(size) if size <= KNOWN_MAX => content.resize(size, 0),
-                        _ => drop(self.known.remove(&fh.unwrap_or_default())),
+                if let Some(h) = fh {
+                    match usize::try_from(size).ok().filter(|&size| size <= KNOWN_MAX) {
+                        Some(size) => self.known.get_mut(&h).map_or((), |content| content.resize(size, 0)),
+                        None => drop(self.known.remove(&h)),
                     }
                 }
             }
