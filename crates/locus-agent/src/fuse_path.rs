@@ -169,12 +169,20 @@ const STEPS: [&str; 10] = [
 const MOUNTED: u8 = 0;
 const FAILED: u8 = 1;
 
-/// Runs `argv` with `ns` shown through FUSE. `Err(None)` means the namespace could not
-/// be made (the caller may trace the program instead); `Err(Some(abort))` ends the run.
-pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) -> Result<i32, Option<Abort>> {
+/// Why [`run`] did not give the program's exit status.
+pub enum NotRun {
+    /// The namespace could not be made (the caller may trace the program instead).
+    Unavailable(String),
+    /// The run was stopped (a server unreachable, a request no driver can satisfy).
+    Stopped(Abort),
+}
+
+/// Runs `argv` with `ns` shown through FUSE; answers the program's exit status.
+pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) -> Result<i32, NotRun> {
+    let unavailable = |e: &dyn std::fmt::Display| NotRun::Unavailable(e.to_string());
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
-    let (parent_end, child_end) =
-        socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).map_err(|_| None)?;
+    let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| unavailable(&format!("socketpair: {e}")))?;
     // SAFETY: orphans of the program become the agent's children, to be waited for.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let agent = std::process::id() as i32;
@@ -183,7 +191,7 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     // SAFETY: the child only makes system calls on memory prepared before the fork.
     let child = unsafe { libc::fork() };
     if child < 0 {
-        return Err(None);
+        return Err(unavailable(&format!("fork: {}", std::io::Error::last_os_error())));
     }
     if child == 0 {
         unsafe {
@@ -202,9 +210,8 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     let (report, fuse) = receive(&parent_end);
     let Some(fuse) = fuse.filter(|_| report.first() == Some(&MOUNTED)) else {
         let why = if report.len() == 4 { failure(&report) } else { "the child ended".into() };
-        tracing::debug!("the FUSE path is not available: {why}");
         reap_all(child);
-        return Err(None);
+        return Err(NotRun::Unavailable(why));
     };
 
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
@@ -233,12 +240,11 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     let _ = done_rx.recv_timeout(Duration::from_secs(5));
     drop(plan);
     if report.len() == 4 && report[0] == FAILED {
-        tracing::debug!("the FUSE path is not available: {}", failure(&report));
-        return Err(None);
+        return Err(NotRun::Unavailable(failure(&report)));
     }
     let abort = abort.lock().unwrap_or_else(|e| e.into_inner()).take();
     match abort {
-        Some(abort) => Err(Some(abort)),
+        Some(abort) => Err(NotRun::Stopped(abort)),
         None => Ok(status),
     }
 }

@@ -168,8 +168,8 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
                 let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
                 match fuse_path::run(&argv, ns, plan, options.attr_timeout) {
                     Ok(status) => return Ok(status),
-                    Err(Some(abort)) => return Err(abort),
-                    Err(None) => "the kernel refused the private namespace".to_string(),
+                    Err(fuse_path::NotRun::Stopped(abort)) => return Err(abort),
+                    Err(fuse_path::NotRun::Unavailable(why)) => why,
                 }
             }
             Err(why) => why,
