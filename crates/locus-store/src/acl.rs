@@ -85,9 +85,16 @@ impl AclCache {
     }
 
     /// The ACL in force for the directory `dir`, whose root is identified by `root_key`.
-    pub fn effective(&self, dir: BorrowedFd<'_>, root_key: (u64, u64)) -> Result<Arc<Acl>> {
-        let st = fstat(dir).ctx("stat", "directory")?;
-        let key = (st.st_dev as u64, st.st_ino as u64);
+    /// `known` is `dir`'s identity when the caller already has it (the root's), which
+    /// spares a `fstat`.
+    pub fn effective(&self, dir: BorrowedFd<'_>, known: Option<(u64, u64)>, root_key: (u64, u64)) -> Result<Arc<Acl>> {
+        let key = match known {
+            Some(key) => key,
+            None => {
+                let st = fstat(dir).ctx("stat", "directory")?;
+                (st.st_dev as u64, st.st_ino as u64)
+            }
+        };
         if let Some(acl) = self.map.lock().get(&key) {
             return Ok(acl.clone());
         }

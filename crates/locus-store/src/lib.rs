@@ -26,8 +26,9 @@ use locus_proto::types::{open_flags, Attr, DirEntry, Rights, SetTime, StatFs, St
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Longest path accepted from a client, as PATH_MAX.
@@ -50,6 +51,9 @@ struct Target {
     name: String,
     /// The normalized path relative to the root, for counters and messages.
     rel: String,
+    /// What `locate` learned of the final name while checking it for a symlink (not a
+    /// symlink, so this is also what following it gives); saves stating it again.
+    stat: Option<rustix::fs::Stat>,
 }
 
 impl Target {
@@ -181,17 +185,17 @@ impl Store {
         let (mut parent, mut name, mut rel) = split(path)?;
         let mut dir = self.open_dir(&parent, path)?;
         if !follow || name == "." {
-            return Ok(Target { dir, name, rel });
+            return Ok(Target { dir, name, rel, stat: None });
         }
         for _ in 0..MAX_HOPS {
             let d = dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.root.as_fd());
             let st = match rustix::fs::statat(d, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
-                Err(Errno::NOENT) => return Ok(Target { dir, name, rel }),
+                Err(Errno::NOENT) => return Ok(Target { dir, name, rel, stat: None }),
                 Err(e) => return Err(e).ctx("stat", path),
             };
             if st.st_mode as u32 & locus_proto::types::S_IFMT != locus_proto::types::S_IFLNK {
-                return Ok(Target { dir, name, rel });
+                return Ok(Target { dir, name, rel, stat: Some(st) });
             }
             let link = rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
             let link =
@@ -203,14 +207,21 @@ impl Store {
             (parent, name, rel) = split(&joined)?;
             dir = self.open_dir(&parent, path)?;
             if name == "." {
-                return Ok(Target { dir, name, rel });
+                return Ok(Target { dir, name, rel, stat: None });
             }
         }
         Err(StoreError::Os { op: "resolve", path: path.to_string(), errno: Errno::LOOP })
     }
 
     fn rights_in(&self, dir: BorrowedFd<'_>, who: &str) -> Result<Rights> {
-        Ok(self.acls.effective(dir, self.root_key)?.rights_of(who))
+        Ok(self.acl_of(dir)?.rights_of(who))
+    }
+
+    /// The ACL in force in `dir`.
+    fn acl_of(&self, dir: BorrowedFd<'_>) -> Result<Arc<Acl>> {
+        // Names directly beneath the root are the common case; the root's identity is known.
+        let known = (dir.as_raw_fd() == self.root.as_raw_fd()).then_some(self.root_key);
+        self.acls.effective(dir, known, self.root_key)
     }
 
     fn check(&self, dir: BorrowedFd<'_>, who: &str, need: Rights, path: &str) -> Result<()> {
@@ -256,7 +267,10 @@ impl Store {
     /// `stat`, following symlinks.
     pub fn stat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("stat", path)?;
+        let st = match t.stat {
+            Some(st) => st,
+            None => rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("stat", path)?,
+        };
         Ok(attr_of(&st))
     }
 
@@ -431,7 +445,7 @@ impl Store {
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty()).ctx("chmod", path)?;
         // An O_PATH descriptor cannot be fchmod'ed; its /proc entry names exactly this object.
-        let proc_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         rustix::fs::chmodat(rustix::fs::CWD, proc_path.as_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())
             .ctx("chmod", path)
     }
@@ -477,7 +491,7 @@ impl Store {
     pub fn acl_get(&self, who: &str, path: &str) -> Result<Acl> {
         let dir = self.open_target_dir(path)?;
         self.check(dir.as_fd(), who, Rights::LIST, path)?;
-        Ok((*self.acls.effective(dir.as_fd(), self.root_key)?).clone())
+        Ok((*self.acl_of(dir.as_fd())?).clone())
     }
 
     /// Sets one subject's rights on the directory `path`, which then has an ACL of its
@@ -488,7 +502,7 @@ impl Store {
         }
         let dir = self.open_target_dir(path)?;
         self.check(dir.as_fd(), who, Rights::ADMIN, path)?;
-        let mut acl = (*self.acls.effective(dir.as_fd(), self.root_key)?).clone();
+        let mut acl = (*self.acl_of(dir.as_fd())?).clone();
         acl.set(subject, rights);
         self.write_acl(dir.as_fd(), &acl)
     }
@@ -568,10 +582,18 @@ impl OpenFile {
 
     /// Reads like [`OpenFile::pread`] without counting, for callers that count themselves.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        self.need(false)?;
         let mut buf = vec![0u8; len];
+        let got = self.read_into(offset, &mut buf)?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// Fills `buf` from `offset`, short only at end of file; returns how many bytes came.
+    /// Does not count, like [`OpenFile::read_at`]; lets a caller reuse one buffer.
+    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.need(false)?;
         let mut got = 0;
-        while got < len {
+        while got < buf.len() {
             match rustix::io::pread(&self.file, &mut buf[got..], offset + got as u64) {
                 Ok(0) => break,
                 Ok(n) => got += n,
@@ -579,8 +601,7 @@ impl OpenFile {
                 Err(e) => return Err(e).ctx("read", &self.rel),
             }
         }
-        buf.truncate(got);
-        Ok(buf)
+        Ok(got)
     }
 
     /// Checks that the handle may be read, for callers that move bytes themselves (sendfile).
