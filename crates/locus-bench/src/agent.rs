@@ -111,7 +111,7 @@ pub fn run(args: AgentArgs) -> Result<(), BenchError> {
     std::fs::create_dir_all(export.join("rows")).map_err(|e| BenchError::io("mkdir", e))?;
     std::fs::create_dir_all(&local).map_err(|e| BenchError::io("mkdir", e))?;
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
-    let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
+    let (locus, token) = peers::start_locus(&exe, work.path(), &export)?;
     let agent =
         |how: &str| vec![exe.display().to_string(), "run".into(), "--interpose".into(), how.into(), "--".into()];
     let (fuse, traced) = (agent("fuse"), agent("trace"));

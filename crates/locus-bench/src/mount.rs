@@ -331,7 +331,7 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         std::fs::create_dir_all(d).map_err(|e| BenchError::io("mkdir", e))?;
     }
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
-    let (locus, token) = peers::start_locus(&exe, work.path(), &export, None)?;
+    let (locus, token) = peers::start_locus(&exe, work.path(), &export)?;
     let chirp = peers::start_chirp(work.path(), &chirp_root).ok();
     // The sources with the Makefile that builds them, copied in by the first stage.
     let andrew_tree = work.path().join("andrew-tree");

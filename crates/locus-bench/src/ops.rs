@@ -48,6 +48,9 @@ pub struct OpsArgs {
     /// Worker threads of the Locus server under test (default: one per CPU).
     #[arg(long)]
     pub server_threads: Option<usize>,
+    /// The Locus server's `--sendfile` (auto, always, never), to compare its bulk paths.
+    #[arg(long, default_value = "auto")]
+    pub sendfile: String,
     /// Also save all results (every run) as JSON to this file.
     #[arg(long)]
     pub save: Option<PathBuf>,
@@ -355,7 +358,9 @@ fn start_target(
         }
         "locus" => {
             let root = make_root(work, "locus-root", size)?;
-            let (peer, token) = peers::start_locus(&exe, work, &root, args.server_threads)?;
+            let mut flags = vec![format!("--sendfile={}", args.sendfile)];
+            flags.extend(args.server_threads.map(|n| format!("--threads={n}")));
+            let (peer, token) = peers::start_locus_with(&exe, work, &root, &flags)?;
             let (addr, proxy) = behind_proxy(peer.addr)?;
             (Box::new(LocusDriver::connect(addr, &token).map_err(setup)?), Some(peer), proxy)
         }

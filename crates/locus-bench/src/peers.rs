@@ -72,9 +72,8 @@ fn open_up(dir: &Path) -> Result<(), BenchError> {
 }
 
 /// `locus serve` from this very binary, exporting `root`; returns the peer and its token.
-pub fn start_locus(exe: &Path, work: &Path, root: &Path, threads: Option<usize>) -> Result<(Peer, String), BenchError> {
-    let flags: Vec<String> = threads.map(|n| format!("--threads={n}")).into_iter().collect();
-    start_locus_with(exe, work, root, &flags)
+pub fn start_locus(exe: &Path, work: &Path, root: &Path) -> Result<(Peer, String), BenchError> {
+    start_locus_with(exe, work, root, &[])
 }
 
 /// `locus serve` with extra flags.

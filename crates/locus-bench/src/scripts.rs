@@ -74,7 +74,7 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
     }
     std::fs::write(root.join("big"), vec![b'.'; BIG]).map_err(|e| BenchError::io("write", e))?;
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
-    let (peer, token) = peers::start_locus(&exe, work.path(), &root, None)?;
+    let (peer, token) = peers::start_locus(&exe, work.path(), &root)?;
     let setup = |e: String| BenchError::Setup(e);
 
     let mut out = String::from("\n### bench scripts (p50 µs; medians over blocks taken in turns)\n");

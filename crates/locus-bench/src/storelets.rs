@@ -134,7 +134,7 @@ pub fn run(args: StoreletsArgs) -> Result<(), BenchError> {
     let (files, dirs) = (count("f")?, count("d")?);
     let find = locus_storelet::build_shipped("find").map_err(setup)?;
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
-    let (peer, token) = peers::start_locus(&exe, work.path(), &root, None)?;
+    let (peer, token) = peers::start_locus(&exe, work.path(), &root)?;
 
     let mut out = format!(
         "\n### bench storelets: find -name '{}' over {} ({files} files, {dirs} directories; median of {} runs, ms)\n\n",

@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Script interpreter threads (default: one per CPU).
     #[arg(long)]
     script_workers: Option<usize>,
+    /// Large reads with sendfile: auto (for remote clients; a copy is faster over
+    /// loopback), always, or never.
+    #[arg(long, default_value = "auto")]
+    sendfile: locus_server::Sendfile,
     /// Lua instructions one script call may run.
     #[arg(long, default_value_t = locus_script::Limits::default().instructions)]
     script_instructions: u64,
@@ -81,6 +85,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         config.state_dir = state;
     }
     config.tls = args.tls;
+    config.sendfile = args.sendfile;
     config.max_connections = args.max_connections.max(1);
     if let Some(threads) = args.threads {
         config.threads = threads.max(1);

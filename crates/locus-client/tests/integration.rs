@@ -431,3 +431,21 @@ async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
     let r = c.stats(5).await.unwrap();
     assert!(r.export.write_bytes >= (a.len() * 2 + b.len()) as u64);
 }
+
+#[tokio::test]
+async fn large_reads_arrive_intact_by_sendfile_and_through_memory() {
+    for mode in [locus_server::Sendfile::Always, locus_server::Sendfile::Never] {
+        let s = TestServer::start_with(|c| c.sendfile = mode);
+        let c = s.client("admin").await;
+        // more than one 4 MiB stream frame and copy piece, not a multiple of either
+        let want: Vec<u8> = (0..9_437_201u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        s.put_local("big", &want);
+        assert_eq!(c.read_file("/big").await.unwrap(), want, "{mode:?}: get");
+        let h = c.open("/big", of::READ, 0).await.unwrap().handle;
+        let off = want.len() as u64 - 300_000;
+        let got = c.pread(h, off, 1 << 20).await.unwrap();
+        assert_eq!(&got[..], &want[off as usize..], "{mode:?}: a large pread that ends at end of file");
+        let got = c.pread(h, 1_000_003, 200_000).await.unwrap();
+        assert_eq!(&got[..], &want[1_000_003..1_200_003], "{mode:?}: a large pread inside the file");
+    }
+}

@@ -22,7 +22,7 @@ pub mod splice;
 pub mod storelet_host;
 pub mod transport;
 
-pub use config::{ServerConfig, Tokens};
+pub use config::{Sendfile, ServerConfig, Tokens};
 pub use error::ServerError;
 
 use bytes::{Bytes, BytesMut};
@@ -251,6 +251,7 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    let sendfile = tls.is_none() && shared.config.sendfile.use_for(stream.local_addr()?.ip(), stream.peer_addr()?.ip());
     let (reader, writer) = match tls {
         Some(acceptor) => {
             let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
@@ -265,7 +266,7 @@ async fn serve(
         }
     };
     let mut reader = BufReader::with_capacity(256 * 1024, reader);
-    let mut writer = FrameWriter::new(writer);
+    let mut writer = FrameWriter::new(writer, sendfile);
 
     let mut preamble = [0u8; 8];
     tokio::time::timeout(Duration::from_secs(10), reader.read_exact(&mut preamble))

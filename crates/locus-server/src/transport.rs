@@ -113,12 +113,20 @@ pub struct EventFrame {
 /// requests leave in as few system calls as possible.
 pub struct FrameWriter {
     out: BufWriter<WriteHalf>,
+    /// Large reads go out with sendfile (plain TCP only; see [`crate::Sendfile`]).
+    sendfile: bool,
+    /// Reused buffer of reads that go through memory, grown up to [`COPY_CHUNK`].
+    scratch: Vec<u8>,
 }
 
+/// Largest piece of a file read into memory at once on its way to the socket.
+const COPY_CHUNK: usize = 4 << 20;
+
 impl FrameWriter {
-    /// A writer over a connection's write half.
-    pub fn new(w: WriteHalf) -> Self {
-        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w) }
+    /// A writer over a connection's write half; `sendfile` only on plain TCP.
+    pub fn new(w: WriteHalf, sendfile: bool) -> Self {
+        let sendfile = sendfile && matches!(w, WriteHalf::Plain(_));
+        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w), sendfile, scratch: Vec::new() }
     }
 
     /// Writes one frame whose data is in memory.
@@ -182,26 +190,42 @@ impl FrameWriter {
     }
 
     /// Writes exactly `len` bytes of `file` from `offset` after a header that announced
-    /// them: by sendfile on plain TCP when large, else through memory. Returns how many
+    /// them: by sendfile when large and allowed, else through memory. Returns how many
     /// came from the file; if it ended early the rest is zeros.
     async fn file_data(&mut self, file: &OpenFile, offset: u64, len: u64) -> io::Result<u64> {
         let start = Instant::now();
-        let plain = matches!(self.out.get_ref(), WriteHalf::Plain(_));
-        let sent = if plain && len >= SENDFILE_MIN {
+        let sent = if self.sendfile && len >= SENDFILE_MIN {
             self.out.flush().await?;
             match self.out.get_ref() {
                 WriteHalf::Plain(w) => sendfile_all(w.as_ref(), file, offset, len).await?,
-                WriteHalf::Tls(_) => unreachable!("checked above"),
+                WriteHalf::Tls(_) => unreachable!("sendfile is only set on plain TCP"),
             }
         } else {
-            let data = file.read_at(offset, len as usize).map_err(io::Error::other)?;
-            self.out.write_all(&data).await?;
-            data.len() as u64
+            self.copy_data(file, offset, len).await?
         };
         if sent < len {
             self.out.write_all(&vec![0u8; (len - sent) as usize]).await?;
         }
         file.io.read(sent, start.elapsed());
+        Ok(sent)
+    }
+
+    /// Writes up to `len` bytes of `file` from `offset` through the reused buffer; returns
+    /// how many the file had.
+    async fn copy_data(&mut self, file: &OpenFile, offset: u64, len: u64) -> io::Result<u64> {
+        let mut sent = 0u64;
+        while sent < len {
+            let want = (len - sent).min(COPY_CHUNK as u64) as usize;
+            if self.scratch.len() < want {
+                self.scratch.resize(want, 0);
+            }
+            let got = file.read_into(offset + sent, &mut self.scratch[..want]).map_err(io::Error::other)?;
+            self.out.write_all(&self.scratch[..got]).await?;
+            sent += got as u64;
+            if got < want {
+                break;
+            }
+        }
         Ok(sent)
     }
 
