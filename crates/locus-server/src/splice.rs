@@ -17,7 +17,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader, Interest};
 
 /// Writes smaller than this are copied through the frame buffer as usual.
 pub const SPLICE_MIN: u32 = 256 * 1024;
-const PIPE_SIZE: usize = 1 << 20;
+/// Capacity of the pipe, so the most one splice call moves. Small is fast: over
+/// loopback, 32–128 KiB wrote about 3.9 GB/s, 256 KiB 3.2 and 1 MiB 2.9 (likely because
+/// small pieces are still in cache when the second splice copies them).
+const PIPE_SIZE: usize = 64 * 1024;
 
 /// A connection's pipe for splicing, created on first use.
 #[derive(Default)]
@@ -27,7 +30,9 @@ impl SplicePipe {
     fn get(&mut self) -> io::Result<&(OwnedFd, OwnedFd, usize)> {
         if self.0.is_none() {
             let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
-            let size = rustix::pipe::fcntl_setpipe_size(&w, PIPE_SIZE).unwrap_or(64 * 1024);
+            let size = rustix::pipe::fcntl_setpipe_size(&w, PIPE_SIZE)
+                .or_else(|_| rustix::pipe::fcntl_getpipe_size(&w))
+                .unwrap_or(4096);
             self.0 = Some((r, w, size));
         }
         Ok(self.0.as_ref().expect("just set"))
