@@ -21,7 +21,7 @@ use crate::ns_driver::NamespaceDriver;
 use crate::tracer::Abort;
 use crate::{EXIT_SETUP, EXIT_TRANSIENT};
 use locus_mount::{LocusFs, MountOptions};
-use std::ffi::{CString, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -353,6 +353,18 @@ fn kill_descendants(agent: i32) {
     }
 }
 
+/// `mount(2)` with optional strings, without allocating (it runs in the forked child).
+unsafe fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> libc::c_int {
+    let ptr = |s: Option<&CStr>| s.map_or(std::ptr::null(), CStr::as_ptr);
+    libc::mount(ptr(source), target.as_ptr(), ptr(fstype), flags, ptr(data).cast())
+}
+
 /// The child's side: namespaces, the new root, then the program (`argv`, null-ended).
 /// Answers the step that failed and its errno (it returns only on failure).
 ///
@@ -372,7 +384,6 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
     if libc::getppid() != agent {
         libc::_exit(EXIT_SETUP);
     }
-    let null = std::ptr::null::<libc::c_char>();
     if plan.as_root {
         check!(0, libc::unshare(libc::CLONE_NEWNS));
     } else {
@@ -396,27 +407,10 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
     check!(2, fuse);
     check!(2, libc::dup3(fuse, plan.fuse_slot.as_raw_fd(), libc::O_CLOEXEC));
     libc::close(fuse);
-    check!(3, libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()));
-    check!(
-        4,
-        libc::mount(
-            c"tmpfs".as_ptr(),
-            plan.root.as_ptr(),
-            c"tmpfs".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            c"mode=0755".as_ptr().cast()
-        )
-    );
-    check!(
-        5,
-        libc::mount(
-            c"locus".as_ptr(),
-            plan.fuse_dir.as_ptr(),
-            c"fuse.locus".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV,
-            plan.fuse_data.as_ptr().cast()
-        )
-    );
+    let (private, nosuid) = (libc::MS_REC | libc::MS_PRIVATE, libc::MS_NOSUID | libc::MS_NODEV);
+    check!(3, mount(None, c"/", None, private, None));
+    check!(4, mount(Some(c"tmpfs"), &plan.root, Some(c"tmpfs"), nosuid, Some(c"mode=0755")));
+    check!(5, mount(Some(c"locus"), &plan.fuse_dir, Some(c"fuse.locus"), nosuid, Some(&plan.fuse_data)));
     // The agent serves the file system from now on.
     send_fd(ready, MOUNTED, plan.fuse_slot.as_raw_fd());
     for entry in &plan.entries {
@@ -430,10 +424,7 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
                     check!(6, fd);
                     libc::close(fd);
                 }
-                check!(
-                    6,
-                    libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND | libc::MS_REC, std::ptr::null())
-                );
+                check!(6, mount(Some(source), target, None, libc::MS_BIND | libc::MS_REC, None));
             }
         }
     }
@@ -441,10 +432,10 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
         if *make {
             check!(7, libc::mkdir(target.as_ptr(), 0o755));
         }
-        check!(7, libc::mount(source.as_ptr(), target.as_ptr(), null, libc::MS_BIND, std::ptr::null()));
+        check!(7, mount(Some(source), target, None, libc::MS_BIND, None));
     }
     let read_only = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV;
-    check!(8, libc::mount(null, plan.root.as_ptr(), null, read_only, std::ptr::null()));
+    check!(8, mount(None, &plan.root, None, read_only, None));
     // pivot_root(".", "."): the old root ends up on top of the new one, and is detached.
     check!(9, libc::chdir(plan.root.as_ptr()));
     check!(9, libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as i32);
