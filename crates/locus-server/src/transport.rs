@@ -115,18 +115,21 @@ pub struct FrameWriter {
     out: BufWriter<WriteHalf>,
     /// Large reads go out with sendfile (plain TCP only; see [`crate::Sendfile`]).
     sendfile: bool,
-    /// Reused buffer of reads that go through memory, grown up to [`COPY_CHUNK`].
-    scratch: Vec<u8>,
 }
 
 /// Largest piece of a file read into memory at once on its way to the socket.
 const COPY_CHUNK: usize = 4 << 20;
+/// Buffers of [`COPY_CHUNK`] bytes between transfers, shared by all connections, so that
+/// a transfer does not fault in fresh pages and an idle connection holds none.
+static IDLE_BUFFERS: parking_lot::Mutex<Vec<Vec<u8>>> = parking_lot::Mutex::new(Vec::new());
+/// Idle buffers kept at most.
+const IDLE_BUFFERS_MAX: usize = 8;
 
 impl FrameWriter {
     /// A writer over a connection's write half; `sendfile` only on plain TCP.
     pub fn new(w: WriteHalf, sendfile: bool) -> Self {
         let sendfile = sendfile && matches!(w, WriteHalf::Plain(_));
-        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w), sendfile, scratch: Vec::new() }
+        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w), sendfile }
     }
 
     /// Writes one frame whose data is in memory.
@@ -210,23 +213,29 @@ impl FrameWriter {
         Ok(sent)
     }
 
-    /// Writes up to `len` bytes of `file` from `offset` through the reused buffer; returns
-    /// how many the file had.
+    /// Writes up to `len` bytes of `file` from `offset` through a buffer borrowed from
+    /// [`IDLE_BUFFERS`]; returns how many the file had.
     async fn copy_data(&mut self, file: &OpenFile, offset: u64, len: u64) -> io::Result<u64> {
-        let mut sent = 0u64;
-        while sent < len {
-            let want = (len - sent).min(COPY_CHUNK as u64) as usize;
-            if self.scratch.len() < want {
-                self.scratch.resize(want, 0);
+        let mut buf = IDLE_BUFFERS.lock().pop().unwrap_or_else(|| vec![0u8; COPY_CHUNK]);
+        let result = async {
+            let mut sent = 0u64;
+            while sent < len {
+                let want = (len - sent).min(COPY_CHUNK as u64) as usize;
+                let got = file.read_into(offset + sent, &mut buf[..want]).map_err(io::Error::other)?;
+                self.out.write_all(&buf[..got]).await?;
+                sent += got as u64;
+                if got < want {
+                    break;
+                }
             }
-            let got = file.read_into(offset + sent, &mut self.scratch[..want]).map_err(io::Error::other)?;
-            self.out.write_all(&self.scratch[..got]).await?;
-            sent += got as u64;
-            if got < want {
-                break;
-            }
+            Ok(sent)
         }
-        Ok(sent)
+        .await;
+        let mut idle = IDLE_BUFFERS.lock();
+        if idle.len() < IDLE_BUFFERS_MAX {
+            idle.push(buf);
+        }
+        result
     }
 
     /// Sends a whole file as data frames flagged MORE, then an empty closing frame, or
