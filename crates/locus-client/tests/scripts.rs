@@ -313,3 +313,39 @@ async fn limits_can_differ_per_subject() {
     assert_eq!(c, Code::LIMIT);
     assert!(msg.contains("instruction"), "{msg}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_replies_arrive_whole_and_after_the_messages_they_sent() {
+    let srv = TestServer::start();
+    srv.put_local("f", b"data");
+    let c = srv.client("admin").await;
+    // Small replies leave from the interpreter's thread; replies larger than the
+    // connection's write buffer go through the connection's thread: mix both, pipelined.
+    let src = "local n, tag = ...\noutput:append(string.rep(tag, n))\nreturn n, tag";
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..64i64 {
+        let c = c.clone();
+        let src = src.to_string();
+        calls.spawn(async move {
+            let n = if i % 4 == 0 { 300_000 } else { i };
+            let tag = format!("{}", (b'a' + (i % 26) as u8) as char);
+            let (v, out) = c.script_call(&src, vec![Value::Int(n), s(&tag)], &[]).await.unwrap();
+            assert_eq!(v, vec![Value::Int(n), s(&tag)]);
+            assert_eq!(out.len(), n as usize);
+            assert!(out.iter().all(|&b| b == tag.as_bytes()[0]));
+            c.stat("/f").await.unwrap().size
+        });
+    }
+    while let Some(size) = calls.join_next().await {
+        assert_eq!(size.unwrap(), 4);
+    }
+    // A message a script sends its caller is on the client before the call's reply.
+    let mut pushes = c.subscribe();
+    for i in 0..20 {
+        let (v, _) =
+            c.script_call("msg.send(msg.caller(), ...) return 1", vec![s(&format!("m{i}"))], &[]).await.unwrap();
+        assert_eq!(v, vec![Value::Int(1)]);
+        let m = pushes.try_recv().expect("the message came before the reply");
+        assert_eq!(&m.data[..], format!("m{i}").as_bytes());
+    }
+}

@@ -18,7 +18,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 
 /// Resource limits of one script call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,8 +59,26 @@ struct Job {
     input: Vec<u8>,
     limits: Limits,
     host: Box<dyn Host>,
-    reply: oneshot::Sender<Result<CallOutcome, ScriptError>>,
+    reply: ReplyFn,
 }
+
+/// One script call as the engine takes it.
+pub struct CallRequest {
+    /// The script's id, the SHA-256 of its source (may be empty when `source` is given).
+    pub id: String,
+    /// The source, registered first when given.
+    pub source: Option<String>,
+    pub args: Vec<Value>,
+    /// The call's input buffer.
+    pub input: Vec<u8>,
+    pub limits: Limits,
+    /// How the script reaches the file service, as its caller.
+    pub host: Box<dyn Host>,
+}
+
+/// What receives a call's result, on the interpreter thread that ran it: the server
+/// writes the reply to the caller's connection from there, with no further hand-off.
+pub type ReplyFn = Box<dyn FnOnce(Result<CallOutcome, ScriptError>) + Send>;
 
 /// A script compiled in one interpreter, with the global table its calls share (emptied
 /// after each call).
@@ -203,31 +220,22 @@ impl Engine {
         self.shared.locks.is_held(name)
     }
 
-    /// Queues a call of script `id` (registering `source` first if given); the answer
-    /// arrives on the returned channel.
-    pub fn call(
-        &self,
-        id: &str,
-        source: Option<&str>,
-        args: Vec<Value>,
-        input: Vec<u8>,
-        limits: Limits,
-        host: Box<dyn Host>,
-    ) -> Result<oneshot::Receiver<Result<CallOutcome, ScriptError>>, ScriptError> {
+    /// Queues a call (registering its source first if given); `reply` gets the answer on
+    /// the interpreter thread when the call ends.
+    pub fn call(&self, call: CallRequest, reply: ReplyFn) -> Result<(), ScriptError> {
+        let CallRequest { id, source, args, input, limits, host } = call;
         let id = match source {
             Some(src) => {
-                let real = self.register(src)?;
+                let real = self.register(&src)?;
                 if !id.is_empty() && id != real {
                     return Err(ScriptError::Invalid("the id is not the SHA-256 of the source".into()));
                 }
                 real
             }
-            None => id.to_string(),
+            None => id,
         };
         let source = self.sources.lock().by_id.get(&id).cloned().ok_or_else(|| ScriptError::NoScript(id.clone()))?;
-        let (reply, rx) = oneshot::channel();
-        self.dispatch(Job { id, source, args, input, limits, host, reply })?;
-        Ok(rx)
+        self.dispatch(Job { id, source, args, input, limits, host, reply })
     }
 }
 
@@ -263,7 +271,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         let reply = job.reply;
         let Job { id, source, args, input, limits, host, .. } = job;
         let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
-        let _ = reply.send(result);
+        reply(result);
     }
 }
 

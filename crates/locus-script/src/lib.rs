@@ -19,7 +19,7 @@ mod lua_ser;
 mod stdlib;
 mod value;
 
-pub use engine::{CallOutcome, Engine, Limits};
+pub use engine::{CallOutcome, CallRequest, Engine, Limits, ReplyFn};
 pub use error::ScriptError;
 
 use locus_proto::Error as WireError;

@@ -2,9 +2,12 @@
 //! and script calls of `return 1`, `return fs.whoami()` and `return fs.stat(p)` through
 //! the engine with the server's real host. Run:
 //! cargo run --release -p locus-server --example script_probe
+//! With `PROBE_SRC='return fs.stat(...)'` it runs only that script, many times (for perf).
 use locus_proto::types::Value;
+use locus_script::CallRequest;
 use locus_server::script_host::ScriptHost;
 use locus_server::{Server, ServerConfig, Tokens};
+use std::sync::Arc;
 use std::time::Instant;
 
 fn main() {
@@ -16,6 +19,16 @@ fn main() {
     let tokens = Tokens::from_pairs([("admin", "secret")]);
     let server = Server::new(config, tokens).unwrap();
     let shared = server.shared().clone();
+    let only = std::env::var("PROBE_SRC").ok();
+    if let Some(src) = &only {
+        let id = shared.scripts.register(src).unwrap();
+        let t = Instant::now();
+        for _ in 0..200000 {
+            call_and_wait(&shared, &id);
+        }
+        println!("{src}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / 200000.0);
+        return;
+    }
     let n = 20000;
     let t = Instant::now();
     for _ in 0..n {
@@ -32,28 +45,41 @@ fn main() {
         let id = shared.scripts.register(&src).unwrap();
         let t = Instant::now();
         for _ in 0..20 {
-            let host = ScriptHost::new(shared.clone(), "admin", 0);
-            let rx = shared
-                .scripts
-                .call(&id, None, vec![Value::Str("/big".into())], vec![], Default::default(), Box::new(host))
-                .unwrap();
-            rx.blocking_recv().unwrap().unwrap();
+            call_and_wait(&shared, &id);
         }
         println!("binding {body}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / 20_000.0);
     }
-    for src in ["return 1", "return fs.whoami()", "return fs.stat(...)"] {
+    for src in [
+        "return 1",
+        "return fs.whoami()",
+        "return fs.stat(...)",
+        "local a = fs.stat(...) return 1",
+        "return {size=1,mode=2,uid=3,gid=4,nlink=5,mtime=6,atime=7,ctime=8,ino=9,dev=10,kind=\"file\"}",
+    ] {
         let id = shared.scripts.register(src).unwrap();
         for round in 0..2 {
             let t = Instant::now();
             for _ in 0..n {
-                let host = ScriptHost::new(shared.clone(), "admin", 0);
-                let rx = shared
-                    .scripts
-                    .call(&id, None, vec![Value::Str("/big".into())], vec![], Default::default(), Box::new(host))
-                    .unwrap();
-                rx.blocking_recv().unwrap().unwrap();
+                call_and_wait(&shared, &id);
             }
             println!("{src} (round {round}): {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
         }
     }
+}
+
+/// Runs script `id` with the argument "/big" and waits for its result.
+fn call_and_wait(shared: &Arc<locus_server::Shared>, id: &str) {
+    let host = ScriptHost::new(shared.clone(), "admin", 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reply = Box::new(move |r| drop(tx.send(r)));
+    let call = CallRequest {
+        id: id.to_string(),
+        source: None,
+        args: vec![Value::Str("/big".into())],
+        input: Vec::new(),
+        limits: Default::default(),
+        host: Box::new(host),
+    };
+    shared.scripts.call(call, reply).unwrap();
+    rx.recv().unwrap().unwrap();
 }

@@ -34,13 +34,13 @@ use parking_lot::Mutex;
 use session::Session;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
-use transport::{FrameWriter, ReadHalf, WriteHalf};
+use transport::{DirectWrite, FrameWriter, ReadHalf, WriteHalf};
 
 /// A message pushed to a client outside any request (callbacks from scripts, later).
 #[derive(Debug, Clone)]
@@ -54,13 +54,21 @@ pub struct Push {
 #[derive(Default)]
 pub struct Registry {
     next: AtomicU64,
-    clients: Mutex<HashMap<u64, mpsc::UnboundedSender<Push>>>,
+    clients: Mutex<HashMap<u64, PushQueue>>,
+}
+
+/// The way to one client's pusher task, and how many messages wait in it (a reply sent
+/// straight from another thread must not overtake them).
+#[derive(Clone)]
+struct PushQueue {
+    tx: mpsc::UnboundedSender<Push>,
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Registry {
-    fn add(&self, push: mpsc::UnboundedSender<Push>) -> u64 {
+    fn add(&self, queue: PushQueue) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        self.clients.lock().insert(id, push);
+        self.clients.lock().insert(id, queue);
         id
     }
 
@@ -75,7 +83,14 @@ impl Registry {
 
     /// Queues a message for a client; false if it is not connected.
     pub fn push(&self, client: u64, msg: Push) -> bool {
-        self.clients.lock().get(&client).is_some_and(|tx| tx.send(msg).is_ok())
+        let clients = self.clients.lock();
+        let Some(q) = clients.get(&client) else { return false };
+        q.waiting.fetch_add(1, Ordering::SeqCst);
+        if q.tx.send(msg).is_ok() {
+            return true;
+        }
+        q.waiting.fetch_sub(1, Ordering::SeqCst);
+        false
     }
 }
 
@@ -276,10 +291,12 @@ async fn serve(
     writer.out_raw(&frame::preamble(frame::VERSION)).await?;
 
     let (push_tx, push_rx) = mpsc::unbounded_channel();
-    let client_id = shared.registry.add(push_tx);
+    let pushes = PushQueue { tx: push_tx, waiting: Arc::new(AtomicUsize::new(0)) };
+    let client_id = shared.registry.add(pushes.clone());
     let writer = Arc::new(tokio::sync::Mutex::new(writer));
-    let pusher = tokio::spawn(forward_pushes(push_rx, writer.clone()));
-    let mut session = Session::new(shared.clone(), client_id);
+    let pusher = tokio::spawn(forward_pushes(push_rx, writer.clone(), pushes.waiting.clone()));
+    let outbox = Outbox { writer: writer.clone(), runtime: tokio::runtime::Handle::current(), pushes: pushes.waiting };
+    let mut session = Session::new(shared.clone(), client_id, Some(outbox));
     let result = frame_loop(&shared, &mut session, &mut reader, &writer, stop).await;
     pusher.abort();
     shared.registry.remove(client_id);
@@ -287,12 +304,58 @@ async fn serve(
     result
 }
 
-async fn forward_pushes(mut rx: mpsc::UnboundedReceiver<Push>, writer: Arc<tokio::sync::Mutex<FrameWriter>>) {
+async fn forward_pushes(
+    mut rx: mpsc::UnboundedReceiver<Push>,
+    writer: Arc<tokio::sync::Mutex<FrameWriter>>,
+    waiting: Arc<AtomicUsize>,
+) {
     while let Some(p) = rx.recv().await {
         let mut w = writer.lock().await;
         if w.frame(Kind::Push, false, p.topic, 0, &p.meta, &p.data).await.is_err() || w.flush().await.is_err() {
             return;
         }
+        waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// How a reply made on another thread (by a script's interpreter) reaches its client:
+/// written to the socket right there when the connection's writer is free and no push
+/// waits to go first, else handed to a task on the connection's own thread. The direct
+/// way saves a thread wake-up per script call.
+#[derive(Clone)]
+pub struct Outbox {
+    writer: Arc<tokio::sync::Mutex<FrameWriter>>,
+    runtime: tokio::runtime::Handle,
+    /// Pushes queued for this client and not yet written.
+    pushes: Arc<AtomicUsize>,
+}
+
+impl Outbox {
+    /// Sends the reply to request `id` (operation `op`).
+    pub fn reply(&self, op: u16, id: u32, outcome: Result<Encoded, WireError>) {
+        if self.pushes.load(Ordering::SeqCst) == 0 {
+            if let Ok(mut w) = self.writer.try_lock() {
+                let written = match &outcome {
+                    Ok(Encoded { metas, body: transport::Body::Bytes(data), later: None, .. }) if metas.len() == 1 => {
+                        w.try_frame_now(Kind::Reply, false, op, id, &metas[0], data)
+                    }
+                    Err(err) => w.try_frame_now(Kind::Error, false, op, id, &codec::encode(err), &[]),
+                    Ok(_) => DirectWrite::NoRoom,
+                };
+                match written {
+                    // A failed connection is noticed and closed by its own thread.
+                    DirectWrite::Sent | DirectWrite::Failed => return,
+                    DirectWrite::Buffered => {
+                        drop(w);
+                        let writer = self.writer.clone();
+                        self.runtime.spawn(async move { writer.lock().await.flush().await });
+                        return;
+                    }
+                    DirectWrite::NoRoom => {}
+                }
+            }
+        }
+        self.runtime.spawn(reply_later(self.writer.clone(), op, id, Box::pin(async move { outcome })));
     }
 }
 

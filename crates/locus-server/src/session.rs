@@ -6,12 +6,12 @@
 
 use crate::dispatch::{Answer, Encoded, Handler};
 use crate::transport::Body;
-use crate::Shared;
+use crate::{Outbox, Shared};
 use bytes::Bytes;
 use locus_proto::auth;
 use locus_proto::ops::*;
 use locus_proto::types::*;
-use locus_proto::{Code, Error as WireError};
+use locus_proto::{Code, Error as WireError, Operation};
 use locus_store::{OpenFile, PutFile, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +32,8 @@ pub struct Session {
     current: (u32, bool),
     /// Storelet runs this connection started: cancelled if it goes away first.
     storelet_runs: Vec<Arc<locus_storelet::RunControl>>,
+    /// Where script replies go; none in a script's own session (scripts cannot call scripts).
+    outbox: Option<Outbox>,
 }
 
 impl Drop for Session {
@@ -49,8 +51,8 @@ fn store<T>(r: Result<T, StoreError>) -> Result<T, WireError> {
 }
 
 impl Session {
-    /// A session that has not authenticated yet.
-    pub fn new(shared: Arc<Shared>, client_id: u64) -> Self {
+    /// A session that has not authenticated yet, replying to script calls through `outbox`.
+    pub fn new(shared: Arc<Shared>, client_id: u64, outbox: Option<Outbox>) -> Self {
         Session {
             shared,
             client_id,
@@ -61,12 +63,13 @@ impl Session {
             puts: HashMap::new(),
             current: (0, false),
             storelet_runs: Vec::new(),
+            outbox,
         }
     }
 
     /// A session for a script call, already acting as `subject` (it has no connection).
     pub fn for_script(shared: Arc<Shared>, subject: &str) -> Self {
-        let mut s = Session::new(shared, 0);
+        let mut s = Session::new(shared, 0, None);
         s.subject = Some(subject.to_string());
         s
     }
@@ -328,21 +331,30 @@ impl Handler for Session {
 
     fn script_call(&mut self, req: ScriptCall, data: Bytes) -> Reply<Vec<Value>> {
         let who = self.may_execute()?.to_string();
+        let Some(outbox) = self.outbox.clone() else {
+            return Err(WireError::new(Code::NOTSUP, "scripts cannot call scripts"));
+        };
         let limits =
             self.shared.config.script_limits_by_subject.get(&who).copied().unwrap_or(self.shared.config.script_limits);
         let host = crate::script_host::ScriptHost::new(self.shared.clone(), &who, self.client_id);
-        let rx = self.shared.scripts.call(
-            &req.id,
-            req.source.as_deref(),
-            req.args,
-            data.to_vec(),
+        let (op, id) = (ScriptCall::INFO.code, self.current.0);
+        // The interpreter thread that runs the call sends its reply.
+        let reply = Box::new(move |result: Result<locus_script::CallOutcome, locus_script::ScriptError>| {
+            let outcome = result
+                .map(|out| Answer::with_body(out.values, Body::Bytes(out.output.into())).encode())
+                .map_err(WireError::from);
+            outbox.reply(op, id, outcome);
+        });
+        let call = locus_script::CallRequest {
+            id: req.id,
+            source: req.source,
+            args: req.args,
+            input: data.to_vec(),
             limits,
-            Box::new(host),
-        )?;
-        Ok(Answer::later(Box::pin(async move {
-            let outcome = rx.await.map_err(|_| WireError::new(Code::IO, "the script worker went away"))??;
-            Ok(Answer::with_body(outcome.values, Body::Bytes(outcome.output.into())).encode())
-        })))
+            host: Box::new(host),
+        };
+        self.shared.scripts.call(call, reply)?;
+        Ok(Answer::deferred())
     }
 
     fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {

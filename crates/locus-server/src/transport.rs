@@ -4,7 +4,7 @@
 //! user space); TLS streams copy through a buffer, as encryption needs.
 
 use bytes::Bytes;
-use locus_proto::frame::{Header, Kind, FLAG_MORE};
+use locus_proto::frame::{Header, Kind, FLAG_MORE, HEADER_LEN};
 use locus_store::OpenFile;
 use std::io;
 use std::os::fd::AsFd;
@@ -117,6 +117,8 @@ pub struct FrameWriter {
     sendfile: bool,
 }
 
+/// Size of a connection's write buffer.
+const WRITE_BUFFER: usize = 128 * 1024;
 /// Largest piece of a file read into memory at once on its way to the socket.
 const COPY_CHUNK: usize = 4 << 20;
 /// Buffers of [`COPY_CHUNK`] bytes between transfers, shared by all connections, so that
@@ -129,7 +131,7 @@ impl FrameWriter {
     /// A writer over a connection's write half; `sendfile` only on plain TCP.
     pub fn new(w: WriteHalf, sendfile: bool) -> Self {
         let sendfile = sendfile && matches!(w, WriteHalf::Plain(_));
-        FrameWriter { out: BufWriter::with_capacity(128 * 1024, w), sendfile }
+        FrameWriter { out: BufWriter::with_capacity(WRITE_BUFFER, w), sendfile }
     }
 
     /// Writes one frame whose data is in memory.
@@ -288,7 +290,51 @@ async fn sendfile_all(sock: &TcpStream, file: &OpenFile, mut offset: u64, len: u
     Ok(sent)
 }
 
+/// What [`FrameWriter::try_frame_now`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectWrite {
+    /// The frame is on the socket.
+    Sent,
+    /// The frame is whole in the buffer, but the socket took no more: someone must flush.
+    Buffered,
+    /// The buffer had no room for the frame; nothing was written.
+    NoRoom,
+    /// The connection failed.
+    Failed,
+}
+
 impl FrameWriter {
+    /// Writes one frame and flushes, without waiting and from any thread: the frame goes
+    /// whole into the buffer or not at all. Lets a script's interpreter thread answer the
+    /// caller itself instead of waking the connection's thread to do it.
+    pub fn try_frame_now(&mut self, kind: Kind, more: bool, op: u16, id: u32, meta: &[u8], data: &[u8]) -> DirectWrite {
+        let len = HEADER_LEN + meta.len() + data.len();
+        if len > WRITE_BUFFER - self.out.buffer().len() {
+            return DirectWrite::NoRoom;
+        }
+        let h = Header {
+            kind,
+            flags: if more { FLAG_MORE } else { 0 },
+            op,
+            id,
+            meta_len: meta.len() as u32,
+            data_len: data.len() as u32,
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        // With room for it, a buffered writer copies a piece in without touching the socket.
+        for piece in [&h.encode()[..], meta, data] {
+            match Pin::new(&mut self.out).poll_write(&mut cx, piece) {
+                Poll::Ready(Ok(n)) if n == piece.len() => {}
+                _ => return DirectWrite::Failed,
+            }
+        }
+        match Pin::new(&mut self.out).poll_flush(&mut cx) {
+            Poll::Ready(Ok(())) => DirectWrite::Sent,
+            Poll::Ready(Err(_)) => DirectWrite::Failed,
+            Poll::Pending => DirectWrite::Buffered,
+        }
+    }
+
     /// Writes raw bytes (the preamble) and flushes them.
     pub async fn out_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.out.write_all(bytes).await?;
