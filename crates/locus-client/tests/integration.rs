@@ -395,6 +395,13 @@ async fn tls_connections_work_and_verify_the_server() {
     assert_eq!(c.read_file("/t").await.unwrap(), b"over tls");
     let h = c.open("/t", of::READ, 0).await.unwrap().handle;
     assert_eq!(&c.pread(h, 5, 3).await.unwrap()[..], b"tls");
+    // script replies, written by the interpreter's thread or the connection's
+    for n in [3i64, 200_000] {
+        let src = "output:append(string.rep('s', ...)) return ...";
+        let (v, out) = c.script_call(src, vec![locus_client::types::Value::Int(n)], &[]).await.unwrap();
+        assert_eq!(v, vec![locus_client::types::Value::Int(n)]);
+        assert_eq!(out.len(), n as usize);
+    }
     // a plain client cannot talk to a TLS server
     assert!(Client::connect(&s.options("admin")).await.is_err());
     // nor can a client that trusts another certificate
