@@ -59,7 +59,7 @@ struct Job {
     input: Vec<u8>,
     limits: Limits,
     host: Box<dyn Host>,
-    reply: ReplyFn,
+    reply: Replier,
 }
 
 /// One script call as the engine takes it.
@@ -79,6 +79,32 @@ pub struct CallRequest {
 /// What receives a call's result, on the interpreter thread that ran it: the server
 /// writes the reply to the caller's connection from there, with no further hand-off.
 pub type ReplyFn = Box<dyn FnOnce(Result<CallOutcome, ScriptError>) + Send>;
+
+/// Calls a [`ReplyFn`] exactly once: with the result, or, if the call is dropped before
+/// it ran or while it ran (its interpreter panicked, the engine shut down), with
+/// [`ScriptError::Gone`], so a caller never waits for an answer that cannot come.
+struct Replier(Option<ReplyFn>);
+
+impl Replier {
+    fn send(mut self, result: Result<CallOutcome, ScriptError>) {
+        if let Some(reply) = self.0.take() {
+            reply(result);
+        }
+    }
+
+    /// For a call refused before it was queued: the refusal is the caller's answer.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Replier {
+    fn drop(&mut self) {
+        if let Some(reply) = self.0.take() {
+            reply(Err(ScriptError::Gone));
+        }
+    }
+}
 
 /// A script compiled in one interpreter, with the global table its calls share (emptied
 /// after each call).
@@ -185,6 +211,7 @@ impl Engine {
                 Err(mpsc::TrySendError::Full(j)) | Err(mpsc::TrySendError::Disconnected(j)) => job = j,
             }
         }
+        job.reply.disarm();
         Err(ScriptError::Busy)
     }
 
@@ -235,7 +262,7 @@ impl Engine {
             None => id,
         };
         let source = self.sources.lock().by_id.get(&id).cloned().ok_or_else(|| ScriptError::NoScript(id.clone()))?;
-        self.dispatch(Job { id, source, args, input, limits, host, reply })
+        self.dispatch(Job { id, source, args, input, limits, host, reply: Replier(Some(reply)) })
     }
 }
 
@@ -271,7 +298,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         let reply = job.reply;
         let Job { id, source, args, input, limits, host, .. } = job;
         let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
-        reply(result);
+        reply.send(result);
     }
 }
 
@@ -484,4 +511,25 @@ fn run(
         });
     }
     Ok(CallOutcome { values: out, output })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn a_reply_is_sent_once_and_a_lost_call_still_answers() {
+        let (tx, rx) = channel();
+        let replier = |tx: mpsc::Sender<_>| Replier(Some(Box::new(move |r| tx.send(r).unwrap())));
+        replier(tx.clone()).send(Ok(CallOutcome { values: vec![Value::Int(1)], output: Vec::new() }));
+        assert_eq!(rx.try_recv().unwrap().unwrap().values, vec![Value::Int(1)]);
+        assert!(rx.try_recv().is_err(), "sent once");
+        drop(replier(tx.clone()));
+        assert!(matches!(rx.try_recv().unwrap(), Err(ScriptError::Gone)));
+        let mut refused = replier(tx);
+        refused.disarm();
+        drop(refused);
+        assert!(rx.try_recv().is_err(), "a refused call is answered by its refusal alone");
+    }
 }

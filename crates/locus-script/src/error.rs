@@ -23,6 +23,9 @@ pub enum ScriptError {
     /// Bad arguments.
     #[error("{0}")]
     Invalid(String),
+    /// The call was lost with its interpreter (a panic, or the server shutting down).
+    #[error("the script worker went away")]
+    Gone,
 }
 
 impl ScriptError {
@@ -34,6 +37,7 @@ impl ScriptError {
             ScriptError::NoScript(_) => Code::NO_SCRIPT,
             ScriptError::Busy => Code::AGAIN,
             ScriptError::Invalid(_) => Code::INVAL,
+            ScriptError::Gone => Code::IO,
         }
     }
 }
