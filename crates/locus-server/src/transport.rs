@@ -144,15 +144,7 @@ impl FrameWriter {
         meta: &[u8],
         data: &[u8],
     ) -> io::Result<()> {
-        let h = Header {
-            kind,
-            flags: if more { FLAG_MORE } else { 0 },
-            op,
-            id,
-            meta_len: meta.len() as u32,
-            data_len: data.len() as u32,
-        };
-        self.out.write_all(&h.encode()).await?;
+        self.out.write_all(&frame_header(kind, more, op, id, meta, data).encode()).await?;
         self.out.write_all(meta).await?;
         self.out.write_all(data).await
     }
@@ -270,6 +262,18 @@ impl FrameWriter {
     }
 }
 
+/// The header of a frame whose metadata and data are in memory.
+fn frame_header(kind: Kind, more: bool, op: u16, id: u32, meta: &[u8], data: &[u8]) -> Header {
+    Header {
+        kind,
+        flags: if more { FLAG_MORE } else { 0 },
+        op,
+        id,
+        meta_len: meta.len() as u32,
+        data_len: data.len() as u32,
+    }
+}
+
 /// Sends `len` bytes of `file` from `offset` with sendfile; returns how many were sent
 /// (fewer only if the file ended early).
 async fn sendfile_all(sock: &TcpStream, file: &OpenFile, mut offset: u64, len: u64) -> io::Result<u64> {
@@ -312,14 +316,7 @@ impl FrameWriter {
         if len > WRITE_BUFFER - self.out.buffer().len() {
             return DirectWrite::NoRoom;
         }
-        let h = Header {
-            kind,
-            flags: if more { FLAG_MORE } else { 0 },
-            op,
-            id,
-            meta_len: meta.len() as u32,
-            data_len: data.len() as u32,
-        };
+        let h = frame_header(kind, more, op, id, meta, data);
         let mut cx = Context::from_waker(std::task::Waker::noop());
         // With room for it, a buffered writer copies a piece in without touching the socket.
         for piece in [&h.encode()[..], meta, data] {
