@@ -242,6 +242,10 @@ impl Store {
     /// Opens the directory that `path` names (following symlinks) for reading.
     fn open_target_dir(&self, path: &str) -> Result<OwnedFd> {
         let t = self.locate(path, true)?;
+        self.open_located_dir(&t, path)
+    }
+
+    fn open_located_dir(&self, t: &Target, path: &str) -> Result<OwnedFd> {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         rustix::fs::openat2(t.dir(self), t.name.as_str(), flags, Mode::empty(), resolve_flags()).ctx("opendir", path)
     }
@@ -260,11 +264,13 @@ impl Store {
 
     /// The rights `who` holds in the directory `path`.
     pub fn rights(&self, who: &str, path: &str) -> Result<Rights> {
-        // The root (asked on every script call) needs no lookup: its descriptor is open.
-        if path.split('/').all(|c| c.is_empty() || c == ".") {
-            return self.rights_in(self.root.as_fd(), who);
+        let t = self.locate(path, true)?;
+        // A path naming a directory that locating already opened (the root, asked on
+        // every script call, or `a/..`) is not opened a second time.
+        if t.name == "." {
+            return self.rights_in(t.dir(self), who);
         }
-        let dir = self.open_target_dir(path)?;
+        let dir = self.open_located_dir(&t, path)?;
         self.rights_in(dir.as_fd(), who)
     }
 
