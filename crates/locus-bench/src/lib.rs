@@ -8,6 +8,7 @@
 //!   (Locus and Chirp drivers) beside a local directory.
 //! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
 //! - [`pingpong`]: the bare TCP request/reply floor.
+//! - [`placement`]: pinning clients and servers to CPUs, the same for every target.
 //! - [`peers`]: starting and stopping the servers under test.
 //! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
 //!   traversal and a local `find`, and the file service under hostile storelets.
@@ -18,6 +19,7 @@ pub mod mount;
 pub mod ops;
 pub mod peers;
 pub mod pingpong;
+pub mod placement;
 pub mod proxy;
 pub mod scripts;
 pub mod stats;

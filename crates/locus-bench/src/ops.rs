@@ -4,6 +4,7 @@
 //! delay proxy. Each target runs `--repeat` times, interleaved; medians are reported.
 
 use crate::peers::{self, Peer};
+use crate::placement::Placement;
 use crate::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::{pingpong, BenchError};
@@ -54,6 +55,11 @@ pub struct OpsArgs {
     /// Also save all results (every run) as JSON to this file.
     #[arg(long)]
     pub save: Option<PathBuf>,
+    /// Where clients and servers run: `spread` (clients on the first CPU, servers and the
+    /// ping-pong's echo thread on the others), `shared` (all on the first CPU) or `free`
+    /// (not pinned, so each pair lands wherever the scheduler puts it).
+    #[arg(long, value_enum, default_value = "spread")]
+    pub placement: Placement,
 }
 
 /// One run of one target.
@@ -389,6 +395,8 @@ fn start_target(
 /// that drifts in the machine's speed hit all targets alike; the ping-pong floor is
 /// measured in the same window as every row.
 pub fn run(args: OpsArgs) -> Result<(), BenchError> {
+    let placed = args.placement.apply().map_err(|e| BenchError::io("pin to CPUs", e))?;
+    eprintln!("{placed}");
     let base = args.work_dir.clone().unwrap_or_else(|| {
         let shm = PathBuf::from("/dev/shm");
         if shm.is_dir() {
@@ -483,9 +491,9 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
             }
         })
         .collect();
-    print!("{}", render(&args, &reports, &skipped));
+    print!("{}", render(&args, &placed, &reports, &skipped));
     if let Some(path) = &args.save {
-        let v = serde_json::json!({"args": format!("{args:?}"), "reports": reports, "skipped": skipped});
+        let v = serde_json::json!({"args": format!("{args:?}"), "placement": placed, "reports": reports, "skipped": skipped});
         std::fs::write(path, serde_json::to_string_pretty(&v).expect("json"))
             .map_err(|e| BenchError::io("write json", e))?;
     }
@@ -494,7 +502,7 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
 
 /// The report as a Markdown table: per row, the ping-pong floor measured beside it,
 /// Locus' p50 (p99), each peer's and the peer ÷ Locus ratio; then bandwidth.
-pub fn render(args: &OpsArgs, reports: &[TargetReport], skipped: &[String]) -> String {
+pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &[String]) -> String {
     let get = |name: &str| reports.iter().find(|r| r.target == name);
     let pingpong = get("pingpong");
     let locus = get("locus");
@@ -505,7 +513,7 @@ pub fn render(args: &OpsArgs, reports: &[TargetReport], skipped: &[String]) -> S
         _ => "-".to_string(),
     };
     let mut s = format!(
-        "\n### bench ops: {} iterations x {} repeats, {} MiB file, emulated RTT {} ms (medians of repeats)\n\n",
+        "\n### bench ops: {} iterations x {} repeats, {} MiB file, emulated RTT {} ms (medians of repeats); {placed}\n\n",
         args.iterations, args.repeat, args.size_mb, args.rtt_ms
     );
     let mut header = vec!["row".to_string()];

@@ -1,7 +1,7 @@
 //! Starting the servers under test as separate processes, each on a fresh port, and
 //! stopping them when their guard is dropped.
 
-use crate::BenchError;
+use crate::{placement, BenchError};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -81,7 +81,7 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
     let state = work.join("locus-state");
     let port_file = work.join("locus.port");
     let _ = std::fs::remove_file(&port_file);
-    let mut child = Command::new(exe)
+    let mut child = placement::server_command(&mut Command::new(exe))
         .args(["serve", "--listen", "127.0.0.1:0"])
         .arg("--root")
         .arg(root)
@@ -123,6 +123,7 @@ pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer
     let _ = std::fs::remove_file(&port_file);
     open_up(root)?;
     let mut cmd = Command::new(bin);
+    placement::server_command(&mut cmd);
     cmd.arg("-r").arg(root).args(["-p", "0", "-u", "-", "-a", "address", "-I", "127.0.0.1"]);
     cmd.arg("-A").arg(&acl).arg("-Z").arg(&port_file).arg("-y").arg(root).args(flags);
     if running_as_root() {
@@ -146,6 +147,7 @@ pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, BenchError> {
     open_up(root)?;
     let port = free_port()?;
     let mut cmd = Command::new(bin);
+    placement::server_command(&mut cmd);
     let logs = work.join("xrootd-logs");
     std::fs::create_dir_all(&logs).map_err(|e| BenchError::io("mkdir", e))?;
     open_up(&logs)?;

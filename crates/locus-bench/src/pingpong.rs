@@ -17,6 +17,7 @@ pub fn start_echo() -> std::io::Result<SocketAddr> {
         while let Ok((mut s, _)) = l.accept() {
             let _ = s.set_nodelay(true);
             std::thread::spawn(move || {
+                crate::placement::pin_server_thread();
                 let mut b = [0u8; MESSAGE];
                 while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
             });

@@ -12,6 +12,7 @@
 //! sides of a comparison take turns in short blocks, as in `bench ops`.
 
 use crate::peers::{self, free_port, which};
+use crate::placement::{self, Placement};
 use crate::proxy::DelayProxy;
 use crate::stats::{time_each, Summary};
 use crate::BenchError;
@@ -31,6 +32,10 @@ pub struct ScriptsArgs {
     /// Emulated round-trip times in milliseconds, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "0,1,5,10")]
     pub rtt_ms: Vec<f64>,
+    /// Where clients and servers run: `spread` (clients on the first CPU, servers on
+    /// the others), `shared` (all on the first CPU) or `free` (not pinned).
+    #[arg(long, value_enum, default_value = "spread")]
+    pub placement: Placement,
 }
 
 const LOOKUP: &str = include_str!("../../../examples/scripts/lookup.lua");
@@ -65,6 +70,8 @@ fn paired(
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
+    let placed = args.placement.apply().map_err(|e| BenchError::io("pin to CPUs", e))?;
+    eprintln!("{placed}");
     let work =
         tempfile::Builder::new().prefix("locus-bench-scripts-").tempdir().map_err(|e| BenchError::io("temp dir", e))?;
     let root = work.path().join("root");
@@ -77,7 +84,7 @@ pub fn run(args: ScriptsArgs) -> Result<(), BenchError> {
     let (peer, token) = peers::start_locus(&exe, work.path(), &root)?;
     let setup = |e: String| BenchError::Setup(e);
 
-    let mut out = String::from("\n### bench scripts (p50 µs; medians over blocks taken in turns)\n");
+    let mut out = format!("\n### bench scripts (p50 µs; medians over blocks taken in turns); {placed}\n");
     // Script overhead against the plain operation (direct, no proxy), and Redis as the reference.
     {
         let c = connect(peer.addr, &token).map_err(setup)?;
@@ -252,7 +259,7 @@ pub fn connect(addr: std::net::SocketAddr, token: &str) -> Result<blocking::Clie
 fn redis_overhead(iters: usize, work: &Path) -> Result<(Summary, Summary), String> {
     let bin = which("redis-server").ok_or("redis-server not installed (apt-get install redis-server)")?;
     let port = free_port().map_err(|e| e.to_string())?;
-    let mut child = std::process::Command::new(bin)
+    let mut child = placement::server_command(&mut std::process::Command::new(bin))
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .current_dir(work)
         .stdout(std::process::Stdio::null())

@@ -147,7 +147,15 @@ fn bench_ops_runs_and_reports_every_row() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
-    for row in ["| stat |", "| open+close |", "| read 8KB |", "| write 1B |", "| seq read MB/s |", "ping-pong p50"] {
+    for row in [
+        "| stat |",
+        "| open+close |",
+        "| read 8KB |",
+        "| write 1B |",
+        "| seq read MB/s |",
+        "ping-pong p50",
+        "placement: ",
+    ] {
         assert!(table.contains(row), "{row} missing from\n{table}");
     }
 }
