@@ -12,7 +12,7 @@ use crate::value::bytes_of;
 use locus_proto::codec;
 use locus_proto::ops;
 use locus_proto::types::*;
-use mlua::{Lua, LuaSerdeExt, MultiValue, Table, Value as LuaValue};
+use mlua::{Lua, MultiValue, Table, Value as LuaValue};
 
 /// Operations a script may call: the file service and admin operations, not the
 /// handshake and not scripts themselves.
@@ -40,6 +40,45 @@ fn pages_to_lua<T: serde::Serialize>(lua: &Lua, pages: Vec<T>) -> mlua::Result<L
     Ok(LuaValue::Table(all))
 }
 
+/// The leading arguments of an `fs.*` call read as the request's fields, in table order:
+/// serde's derived structs accept their fields as a sequence, so no table of named
+/// fields is built and read back. Missing arguments read as nil.
+struct Fields<'a, I> {
+    args: &'a mut I,
+    left: usize,
+}
+
+impl<'de, I: Iterator<Item = LuaValue>> serde::Deserializer<'de> for Fields<'_, I> {
+    type Error = mlua::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, visitor: V) -> mlua::Result<V::Value> {
+        visitor.visit_seq(self)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
+}
+
+impl<'de, I: Iterator<Item = LuaValue>> serde::de::SeqAccess<'de> for Fields<'_, I> {
+    type Error = mlua::Error;
+
+    fn next_element_seed<T: serde::de::DeserializeSeed<'de>>(&mut self, seed: T) -> mlua::Result<Option<T::Value>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        let value = self.args.next().unwrap_or(LuaValue::Nil);
+        seed.deserialize(mlua::serde::Deserializer::new(value)).map(Some)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.left)
+    }
+}
+
 fn fail(lua: &Lua, e: locus_proto::Error) -> mlua::Result<MultiValue> {
     Ok(MultiValue::from_iter([
         LuaValue::Nil,
@@ -58,10 +97,10 @@ macro_rules! define_bindings {
                 if bindable($code) {
                     let f = lua.create_function(|lua, args: MultiValue| {
                         let mut args = args.into_iter();
-                        let fields = lua.create_table()?;
-                        $( fields.raw_set(stringify!($field), args.next().unwrap_or(LuaValue::Nil))?; )*
+                        let fields = <[&str]>::len(&[$(stringify!($field)),*]);
+                        let req = <ops::$name as serde::Deserialize>::deserialize(Fields { args: &mut args, left: fields });
                         let data = match args.next() { Some(v) => bytes_of(&v)?, None => Vec::new() };
-                        let req: ops::$name = match lua.from_value(LuaValue::Table(fields)) {
+                        let req = match req {
                             Ok(r) => r,
                             Err(e) => return fail(lua, locus_proto::Error::new(
                                 locus_proto::Code::INVAL,

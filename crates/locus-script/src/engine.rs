@@ -9,7 +9,7 @@
 
 use crate::error::ScriptError;
 use crate::stdlib::{self, Buffer, CallCtx, Shared};
-use crate::value::{encoded_len, from_lua, to_lua};
+use crate::value::{encoded_len, results_from_lua, to_lua};
 use crate::{bindings, script_id, Host};
 use locus_proto::types::Value;
 use mlua::{ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
@@ -499,10 +499,7 @@ fn run(
         }
         Ok(v) => v,
     };
-    let mut out = Vec::with_capacity(values.len());
-    for v in values.iter() {
-        out.push(from_lua(v, 0).map_err(|e| ScriptError::Runtime(format!("result: {e}")))?);
-    }
+    let out = results_from_lua(lua, &values).map_err(|e| ScriptError::Runtime(format!("result: {e}")))?;
     let size = encoded_len(&out) + output.len();
     if size > limits.result_bytes {
         return Err(ScriptError::Limit {
