@@ -39,8 +39,7 @@ impl Placement {
         if self == Placement::Free {
             return Ok("placement: free (not pinned)".into());
         }
-        let allowed = sched_getaffinity(None)?;
-        let cpus: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c)).collect();
+        let cpus = cpus_of(&sched_getaffinity(None)?);
         let Some(&client) = cpus.first() else {
             return Ok("placement: free (no CPU list)".into());
         };
@@ -51,10 +50,23 @@ impl Placement {
         };
         sched_setaffinity(None, &set_of(&[client]))?;
         let _ = SERVER_CPUS.set(set_of(&servers));
-        let fallback = if placement != self { " (one CPU only, so shared)" } else { "" };
-        Ok(format!("placement: {placement:?}{fallback}, clients on CPU {client}, servers on CPUs {servers:?}")
-            .to_lowercase())
+        let name = if placement == self { self.name() } else { "shared (one CPU only)" };
+        Ok(format!("placement: {name}, clients on cpu {client}, servers on cpus {servers:?}"))
     }
+
+    /// The name `--placement` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Placement::Spread => "spread",
+            Placement::Shared => "shared",
+            Placement::Free => "free",
+        }
+    }
+}
+
+/// The CPU numbers in `set`.
+fn cpus_of(set: &CpuSet) -> Vec<usize> {
+    (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
 }
 
 fn set_of(cpus: &[usize]) -> CpuSet {
@@ -86,10 +98,6 @@ pub fn pin_server_thread() {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cpus_of(set: &CpuSet) -> Vec<usize> {
-        (0..CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect()
-    }
 
     #[test]
     fn spread_keeps_servers_off_the_clients_cpu() {
