@@ -95,6 +95,22 @@ async fn every_file_operation_is_bound_and_errors_come_back_as_values() {
     // bindings exist for every file operation of the table, and for nothing else
     let names = run(&c, "local t = {} for _, n in ipairs({'stat','lstat','fstat','open','close','pread','pwrite','get','put','readdir','mkdir','rmdir','unlink','rename','symlink','readlink','link','truncate','chmod','utimes','fsync','statfs','access','ftruncate','acl_get','acl_set','stats','whoami'}) do if type(fs[n]) ~= 'function' then t[#t+1] = n end end return #t, fs.hello, fs.script_call", vec![]).await.unwrap();
     assert_eq!(names, vec![Value::Int(0), Value::Nil, Value::Nil]);
+    // arguments are the request's fields in order: a missing or mistyped one is refused
+    // with the binding's name; enum fields take their variant names
+    let bad = r#"
+        local a, m1, c1 = fs.stat()
+        local b, m2, c2 = fs.open("/d/f", "read", 0)
+        local t = fs.utimes("/d/f", "Now", "Now")
+        return a, c1, m1, b, c2, m2, t
+    "#;
+    let v = run(&c, bad, vec![]).await.unwrap();
+    assert_eq!(
+        (&v[0], &v[1], &v[3], &v[4], &v[6]),
+        (&Value::Nil, &s("EINVAL"), &Value::Nil, &s("EINVAL"), &Value::Bool(true))
+    );
+    for (i, name) in [(2, "fs.stat: bad arguments (path)"), (5, "fs.open: bad arguments (path, flags, mode)")] {
+        assert!(matches!(&v[i], Value::Str(m) if m.starts_with(name)), "{:?}", v[i]);
+    }
 }
 
 #[tokio::test]

@@ -98,7 +98,10 @@ macro_rules! define_bindings {
                     let f = lua.create_function(|lua, args: MultiValue| {
                         let mut args = args.into_iter();
                         let fields = <[&str]>::len(&[$(stringify!($field)),*]);
-                        let req = <ops::$name as serde::Deserialize>::deserialize(Fields { args: &mut args, left: fields });
+                        let mut field_args = args.by_ref().take(fields);
+                        let req = <ops::$name as serde::Deserialize>::deserialize(Fields { args: &mut field_args, left: fields });
+                        // A refused field leaves the later ones unread; they are not data.
+                        field_args.for_each(drop);
                         let data = match args.next() { Some(v) => bytes_of(&v)?, None => Vec::new() };
                         let req = match req {
                             Ok(r) => r,
