@@ -5,11 +5,15 @@
 //! driver and the benchmarks use. [`ChirpDriver`] puts it behind the [`Driver`] trait.
 //! A chirp_server closes the connection when it cannot map an errno (ENODATA, or EBUSY
 //! from removing a mount point): the call that provoked it fails with `EIO`, and the
-//! next call connects again (handles opened before are then gone: `EBADF`).
+//! next call connects again. It also closes connections that stay idle (`-t`): a call
+//! that finds its connection closed after a pause is sent again on a fresh one, since
+//! the server dropped it unread. Files stay open across connections: a handle is opened
+//! again by its path (without create, truncate or exclusive) on the next connection that
+//! needs it; if that fails, the handle is stale (`ESTALE`).
 
 use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
 use locus_proto::types::open_flags;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -243,13 +247,28 @@ fn enc(path: &str) -> String {
 pub struct ChirpDriver {
     addr: SocketAddr,
     conn: Option<ChirpClient>,
-    /// Handles opened on the current connection.
-    open: HashSet<u64>,
+    /// Open files by the handle this driver gave out.
+    files: HashMap<u64, OpenFile>,
+    next_handle: u64,
     last_used: Instant,
+}
+
+/// An open file: how to open it again, and its descriptor on the current connection.
+struct OpenFile {
+    path: String,
+    /// Chirp's open letters, without those that only make sense once (create, truncate,
+    /// exclusive).
+    reopen: String,
+    mode: u32,
+    fd: Option<i64>,
 }
 
 /// Idle time after which a connection is checked for having been closed by the server.
 const IDLE_CHECK: Duration = Duration::from_millis(500);
+
+/// A call that finds the connection closed after at least this long idle is sent again:
+/// the server dropped the connection for idling, not because of the call.
+const IDLE_RETRY: Duration = Duration::from_millis(250);
 
 impl ChirpDriver {
     /// Connects to `chirp://HOST:PORT/path`; returns the driver and the path.
@@ -266,7 +285,7 @@ impl ChirpDriver {
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| DriverError::errno(libc::EINVAL, format!("{url}: cannot resolve {authority}")))?;
-        let mut d = ChirpDriver { addr, conn: None, open: HashSet::new(), last_used: Instant::now() };
+        let mut d = ChirpDriver { addr, conn: None, files: HashMap::new(), next_handle: 1, last_used: Instant::now() };
         d.conn()?;
         Ok((d, path))
     }
@@ -281,32 +300,70 @@ impl ChirpDriver {
         self.last_used = Instant::now();
         if self.conn.is_none() {
             let c = ChirpClient::connect(self.addr).map_err(DriverError::transient)?;
-            self.open.clear();
+            for f in self.files.values_mut() {
+                f.fd = None;
+            }
             self.conn = Some(c);
         }
         Ok(self.conn.as_mut().expect("connected"))
     }
 
     /// Runs `f` on the connection; a dropped connection is forgotten so the next call
-    /// reconnects.
-    fn with<T>(&mut self, f: impl FnOnce(&mut ChirpClient) -> Result<T>) -> Result<T> {
-        let r = f(self.conn()?);
+    /// reconnects, and a call that found it dropped after a pause runs once more.
+    fn with<T>(&mut self, f: impl Fn(&mut ChirpClient) -> Result<T>) -> Result<T> {
+        self.with_file(None, |c, _| f(c))
+    }
+
+    /// [`ChirpDriver::with`] for a call on an open file: `f` gets the file's descriptor
+    /// on the current connection, opening the file again there if needed.
+    fn with_file<T>(&mut self, handle: Option<u64>, f: impl Fn(&mut ChirpClient, i64) -> Result<T>) -> Result<T> {
+        let idle = self.last_used.elapsed();
+        let r = self.attempt(handle, &f);
+        if r.is_ok() || self.conn.is_some() || idle < IDLE_RETRY {
+            return r;
+        }
+        self.attempt(handle, &f)
+    }
+
+    fn attempt<T>(&mut self, handle: Option<u64>, f: &impl Fn(&mut ChirpClient, i64) -> Result<T>) -> Result<T> {
+        self.conn()?;
+        let r = match handle {
+            Some(h) => self.descriptor(h).and_then(|fd| f(self.conn.as_mut().expect("connected"), fd)),
+            None => f(self.conn.as_mut().expect("connected"), -1),
+        };
         if self.conn.as_ref().is_some_and(|c| c.lost) {
             self.conn = None;
         }
         r
     }
 
+    /// The descriptor of `handle` on the current connection.
+    fn descriptor(&mut self, handle: u64) -> Result<i64> {
+        let file =
+            self.files.get_mut(&handle).ok_or_else(|| DriverError::errno(libc::EBADF, "no such open chirp file"))?;
+        if let Some(fd) = file.fd {
+            return Ok(fd);
+        }
+        let c = self.conn.as_mut().expect("connected");
+        let fd = match c.call(&format!("open {} {} {}\n", enc(&file.path), file.reopen, file.mode)) {
+            Ok(fd) => fd,
+            Err(e) if c.lost => return Err(e),
+            Err(e) => {
+                let why = format!("{} could not be opened again on a new connection: {}", file.path, e.message);
+                return Err(DriverError::errno(libc::ESTALE, why));
+            }
+        };
+        c.data_line()?;
+        file.fd = Some(fd);
+        Ok(fd)
+    }
+
     fn simple(&mut self, cmd: String) -> Result<()> {
         self.with(|c| c.call(&cmd).map(drop))
     }
 
-    fn handle(&self, h: u64) -> Result<i64> {
-        if self.open.contains(&h) {
-            Ok(h as i64)
-        } else {
-            Err(DriverError::errno(libc::EBADF, "the chirp connection was lost since this file was opened"))
-        }
+    fn file_call(&mut self, handle: u64, cmd: &str) -> Result<()> {
+        self.with_file(Some(handle), |c, fd| c.call(&cmd.replace("{fd}", &fd.to_string())).map(drop))
     }
 }
 
@@ -348,65 +405,78 @@ impl Driver for ChirpDriver {
 
     fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
         let mut letters = String::new();
-        if flags & open_flags::READ != 0 {
-            letters.push('r');
-        }
-        if flags & open_flags::WRITE != 0 {
-            letters.push('w');
-        }
-        for (bit, letter) in [
-            (open_flags::APPEND, 'a'),
-            (open_flags::TRUNCATE, 't'),
-            (open_flags::CREATE, 'c'),
-            (open_flags::EXCLUSIVE, 'x'),
+        let mut reopen = String::new();
+        for (bit, letter, again) in [
+            (open_flags::READ, 'r', true),
+            (open_flags::WRITE, 'w', true),
+            (open_flags::APPEND, 'a', true),
+            (open_flags::TRUNCATE, 't', false),
+            (open_flags::CREATE, 'c', false),
+            (open_flags::EXCLUSIVE, 'x', false),
         ] {
             if flags & bit != 0 {
                 letters.push(letter);
+                if again {
+                    reopen.push(letter);
+                }
             }
         }
-        let opened = self.with(|c| {
-            let fd = c.call(&format!("open {} {letters} {mode}\n", enc(path)))?;
-            Ok(Opened { handle: fd as u64, attr: parse_attr(&c.data_line()?)? })
+        let cmd = format!("open {} {letters} {mode}\n", enc(path));
+        let (fd, attr) = self.with(|c| {
+            let fd = c.call(&cmd)?;
+            Ok((fd, parse_attr(&c.data_line()?)?))
         })?;
-        self.open.insert(opened.handle);
-        Ok(opened)
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.files.insert(handle, OpenFile { path: path.to_string(), reopen, mode, fd: Some(fd) });
+        Ok(Opened { handle, attr })
     }
 
     fn close(&mut self, handle: u64) -> Result<()> {
-        let fd = self.handle(handle)?;
-        self.open.remove(&handle);
-        self.simple(format!("close {fd}\n"))
+        // Connect first: a new connection leaves every file unopened on it.
+        self.conn()?;
+        let file =
+            self.files.remove(&handle).ok_or_else(|| DriverError::errno(libc::EBADF, "no such open chirp file"))?;
+        let Some(fd) = file.fd else {
+            return Ok(()); // not open on this connection: nothing to close at the server
+        };
+        let c = self.conn.as_mut().expect("connected");
+        match c.call(&format!("close {fd}\n")) {
+            // The server closes a lost connection's files itself.
+            Err(_) if c.lost => {
+                self.conn = None;
+                Ok(())
+            }
+            r => r.map(drop),
+        }
     }
 
     fn fstat(&mut self, handle: u64) -> Result<Attr> {
-        let fd = self.handle(handle)?;
-        self.with(|c| {
+        self.with_file(Some(handle), |c, fd| {
             c.call(&format!("fstat {fd}\n"))?;
             parse_attr(&c.data_line()?)
         })
     }
 
     fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        let fd = self.handle(handle)?;
-        self.with(|c| {
+        self.with_file(Some(handle), |c, fd| {
             let n = c.call(&format!("pread {fd} {len} {offset}\n"))?;
             c.bytes(n as usize)
         })
     }
 
     fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
-        let fd = self.handle(handle)?;
-        self.with(|c| c.send(&format!("pwrite {fd} {} {offset}\n", data.len()), data).map(|n| n as u64))
+        self.with_file(Some(handle), |c, fd| {
+            c.send(&format!("pwrite {fd} {} {offset}\n", data.len()), data).map(|n| n as u64)
+        })
     }
 
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
-        let fd = self.handle(handle)?;
-        self.simple(format!("ftruncate {fd} {size}\n"))
+        self.file_call(handle, &format!("ftruncate {{fd}} {size}\n"))
     }
 
     fn fsync(&mut self, handle: u64) -> Result<()> {
-        let fd = self.handle(handle)?;
-        self.simple(format!("fsync {fd}\n"))
+        self.file_call(handle, "fsync {fd}\n")
     }
 
     fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
