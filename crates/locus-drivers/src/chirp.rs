@@ -325,6 +325,8 @@ impl ChirpDriver {
         self.attempt(handle, &f)
     }
 
+    /// One try of a call: connects if needed, finds the file's descriptor, runs `f`, and
+    /// forgets the connection if it was lost on the way.
     fn attempt<T>(&mut self, handle: Option<u64>, f: &impl Fn(&mut ChirpClient, i64) -> Result<T>) -> Result<T> {
         self.conn()?;
         let r = match handle {
@@ -362,8 +364,9 @@ impl ChirpDriver {
         self.with(|c| c.call(&cmd).map(drop))
     }
 
-    fn file_call(&mut self, handle: u64, cmd: &str) -> Result<()> {
-        self.with_file(Some(handle), |c, fd| c.call(&cmd.replace("{fd}", &fd.to_string())).map(drop))
+    /// A command on an open file with nothing to answer but its result code.
+    fn file_call(&mut self, handle: u64, cmd: impl Fn(i64) -> String) -> Result<()> {
+        self.with_file(Some(handle), |c, fd| c.call(&cmd(fd)).map(drop))
     }
 }
 
@@ -472,11 +475,11 @@ impl Driver for ChirpDriver {
     }
 
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
-        self.file_call(handle, &format!("ftruncate {{fd}} {size}\n"))
+        self.file_call(handle, |fd| format!("ftruncate {fd} {size}\n"))
     }
 
     fn fsync(&mut self, handle: u64) -> Result<()> {
-        self.file_call(handle, "fsync {fd}\n")
+        self.file_call(handle, |fd| format!("fsync {fd}\n"))
     }
 
     fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
