@@ -14,6 +14,13 @@ pub struct Peer {
     child: Child,
 }
 
+impl Peer {
+    /// The server's process id (tests use it to find and kill its helpers).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Peer {
     fn drop(&mut self) {
         let _ = self.child.kill();

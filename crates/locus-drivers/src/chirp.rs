@@ -5,9 +5,11 @@
 //! driver and the benchmarks use. [`ChirpDriver`] puts it behind the [`Driver`] trait.
 //! A chirp_server closes the connection when it cannot map an errno (ENODATA, or EBUSY
 //! from removing a mount point): the call that provoked it fails with `EIO`, and the
-//! next call connects again. It also closes connections that stay idle (`-t`): a call
-//! that finds its connection closed after a pause is sent again on a fresh one, since
-//! the server dropped it unread. Files stay open across connections: a handle is opened
+//! next call connects again. It also closes connections that stay idle (`-t`), and its
+//! per-connection process can go away: a call that loses its connection is sent again
+//! once on a fresh one if running it twice is harmless (reads, writes at an offset,
+//! setting attributes), or if the connection had been idle, so the server dropped it
+//! unread (creating, removing, renaming). Files stay open across connections: a handle is opened
 //! again by its path (without create, truncate or exclusive) on the next connection that
 //! needs it; if that fails, the handle is stale (`ESTALE`).
 
@@ -270,6 +272,17 @@ const IDLE_CHECK: Duration = Duration::from_millis(500);
 /// the server dropped the connection for idling, not because of the call.
 const IDLE_RETRY: Duration = Duration::from_millis(250);
 
+/// When a call that lost its connection is sent again on a new one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Redo {
+    /// Always: running it twice does what running it once does (reads, writes at an
+    /// offset, setting attributes).
+    Always,
+    /// Only when the connection had been idle, so the server dropped it unread (creating,
+    /// removing and renaming, whose second run would fail where the first succeeded).
+    AfterPause,
+}
+
 impl ChirpDriver {
     /// Connects to `chirp://HOST:PORT/path`; returns the driver and the path.
     pub fn connect(url: &str) -> Result<(ChirpDriver, String)> {
@@ -309,20 +322,26 @@ impl ChirpDriver {
     }
 
     /// Runs `f` on the connection; a dropped connection is forgotten so the next call
-    /// reconnects, and a call that found it dropped after a pause runs once more.
-    fn with<T>(&mut self, f: impl Fn(&mut ChirpClient) -> Result<T>) -> Result<T> {
-        self.with_file(None, |c, _| f(c))
+    /// reconnects, and the call runs once more on a new one as `redo` allows.
+    fn with<T>(&mut self, redo: Redo, f: impl Fn(&mut ChirpClient) -> Result<T>) -> Result<T> {
+        self.with_file(None, redo, |c, _| f(c))
     }
 
     /// [`ChirpDriver::with`] for a call on an open file: `f` gets the file's descriptor
     /// on the current connection, opening the file again there if needed.
-    fn with_file<T>(&mut self, handle: Option<u64>, f: impl Fn(&mut ChirpClient, i64) -> Result<T>) -> Result<T> {
+    fn with_file<T>(
+        &mut self,
+        handle: Option<u64>,
+        redo: Redo,
+        f: impl Fn(&mut ChirpClient, i64) -> Result<T>,
+    ) -> Result<T> {
         let idle = self.last_used.elapsed();
         let r = self.attempt(handle, &f);
-        if r.is_ok() || self.conn.is_some() || idle < IDLE_RETRY {
-            return r;
+        let lost = r.is_err() && self.conn.is_none();
+        if lost && (redo == Redo::Always || idle >= IDLE_RETRY) {
+            return self.attempt(handle, &f);
         }
-        self.attempt(handle, &f)
+        r
     }
 
     /// One try of a call: connects if needed, finds the file's descriptor, runs `f`, and
@@ -360,13 +379,13 @@ impl ChirpDriver {
         Ok(fd)
     }
 
-    fn simple(&mut self, cmd: String) -> Result<()> {
-        self.with(|c| c.call(&cmd).map(drop))
+    fn simple(&mut self, redo: Redo, cmd: String) -> Result<()> {
+        self.with(redo, |c| c.call(&cmd).map(drop))
     }
 
     /// A command on an open file with nothing to answer but its result code.
     fn file_call(&mut self, handle: u64, cmd: impl Fn(i64) -> String) -> Result<()> {
-        self.with_file(Some(handle), |c, fd| c.call(&cmd(fd)).map(drop))
+        self.with_file(Some(handle), Redo::Always, |c, fd| c.call(&cmd(fd)).map(drop))
     }
 }
 
@@ -383,14 +402,14 @@ impl Driver for ChirpDriver {
     }
 
     fn lstat(&mut self, path: &str) -> Result<Attr> {
-        self.with(|c| {
+        self.with(Redo::Always, |c| {
             c.call(&format!("lstat {}\n", enc(path)))?;
             parse_attr(&c.data_line()?)
         })
     }
 
     fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
-        self.with(|c| {
+        self.with(Redo::Always, |c| {
             c.call(&format!("getlongdir {}\n", enc(path)))?;
             let mut out = Vec::new();
             loop {
@@ -425,7 +444,9 @@ impl Driver for ChirpDriver {
             }
         }
         let cmd = format!("open {} {letters} {mode}\n", enc(path));
-        let (fd, attr) = self.with(|c| {
+        // An exclusive create must not run twice: the second would find the file there.
+        let redo = if flags & open_flags::EXCLUSIVE != 0 { Redo::AfterPause } else { Redo::Always };
+        let (fd, attr) = self.with(redo, |c| {
             let fd = c.call(&cmd)?;
             Ok((fd, parse_attr(&c.data_line()?)?))
         })?;
@@ -455,21 +476,21 @@ impl Driver for ChirpDriver {
     }
 
     fn fstat(&mut self, handle: u64) -> Result<Attr> {
-        self.with_file(Some(handle), |c, fd| {
+        self.with_file(Some(handle), Redo::Always, |c, fd| {
             c.call(&format!("fstat {fd}\n"))?;
             parse_attr(&c.data_line()?)
         })
     }
 
     fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
-        self.with_file(Some(handle), |c, fd| {
+        self.with_file(Some(handle), Redo::Always, |c, fd| {
             let n = c.call(&format!("pread {fd} {len} {offset}\n"))?;
             c.bytes(n as usize)
         })
     }
 
     fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
-        self.with_file(Some(handle), |c, fd| {
+        self.with_file(Some(handle), Redo::Always, |c, fd| {
             c.send(&format!("pwrite {fd} {} {offset}\n", data.len()), data).map(|n| n as u64)
         })
     }
@@ -483,27 +504,27 @@ impl Driver for ChirpDriver {
     }
 
     fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(format!("mkdir {} {mode}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("mkdir {} {mode}\n", enc(path)))
     }
 
     fn rmdir(&mut self, path: &str) -> Result<()> {
-        self.simple(format!("rmdir {}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("rmdir {}\n", enc(path)))
     }
 
     fn unlink(&mut self, path: &str) -> Result<()> {
-        self.simple(format!("unlink {}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("unlink {}\n", enc(path)))
     }
 
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
-        self.simple(format!("rename {} {}\n", enc(from), enc(to)))
+        self.simple(Redo::AfterPause, format!("rename {} {}\n", enc(from), enc(to)))
     }
 
     fn symlink(&mut self, target: &str, path: &str) -> Result<()> {
-        self.simple(format!("symlink {} {}\n", enc(target), enc(path)))
+        self.simple(Redo::AfterPause, format!("symlink {} {}\n", enc(target), enc(path)))
     }
 
     fn readlink(&mut self, path: &str) -> Result<String> {
-        self.with(|c| {
+        self.with(Redo::Always, |c| {
             let n = c.call(&format!("readlink {} 4096\n", enc(path)))?;
             String::from_utf8(c.bytes(n as usize)?)
                 .map_err(|_| DriverError::errno(libc::EILSEQ, "link target is not UTF-8"))
@@ -511,25 +532,25 @@ impl Driver for ChirpDriver {
     }
 
     fn link(&mut self, from: &str, to: &str) -> Result<()> {
-        self.simple(format!("link {} {}\n", enc(from), enc(to)))
+        self.simple(Redo::AfterPause, format!("link {} {}\n", enc(from), enc(to)))
     }
 
     fn truncate(&mut self, path: &str, size: u64) -> Result<()> {
-        self.simple(format!("truncate {} {size}\n", enc(path)))
+        self.simple(Redo::Always, format!("truncate {} {size}\n", enc(path)))
     }
 
     fn chmod(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(format!("chmod {} {mode}\n", enc(path)))
+        self.simple(Redo::Always, format!("chmod {} {mode}\n", enc(path)))
     }
 
     fn utimes(&mut self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         let (a, m) = (unix_time(atime, now), unix_time(mtime, now));
-        self.simple(format!("utime {} {a} {m}\n", enc(path)))
+        self.simple(Redo::Always, format!("utime {} {a} {m}\n", enc(path)))
     }
 
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
-        self.with(|c| {
+        self.with(Redo::Always, |c| {
             c.call(&format!("statfs {}\n", enc(path)))?;
             let line = c.data_line()?;
             let f: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
@@ -550,6 +571,6 @@ impl Driver for ChirpDriver {
     }
 
     fn access(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(format!("access {} {mode}\n", enc(path)))
+        self.simple(Redo::Always, format!("access {} {mode}\n", enc(path)))
     }
 }

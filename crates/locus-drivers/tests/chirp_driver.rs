@@ -43,3 +43,40 @@ fn open_files_survive_the_server_dropping_an_idle_connection() {
     assert_eq!(d.close(h).unwrap_err().errno, libc::EBADF);
     assert_eq!(std::fs::read(root.join("f")).unwrap(), b"before after");
 }
+
+/// Kills the processes chirp_server forked for its connections, as a crash would.
+fn kill_connections(chirp: &locus_bench::peers::Peer) {
+    let out = std::process::Command::new("pgrep").args(["-P", &chirp.pid().to_string()]).output().unwrap();
+    let pids = String::from_utf8(out.stdout).unwrap();
+    assert!(!pids.trim().is_empty(), "chirp_server has a process per connection");
+    for pid in pids.split_whitespace() {
+        std::process::Command::new("kill").args(["-KILL", pid]).status().unwrap();
+    }
+    // Well under the pause after which every call may be sent again.
+    std::thread::sleep(Duration::from_millis(100));
+}
+
+#[test]
+fn a_call_that_loses_its_connection_is_sent_again_only_if_that_is_harmless() {
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &[]).expect("chirp_server runs");
+    let (mut d, _) = ChirpDriver::connect(&format!("chirp://{}/", chirp.addr)).unwrap();
+    let h = d.open("/f", of::READ | of::WRITE | of::CREATE, 0o666).unwrap().handle;
+    assert_eq!(d.pwrite(h, 0, b"one").unwrap(), 3);
+
+    // Harmless twice: a stat, a write at an offset (the file is opened again first).
+    kill_connections(&chirp);
+    assert_eq!(d.lstat("/f").unwrap().size, 3);
+    kill_connections(&chirp);
+    assert_eq!(d.pwrite(h, 3, b"two").unwrap(), 3);
+    assert_eq!(d.pread(h, 0, 10).unwrap(), b"onetwo");
+
+    // Not harmless: a mkdir that lost its connection fails with EIO and is not repeated
+    // behind the caller's back; the next call connects again.
+    kill_connections(&chirp);
+    assert_eq!(d.mkdir("/d", 0o755).unwrap_err().errno, libc::EIO);
+    d.mkdir("/d", 0o755).unwrap();
+    d.close(h).unwrap();
+}
