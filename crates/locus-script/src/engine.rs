@@ -9,7 +9,7 @@
 
 use crate::error::ScriptError;
 use crate::stdlib::{self, Buffer, CallCtx, Shared};
-use crate::value::{encoded_len, results_from_lua, to_lua};
+use crate::value::{results_from_lua, to_lua};
 use crate::{bindings, script_id, Host};
 use locus_proto::types::Value;
 use mlua::{ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
@@ -295,8 +295,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         };
         idle.fetch_sub(1, Ordering::Relaxed);
         let Ok(job) = job else { return };
-        let reply = job.reply;
-        let Job { id, source, args, input, limits, host, .. } = job;
+        let Job { id, source, args, input, limits, host, reply } = job;
         let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
         reply.send(result);
     }
@@ -500,7 +499,7 @@ fn run(
         Ok(v) => v,
     };
     let out = results_from_lua(lua, &values).map_err(|e| ScriptError::Runtime(format!("result: {e}")))?;
-    let size = encoded_len(&out) + output.len();
+    let size = locus_proto::codec::encoded_len(&out) + output.len();
     if size > limits.result_bytes {
         return Err(ScriptError::Limit {
             limit: "result",

@@ -216,11 +216,6 @@ pub fn bytes_of(v: &LuaValue) -> mlua::Result<Vec<u8>> {
     }
 }
 
-/// The encoded size of a value, to enforce the result limit before sending it.
-pub fn encoded_len(values: &[Value]) -> usize {
-    locus_proto::codec::encode(&values).len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

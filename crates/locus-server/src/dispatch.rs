@@ -9,7 +9,7 @@ use locus_proto::types::*;
 use locus_proto::{Code, Error as WireError};
 use serde::Serialize;
 
-/// A reply computed elsewhere (a script on the interpreter pool), sent when it is ready.
+/// A reply computed elsewhere (a storelet's event stream), sent when it is ready.
 pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Encoded, WireError>> + Send>>;
 
 /// A handler's successful answer: one or more metadata pages and a body.

@@ -355,7 +355,7 @@ impl Outbox {
                 }
             }
         }
-        self.runtime.spawn(reply_later(self.writer.clone(), op, id, Box::pin(async move { outcome })));
+        self.runtime.spawn(reply_later(self.writer.clone(), op, id, Box::pin(std::future::ready(outcome))));
     }
 }
 
@@ -427,7 +427,8 @@ async fn frame_loop(
     }
 }
 
-/// Sends the reply of a request answered elsewhere (a script), whenever it is ready.
+/// Sends the reply of a request answered elsewhere, whenever it is ready: a storelet's
+/// events, or a script's reply that its interpreter thread could not write itself.
 async fn reply_later(writer: Arc<tokio::sync::Mutex<FrameWriter>>, op: u16, id: u32, later: dispatch::Later) {
     let outcome = later.await;
     if let Ok(Encoded { body: transport::Body::Events(mut events), .. }) = outcome {

@@ -31,8 +31,9 @@ impl locus_script::Host for ScriptHost {
     fn call(&mut self, op: u16, meta: &[u8], data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
         self.session.set_current(0, false);
         let enc = dispatch::dispatch(&mut self.session, op, meta, Bytes::copy_from_slice(data))?;
+        // Only a storelet run answers later (script calls refuse a script's session).
         if enc.later.is_some() {
-            return Err(WireError::new(Code::NOTSUP, "scripts cannot call scripts"));
+            return Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets"));
         }
         let data = match enc.body {
             Body::Events(_) => return Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets")),
