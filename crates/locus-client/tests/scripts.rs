@@ -303,8 +303,10 @@ async fn case_study_afs_callbacks_reach_every_caching_client() {
         readers.push((r, pushes));
     }
     writer.script_call(&src, vec![s("open"), s("/doc")], &[]).await.unwrap();
+    assert_eq!(srv.shared().scripts.object_states().len(), 1, "the callbacks are /doc's own state");
     let (v, _) = writer.script_call(&src, vec![s("close"), s("/doc")], &[]).await.unwrap();
     assert_eq!(v, vec![Value::Int(3)]);
+    assert!(srv.shared().scripts.object_states().is_empty(), "broken callbacks are taken");
     for (_, pushes) in readers.iter_mut() {
         let m = tokio::time::timeout(Duration::from_secs(2), pushes.recv()).await.unwrap().unwrap();
         assert_eq!(m.topic, locus_proto::frame::PUSH_MESSAGE);
@@ -364,4 +366,94 @@ async fn script_replies_arrive_whole_and_after_the_messages_they_sent() {
         let m = pushes.try_recv().expect("the message came before the reply");
         assert_eq!(&m.data[..], format!("m{i}").as_bytes());
     }
+}
+
+#[tokio::test]
+async fn state_attached_to_a_file_follows_it_and_goes_with_it() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    let objects = srv.shared().scripts.object_states();
+    let count = "local st, m, code = state.of(...) if not st then return nil, code end return st:get('opens')";
+    let open = "local st = assert(state.of(...)) return st:incr('opens')";
+    srv.put_local("f", b"x");
+    assert_eq!(run(&admin, open, vec![s("/f")]).await.unwrap(), vec![Value::Int(1)]);
+    assert_eq!(run(&admin, open, vec![s("/f")]).await.unwrap(), vec![Value::Int(2)]);
+    assert_eq!(objects.len(), 1);
+    // Another file has none of it.
+    srv.put_local("other", b"y");
+    assert_eq!(run(&admin, count, vec![s("/other")]).await.unwrap(), vec![Value::Nil]);
+    // It follows the file across a rename, as an open handle does.
+    admin.rename("/f", "/g").await.unwrap();
+    assert_eq!(run(&admin, count, vec![s("/g")]).await.unwrap(), vec![Value::Int(2)]);
+    assert_eq!(run(&admin, count, vec![s("/f")]).await.unwrap(), vec![Value::Nil, s("ENOENT")]);
+    // Removing the file drops its state; so do replacing it by rename and by put.
+    admin.unlink("/g").await.unwrap();
+    assert_eq!(objects.len(), 0);
+    srv.put_local("g", b"new");
+    assert_eq!(run(&admin, count, vec![s("/g")]).await.unwrap(), vec![Value::Nil]);
+    run(&admin, open, vec![s("/g")]).await.unwrap();
+    admin.rename("/other", "/g").await.unwrap();
+    assert_eq!(objects.len(), 0);
+    run(&admin, open, vec![s("/g")]).await.unwrap();
+    admin.write_file("/g", 0o644, b"replaced").await.unwrap();
+    assert_eq!(objects.len(), 0);
+    // A second name keeps the object (and its state) alive until the last one goes.
+    run(&admin, open, vec![s("/g")]).await.unwrap();
+    std::fs::hard_link(srv.local("g"), srv.local("h")).unwrap();
+    admin.unlink("/g").await.unwrap();
+    assert_eq!(run(&admin, count, vec![s("/h")]).await.unwrap(), vec![Value::Int(1)]);
+    admin.unlink("/h").await.unwrap();
+    assert_eq!(objects.len(), 0);
+    // Directories too.
+    admin.mkdir("/d", 0o755).await.unwrap();
+    run(&admin, open, vec![s("/d")]).await.unwrap();
+    admin.rmdir("/d").await.unwrap();
+    assert_eq!(objects.len(), 0);
+}
+
+#[tokio::test]
+async fn a_files_state_needs_the_callers_read_access_to_the_file() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    let alice = srv.client("alice").await;
+    srv.put_local("pub/f", b"x");
+    srv.put_local("secret/f", b"x");
+    admin.acl_set("/", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    admin.acl_set("/pub", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    admin.acl_set("/secret", "alice", Rights::parse("l").unwrap()).await.unwrap();
+    let set = "local p, v = ... assert(state.of(p)):set('owner', v)";
+    run(&admin, set, vec![s("/pub/f"), s("admin")]).await.unwrap();
+    run(&admin, set, vec![s("/secret/f"), s("admin")]).await.unwrap();
+    let get = "local st, m, code = state.of(...) if not st then return nil, code end return st:get('owner')";
+    assert_eq!(run(&alice, get, vec![s("/pub/f")]).await.unwrap(), vec![s("admin")]);
+    assert_eq!(run(&alice, get, vec![s("/secret/f")]).await.unwrap(), vec![Value::Nil, s("EACCES")]);
+    assert_eq!(run(&alice, get, vec![s("/pub/none")]).await.unwrap(), vec![Value::Nil, s("ENOENT")]);
+}
+
+#[tokio::test]
+async fn buffers_copy_to_and_from_files_without_lua_strings() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    srv.put_local("in", b"hello, world");
+    let src = r#"
+        local src = assert(fs.open('/in', 1, 0)).handle
+        local dst = assert(fs.open('/out', 2 | 4, 420)).handle
+        local b = assert(buffer.read(src, 7, 100))
+        b:append('!')
+        local n = assert(b:write(dst, 0))
+        local bad, msg, code = buffer.read(9999, 0, 1)
+        local bad2, msg2, code2 = b:write(src, 0)
+        return b:len(), n, bad, code, bad2, code2
+    "#;
+    let v = run(&admin, src, vec![]).await.unwrap();
+    assert_eq!(v, vec![Value::Int(6), Value::Int(6), Value::Nil, s("EBADF"), Value::Nil, s("EBADF")]);
+    assert_eq!(std::fs::read(srv.local("out")).unwrap(), b"world!");
+    // What a read asks for counts against the call's memory before it is read.
+    let limited = TestServer::start_with(|c| c.script_limits.memory = 1 << 20);
+    let c = limited.client("admin").await;
+    limited.put_local("in", b"x");
+    let (c1, msg) =
+        code(run(&c, "local h = fs.open('/in', 1, 0).handle return buffer.read(h, 0, 4000000)", vec![]).await);
+    assert_eq!(c1, Code::LIMIT, "{msg}");
+    assert!(msg.contains("memory"), "{msg}");
 }

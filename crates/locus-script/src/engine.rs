@@ -8,7 +8,7 @@
 //! wake-up each way, which on a virtual machine is tens of microseconds.
 
 use crate::error::ScriptError;
-use crate::stdlib::{self, Buffer, CallCtx, Shared};
+use crate::stdlib::{self, Buffer, CallCtx, ObjectStates, Shared};
 use crate::value::{results_from_lua, to_lua};
 use crate::{bindings, script_id, Host};
 use locus_proto::types::Value;
@@ -240,6 +240,12 @@ impl Engine {
         s.by_id.insert(id.clone(), Arc::from(source));
         s.order.push_back(id.clone());
         Ok(id)
+    }
+
+    /// The state scripts attach to files (`state.of`), for the server to drop when a file
+    /// leaves the export.
+    pub fn object_states(&self) -> Arc<ObjectStates> {
+        self.shared.objects.clone()
     }
 
     /// True if a lock of that name is held now (for tests and diagnostics).

@@ -8,8 +8,8 @@
 //! - [`Limits`]: instructions, memory, wall time and result size of one call.
 //! - `bindings`: `fs.<op>` for every file operation, generated from the operation table.
 //! - `lua_ser`: replies as Lua tables, built in one protected call.
-//! - `stdlib`: buffers, named state, locks released when the call ends, messages to
-//!   clients, time.
+//! - `stdlib`: buffers, named state (global, or attached to a file: [`ObjectStates`]),
+//!   locks released when the call ends, messages to clients, time.
 //! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
 
 mod bindings;
@@ -21,6 +21,7 @@ mod value;
 
 pub use engine::{CallOutcome, CallRequest, Engine, Limits, ReplyFn};
 pub use error::ScriptError;
+pub use stdlib::ObjectStates;
 
 use locus_proto::Error as WireError;
 

@@ -1,11 +1,13 @@
-//! The scripts' standard library besides `fs`: `buffer`, `state`, `lock`, `msg`, `time`,
-//! and the per-call context they work in.
+//! The scripts' standard library besides `fs`: `buffer`, `state` (named values, global or
+//! attached to a file), `lock`, `msg`, `time`, and the per-call context they work in.
 
 use crate::engine::Limits;
 use crate::value::{bytes_of, from_lua, to_lua};
 use crate::Host;
+use locus_proto::ops::{self, Operation};
 use locus_proto::types::Value;
-use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value as LuaValue};
+use locus_proto::{codec, Error as WireError};
+use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value as LuaValue};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +15,9 @@ use std::time::{Duration, Instant};
 
 /// Named state entries kept at most (scripts share them across calls).
 const MAX_STATE_KEYS: usize = 100_000;
+/// Objects with state attached kept at most, and entries each.
+const MAX_OBJECTS: usize = 100_000;
+const MAX_OBJECT_KEYS: usize = 1_000;
 /// Largest encoded value one state entry may hold.
 const MAX_STATE_VALUE: usize = 1 << 20;
 
@@ -46,7 +51,156 @@ impl CallCtx {
 #[derive(Default)]
 pub struct Shared {
     pub locks: LockTable,
-    pub state: Mutex<HashMap<String, Value>>,
+    pub state: Mutex<Entries>,
+    pub objects: Arc<ObjectStates>,
+}
+
+/// Named values that outlive a call: the global `state`, or one object's.
+#[derive(Default)]
+pub struct Entries(HashMap<String, Value>);
+
+impl Entries {
+    /// Room for `key` among at most `max` entries.
+    fn room(&self, key: &str, max: usize) -> mlua::Result<()> {
+        if self.0.len() >= max && !self.0.contains_key(key) {
+            return Err(mlua::Error::runtime(format!("state is limited to {max} keys")));
+        }
+        Ok(())
+    }
+
+    fn set(&mut self, key: String, value: Value, max: usize) -> mlua::Result<()> {
+        if value == Value::Nil {
+            self.0.remove(&key);
+            return Ok(());
+        }
+        self.room(&key, max)?;
+        self.0.insert(key, value);
+        Ok(())
+    }
+
+    fn incr(&mut self, key: String, by: i64, max: usize) -> mlua::Result<i64> {
+        let now = match self.0.get(&key) {
+            Some(Value::Int(i)) => i.wrapping_add(by),
+            None => by,
+            Some(_) => return Err(mlua::Error::runtime(format!("state {key:?} is not an integer"))),
+        };
+        self.room(&key, max)?;
+        self.0.insert(key, Value::Int(now));
+        Ok(now)
+    }
+
+    fn push(&mut self, key: String, value: Value, max: usize) -> mlua::Result<usize> {
+        self.room(&key, max)?;
+        match self.0.entry(key.clone()).or_insert_with(|| Value::List(Vec::new())) {
+            Value::List(items) => {
+                items.push(value);
+                Ok(items.len())
+            }
+            _ => Err(mlua::Error::runtime(format!("state {key:?} is not a list"))),
+        }
+    }
+}
+
+/// State attached to objects (files, directories) by device and inode, so it follows a
+/// file across renames, as an open handle does, and is dropped when the file leaves the
+/// export ([`ObjectStates::forget`], which the server calls from the store).
+#[derive(Default)]
+pub struct ObjectStates(Mutex<HashMap<(u64, u64), Entries>>);
+
+impl ObjectStates {
+    /// Drops what is attached to `object`.
+    pub fn forget(&self, object: (u64, u64)) {
+        self.0.lock().remove(&object);
+    }
+
+    /// How many objects have state attached.
+    pub fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+
+    /// True when no object has state attached.
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().is_empty()
+    }
+
+    /// Runs `f` on `object`'s entries, creating them if `create` (within [`MAX_OBJECTS`]).
+    fn with<R>(&self, object: (u64, u64), create: bool, f: impl FnOnce(&mut Entries) -> R) -> mlua::Result<Option<R>> {
+        let mut all = self.0.lock();
+        if let Some(entries) = all.get_mut(&object) {
+            let r = f(entries);
+            if entries.0.is_empty() {
+                all.remove(&object);
+            }
+            return Ok(Some(r));
+        }
+        if !create {
+            return Ok(None);
+        }
+        if all.len() >= MAX_OBJECTS {
+            return Err(mlua::Error::runtime(format!("state is attached to at most {MAX_OBJECTS} files")));
+        }
+        let mut entries = Entries::default();
+        let r = f(&mut entries);
+        if !entries.0.is_empty() {
+            all.insert(object, entries);
+        }
+        Ok(Some(r))
+    }
+}
+
+/// What `state.of(path)` answers: the state of the object at `path` when it was asked.
+struct ObjectState {
+    object: (u64, u64),
+    objects: Arc<ObjectStates>,
+}
+
+impl UserData for ObjectState {
+    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
+        m.add_method("get", |lua, o, key: String| {
+            let value = o.objects.with(o.object, false, |e| e.0.get(&key).cloned())?.flatten();
+            value.map(|v| to_lua(lua, &v)).transpose()
+        });
+        m.add_method("set", |_, o, (key, v): (String, LuaValue)| {
+            let value = checked_state_value(&v)?;
+            o.objects.with(o.object, value != Value::Nil, |e| e.set(key, value, MAX_OBJECT_KEYS))?.transpose()?;
+            Ok(())
+        });
+        m.add_method("incr", |_, o, (key, by): (String, Option<i64>)| {
+            let now = o.objects.with(o.object, true, |e| e.incr(key, by.unwrap_or(1), MAX_OBJECT_KEYS))?;
+            now.expect("created")
+        });
+        m.add_method("push", |_, o, (key, v): (String, LuaValue)| {
+            let value = checked_state_value(&v)?;
+            let len = o.objects.with(o.object, true, |e| e.push(key, value, MAX_OBJECT_KEYS))?;
+            len.expect("created")
+        });
+        m.add_method("take", |lua, o, key: String| {
+            let value = o.objects.with(o.object, false, |e| e.0.remove(&key))?.flatten();
+            value.map(|v| to_lua(lua, &v)).transpose()
+        });
+    }
+}
+
+/// An operation's reply and data, or the error the file service answered.
+type HostReply<T> = Result<(T, Vec<u8>), WireError>;
+
+/// Runs one operation through the call's host, as the caller.
+fn host_call<O: Operation>(lua: &Lua, req: &O, data: &[u8]) -> mlua::Result<HostReply<O::Reply>> {
+    with_ctx(lua, |ctx| {
+        Ok(ctx.host.call(O::INFO.code, &codec::encode(req), data).and_then(|(metas, out)| {
+            let meta = metas.first().map(Vec::as_slice).unwrap_or(&[]);
+            Ok((codec::decode(meta)?, out))
+        }))
+    })
+}
+
+/// `nil, message, code`, as a failed `fs.*` call answers.
+fn failure(lua: &Lua, e: WireError) -> mlua::Result<MultiValue> {
+    Ok(MultiValue::from_iter([
+        LuaValue::Nil,
+        LuaValue::String(lua.create_string(&e.message)?),
+        LuaValue::String(lua.create_string(e.code.name())?),
+    ]))
 }
 
 /// Named locks owned by calls.
@@ -160,6 +314,12 @@ impl UserData for Buffer {
             b.0.clear();
             Ok(())
         });
+        m.add_method("write", |lua, b, (handle, offset): (u64, u64)| {
+            match host_call(lua, &ops::Pwrite { handle, offset }, &b.0)? {
+                Ok((written, _)) => Ok(MultiValue::from_iter([LuaValue::Integer(written as i64)])),
+                Err(e) => failure(lua, e),
+            }
+        });
         m.add_method("tostring", |lua, b, ()| lua.create_string(&b.0));
         m.add_meta_method(MetaMethod::ToString, |lua, b, ()| lua.create_string(&b.0));
     }
@@ -189,43 +349,38 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
             Ok(Buffer(bytes))
         })?,
     )?;
+
+    buffer.set(
+        "read",
+        lua.create_function(|lua, (handle, offset, len): (u64, u64, u32)| {
+            charge(lua, len as usize)?;
+            match host_call(lua, &ops::Pread { handle, offset, len }, &[])? {
+                Ok(((), data)) => Ok(MultiValue::from_iter([LuaValue::UserData(lua.create_userdata(Buffer(data))?)])),
+                Err(e) => failure(lua, e),
+            }
+        })?,
+    )?;
     g.set("buffer", buffer)?;
 
     let state = lua.create_table()?;
     let s = shared.clone();
     state.set(
         "get",
-        lua.create_function(move |lua, key: String| s.state.lock().get(&key).map(|v| to_lua(lua, v)).transpose())?,
+        lua.create_function(move |lua, key: String| s.state.lock().0.get(&key).map(|v| to_lua(lua, v)).transpose())?,
     )?;
     let s = shared.clone();
     state.set(
         "set",
         lua.create_function(move |_, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            let mut st = s.state.lock();
-            if value == Value::Nil {
-                st.remove(&key);
-            } else {
-                if st.len() >= MAX_STATE_KEYS && !st.contains_key(&key) {
-                    return Err(mlua::Error::runtime(format!("state is limited to {MAX_STATE_KEYS} keys")));
-                }
-                st.insert(key, value);
-            }
-            Ok(())
+            s.state.lock().set(key, value, MAX_STATE_KEYS)
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "incr",
         lua.create_function(move |_, (key, by): (String, Option<i64>)| {
-            let mut st = s.state.lock();
-            let now = match st.get(&key) {
-                Some(Value::Int(i)) => i.wrapping_add(by.unwrap_or(1)),
-                None => by.unwrap_or(1),
-                Some(_) => return Err(mlua::Error::runtime(format!("state {key:?} is not an integer"))),
-            };
-            st.insert(key, Value::Int(now));
-            Ok(now)
+            s.state.lock().incr(key, by.unwrap_or(1), MAX_STATE_KEYS)
         })?,
     )?;
     let s = shared.clone();
@@ -233,21 +388,32 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
         "push",
         lua.create_function(move |_, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            let mut st = s.state.lock();
-            let entry = st.entry(key.clone()).or_insert_with(|| Value::List(Vec::new()));
-            match entry {
-                Value::List(items) => {
-                    items.push(value);
-                    Ok(items.len())
-                }
-                _ => Err(mlua::Error::runtime(format!("state {key:?} is not a list"))),
-            }
+            s.state.lock().push(key, value, MAX_STATE_KEYS)
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "take",
-        lua.create_function(move |lua, key: String| s.state.lock().remove(&key).map(|v| to_lua(lua, &v)).transpose())?,
+        lua.create_function(move |lua, key: String| {
+            s.state.lock().0.remove(&key).map(|v| to_lua(lua, &v)).transpose()
+        })?,
+    )?;
+    let objects = shared.objects.clone();
+    state.set(
+        "of",
+        lua.create_function(move |lua, path: String| {
+            // The caller's own rights decide: whoever may read the file may use its state,
+            // as whoever may open a file may lock it.
+            if let Err(e) = host_call(lua, &ops::Access { path: path.clone(), mode: 4 }, &[])? {
+                return failure(lua, e);
+            }
+            let attr = match host_call(lua, &ops::Stat { path }, &[])? {
+                Ok((attr, _)) => attr,
+                Err(e) => return failure(lua, e),
+            };
+            let handle = ObjectState { object: (attr.dev, attr.ino), objects: objects.clone() };
+            Ok(MultiValue::from_iter([LuaValue::UserData(lua.create_userdata(handle)?)]))
+        })?,
     )?;
     g.set("state", state)?;
 

@@ -106,6 +106,19 @@ pub struct Shared {
     pub storelets: storelet_host::StoreletHost,
 }
 
+/// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
+struct DropScriptState(Arc<locus_script::ObjectStates>);
+
+impl locus_store::RemovalObserver for DropScriptState {
+    fn watching(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    fn removed(&self, object: locus_store::ObjectId) {
+        self.0.forget(object);
+    }
+}
+
 /// A configured server, ready to run on a listener.
 pub struct Server {
     shared: Arc<Shared>,
@@ -128,6 +141,7 @@ impl Server {
         let store = Store::new(&config.root, &initial)?;
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
         let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
+        store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
         let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts, storelets });

@@ -6,6 +6,8 @@
 //! - [`acl`]: per-directory access-control lists.
 //! - [`counters`]: per-file, per-export and per-operation I/O counters.
 //! - [`error`]: [`StoreError`], mapped to wire codes.
+//! - [`RemovalObserver`]: told when an object leaves the export, so what others attach
+//!   to objects (scripts' per-file state) goes with it.
 //!
 //! Confinement: the parent directory of every name is opened with `openat2` and
 //! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, and the final component is acted on through
@@ -36,12 +38,51 @@ pub const MAX_PATH: usize = 4096;
 /// Symlink hops followed before giving ELOOP, as Linux does.
 const MAX_HOPS: usize = 40;
 
+/// An object's identity on the server: device and inode numbers.
+pub type ObjectId = (u64, u64);
+
+/// Told when an object leaves the export through the store: its last name removed by
+/// `unlink`, `rmdir`, or replaced by `rename` or a finished `put`. Other parts of the
+/// server attach things to objects (scripts' per-file state) and drop them here.
+/// Removals made on the server's disk behind the store's back are not seen.
+pub trait RemovalObserver: Send + Sync {
+    /// True while anything is attached; when false, removals are not looked up at all.
+    fn watching(&self) -> bool;
+    /// The object is gone.
+    fn removed(&self, object: ObjectId);
+}
+
+// `struct stat` field types differ between architectures; the casts are for the others.
+#[allow(clippy::unnecessary_cast)]
+fn object_id(st: &rustix::fs::Stat) -> ObjectId {
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
+/// The object `name` in `dir` stands for, when removing that name removes the object (a
+/// directory, or a file with one link) and `observer` is watching.
+fn last_link(observer: Option<&Arc<dyn RemovalObserver>>, dir: BorrowedFd<'_>, name: &str) -> Option<ObjectId> {
+    if !observer?.watching() {
+        return None;
+    }
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
+    (is_dir || st.st_nlink <= 1).then_some(object_id(&st))
+}
+
+/// Tells `observer` that `gone` left the export, if it did.
+fn report_removed(observer: Option<&Arc<dyn RemovalObserver>>, gone: Option<ObjectId>) {
+    if let (Some(o), Some(id)) = (observer, gone) {
+        o.removed(id);
+    }
+}
+
 /// An export: a directory tree shared with clients.
 pub struct Store {
     root: OwnedFd,
     root_key: (u64, u64),
     acls: acl::AclCache,
     counters: Counters,
+    removals: std::sync::OnceLock<Arc<dyn RemovalObserver>>,
 }
 
 /// A name located beneath the root: the directory holding it, opened, and the final
@@ -85,6 +126,7 @@ pub struct PutFile {
     mode: u32,
     done: bool,
     pub io: FileIo,
+    removals: Option<Arc<dyn RemovalObserver>>,
 }
 
 // `struct stat` field types differ between architectures; the casts are for the others.
@@ -159,6 +201,7 @@ impl Store {
             root_key: (st.st_dev as u64, st.st_ino as u64),
             acls: acl::AclCache::default(),
             counters: Counters::default(),
+            removals: std::sync::OnceLock::new(),
         };
         if acl::read_acl(store.root.as_fd())?.is_none() {
             store.write_acl(store.root.as_fd(), initial_acl)?;
@@ -169,6 +212,11 @@ impl Store {
     /// The export's counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// Sets who is told of removals (once; later calls are ignored).
+    pub fn observe_removals(&self, observer: Arc<dyn RemovalObserver>) {
+        let _ = self.removals.set(observer);
     }
 
     fn open_dir(&self, parent: &str, shown: &str) -> Result<Option<OwnedFd>> {
@@ -376,6 +424,7 @@ impl Store {
     pub fn rmdir(&self, who: &str, path: &str) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::DELETE)?;
         let d = t.dir(self);
+        let gone = last_link(self.removals.get(), d, &t.name);
         match rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR) {
             Err(Errno::NOTEMPTY) if self.only_acl_inside(d, &t.name)? => {
                 let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -385,6 +434,7 @@ impl Store {
             }
             r => r.ctx("rmdir", path)?,
         }
+        report_removed(self.removals.get(), gone);
         self.acls.invalidate();
         Ok(())
     }
@@ -405,7 +455,9 @@ impl Store {
     /// Removes a name that is not a directory.
     pub fn unlink(&self, who: &str, path: &str) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::DELETE)?;
+        let gone = last_link(self.removals.get(), t.dir(self), &t.name);
         rustix::fs::unlinkat(t.dir(self), t.name.as_str(), AtFlags::empty()).ctx("unlink", path)?;
+        report_removed(self.removals.get(), gone);
         self.counters.removed(&t.rel);
         Ok(())
     }
@@ -414,7 +466,13 @@ impl Store {
     pub fn rename(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::DELETE)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
+        // The object replaced at `to`, unless it is the one being renamed (another link).
+        let replaced = last_link(self.removals.get(), b.dir(self), &b.name).filter(|&id| {
+            rustix::fs::statat(a.dir(self), a.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| object_id(&st) != id)
+        });
         rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str()).ctx("rename", from)?;
+        report_removed(self.removals.get(), replaced);
         self.counters.renamed(&a.rel, &b.rel);
         self.acls.invalidate();
         Ok(())
@@ -560,6 +618,7 @@ impl Store {
             mode: mode & 0o7777,
             done: false,
             io: self.counters.file(&t.rel),
+            removals: self.removals.get().cloned(),
         })
     }
 }
@@ -671,7 +730,9 @@ impl PutFile {
         let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
         rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
+        let replaced = last_link(self.removals.as_ref(), dir, &self.name);
         rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
+        report_removed(self.removals.as_ref(), replaced);
         self.done = true;
         Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("put", &self.name)?))
     }
