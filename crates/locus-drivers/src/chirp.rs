@@ -12,6 +12,10 @@
 //! unread (creating, removing, renaming). Files stay open across connections: a handle is opened
 //! again by its path (without create, truncate or exclusive) on the next connection that
 //! needs it; if that fails, the handle is stale (`ESTALE`).
+//!
+//! Nothing a server says is trusted: lines are bounded, a count of bytes to follow may
+//! not exceed what was asked for, and listings are bounded; a server that breaks these
+//! gets `EPROTO` and its connection is dropped.
 
 use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
 use locus_proto::types::open_flags;
@@ -19,6 +23,11 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
+
+/// Longest line accepted from a server (a result, a stat line, a name in a listing).
+const MAX_LINE: u64 = 64 * 1024;
+/// Most entries accepted in one directory listing.
+const MAX_ENTRIES: usize = 1 << 20;
 
 /// A connection to a chirp_server.
 pub struct ChirpClient {
@@ -72,10 +81,26 @@ impl ChirpClient {
 
     fn line(&mut self) -> ChirpResult<String> {
         let mut s = String::new();
-        match self.reader.read_line(&mut s) {
+        match (&mut self.reader).take(MAX_LINE).read_line(&mut s) {
             Ok(0) => Err("chirp server closed the connection".into()),
+            Ok(_) if !s.ends_with('\n') => Err(format!("chirp: a line of more than {MAX_LINE} bytes, or cut short")),
             Ok(_) => Ok(s.trim_end_matches('\n').to_string()),
             Err(e) => Err(format!("chirp: {e}")),
+        }
+    }
+
+    /// Checks a count of bytes the server is about to send against the `asked` for; a
+    /// larger one is a broken server, whose connection cannot be trusted further.
+    fn within(&mut self, n: i64, asked: usize) -> Result<usize> {
+        match usize::try_from(n) {
+            Ok(n) if n <= asked => Ok(n),
+            _ => {
+                self.lost = true;
+                Err(DriverError::errno(
+                    libc::EPROTO,
+                    format!("chirp server announced {n} bytes where {asked} were asked"),
+                ))
+            }
         }
     }
 
@@ -147,7 +172,8 @@ impl ChirpClient {
 
     /// `pread` into `buf`; returns the count read.
     pub fn pread(&mut self, fd: i64, buf: &mut [u8], offset: u64) -> ChirpResult<usize> {
-        let n = self.command(&format!("pread {fd} {} {offset}\n", buf.len()))? as usize;
+        let n = self.command(&format!("pread {fd} {} {offset}\n", buf.len()))?;
+        let n = self.within(n, buf.len()).map_err(|e| e.message)?;
         self.reader.read_exact(&mut buf[..n]).map_err(|e| self.lost(e).message)?;
         Ok(n)
     }
@@ -419,6 +445,11 @@ impl Driver for ChirpDriver {
                 }
                 let attr = parse_attr(&c.data_line()?)?;
                 if name != "." && name != ".." {
+                    if out.len() == MAX_ENTRIES {
+                        c.lost = true;
+                        let why = format!("{path}: more than {MAX_ENTRIES} entries from the chirp server");
+                        return Err(DriverError::errno(libc::EFBIG, why));
+                    }
                     out.push(DirEntry { name, attr });
                 }
             }
@@ -485,7 +516,8 @@ impl Driver for ChirpDriver {
     fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         self.with_file(Some(handle), Redo::Always, |c, fd| {
             let n = c.call(&format!("pread {fd} {len} {offset}\n"))?;
-            c.bytes(n as usize)
+            let n = c.within(n, len as usize)?;
+            c.bytes(n)
         })
     }
 
@@ -526,8 +558,8 @@ impl Driver for ChirpDriver {
     fn readlink(&mut self, path: &str) -> Result<String> {
         self.with(Redo::Always, |c| {
             let n = c.call(&format!("readlink {} 4096\n", enc(path)))?;
-            String::from_utf8(c.bytes(n as usize)?)
-                .map_err(|_| DriverError::errno(libc::EILSEQ, "link target is not UTF-8"))
+            let n = c.within(n, 4096)?;
+            String::from_utf8(c.bytes(n)?).map_err(|_| DriverError::errno(libc::EILSEQ, "link target is not UTF-8"))
         })
     }
 

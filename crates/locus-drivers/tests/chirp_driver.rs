@@ -80,3 +80,54 @@ fn a_call_that_loses_its_connection_is_sent_again_only_if_that_is_harmless() {
     d.mkdir("/d", 0o755).unwrap();
     d.close(h).unwrap();
 }
+
+/// A server that breaks the protocol on purpose: it announces more bytes than were asked
+/// for and sends lines that never end.
+fn hostile_chirp_server() -> std::net::SocketAddr {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut out = conn.try_clone().unwrap();
+                for line in BufReader::new(conn).lines() {
+                    let Ok(line) = line else { return };
+                    let word = line.split_whitespace().next().unwrap_or("");
+                    let reply: Vec<u8> = match word {
+                        "address" => b"address\nhostile\n".to_vec(),
+                        "open" => b"3\n1 2 33188 1 0 0 0 10 4096 1 0 0 0\n".to_vec(),
+                        "pread" | "readlink" => b"1000000\n".to_vec(),
+                        "lstat" => [&b"0\n"[..], &vec![b'7'; 200_000]].concat(),
+                        _ => b"-8\n".to_vec(),
+                    };
+                    if out.write_all(&reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_server_that_breaks_the_protocol_gets_errors_not_a_crash() {
+    let addr = hostile_chirp_server();
+    let (mut d, _) = ChirpDriver::connect(&format!("chirp://{addr}/")).unwrap();
+    let h = d.open("/f", of::READ, 0).unwrap().handle;
+    // A million bytes announced for a read of ten.
+    let e = d.pread(h, 0, 10).unwrap_err();
+    assert_eq!(e.errno, libc::EPROTO, "{}", e.message);
+    assert_eq!(d.readlink("/l").unwrap_err().errno, libc::EPROTO);
+    // A line that never ends is cut off, not read into memory whole.
+    let e = d.lstat("/f").unwrap_err();
+    assert!(e.message.contains("line"), "{}", e.message);
+    // The simple client refuses the same.
+    let mut c = locus_drivers::chirp::ChirpClient::connect(addr).unwrap();
+    let fd = c.open("/f", "r", 0).unwrap();
+    let mut buf = [0u8; 10];
+    let e = c.pread(fd, &mut buf, 0).unwrap_err();
+    assert!(e.contains("announced"), "{e}");
+}
