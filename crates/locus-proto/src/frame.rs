@@ -62,6 +62,9 @@ impl Limits {
     pub const SERVER: Limits = Limits { max_meta: 1 << 20, max_data: 16 << 20 };
     /// What a client accepts from servers: directory listings can be large.
     pub const CLIENT: Limits = Limits { max_meta: 64 << 20, max_data: 64 << 20 };
+    /// What a server accepts before the client has authenticated (hello, auth, ping), so
+    /// that an unknown peer cannot make it allocate much.
+    pub const BEFORE_AUTH: Limits = Limits { max_meta: 16 << 10, max_data: 16 << 10 };
 }
 
 /// Why a header or preamble was rejected.

@@ -32,8 +32,11 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Open handles one connection may hold.
     pub max_handles: usize,
-    /// Frame size limits enforced on every client frame.
+    /// Frame size limits enforced on every client frame once it has authenticated (before,
+    /// [`Limits::BEFORE_AUTH`]).
     pub limits: Limits,
+    /// How long a new connection has to authenticate before it is closed.
+    pub auth_timeout: std::time::Duration,
     /// A name for this server in the handshake.
     pub name: String,
     /// Script interpreter threads (separate from the connection threads).
@@ -105,6 +108,7 @@ impl ServerConfig {
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_handles: 4096,
             limits: Limits::SERVER,
+            auth_timeout: std::time::Duration::from_secs(10),
             name: format!("locus {}", env!("CARGO_PKG_VERSION")),
             script_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             script_cache: 1024,

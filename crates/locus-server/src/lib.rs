@@ -28,7 +28,7 @@ pub use error::ServerError;
 use bytes::{Bytes, BytesMut};
 use dispatch::Encoded;
 use locus_proto::frame::{self, Header, Kind, HEADER_LEN};
-use locus_proto::{codec, Code, Error as WireError};
+use locus_proto::{codec, Code, Error as WireError, Limits};
 use locus_store::{Acl, Store};
 use parking_lot::Mutex;
 use session::Session;
@@ -259,6 +259,20 @@ fn connection_thread(
 /// Reads exactly `len` bytes (already checked against the limits) into space split off
 /// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
 /// their memory, so bulk writes do not fault in fresh pages for every frame.
+/// Reads with `read` until `deadline`, if there is one: a peer that has not
+/// authenticated by then is closed, whether it sends nothing or sends slowly.
+async fn until<T>(
+    deadline: Option<tokio::time::Instant>,
+    read: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    match deadline {
+        None => read.await,
+        Some(d) => tokio::time::timeout_at(d, read)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "did not authenticate in time"))),
+    }
+}
+
 async fn read_vec(r: &mut (impl AsyncRead + Unpin), pool: &mut BytesMut, len: u32) -> std::io::Result<Bytes> {
     use bytes::BufMut;
     let len = len as usize;
@@ -380,26 +394,30 @@ async fn frame_loop(
     writer: &Arc<tokio::sync::Mutex<FrameWriter>>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let limits = shared.config.limits;
     let mut pool = BytesMut::new();
+    // An unknown peer has this long to authenticate, and sends small frames until it has.
+    let auth_deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
+    let before_auth = |authenticated: bool| (!authenticated).then_some(auth_deadline);
     let mut pipe = splice::SplicePipe::default();
     let pwrite_code = <locus_proto::ops::Pwrite as locus_proto::Operation>::INFO.code;
     loop {
         let mut head = [0u8; HEADER_LEN];
+        let deadline = before_auth(session.authenticated());
         tokio::select! {
-            r = reader.read_exact(&mut head) => match r {
+            r = until(deadline, reader.read_exact(&mut head)) => match r {
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
             },
             _ = stop.changed() => return Ok(()),
         }
+        let limits = if deadline.is_some() { Limits::BEFORE_AUTH } else { shared.config.limits };
         let header = match Header::decode(&head, limits) {
             Ok(h) if h.kind == Kind::Request => h,
             Ok(h) => return broken(writer, &head, format!("clients send requests, not {:?} frames", h.kind)).await,
             Err(e) => return broken(writer, &head, e.to_string()).await,
         };
-        let meta = read_vec(reader, &mut pool, header.meta_len).await?;
+        let meta = until(deadline, read_vec(reader, &mut pool, header.meta_len)).await?;
         let started = Instant::now();
         let direct = (header.op == pwrite_code
             && header.data_len >= splice::SPLICE_MIN
@@ -413,7 +431,7 @@ async fn frame_loop(
                 Err(errno) => Err(locus_store::StoreError::Os { op: "write", path: file.rel.clone(), errno }.into()),
             }
         } else {
-            let data = read_vec(reader, &mut pool, header.data_len).await?;
+            let data = until(deadline, read_vec(reader, &mut pool, header.data_len)).await?;
             if session.is_uploading(header.id) {
                 session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
             } else if !session.authenticated() && header.op > 0x03 {

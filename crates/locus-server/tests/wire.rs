@@ -168,3 +168,45 @@ fn a_streamed_upload_can_interleave_with_other_requests() {
     assert_eq!((h.id, h.kind), (50, Kind::Reply));
     assert_eq!(std::fs::read(s.local("up")).unwrap(), b"abcdefg");
 }
+
+#[test]
+fn a_peer_that_does_not_authenticate_in_time_is_closed() {
+    let s = TestServer::start_with(|c| c.auth_timeout = Duration::from_millis(300));
+    // One that says nothing after the preamble.
+    let mut idle = Raw::connect(&s);
+    let started = std::time::Instant::now();
+    assert!(idle.closed());
+    assert!(started.elapsed() < Duration::from_secs(3), "closed at the deadline, not by the test's timeout");
+    // One that starts a frame and sends it slowly.
+    let mut slow = Raw::connect(&s);
+    let h = Header { kind: Kind::Request, flags: 0, op: Hello::INFO.code, id: 1, meta_len: 100, data_len: 0 };
+    slow.0.write_all(&h.encode()).unwrap();
+    slow.0.write_all(b"x").unwrap();
+    assert!(slow.closed());
+    // One that authenticates in time stays, past the deadline.
+    let mut quick = Raw::connect(&s);
+    quick.login("admin");
+    std::thread::sleep(Duration::from_millis(500));
+    quick.send(Ping::INFO.code, 5, 0, &[], &[]);
+    assert_eq!(quick.recv().0.id, 5);
+}
+
+#[test]
+fn frames_before_authentication_are_small() {
+    let s = TestServer::start();
+    let mut r = Raw::connect(&s);
+    // Well under the limits after authentication (1 MiB of metadata), over those before.
+    let h = Header { kind: Kind::Request, flags: 0, op: Hello::INFO.code, id: 40, meta_len: 100_000, data_len: 0 };
+    r.0.write_all(&h.encode()).unwrap();
+    let (id, e) = r.recv_error();
+    assert_eq!((id, e.code), (40, Code::BAD_REQUEST));
+    assert!(e.message.contains("exceeds"), "{}", e.message);
+    assert!(r.closed());
+    // The same frame after authentication is only a bad request.
+    let mut r = Raw::connect(&s);
+    r.login("admin");
+    r.send(Stat::INFO.code, 41, 0, &vec![0xffu8; 100_000], &[]);
+    assert_eq!(r.recv_error().1.code, Code::BAD_REQUEST);
+    r.send(Ping::INFO.code, 42, 0, &[], &[]);
+    assert_eq!(r.recv().0.id, 42);
+}
