@@ -2,11 +2,17 @@
 //! staleness within its attribute timeout.
 
 use locus_client::consistency::{CachingClient, Mode};
+use locus_client::types::Rights;
 use locus_testkit::TestServer;
 use std::time::{Duration, Instant};
 
+/// Two caching clients of different subjects, each allowed to read, write and run code.
 async fn pair(s: &TestServer, mode: Mode) -> (CachingClient, CachingClient) {
-    (CachingClient::new(s.client("admin").await, mode), CachingClient::new(s.client("admin").await, mode))
+    let admin = s.client("admin").await;
+    for who in ["alice", "bob"] {
+        admin.acl_set("/", who, Rights::parse("rwldx").unwrap()).await.unwrap();
+    }
+    (CachingClient::new(s.client("alice").await, mode), CachingClient::new(s.client("bob").await, mode))
 }
 
 async fn wait_for(what: impl Fn() -> bool) {

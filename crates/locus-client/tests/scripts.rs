@@ -457,3 +457,40 @@ async fn buffers_copy_to_and_from_files_without_lua_strings() {
     assert_eq!(c1, Code::LIMIT, "{msg}");
     assert!(msg.contains("memory"), "{msg}");
 }
+
+#[tokio::test]
+async fn named_state_is_each_subjects_own() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    let alice = srv.client("alice").await;
+    admin.acl_set("/", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    run(&admin, "state.set('secret', 'admin only') state.push('list', 1)", vec![]).await.unwrap();
+    let look = "return state.get('secret'), state.take('list')";
+    assert_eq!(run(&alice, look, vec![]).await.unwrap(), vec![Value::Nil, Value::Nil]);
+    run(&alice, "state.set('secret', 'alice only')", vec![]).await.unwrap();
+    let v = run(&admin, look, vec![]).await.unwrap();
+    assert_eq!(v[0], s("admin only"));
+    assert_eq!(run(&alice, "return state.get('secret')", vec![]).await.unwrap(), vec![s("alice only")]);
+}
+
+#[tokio::test]
+async fn a_handle_to_a_removed_file_cannot_attach_state_to_its_successor() {
+    let srv = TestServer::start();
+    let admin = srv.client("admin").await;
+    srv.put_local("s", b"x");
+    let src = r#"
+        local old = assert(state.of('/s'))
+        assert(fs.unlink('/s'))
+        assert(fs.put('/s', 420, 'a new file, perhaps with the old inode number'))
+        local ok, err = pcall(function() old:set('k', 1) end)
+        local new = assert(state.of('/s'))
+        new:set('k', 2)
+        return ok, err, new:get('k')
+    "#;
+    let v = run(&admin, src, vec![]).await.unwrap();
+    assert_eq!(v[0], Value::Bool(false));
+    let Value::Str(msg) = &v[1] else { panic!("{v:?}") };
+    assert!(msg.contains("removed or replaced"), "{msg}");
+    assert_eq!(v[2], Value::Int(2));
+    assert_eq!(srv.shared().scripts.object_states().len(), 1);
+}

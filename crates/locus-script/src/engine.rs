@@ -469,6 +469,7 @@ fn run(
         instructions: 0,
         tripped: None,
         locks: Vec::new(),
+        handles: Vec::new(),
         buffer_bytes: 0,
         token,
     });
@@ -485,6 +486,9 @@ fn run(
     let ctx = lua.remove_app_data::<CallCtx>().expect("set above");
     for name in &ctx.locks {
         shared.locks.release(name, token);
+    }
+    for &(object, handle) in &ctx.handles {
+        shared.objects.end_handle(object, handle);
     }
     let values = match result {
         Err(_) if ctx.tripped.is_some() => {

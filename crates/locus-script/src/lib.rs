@@ -34,6 +34,8 @@ pub trait Host: Send + 'static {
     fn push(&self, client: u64, data: &[u8]) -> bool;
     /// The id of the client that made the call.
     fn caller(&self) -> u64;
+    /// The subject the call acts as (whose named `state` it sees).
+    fn subject(&self) -> &str;
 }
 
 /// The id of a script source: its SHA-256 in hex.

@@ -32,6 +32,8 @@ pub struct CallCtx {
     pub tripped: Option<(&'static str, String)>,
     /// Locks this call holds, released when it ends however it ends.
     pub locks: Vec<String>,
+    /// Handles to objects' state this call made (`state.of`), ended when it ends.
+    pub handles: Vec<((u64, u64), u64)>,
     /// Bytes held in buffers, which live outside Lua's own memory accounting.
     pub buffer_bytes: usize,
     /// Distinguishes this call as a lock owner.
@@ -51,8 +53,24 @@ impl CallCtx {
 #[derive(Default)]
 pub struct Shared {
     pub locks: LockTable,
-    pub state: Mutex<Entries>,
+    /// Each subject's own named values (`state.*`): one subject's scripts cannot read
+    /// another's. What subjects share goes in a file's state, which its ACL governs.
+    pub state: Mutex<HashMap<String, Entries>>,
     pub objects: Arc<ObjectStates>,
+}
+
+impl Shared {
+    /// Runs `f` on the calling subject's named values (dropping them once empty).
+    fn own_state<R>(&self, lua: &Lua, f: impl FnOnce(&mut Entries) -> R) -> mlua::Result<R> {
+        let subject = with_ctx(lua, |ctx| Ok(ctx.host.subject().to_string()))?;
+        let mut all = self.state.lock();
+        let entries = all.entry(subject.clone()).or_default();
+        let r = f(entries);
+        if entries.0.is_empty() {
+            all.remove(&subject);
+        }
+        Ok(r)
+    }
 }
 
 /// Named values that outlive a call: the global `state`, or one object's.
@@ -105,77 +123,145 @@ impl Entries {
 /// file across renames, as an open handle does, and is dropped when the file leaves the
 /// export ([`ObjectStates::forget`], which the server calls from the store).
 #[derive(Default)]
-pub struct ObjectStates(Mutex<HashMap<(u64, u64), Entries>>);
+pub struct ObjectStates(Mutex<Objects>);
+
+#[derive(Default)]
+struct Objects {
+    entries: HashMap<(u64, u64), Entries>,
+    /// Handles (`state.of`) of calls in progress, by object. A removal ends them, so a
+    /// handle to a removed file cannot attach state to a later file that is given the
+    /// same inode number.
+    handles: HashMap<(u64, u64), Vec<u64>>,
+    ended: std::collections::HashSet<u64>,
+    next_handle: u64,
+}
 
 impl ObjectStates {
-    /// Drops what is attached to `object`.
+    /// Drops what is attached to `object` and ends the handles to it.
     pub fn forget(&self, object: (u64, u64)) {
-        self.0.lock().remove(&object);
+        let mut all = self.0.lock();
+        all.entries.remove(&object);
+        if let Some(tokens) = all.handles.remove(&object) {
+            all.ended.extend(tokens);
+        }
+    }
+
+    /// True while an object has state attached or a call holds a handle to one: only
+    /// then do removals need to be reported.
+    pub fn watching(&self) -> bool {
+        let all = self.0.lock();
+        !all.entries.is_empty() || !all.handles.is_empty()
     }
 
     /// How many objects have state attached.
     pub fn len(&self) -> usize {
-        self.0.lock().len()
+        self.0.lock().entries.len()
     }
 
     /// True when no object has state attached.
     pub fn is_empty(&self) -> bool {
-        self.0.lock().is_empty()
+        self.0.lock().entries.is_empty()
     }
 
-    /// Runs `f` on `object`'s entries, creating them if `create` (within [`MAX_OBJECTS`]).
-    fn with<R>(&self, object: (u64, u64), create: bool, f: impl FnOnce(&mut Entries) -> R) -> mlua::Result<Option<R>> {
+    /// A handle to `object` for the call in progress.
+    fn open_handle(&self, object: (u64, u64)) -> u64 {
         let mut all = self.0.lock();
-        if let Some(entries) = all.get_mut(&object) {
-            let r = f(entries);
-            if entries.0.is_empty() {
-                all.remove(&object);
+        all.next_handle += 1;
+        let token = all.next_handle;
+        all.handles.entry(object).or_default().push(token);
+        token
+    }
+
+    /// Ends a handle when its call ends (it can no longer attach anything).
+    pub(crate) fn end_handle(&self, object: (u64, u64), token: u64) {
+        let mut all = self.0.lock();
+        if let Some(tokens) = all.handles.get_mut(&object) {
+            tokens.retain(|&t| t != token);
+            if tokens.is_empty() {
+                all.handles.remove(&object);
             }
-            return Ok(Some(r));
+            all.ended.insert(token);
         }
-        if !create {
-            return Ok(None);
+    }
+
+    /// Forgets a handle whose Lua value is gone.
+    fn drop_handle(&self, object: (u64, u64), token: u64) {
+        self.end_handle(object, token);
+        self.0.lock().ended.remove(&token);
+    }
+
+    /// Runs `f` on `object`'s entries if it has any (dropping them once empty).
+    fn existing<R>(&self, object: (u64, u64), f: impl FnOnce(&mut Entries) -> R) -> Option<R> {
+        let mut all = self.0.lock();
+        let entries = all.entries.get_mut(&object)?;
+        let r = f(entries);
+        if entries.0.is_empty() {
+            all.entries.remove(&object);
         }
-        if all.len() >= MAX_OBJECTS {
+        Some(r)
+    }
+
+    /// Runs `f` on `object`'s entries, creating them if needed, unless the handle
+    /// `token` has ended because its object was removed.
+    fn attach<R>(
+        &self,
+        object: (u64, u64),
+        token: u64,
+        f: impl FnOnce(&mut Entries) -> mlua::Result<R>,
+    ) -> mlua::Result<R> {
+        let mut all = self.0.lock();
+        if all.ended.contains(&token) {
+            return Err(mlua::Error::runtime("the file was removed or replaced since state.of gave this handle"));
+        }
+        if !all.entries.contains_key(&object) && all.entries.len() >= MAX_OBJECTS {
             return Err(mlua::Error::runtime(format!("state is attached to at most {MAX_OBJECTS} files")));
         }
-        let mut entries = Entries::default();
-        let r = f(&mut entries);
-        if !entries.0.is_empty() {
-            all.insert(object, entries);
+        let entries = all.entries.entry(object).or_default();
+        let r = f(entries);
+        if entries.0.is_empty() {
+            all.entries.remove(&object);
         }
-        Ok(Some(r))
+        r
     }
 }
 
-/// What `state.of(path)` answers: the state of the object at `path` when it was asked.
+/// What `state.of(path)` answers: the state of the object at `path` when it was asked,
+/// usable until the call ends or the object leaves the export.
 struct ObjectState {
     object: (u64, u64),
+    token: u64,
     objects: Arc<ObjectStates>,
+}
+
+impl Drop for ObjectState {
+    fn drop(&mut self) {
+        self.objects.drop_handle(self.object, self.token);
+    }
 }
 
 impl UserData for ObjectState {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("get", |lua, o, key: String| {
-            let value = o.objects.with(o.object, false, |e| e.0.get(&key).cloned())?.flatten();
+            let value = o.objects.existing(o.object, |e| e.0.get(&key).cloned()).flatten();
             value.map(|v| to_lua(lua, &v)).transpose()
         });
         m.add_method("set", |_, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            o.objects.with(o.object, value != Value::Nil, |e| e.set(key, value, MAX_OBJECT_KEYS))?.transpose()?;
-            Ok(())
+            if value == Value::Nil {
+                o.objects.existing(o.object, |e| e.0.remove(&key));
+                return Ok(());
+            }
+            o.objects.attach(o.object, o.token, |e| e.set(key, value, MAX_OBJECT_KEYS))
         });
         m.add_method("incr", |_, o, (key, by): (String, Option<i64>)| {
-            let now = o.objects.with(o.object, true, |e| e.incr(key, by.unwrap_or(1), MAX_OBJECT_KEYS))?;
-            now.expect("created")
+            o.objects.attach(o.object, o.token, |e| e.incr(key, by.unwrap_or(1), MAX_OBJECT_KEYS))
         });
         m.add_method("push", |_, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            let len = o.objects.with(o.object, true, |e| e.push(key, value, MAX_OBJECT_KEYS))?;
-            len.expect("created")
+            o.objects.attach(o.object, o.token, |e| e.push(key, value, MAX_OBJECT_KEYS))
         });
         m.add_method("take", |lua, o, key: String| {
-            let value = o.objects.with(o.object, false, |e| e.0.remove(&key))?.flatten();
+            let value = o.objects.existing(o.object, |e| e.0.remove(&key)).flatten();
             value.map(|v| to_lua(lua, &v)).transpose()
         });
     }
@@ -366,36 +452,38 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     let s = shared.clone();
     state.set(
         "get",
-        lua.create_function(move |lua, key: String| s.state.lock().0.get(&key).map(|v| to_lua(lua, v)).transpose())?,
+        lua.create_function(move |lua, key: String| {
+            s.own_state(lua, |e| e.0.get(&key).cloned())?.map(|v| to_lua(lua, &v)).transpose()
+        })?,
     )?;
     let s = shared.clone();
     state.set(
         "set",
-        lua.create_function(move |_, (key, v): (String, LuaValue)| {
+        lua.create_function(move |lua, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            s.state.lock().set(key, value, MAX_STATE_KEYS)
+            s.own_state(lua, |e| e.set(key, value, MAX_STATE_KEYS))?
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "incr",
-        lua.create_function(move |_, (key, by): (String, Option<i64>)| {
-            s.state.lock().incr(key, by.unwrap_or(1), MAX_STATE_KEYS)
+        lua.create_function(move |lua, (key, by): (String, Option<i64>)| {
+            s.own_state(lua, |e| e.incr(key, by.unwrap_or(1), MAX_STATE_KEYS))?
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "push",
-        lua.create_function(move |_, (key, v): (String, LuaValue)| {
+        lua.create_function(move |lua, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            s.state.lock().push(key, value, MAX_STATE_KEYS)
+            s.own_state(lua, |e| e.push(key, value, MAX_STATE_KEYS))?
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "take",
         lua.create_function(move |lua, key: String| {
-            s.state.lock().0.remove(&key).map(|v| to_lua(lua, &v)).transpose()
+            s.own_state(lua, |e| e.0.remove(&key))?.map(|v| to_lua(lua, &v)).transpose()
         })?,
     )?;
     let objects = shared.objects.clone();
@@ -411,7 +499,13 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
                 Ok((attr, _)) => attr,
                 Err(e) => return failure(lua, e),
             };
-            let handle = ObjectState { object: (attr.dev, attr.ino), objects: objects.clone() };
+            let object = (attr.dev, attr.ino);
+            let token = objects.open_handle(object);
+            with_ctx(lua, |ctx| {
+                ctx.handles.push((object, token));
+                Ok(())
+            })?;
+            let handle = ObjectState { object, token, objects: objects.clone() };
             Ok(MultiValue::from_iter([LuaValue::UserData(lua.create_userdata(handle)?)]))
         })?,
     )?;

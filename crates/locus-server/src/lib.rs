@@ -111,7 +111,7 @@ struct DropScriptState(Arc<locus_script::ObjectStates>);
 
 impl locus_store::RemovalObserver for DropScriptState {
     fn watching(&self) -> bool {
-        !self.0.is_empty()
+        self.0.watching()
     }
 
     fn removed(&self, object: locus_store::ObjectId) {

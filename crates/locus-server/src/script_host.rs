@@ -66,4 +66,8 @@ impl locus_script::Host for ScriptHost {
     fn caller(&self) -> u64 {
         self.caller
     }
+
+    fn subject(&self) -> &str {
+        self.session.subject().expect("a script's session acts as its caller")
+    }
 }

@@ -3,15 +3,18 @@
 --         with its contents in the output buffer (one round trip).
 -- "close": stores the input buffer as the new contents and breaks the callbacks of every
 --          other client caching the file; returns how many were broken.
+-- The callbacks are the file's own state (state.of), shared by every subject that may
+-- read it; storing new contents replaces the file, so the callbacks kept move to it.
 local op, path = ...
 local key = "afs:" .. path
 local me = msg.caller()
 assert(lock.acquire(key, 2000), "busy: " .. path)
-local holders = state.get(key) or {}
+local file = state.of(path)
+local holders = file and file:get("callbacks") or {}
 if op == "open" then
   local known = false
   for _, c in ipairs(holders) do known = known or c == me end
-  if not known then state.push(key, me) end
+  if file and not known then file:push("callbacks", me) end
   lock.release(key)
   local attr, data = fs.get(path)
   if not attr then return nil, data end
@@ -31,6 +34,6 @@ for _, c in ipairs(holders) do
     broken = broken + 1
   end
 end
-state.set(key, keep)
+if #keep > 0 then assert(state.of(path)):set("callbacks", keep) end
 lock.release(key)
 return broken

@@ -1,19 +1,27 @@
 -- Sprite consistency (used by locus_client::consistency). Arguments: op, path, mode.
 -- "open" (mode "r" or "w"): records the open; when the file becomes write-shared (a
 --   writer and another client have it open) every other opener is told to stop caching
---   it. Returns true if the caller may cache the file.
+--   it. Returns true if the caller may cache the file. Opening a missing file for
+--   writing creates it, as open(O_CREAT) does.
 -- "close": forgets the caller's opens of the file.
+-- The opens are the file's own state (state.of), shared by every subject that may read it.
 local op, path, mode = ...
 local key = "sprite:" .. path
 local me = msg.caller()
 assert(lock.acquire(key, 2000), "busy: " .. path)
-local opens = state.get(key) or {}
+local file = state.of(path)
+if not file and op == "open" and mode == "w" then
+  local created = fs.open(path, 2 | 4, 420) -- WRITE | CREATE
+  if created then fs.close(created.handle) end
+  file = state.of(path)
+end
+local opens = file and file:get("opens") or {}
 if op == "close" then
   local keep = {}
   for _, o in ipairs(opens) do
     if o.client ~= me then keep[#keep + 1] = o end
   end
-  state.set(key, keep)
+  if file then file:set("opens", #keep > 0 and keep or nil) end
   lock.release(key)
   return true
 end
@@ -32,6 +40,6 @@ if shared then
     if c ~= me then msg.send(c, "uncache " .. path) end
   end
 end
-state.set(key, opens)
+if file then file:set("opens", opens) end
 lock.release(key)
 return not shared
