@@ -34,6 +34,9 @@ async fn register_then_call_by_id_with_input_and_output() {
     let (values, out) = c.script_call_id(&id, vec![Value::Int(2), Value::Int(40)], b"hello").await.unwrap();
     assert_eq!(values, vec![Value::Int(42), s("sum")]);
     assert_eq!(&out[..], b"hello!");
+    // The next call of the same script starts with its own input and an empty output.
+    let (_, out) = c.script_call_id(&id, vec![Value::Int(0), Value::Int(0)], b"").await.unwrap();
+    assert_eq!(&out[..], b"!");
     // an unknown id says so; the source-carrying call registers it
     let e = c.script_call_id(&"0".repeat(64), vec![], &[]).await.unwrap_err();
     assert_eq!(e.code(), Code::NO_SCRIPT);

@@ -107,11 +107,12 @@ impl Drop for Replier {
 }
 
 /// A script compiled in one interpreter, with the global table its calls share (emptied
-/// after each call).
-#[derive(Clone)]
+/// after each call) and its `input` and `output` buffers (refilled for each call).
 struct Compiled {
     function: Function,
     env: Table,
+    input: mlua::AnyUserData,
+    output: mlua::AnyUserData,
 }
 
 struct Sources {
@@ -429,30 +430,30 @@ fn run(
     limits: Limits,
     host: Box<dyn Host>,
 ) -> Result<CallOutcome, ScriptError> {
-    let Compiled { function: f, env } = match compiled.get(id) {
-        Some(c) => c.clone(),
-        None => {
-            let compile = || -> mlua::Result<Compiled> {
-                let function = lua.load(source).set_name("=script").set_mode(ChunkMode::Text).into_function()?;
-                // The environment is set once here: setting it per call makes mlua load a
-                // helper chunk each time. Each call starts from it emptied (see below).
-                let env = lua.create_table()?;
-                env.set_metatable(Some(env_meta.clone()))?;
-                function.set_environment(env.clone())?;
-                Ok(Compiled { function, env })
-            };
-            let c = compile().map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
-            if compiled.len() >= COMPILED_PER_WORKER {
-                compiled.clear();
-            }
-            compiled.insert(id.to_string(), c.clone());
-            c
+    if !compiled.contains_key(id) {
+        let compile = || -> mlua::Result<Compiled> {
+            let function = lua.load(source).set_name("=script").set_mode(ChunkMode::Text).into_function()?;
+            // The environment is set once here: setting it per call makes mlua load a
+            // helper chunk each time. Each call starts from it emptied (see below).
+            let env = lua.create_table()?;
+            env.set_metatable(Some(env_meta.clone()))?;
+            function.set_environment(env.clone())?;
+            let (input, output) = (lua.create_userdata(Buffer(Vec::new()))?, lua.create_userdata(Buffer(Vec::new()))?);
+            Ok(Compiled { function, env, input, output })
+        };
+        let c = compile().map_err(|e| ScriptError::Compile(first_line(&e.to_string())))?;
+        if compiled.len() >= COMPILED_PER_WORKER {
+            compiled.clear();
         }
-    };
+        compiled.insert(id.to_string(), c);
+    }
+    let Compiled { function: f, env, input: input_buffer, output: output_buffer } = &compiled[id];
     let setup = || -> mlua::Result<MultiValue> {
-        env.raw_set("_G", env.clone())?;
-        env.raw_set("input", Buffer(input))?;
-        env.raw_set("output", Buffer(Vec::new()))?;
+        env.raw_set("_G", env)?;
+        input_buffer.borrow_mut::<Buffer>()?.0 = input;
+        output_buffer.borrow_mut::<Buffer>()?.0.clear();
+        env.raw_set("input", input_buffer)?;
+        env.raw_set("output", output_buffer)?;
         let mut lua_args = MultiValue::new();
         for a in &args {
             lua_args.push_back(to_lua(lua, a)?);
@@ -481,8 +482,14 @@ fn run(
         .ok()
         .and_then(|u| u.borrow_mut::<Buffer>().ok().map(|mut b| std::mem::take(&mut b.0)))
         .unwrap_or_default();
-    // The next call of this script starts with no globals of this one.
+    // The next call of this script starts with no globals of this one, and its buffers
+    // hold nothing between calls.
     let _ = env.clear();
+    for buffer in [input_buffer, output_buffer] {
+        if let Ok(mut b) = buffer.borrow_mut::<Buffer>() {
+            b.0 = Vec::new();
+        }
+    }
     let ctx = lua.remove_app_data::<CallCtx>().expect("set above");
     for name in &ctx.locks {
         shared.locks.release(name, token);
