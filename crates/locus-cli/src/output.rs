@@ -28,16 +28,28 @@ pub fn mode_string(mode: u32) -> String {
     s
 }
 
+/// A file time for people, in UTC: `2026-11-24T09:53Z`, or with seconds and nanoseconds.
+fn when(t: &locus_proto::types::Time, precise: bool) -> String {
+    let Ok(at) = time::OffsetDateTime::from_unix_timestamp(t.sec) else { return format!("{}s", t.sec) };
+    let (d, h) = (at.date(), at.time());
+    let day = format!("{:04}-{:02}-{:02}T{:02}:{:02}", d.year(), d.month() as u8, d.day(), h.hour(), h.minute());
+    if precise {
+        format!("{day}:{:02}.{:09}Z", h.second(), t.nsec)
+    } else {
+        format!("{day}Z")
+    }
+}
+
 /// One `ls -l` line.
 pub fn long_line(name: &str, a: &Attr) -> String {
     format!(
-        "{} {:>3} {:>5} {:>5} {:>12} {:>12} {}",
+        "{} {:>3} {:>5} {:>5} {:>12} {} {}",
         mode_string(a.mode),
         a.nlink,
         a.uid,
         a.gid,
         a.size,
-        a.mtime.sec,
+        when(&a.mtime, false),
         name
     )
 }
@@ -60,10 +72,10 @@ pub fn entries_json(entries: &[DirEntry]) -> Value {
 /// `stat` output for people.
 pub fn attr_text(path: &str, a: &Attr) -> String {
     format!(
-        "  path: {path}\n  type: {}\n  mode: {:o} ({})\n  size: {}\n links: {}\n owner: {}:{}\n inode: {}\n mtime: {}.{:09}\n atime: {}.{:09}\n ctime: {}.{:09}",
+        "  path: {path}\n  type: {}\n  mode: {:o} ({})\n  size: {}\n links: {}\n owner: {}:{}\n inode: {}\n mtime: {}\n atime: {}\n ctime: {}",
         match a.mode & S_IFMT { S_IFDIR => "directory", S_IFLNK => "symlink", S_IFREG => "file", _ => "other" },
         a.mode & 0o7777, mode_string(a.mode), a.size, a.nlink, a.uid, a.gid, a.ino,
-        a.mtime.sec, a.mtime.nsec, a.atime.sec, a.atime.nsec, a.ctime.sec, a.ctime.nsec
+        when(&a.mtime, true), when(&a.atime, true), when(&a.ctime, true)
     )
 }
 
@@ -251,5 +263,13 @@ mod tests {
         assert_eq!(mode_string(0o120777), "lrwxrwxrwx");
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(12), "12 B");
+    }
+
+    #[test]
+    fn times_render_in_utc() {
+        use locus_proto::types::Time;
+        assert_eq!(when(&Time { sec: 0, nsec: 5 }, true), "1970-01-01T00:00:00.000000005Z");
+        assert_eq!(when(&Time { sec: 1_795_513_847, nsec: 0 }, false), "2026-11-24T09:50Z");
+        assert_eq!(when(&Time { sec: i64::MAX, nsec: 0 }, false), format!("{}s", i64::MAX));
     }
 }

@@ -1,0 +1,18 @@
+//! Feeds arbitrary text to the parsers of what users and files hand Locus: export URLs,
+//! credentials, rights strings and ACL files, which must also survive a round trip
+//! through `render`. Nothing may panic.
+//! Run: `cargo +nightly fuzz run text_parsers -- -max_total_time=600`
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let _ = locus_client::LocusUrl::parse(text);
+    let _ = locus_client::Credentials::parse(text);
+    let _ = locus_proto::types::Rights::parse(text);
+    if let Ok(acl) = locus_store::Acl::parse(text) {
+        let again = locus_store::Acl::parse(&acl.render()).expect("a rendered ACL parses");
+        assert_eq!(again, acl, "an ACL survives a round trip");
+    }
+});
