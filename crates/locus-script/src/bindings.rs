@@ -79,7 +79,9 @@ impl<'de, I: Iterator<Item = LuaValue>> serde::de::SeqAccess<'de> for Fields<'_,
     }
 }
 
-fn fail(lua: &Lua, e: locus_proto::Error) -> mlua::Result<MultiValue> {
+/// `nil, message, code`: how a failed `fs.*` call (or any library call that reaches the
+/// file service) answers, so a script can test for errors without `pcall`.
+pub(crate) fn fail(lua: &Lua, e: locus_proto::Error) -> mlua::Result<MultiValue> {
     Ok(MultiValue::from_iter([
         LuaValue::Nil,
         LuaValue::String(lua.create_string(&e.message)?),

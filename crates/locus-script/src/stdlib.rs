@@ -1,6 +1,7 @@
 //! The scripts' standard library besides `fs`: `buffer`, `state` (named values, global or
 //! attached to a file), `lock`, `msg`, `time`, and the per-call context they work in.
 
+use crate::bindings::fail;
 use crate::engine::Limits;
 use crate::value::{bytes_of, from_lua, to_lua};
 use crate::Host;
@@ -136,6 +137,20 @@ struct Objects {
     next_handle: u64,
 }
 
+impl Objects {
+    /// Takes `token` off `object`'s live handles; true if it was there.
+    fn unlist(&mut self, object: (u64, u64), token: u64) -> bool {
+        let Some(tokens) = self.handles.get_mut(&object) else { return false };
+        let before = tokens.len();
+        tokens.retain(|&t| t != token);
+        let found = tokens.len() < before;
+        if tokens.is_empty() {
+            self.handles.remove(&object);
+        }
+        found
+    }
+}
+
 impl ObjectStates {
     /// Drops what is attached to `object` and ends the handles to it.
     pub fn forget(&self, object: (u64, u64)) {
@@ -175,19 +190,16 @@ impl ObjectStates {
     /// Ends a handle when its call ends (it can no longer attach anything).
     pub(crate) fn end_handle(&self, object: (u64, u64), token: u64) {
         let mut all = self.0.lock();
-        if let Some(tokens) = all.handles.get_mut(&object) {
-            tokens.retain(|&t| t != token);
-            if tokens.is_empty() {
-                all.handles.remove(&object);
-            }
+        if all.unlist(object, token) {
             all.ended.insert(token);
         }
     }
 
     /// Forgets a handle whose Lua value is gone.
     fn drop_handle(&self, object: (u64, u64), token: u64) {
-        self.end_handle(object, token);
-        self.0.lock().ended.remove(&token);
+        let mut all = self.0.lock();
+        all.unlist(object, token);
+        all.ended.remove(&token);
     }
 
     /// Runs `f` on `object`'s entries if it has any (dropping them once empty).
@@ -278,15 +290,6 @@ fn host_call<O: Operation>(lua: &Lua, req: &O, data: &[u8]) -> mlua::Result<Host
             Ok((codec::decode(meta)?, out))
         }))
     })
-}
-
-/// `nil, message, code`, as a failed `fs.*` call answers.
-fn failure(lua: &Lua, e: WireError) -> mlua::Result<MultiValue> {
-    Ok(MultiValue::from_iter([
-        LuaValue::Nil,
-        LuaValue::String(lua.create_string(&e.message)?),
-        LuaValue::String(lua.create_string(e.code.name())?),
-    ]))
 }
 
 /// Named locks owned by calls.
@@ -403,7 +406,7 @@ impl UserData for Buffer {
         m.add_method("write", |lua, b, (handle, offset): (u64, u64)| {
             match host_call(lua, &ops::Pwrite { handle, offset }, &b.0)? {
                 Ok((written, _)) => Ok(MultiValue::from_iter([LuaValue::Integer(written as i64)])),
-                Err(e) => failure(lua, e),
+                Err(e) => fail(lua, e),
             }
         });
         m.add_method("tostring", |lua, b, ()| lua.create_string(&b.0));
@@ -442,7 +445,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
             charge(lua, len as usize)?;
             match host_call(lua, &ops::Pread { handle, offset, len }, &[])? {
                 Ok(((), data)) => Ok(MultiValue::from_iter([LuaValue::UserData(lua.create_userdata(Buffer(data))?)])),
-                Err(e) => failure(lua, e),
+                Err(e) => fail(lua, e),
             }
         })?,
     )?;
@@ -493,11 +496,11 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
             // The caller's own rights decide: whoever may read the file may use its state,
             // as whoever may open a file may lock it.
             if let Err(e) = host_call(lua, &ops::Access { path: path.clone(), mode: 4 }, &[])? {
-                return failure(lua, e);
+                return fail(lua, e);
             }
             let attr = match host_call(lua, &ops::Stat { path }, &[])? {
                 Ok((attr, _)) => attr,
-                Err(e) => return failure(lua, e),
+                Err(e) => return fail(lua, e),
             };
             let object = (attr.dev, attr.ino);
             let token = objects.open_handle(object);

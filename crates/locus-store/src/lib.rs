@@ -46,7 +46,8 @@ pub type ObjectId = (u64, u64);
 /// server attach things to objects (scripts' per-file state) and drop them here.
 /// Removals made on the server's disk behind the store's back are not seen.
 pub trait RemovalObserver: Send + Sync {
-    /// True while anything is attached; when false, removals are not looked up at all.
+    /// True while anything is attached or could be (a script holds a handle); when
+    /// false, removals are not looked up at all.
     fn watching(&self) -> bool;
     /// The object is gone.
     fn removed(&self, object: ObjectId);
@@ -198,7 +199,7 @@ impl Store {
         let st = rustix::fs::fstat(&fd).ctx("stat", &shown)?;
         let store = Store {
             root: fd,
-            root_key: (st.st_dev as u64, st.st_ino as u64),
+            root_key: object_id(&st),
             acls: acl::AclCache::default(),
             counters: Counters::default(),
             removals: std::sync::OnceLock::new(),
