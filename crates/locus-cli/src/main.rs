@@ -41,6 +41,7 @@ enum Command {
     },
     /// List a directory (or describe a file).
     Ls {
+        /// A locus:// URL: locus://HOST[:PORT]/path, or locus+tls://...
         url: String,
         /// Long format: mode, links, owner, size, time.
         #[arg(short, long)]
@@ -48,26 +49,43 @@ enum Command {
     },
     /// Show the attributes of a path.
     Stat {
+        /// A locus:// URL: locus://HOST[:PORT]/path, or locus+tls://...
         url: String,
         /// Describe a symlink itself instead of following it.
         #[arg(short = 'L', long)]
         no_follow: bool,
     },
     /// Write a remote file to standard output.
-    Cat { url: String },
+    Cat {
+        /// A locus:// URL: locus://HOST[:PORT]/path, or locus+tls://...
+        url: String,
+    },
     /// Download a remote file.
-    Get { url: String, local: PathBuf },
+    Get {
+        /// The remote file, as a locus:// URL.
+        url: String,
+        /// Where to write it.
+        local: PathBuf,
+    },
     /// Upload a local file.
-    Put { local: PathBuf, url: String },
+    Put {
+        /// The local file.
+        local: PathBuf,
+        /// Where it goes, as a locus:// URL (replaced atomically when complete).
+        url: String,
+    },
     /// Copy files; either side may be remote (`-r` for directories).
     Cp {
+        /// A local path or a locus:// URL.
         source: String,
+        /// A local path or a locus:// URL.
         dest: String,
         #[arg(short, long)]
         recursive: bool,
     },
     /// Remove files (`-r` for directories and their contents).
     Rm {
+        /// What to remove, as locus:// URLs.
         #[arg(required = true)]
         urls: Vec<String>,
         #[arg(short, long)]
@@ -75,20 +93,30 @@ enum Command {
     },
     /// Create directories (`-p` creates parents and tolerates existing ones).
     Mkdir {
+        /// The directories, as locus:// URLs.
         #[arg(required = true)]
         urls: Vec<String>,
         #[arg(short, long)]
         parents: bool,
     },
     /// Rename a remote path (both on one server).
-    Mv { from: String, to: String },
+    Mv {
+        /// The path to rename, as a locus:// URL.
+        from: String,
+        /// Its new name, as a locus:// URL on the same server.
+        to: String,
+    },
     /// Show file-system space of an export.
-    Df { url: String },
+    Df {
+        /// Any path of the export, as a locus:// URL.
+        url: String,
+    },
     /// Read or change a directory's access-control list.
     #[command(subcommand)]
     Acl(AclCommand),
     /// Show server statistics: totals, operations and the busiest files.
     Stats {
+        /// The server, as a locus:// URL (needs the `a` right at its root).
         url: String,
         /// How many of the busiest files to show.
         #[arg(long, default_value_t = 10)]
@@ -114,7 +142,10 @@ enum Command {
         retry_secs: u64,
     },
     /// Unmount a `locus mount`.
-    Umount { mountpoint: PathBuf },
+    Umount {
+        /// Where `locus mount` mounted the directory.
+        mountpoint: PathBuf,
+    },
     /// Run a program (and every process it starts) with remote storage in its namespace:
     /// `/locus/HOST:PORT/path` always, plus the names given by --mount and --mount-list.
     /// No privileges needed. By default the program runs in a private mount namespace
@@ -154,17 +185,33 @@ enum Command {
 #[derive(Subcommand)]
 enum AclCommand {
     /// Show the ACL in force on a directory.
-    Get { url: String },
+    Get {
+        /// The directory, as a locus:// URL.
+        url: String,
+    },
     /// Give SUBJECT the RIGHTS (letters from rwldax; `-` for none) on a directory.
-    Set { url: String, subject: String, rights: String },
+    Set {
+        /// The directory, as a locus:// URL.
+        url: String,
+        /// A subject name, or `*` for every authenticated subject.
+        subject: String,
+        /// Letters from rwldax (read, write, list, delete, admin, execute code), or `-`.
+        rights: String,
+    },
 }
 
 #[derive(Subcommand)]
 enum ScriptCommand {
     /// Register a script file with the server at URL; prints its id.
-    Register { url: String, file: PathBuf },
+    Register {
+        /// The server, as a locus:// URL (locus://HOST[:PORT]/).
+        url: String,
+        /// The Lua source file.
+        file: PathBuf,
+    },
     /// Call a script by id, or by file (registered on first use), with arguments.
     Call {
+        /// The server, as a locus:// URL (locus://HOST[:PORT]/).
         url: String,
         /// A script id (64 hex digits) or a file holding the script.
         script: String,
@@ -184,6 +231,7 @@ enum StoreletCommand {
     /// Run MODULE.wasm (WASI preview 1) with the directory of --dir as its `/`; its
     /// output streams back as it is written, its account goes to stderr with --account.
     Run {
+        /// The WebAssembly module (a .wasm file).
         module: PathBuf,
         /// The directory the program sees, as a locus:// URL.
         #[arg(long)]
@@ -202,11 +250,22 @@ enum StoreletCommand {
         args: Vec<String>,
     },
     /// List storelet runs queued or running (yours; everyone's for an admin).
-    Ps { url: String },
+    Ps {
+        /// The server, as a locus:// URL (locus://HOST[:PORT]/).
+        url: String,
+    },
     /// Cancel a run by the number `ps` shows (yours; any for an admin).
-    Cancel { url: String, run: u64 },
+    Cancel {
+        /// The server, as a locus:// URL (locus://HOST[:PORT]/).
+        url: String,
+        /// The run's number, as `ps` shows it.
+        run: u64,
+    },
     /// Storelet accounts: totals per subject and recent runs.
-    Stats { url: String },
+    Stats {
+        /// The server, as a locus:// URL (locus://HOST[:PORT]/).
+        url: String,
+    },
 }
 
 #[derive(Subcommand)]
