@@ -49,8 +49,8 @@ pub struct OpsArgs {
     /// Worker threads of the Locus server under test (default: one per CPU).
     #[arg(long)]
     pub server_threads: Option<usize>,
-    /// The Locus server's `--sendfile` (auto, always, never), to compare its bulk paths.
-    #[arg(long, default_value = "auto")]
+    /// The Locus server's `--sendfile` (always, auto, never), to compare its bulk paths.
+    #[arg(long, default_value = "always")]
     pub sendfile: String,
     /// Also save all results (every run) as JSON to this file.
     #[arg(long)]

@@ -34,9 +34,9 @@ pub struct ServeArgs {
     /// Script interpreter threads (default: one per CPU).
     #[arg(long)]
     script_workers: Option<usize>,
-    /// Large reads with sendfile: auto (for remote clients; a copy is faster over
-    /// loopback), always, or never.
-    #[arg(long, default_value = "auto")]
+    /// Large reads with sendfile: always, auto (a copy for clients on this host, for
+    /// readers that wake on every segment), or never.
+    #[arg(long, default_value = "always")]
     sendfile: locus_server::Sendfile,
     /// Lua instructions one script call may run.
     #[arg(long, default_value_t = locus_script::Limits::default().instructions)]

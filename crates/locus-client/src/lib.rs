@@ -26,6 +26,7 @@ use locus_proto::types::*;
 use locus_proto::{auth, codec, Error as WireError, Operation};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::RawFd;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -124,6 +125,7 @@ impl Client {
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
         let tcp = TcpStream::connect(&opts.addr).await?;
         tcp.set_nodelay(true)?;
+        let socket = opts.tls_ca.is_none().then(|| std::os::fd::AsRawFd::as_raw_fd(&tcp));
         let (r, w): (BoxRead, BoxWrite) = match &opts.tls_ca {
             None => {
                 let (r, w) = tcp.into_split();
@@ -150,7 +152,7 @@ impl Client {
             next_id: AtomicU32::new(1),
             pushes: Mutex::new(None),
         });
-        tokio::spawn(read_loop(reader, Arc::downgrade(&inner)));
+        tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner)));
         let mut client = Client { inner, client_id: 0, subject: String::new() };
 
         let challenge = client
@@ -675,27 +677,55 @@ async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<u
     Ok(n)
 }
 
-async fn read_frame(r: &mut BufReader<BoxRead>, pool: &mut BytesMut) -> Result<Frame> {
+async fn read_frame(r: &mut BufReader<BoxRead>, socket: Option<RawFd>, pool: &mut BytesMut) -> Result<Frame> {
     let mut head = [0u8; HEADER_LEN];
     r.read_exact(&mut head).await?;
     let header = Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    let meta = read_exact_buf(r, pool, header.meta_len as usize).await?;
-    let data = read_exact_buf(r, pool, header.data_len as usize).await?;
+    let meta = read_exact_buf(r, None, pool, header.meta_len as usize).await?;
+    let data = read_exact_buf(r, socket, pool, header.data_len as usize).await?;
     Ok(Frame { header, meta, data })
+}
+
+/// Bodies at least this large are read with the socket's low-water mark raised.
+const LOWAT_MIN: usize = 1 << 20;
+/// The low-water mark while such a body arrives: the reader is woken once per this many
+/// bytes, not once per segment (a wake-up that crosses CPUs costs tens of µs in a VM).
+const LOWAT: usize = 256 << 10;
+
+/// Sets the socket's receive low-water mark (`SO_RCVLOWAT`): it is readable once this
+/// many bytes wait. The socket belongs to this connection and outlives its reader.
+fn set_rcvlowat(socket: RawFd, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `socket` is the connection's open socket; `v` is an int of the size given.
+    unsafe { libc::setsockopt(socket, libc::SOL_SOCKET, libc::SO_RCVLOWAT, (&v as *const libc::c_int).cast(), size) };
 }
 
 /// Reads exactly `len` bytes, without zero-filling, into space split off `pool`. Once
 /// every `Bytes` split from the pool is dropped, `reserve` reuses its memory, so a long
 /// transfer does not fault in fresh pages for every frame.
-async fn read_exact_buf(r: &mut BufReader<BoxRead>, pool: &mut BytesMut, len: usize) -> Result<Bytes> {
+async fn read_exact_buf(
+    r: &mut BufReader<BoxRead>,
+    socket: Option<RawFd>,
+    pool: &mut BytesMut,
+    len: usize,
+) -> Result<Bytes> {
     use bytes::BufMut;
     pool.clear();
     pool.reserve(len.max(POOL_MIN));
+    let lowat = socket.filter(|_| len >= LOWAT_MIN);
     while pool.len() < len {
         let want = len - pool.len();
+        if let Some(s) = lowat {
+            // Never more than what is still to come, or the last piece would never wake us.
+            set_rcvlowat(s, want.saturating_sub(r.buffer().len()).clamp(1, LOWAT));
+        }
         if r.read_buf(&mut (&mut *pool).limit(want)).await? == 0 {
             return Err(ClientError::Closed);
         }
+    }
+    if let Some(s) = lowat {
+        set_rcvlowat(s, 1);
     }
     Ok(pool.split_to(len).freeze())
 }
@@ -705,10 +735,10 @@ const POOL_MIN: usize = 4 << 20;
 
 /// Routes frames from the server to their waiters until the connection ends, then fails
 /// every request still waiting.
-async fn read_loop(mut reader: BufReader<BoxRead>, inner: std::sync::Weak<Inner>) {
+async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner: std::sync::Weak<Inner>) {
     let mut pool = BytesMut::new();
     loop {
-        let frame = read_frame(&mut reader, &mut pool).await;
+        let frame = read_frame(&mut reader, socket, &mut pool).await;
         let Some(inner) = inner.upgrade() else { return };
         let frame = match frame {
             Ok(f) => f,

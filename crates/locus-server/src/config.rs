@@ -56,16 +56,18 @@ pub struct ServerConfig {
 /// When large reads go out with `sendfile(2)` (page references handed to the socket)
 /// rather than read into a buffer and written.
 ///
-/// `sendfile` spares the sender a copy, which pays when a NIC sends the pages. A client on
-/// the same host receives through loopback, which copies every byte into the receiver
-/// anyway; there the skbs of page-sized pieces that `sendfile` builds measured 20–25%
-/// slower than one copy into large skbs (`locus bench ops`, BENCHMARKS.md).
+/// `sendfile` spares the server two copies. Over loopback its page-sized pieces used to
+/// wake the receiver once per 64 KiB, which made it 20–25% slower than a copy into large
+/// pieces; since the client library raises its socket's low-water mark while a large
+/// body arrives, `sendfile` reads 1.4–1.5x faster than the copy there too (`locus bench
+/// ops --sendfile`, BENCHMARKS.md). `Auto` keeps the copy for clients on this host, for
+/// readers that do not raise theirs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Sendfile {
     /// `sendfile` for remote clients, a copy for clients on this host.
-    #[default]
     Auto,
     /// `sendfile` for every client.
+    #[default]
     Always,
     /// A copy for every client.
     Never,
@@ -115,7 +117,7 @@ impl ServerConfig {
             script_limits: locus_script::Limits::default(),
             script_limits_by_subject: HashMap::new(),
             storelets: Default::default(),
-            sendfile: Sendfile::Auto,
+            sendfile: Sendfile::Always,
         }
     }
 
