@@ -714,17 +714,23 @@ async fn read_exact_buf(
     pool.clear();
     pool.reserve(len.max(POOL_MIN));
     let lowat = socket.filter(|_| len >= LOWAT_MIN);
+    let mut mark = 1;
     while pool.len() < len {
         let want = len - pool.len();
         if let Some(s) = lowat {
-            // Never more than what is still to come, or the last piece would never wake us.
-            set_rcvlowat(s, want.saturating_sub(r.buffer().len()).clamp(1, LOWAT));
+            // Never more than what is still to come, or the last piece would never wake us;
+            // set only when it changes (once a body, then lowered near its end).
+            let next = want.saturating_sub(r.buffer().len()).clamp(1, LOWAT);
+            if next != mark {
+                set_rcvlowat(s, next);
+                mark = next;
+            }
         }
         if r.read_buf(&mut (&mut *pool).limit(want)).await? == 0 {
             return Err(ClientError::Closed);
         }
     }
-    if let Some(s) = lowat {
+    if let (Some(s), true) = (lowat, mark != 1) {
         set_rcvlowat(s, 1);
     }
     Ok(pool.split_to(len).freeze())

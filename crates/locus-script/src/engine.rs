@@ -448,16 +448,17 @@ fn run(
         compiled.insert(id.to_string(), c);
     }
     let Compiled { function: f, env, input: input_buffer, output: output_buffer } = &compiled[id];
+    // The buffers are empty between calls (see the end of this function); the input goes
+    // in last, so a call refused here leaves nothing behind.
     let setup = || -> mlua::Result<MultiValue> {
-        env.raw_set("_G", env)?;
-        input_buffer.borrow_mut::<Buffer>()?.0 = input;
-        output_buffer.borrow_mut::<Buffer>()?.0.clear();
-        env.raw_set("input", input_buffer)?;
-        env.raw_set("output", output_buffer)?;
         let mut lua_args = MultiValue::new();
         for a in &args {
             lua_args.push_back(to_lua(lua, a)?);
         }
+        env.raw_set("_G", env)?;
+        env.raw_set("input", input_buffer)?;
+        env.raw_set("output", output_buffer)?;
+        input_buffer.borrow_mut::<Buffer>()?.0 = input;
         Ok(lua_args)
     };
     let lua_args = setup().map_err(|e| ScriptError::Invalid(format!("script arguments: {e}")))?;

@@ -35,7 +35,8 @@ pub struct ServerConfig {
     /// Frame size limits enforced on every client frame once it has authenticated (before,
     /// [`Limits::BEFORE_AUTH`]).
     pub limits: Limits,
-    /// How long a new connection has to authenticate before it is closed.
+    /// How long a new connection has, from when it is accepted, to finish TLS, send its
+    /// preamble and authenticate before it is closed.
     pub auth_timeout: std::time::Duration,
     /// A name for this server in the handshake.
     pub name: String,

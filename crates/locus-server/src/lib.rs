@@ -259,8 +259,8 @@ fn connection_thread(
 /// Reads exactly `len` bytes (already checked against the limits) into space split off
 /// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
 /// their memory, so bulk writes do not fault in fresh pages for every frame.
-/// Reads with `read` until `deadline`, if there is one: a peer that has not
-/// authenticated by then is closed, whether it sends nothing or sends slowly.
+/// Runs `read` until `deadline`, if there is one: a peer that has not authenticated by
+/// then is closed, whether it sends nothing or sends slowly.
 async fn until<T>(
     deadline: Option<tokio::time::Instant>,
     read: impl Future<Output = std::io::Result<T>>,
@@ -294,12 +294,13 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    // A new peer has this long from here to finish TLS, send its preamble and
+    // authenticate; until it has, its frames are small (see `frame_loop`).
+    let deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
     let sendfile = tls.is_none() && shared.config.sendfile.use_for(stream.local_addr()?.ip(), stream.peer_addr()?.ip());
     let (reader, writer) = match tls {
         Some(acceptor) => {
-            let tls = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
-                .await
-                .map_err(|_| std::io::Error::other("TLS handshake timed out"))??;
+            let tls = until(Some(deadline), acceptor.accept(stream)).await?;
             let (r, w) = tokio::io::split(tls);
             (ReadHalf::Tls(r), WriteHalf::Tls(w))
         }
@@ -312,9 +313,7 @@ async fn serve(
     let mut writer = FrameWriter::new(writer, sendfile);
 
     let mut preamble = [0u8; 8];
-    tokio::time::timeout(Duration::from_secs(10), reader.read_exact(&mut preamble))
-        .await
-        .map_err(|_| std::io::Error::other("no preamble"))??;
+    until(Some(deadline), reader.read_exact(&mut preamble)).await?;
     frame::parse_preamble(&preamble).map_err(std::io::Error::other)?;
     writer.out_raw(&frame::preamble(frame::VERSION)).await?;
 
@@ -325,7 +324,7 @@ async fn serve(
     let pusher = tokio::spawn(forward_pushes(push_rx, writer.clone(), pushes.waiting.clone()));
     let outbox = Outbox { writer: writer.clone(), runtime: tokio::runtime::Handle::current(), pushes: pushes.waiting };
     let mut session = Session::new(shared.clone(), client_id, Some(outbox));
-    let result = frame_loop(&shared, &mut session, &mut reader, &writer, stop).await;
+    let result = frame_loop(&shared, &mut session, &mut reader, &writer, stop, deadline).await;
     pusher.abort();
     shared.registry.remove(client_id);
     drop(session);
@@ -393,16 +392,15 @@ async fn frame_loop(
     reader: &mut BufReader<ReadHalf>,
     writer: &Arc<tokio::sync::Mutex<FrameWriter>>,
     mut stop: watch::Receiver<bool>,
+    auth_deadline: tokio::time::Instant,
 ) -> std::io::Result<()> {
     let mut pool = BytesMut::new();
-    // An unknown peer has this long to authenticate, and sends small frames until it has.
-    let auth_deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
-    let before_auth = |authenticated: bool| (!authenticated).then_some(auth_deadline);
     let mut pipe = splice::SplicePipe::default();
     let pwrite_code = <locus_proto::ops::Pwrite as locus_proto::Operation>::INFO.code;
     loop {
         let mut head = [0u8; HEADER_LEN];
-        let deadline = before_auth(session.authenticated());
+        // An unknown peer reads under its deadline and sends small frames.
+        let deadline = (!session.authenticated()).then_some(auth_deadline);
         tokio::select! {
             r = until(deadline, reader.read_exact(&mut head)) => match r {
                 Ok(_) => {}
