@@ -52,6 +52,9 @@ pub struct OpsArgs {
     /// The Locus server's `--sendfile` (always, auto, never), to compare its bulk paths.
     #[arg(long, default_value = "always")]
     pub sendfile: String,
+    /// The Locus server's `--poll-us` (default: the server's own default).
+    #[arg(long)]
+    pub poll_us: Option<u64>,
     /// Also save all results (every run) as JSON to this file.
     #[arg(long)]
     pub save: Option<PathBuf>,
@@ -366,6 +369,7 @@ fn start_target(
             let root = make_root(work, "locus-root", size)?;
             let mut flags = vec![format!("--sendfile={}", args.sendfile)];
             flags.extend(args.server_threads.map(|n| format!("--threads={n}")));
+            flags.extend(args.poll_us.map(|us| format!("--poll-us={us}")));
             let (peer, token) = peers::start_locus_with(&exe, work, &root, &flags)?;
             let (addr, proxy) = behind_proxy(peer.addr)?;
             (Box::new(LocusDriver::connect(addr, &token).map_err(setup)?), Some(peer), proxy)

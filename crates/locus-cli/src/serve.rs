@@ -38,6 +38,11 @@ pub struct ServeArgs {
     /// readers that wake on every segment), or never.
     #[arg(long, default_value = "always")]
     sendfile: locus_server::Sendfile,
+    /// Microseconds a connection that has just answered keeps polling for the next
+    /// request before it sleeps, so that a client in conversation does not wait for the
+    /// server's CPU to wake (0: never poll). Clients that pause longer are not polled for.
+    #[arg(long, default_value_t = ServerConfig::new("", "").poll_window.as_micros() as u64)]
+    poll_us: u64,
     /// Lua instructions one script call may run.
     #[arg(long, default_value_t = locus_script::Limits::default().instructions)]
     script_instructions: u64,
@@ -86,6 +91,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     }
     config.tls = args.tls;
     config.sendfile = args.sendfile;
+    config.poll_window = std::time::Duration::from_micros(args.poll_us);
     config.max_connections = args.max_connections.max(1);
     if let Some(threads) = args.threads {
         config.threads = threads.max(1);

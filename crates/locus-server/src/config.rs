@@ -52,6 +52,9 @@ pub struct ServerConfig {
     pub storelets: crate::storelet_host::StoreletConfig,
     /// How large reads leave on plain TCP.
     pub sendfile: Sendfile,
+    /// How long a connection that has just answered keeps polling its socket for the
+    /// next request before it sleeps (zero: never polls). See [`crate::IdlePoll`].
+    pub poll_window: std::time::Duration,
 }
 
 /// When large reads go out with `sendfile(2)` (page references handed to the socket)
@@ -119,6 +122,7 @@ impl ServerConfig {
             script_limits_by_subject: HashMap::new(),
             storelets: Default::default(),
             sendfile: Sendfile::Always,
+            poll_window: std::time::Duration::from_micros(50),
         }
     }
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Semaphore};
-use transport::{DirectWrite, FrameWriter, ReadHalf, WriteHalf};
+use transport::{DirectWrite, FrameWriter, IdlePoll, ReadHalf, WriteHalf};
 
 /// A message pushed to a client outside any request (callbacks from scripts, later).
 #[derive(Debug, Clone)]
@@ -397,8 +397,10 @@ async fn frame_loop(
     let mut pool = BytesMut::new();
     let mut pipe = splice::SplicePipe::default();
     let pwrite_code = <locus_proto::ops::Pwrite as locus_proto::Operation>::INFO.code;
+    let mut idle = IdlePoll::new(shared.config.poll_window);
     loop {
         let mut head = [0u8; HEADER_LEN];
+        idle.wait(reader).await;
         // An unknown peer reads under its deadline and sends small frames.
         let deadline = (!session.authenticated()).then_some(auth_deadline);
         tokio::select! {
@@ -409,6 +411,7 @@ async fn frame_loop(
             },
             _ = stop.changed() => return Ok(()),
         }
+        idle.arrived();
         let limits = if deadline.is_some() { Limits::BEFORE_AUTH } else { shared.config.limits };
         let header = match Header::decode(&head, limits) {
             Ok(h) if h.kind == Kind::Request => h,
