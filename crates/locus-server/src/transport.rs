@@ -104,7 +104,8 @@ impl IdlePoll {
         }
         let until = self.since + self.window;
         loop {
-            let ready = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *reader).poll_fill_buf(cx).is_ready())).await;
+            let ready =
+                std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *reader).poll_fill_buf(cx).is_ready())).await;
             if ready || Instant::now() >= until {
                 return;
             }
