@@ -322,9 +322,15 @@ async fn serve(
     let client_id = shared.registry.add(pushes.clone());
     let writer = Arc::new(tokio::sync::Mutex::new(writer));
     let pusher = tokio::spawn(forward_pushes(push_rx, writer.clone(), pushes.waiting.clone()));
-    let outbox = Outbox { writer: writer.clone(), runtime: tokio::runtime::Handle::current(), pushes: pushes.waiting };
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let outbox = Outbox {
+        writer: writer.clone(),
+        runtime: tokio::runtime::Handle::current(),
+        pushes: pushes.waiting,
+        answered: answered.clone(),
+    };
     let mut session = Session::new(shared.clone(), client_id, Some(outbox));
-    let result = frame_loop(&shared, &mut session, &mut reader, &writer, stop, deadline).await;
+    let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
     pusher.abort();
     shared.registry.remove(client_id);
     drop(session);
@@ -355,11 +361,19 @@ pub struct Outbox {
     runtime: tokio::runtime::Handle,
     /// Pushes queued for this client and not yet written.
     pushes: Arc<AtomicUsize>,
+    /// Told after each reply, so the connection's thread, asleep while a script ran,
+    /// polls for the next request (see [`IdlePoll`]).
+    answered: Arc<tokio::sync::Notify>,
 }
 
 impl Outbox {
     /// Sends the reply to request `id` (operation `op`).
     pub fn reply(&self, op: u16, id: u32, outcome: Result<Encoded, WireError>) {
+        self.send(op, id, outcome);
+        self.answered.notify_one();
+    }
+
+    fn send(&self, op: u16, id: u32, outcome: Result<Encoded, WireError>) {
         if self.pushes.load(Ordering::SeqCst) == 0 {
             if let Ok(mut w) = self.writer.try_lock() {
                 let written = match &outcome {
@@ -391,6 +405,7 @@ async fn frame_loop(
     session: &mut Session,
     reader: &mut BufReader<ReadHalf>,
     writer: &Arc<tokio::sync::Mutex<FrameWriter>>,
+    answered: &tokio::sync::Notify,
     mut stop: watch::Receiver<bool>,
     auth_deadline: tokio::time::Instant,
 ) -> std::io::Result<()> {
@@ -398,9 +413,11 @@ async fn frame_loop(
     let mut pipe = splice::SplicePipe::default();
     let pwrite_code = <locus_proto::ops::Pwrite as locus_proto::Operation>::INFO.code;
     let mut idle = IdlePoll::new(shared.config.poll_window);
+    // Whether the last request is answered on another thread (a script's interpreter).
+    let mut answered_elsewhere = false;
     loop {
         let mut head = [0u8; HEADER_LEN];
-        idle.wait(reader).await;
+        idle.wait(reader, answered_elsewhere.then_some(answered)).await;
         // An unknown peer reads under its deadline and sends small frames.
         let deadline = (!session.authenticated()).then_some(auth_deadline);
         tokio::select! {
@@ -443,6 +460,7 @@ async fn frame_loop(
             }
         };
         shared.store.counters().op(header.op, started.elapsed());
+        answered_elsewhere = matches!(outcome, Ok(Encoded { deferred: true, .. }));
         let mut w = writer.lock().await;
         match outcome {
             Ok(enc) if enc.deferred => {}

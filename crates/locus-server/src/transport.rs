@@ -77,8 +77,10 @@ impl tokio::io::AsyncRead for ReadHalf {
 /// unmodified program through `locus mount`) thus pays for a wake-up on every request.
 /// Polling for about one round trip keeps the thread running through that gap. It yields
 /// between polls, so other connections on the thread and a client on the same CPU still
-/// run. The window adapts: a connection whose last request came later than the window
-/// does not poll for its next, so idle and slow clients cost no CPU.
+/// run. While a script's interpreter makes the reply, the thread sleeps instead, leaving
+/// it the CPU, and polls once told the reply is out. The window adapts: a connection
+/// whose last request came later than the window does not poll for its next, so idle
+/// and slow clients cost no CPU.
 pub struct IdlePoll {
     window: std::time::Duration,
     /// When the connection began waiting for its next request.
@@ -94,10 +96,23 @@ impl IdlePoll {
     }
 
     /// Waits until `reader` has bytes, polling, if the connection is in conversation;
-    /// returns at once otherwise, or when the window has passed. Call
-    /// [`IdlePoll::arrived`] once the next request has come.
-    pub async fn wait<R: tokio::io::AsyncRead + Unpin>(&mut self, reader: &mut tokio::io::BufReader<R>) {
+    /// returns at once otherwise, or when the window has passed. If the last reply is
+    /// made on another thread, which signals `answered` once it is out, first sleeps
+    /// until then. Call [`IdlePoll::arrived`] once the next request has come.
+    pub async fn wait<R: tokio::io::AsyncRead + Unpin>(
+        &mut self,
+        reader: &mut tokio::io::BufReader<R>,
+        answered: Option<&tokio::sync::Notify>,
+    ) {
         use tokio::io::AsyncBufRead;
+        if let Some(answered) = answered {
+            let ready = std::future::poll_fn(|cx| Pin::new(&mut *reader).poll_fill_buf(cx).map(|_| ()));
+            tokio::select! {
+                biased;
+                _ = answered.notified() => {}
+                _ = ready => {}
+            }
+        }
         self.since = Instant::now();
         if self.window.is_zero() || self.last_gap > self.window || !reader.buffer().is_empty() {
             return;
@@ -408,13 +423,13 @@ mod tests {
 
         // In conversation, with nothing to read: polls for the whole window.
         let started = Instant::now();
-        idle.wait(&mut reader).await;
+        idle.wait(&mut reader, None).await;
         assert!(started.elapsed() >= window);
         idle.arrived();
 
         // The last request came later than the window: returns at once.
         let started = Instant::now();
-        idle.wait(&mut reader).await;
+        idle.wait(&mut reader, None).await;
         assert!(started.elapsed() < window / 3, "polled for a client that pauses");
 
         // Back in conversation, bytes end the wait before the window does.
@@ -425,7 +440,7 @@ mod tests {
             client
         });
         let started = Instant::now();
-        idle.wait(&mut reader).await;
+        idle.wait(&mut reader, None).await;
         assert!(started.elapsed() < window, "kept polling after bytes came");
         assert_eq!(reader.buffer(), b"x");
         drop(writer.await.unwrap());
