@@ -39,8 +39,10 @@ pub struct OpsArgs {
     /// Emulated round-trip time in milliseconds (a delay proxy in front of every target).
     #[arg(long, default_value_t = 0.0)]
     pub rtt_ms: f64,
-    /// Targets to measure, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "pingpong,locus,chirp,xrootd")]
+    /// Targets to measure, comma-separated: `pingpong` (a blocking echo thread, the floor),
+    /// `pingpong-poll` (an echo thread that polls after each reply, as `locus serve` does),
+    /// `locus`, `chirp`, `xrootd`.
+    #[arg(long, value_delimiter = ',', default_value = "pingpong,pingpong-poll,locus,chirp,xrootd")]
     pub targets: Vec<String>,
     /// Scratch directory for the exported trees (default: /dev/shm, so that the disk's
     /// write-back stalls do not drown the protocols' differences).
@@ -361,8 +363,13 @@ fn start_target(
     };
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let (driver, peer, proxy): (Box<dyn Driver>, Option<Peer>, Option<DelayProxy>) = match name {
-        "pingpong" => {
-            let (addr, proxy) = behind_proxy(pingpong::start_echo().map_err(|e| BenchError::io("echo", e))?)?;
+        "pingpong" | "pingpong-poll" => {
+            // The polling echo polls as long as a Locus server does by default.
+            let poll = (name == "pingpong-poll").then(|| {
+                args.poll_us.map_or(locus_server::ServerConfig::new("", "").poll_window, Duration::from_micros)
+            });
+            let echo = pingpong::start_echo(poll).map_err(|e| BenchError::io("echo", e))?;
+            let (addr, proxy) = behind_proxy(echo)?;
             (Box::new(PingPongDriver(pingpong::connect(addr).map_err(setup)?)), None, proxy)
         }
         "locus" => {
@@ -461,7 +468,7 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
             for k in 0..targets.len() {
                 let idx = (k + rep + round) % n;
                 let t = &mut targets[idx];
-                if t.name == "pingpong" {
+                if t.name.starts_with("pingpong") {
                     continue;
                 }
                 let (r, w) = t.driver.bandwidth(size).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
@@ -528,9 +535,11 @@ pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &
     if pingpong.is_some() {
         header.push("locus ÷ ping-pong".into());
     }
+    // A floor is divided into Locus' time, a peer's time by Locus'.
+    let floor = |p: &TargetReport| p.target.starts_with("pingpong");
     for p in &peers {
         header.push(format!("{} p50 (p99) µs", p.target));
-        header.push(format!("{} ÷ locus", p.target));
+        header.push(if floor(p) { format!("locus ÷ {}", p.target) } else { format!("{} ÷ locus", p.target) });
     }
     s.push_str(&format!("| {} |\n|{}\n", header.join(" | "), "---|".repeat(header.len())));
     for row in ROWS {
@@ -545,9 +554,9 @@ pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &
             cells.push(cell(l));
         }
         for p in &peers {
-            let v = p.rows.get(row);
-            cells.push(cell(v));
-            cells.push(ratio(v.map(|v| v.p50), l.map(|l| l.p50)));
+            let v = p.rows.get(row).map(|v| v.p50);
+            cells.push(cell(p.rows.get(row)));
+            cells.push(if floor(p) { ratio(l.map(|l| l.p50), v) } else { ratio(v, l.map(|l| l.p50)) });
         }
         s.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
@@ -562,6 +571,10 @@ pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &
             cells.push(String::new());
         }
         for p in &peers {
+            if floor(p) {
+                cells.extend([String::new(), String::new()]);
+                continue;
+            }
             cells.push(format!("{:.0}", bw(p)));
             cells.push(locus.map_or("-".into(), |l| format!("locus is {}", ratio(Some(bw(l)), Some(bw(p))))));
         }

@@ -1,16 +1,19 @@
-//! The floor for any request/reply on this machine: a blocking client and a blocking
-//! echo thread exchanging one small message over loopback TCP.
+//! The floor for any request/reply on this machine: a blocking client and an echo
+//! thread exchanging one small message over loopback TCP. The echo thread either blocks
+//! in `read` (the plain floor) or first polls its socket for a moment after each reply,
+//! as `locus serve` does (`--poll-us`), which shows what polling alone saves.
 
 use crate::stats::time_each;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Size of the message, the same as a Locus frame header.
 const MESSAGE: usize = 16;
 
-/// An echo server on a fresh port; its thread ends when the client disconnects.
-pub fn start_echo() -> std::io::Result<SocketAddr> {
+/// An echo server on a fresh port; its thread ends when the client disconnects. With
+/// `poll`, the thread polls its socket for that long after each reply before it blocks.
+pub fn start_echo(poll: Option<Duration>) -> std::io::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     std::thread::spawn(move || {
@@ -19,11 +22,37 @@ pub fn start_echo() -> std::io::Result<SocketAddr> {
             std::thread::spawn(move || {
                 crate::placement::pin_server_thread();
                 let mut b = [0u8; MESSAGE];
-                while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
+                loop {
+                    let got = match poll {
+                        None => s.read_exact(&mut b),
+                        Some(window) => read_polling(&mut s, &mut b, window),
+                    };
+                    if got.is_err() || s.write_all(&b).is_err() {
+                        break;
+                    }
+                }
             });
         }
     });
     Ok(addr)
+}
+
+/// Fills `b`, polling the socket (yielding between tries) for up to `window`, then
+/// blocking.
+fn read_polling(s: &mut TcpStream, b: &mut [u8], window: Duration) -> std::io::Result<()> {
+    let until = Instant::now() + window;
+    s.set_nonblocking(true)?;
+    let mut got = 0;
+    while got < b.len() && Instant::now() < until {
+        match s.read(&mut b[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => return Err(e),
+        }
+    }
+    s.set_nonblocking(false)?;
+    s.read_exact(&mut b[got..])
 }
 
 /// A client connection to an echo server (maybe behind a proxy).

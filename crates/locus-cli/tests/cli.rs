@@ -142,7 +142,18 @@ fn serve_with_embedded_defaults_then_use_it() {
 #[test]
 fn bench_ops_runs_and_reports_every_row() {
     let out = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["bench", "ops", "--iterations", "20", "--repeat", "1", "--size-mb", "4", "--targets", "pingpong,locus"])
+        .args([
+            "bench",
+            "ops",
+            "--iterations",
+            "20",
+            "--repeat",
+            "1",
+            "--size-mb",
+            "4",
+            "--targets",
+            "pingpong,pingpong-poll,locus",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -154,6 +165,7 @@ fn bench_ops_runs_and_reports_every_row() {
         "| write 1B |",
         "| seq read MB/s |",
         "ping-pong p50",
+        "locus ÷ pingpong-poll",
         "placement: ",
     ] {
         assert!(table.contains(row), "{row} missing from\n{table}");
