@@ -365,9 +365,8 @@ fn start_target(
     let (driver, peer, proxy): (Box<dyn Driver>, Option<Peer>, Option<DelayProxy>) = match name {
         "pingpong" | "pingpong-poll" => {
             // The polling echo polls as long as a Locus server does by default.
-            let poll = (name == "pingpong-poll").then(|| {
-                args.poll_us.map_or(locus_server::ServerConfig::new("", "").poll_window, Duration::from_micros)
-            });
+            let poll = (name == "pingpong-poll")
+                .then(|| args.poll_us.map_or(locus_server::config::DEFAULT_POLL_WINDOW, Duration::from_micros));
             let echo = pingpong::start_echo(poll).map_err(|e| BenchError::io("echo", e))?;
             let (addr, proxy) = behind_proxy(echo)?;
             (Box::new(PingPongDriver(pingpong::connect(addr).map_err(setup)?)), None, proxy)

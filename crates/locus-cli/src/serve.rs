@@ -41,7 +41,7 @@ pub struct ServeArgs {
     /// Microseconds a connection that has just answered keeps polling for the next
     /// request before it sleeps, so that a client in conversation does not wait for the
     /// server's CPU to wake (0: never poll). Clients that pause longer are not polled for.
-    #[arg(long, default_value_t = ServerConfig::new("", "").poll_window.as_micros() as u64)]
+    #[arg(long, default_value_t = config::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     poll_us: u64,
     /// Lua instructions one script call may run.
     #[arg(long, default_value_t = locus_script::Limits::default().instructions)]

@@ -57,6 +57,11 @@ pub struct ServerConfig {
     pub poll_window: std::time::Duration,
 }
 
+/// How long a connection polls for its next request by default (`locus serve --poll-us`):
+/// of the order of a round trip between nearby machines, so a client in conversation is
+/// caught, for at most that much CPU per reply.
+pub const DEFAULT_POLL_WINDOW: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// When large reads go out with `sendfile(2)` (page references handed to the socket)
 /// rather than read into a buffer and written.
 ///
@@ -122,7 +127,7 @@ impl ServerConfig {
             script_limits_by_subject: HashMap::new(),
             storelets: Default::default(),
             sendfile: Sendfile::Always,
-            poll_window: std::time::Duration::from_micros(50),
+            poll_window: DEFAULT_POLL_WINDOW,
         }
     }
 
