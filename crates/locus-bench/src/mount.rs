@@ -42,6 +42,9 @@ pub struct MountArgs {
     /// Repeats of the Andrew-like run (the median per stage is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// The Locus server's `--poll-us` (default: the server's own default).
+    #[arg(long)]
+    pub poll_us: Option<u64>,
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
@@ -331,7 +334,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         std::fs::create_dir_all(d).map_err(|e| BenchError::io("mkdir", e))?;
     }
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
-    let (locus, token) = peers::start_locus(&exe, work.path(), &export)?;
+    let flags: Vec<String> = args.poll_us.map(|us| format!("--poll-us={us}")).into_iter().collect();
+    let (locus, token) = peers::start_locus_with(&exe, work.path(), &export, &flags)?;
     let chirp = peers::start_chirp(work.path(), &chirp_root).ok();
     // The sources with the Makefile that builds them, copied in by the first stage.
     let andrew_tree = work.path().join("andrew-tree");
