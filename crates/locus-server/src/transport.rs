@@ -73,8 +73,8 @@ impl tokio::io::AsyncRead for ReadHalf {
 ///
 /// An idle thread sleeps in `epoll_wait`, and its CPU halts; in a VM, waking a halted
 /// vCPU costs 20–70 µs, as much as the rest of a round trip. A client that sends its
-/// next request as soon as it has the reply (a `stat` after a `stat`, every call of an
-/// unmodified program through `locus mount`) thus pays for a wake-up on every request.
+/// next request as soon as it has the reply (a `stat` after a `stat`, a file read in
+/// small pieces) thus pays for a wake-up on every request.
 /// Polling for about one round trip keeps the thread running through that gap. It yields
 /// between polls, so other connections on the thread and a client on the same CPU still
 /// run. While a script's interpreter makes the reply, the thread sleeps instead, leaving
@@ -444,5 +444,23 @@ mod tests {
         assert!(started.elapsed() < window, "kept polling after bytes came");
         assert_eq!(reader.buffer(), b"x");
         drop(writer.await.unwrap());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn idle_poll_sleeps_until_a_reply_made_elsewhere_is_out() {
+        let window = Duration::from_millis(50);
+        let (_client, server) = tokio::io::duplex(64);
+        let mut reader = BufReader::new(server);
+        let mut idle = IdlePoll::new(window);
+        let answered = std::sync::Arc::new(tokio::sync::Notify::new());
+        let teller = answered.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            teller.notify_one();
+        });
+        // Neither bytes nor the window end the wait before the reply is out; then it polls.
+        let started = Instant::now();
+        idle.wait(&mut reader, Some(&answered)).await;
+        assert!(started.elapsed() >= Duration::from_millis(100) + window, "{:?}", started.elapsed());
     }
 }
