@@ -40,18 +40,17 @@ pub fn start_echo(poll: Option<Duration>) -> std::io::Result<SocketAddr> {
 /// Fills `b`, polling the socket (yielding between tries) for up to `window`, then
 /// blocking.
 fn read_polling(s: &mut TcpStream, b: &mut [u8], window: Duration) -> std::io::Result<()> {
+    use rustix::net::{recv, RecvFlags};
     let until = Instant::now() + window;
-    s.set_nonblocking(true)?;
     let mut got = 0;
     while got < b.len() && Instant::now() < until {
-        match s.read(&mut b[got..]) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => got += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
-            Err(e) => return Err(e),
+        match recv(&*s, &mut b[got..], RecvFlags::DONTWAIT) {
+            Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((n, _)) => got += n,
+            Err(rustix::io::Errno::AGAIN) => std::thread::yield_now(),
+            Err(e) => return Err(e.into()),
         }
     }
-    s.set_nonblocking(false)?;
     s.read_exact(&mut b[got..])
 }
 
