@@ -80,7 +80,7 @@ impl tokio::io::AsyncRead for ReadHalf {
 /// run. While a script's interpreter makes the reply, the thread sleeps instead, leaving
 /// it the CPU, and polls once told the reply is out. The window adapts: a connection
 /// whose last request came later than the window does not poll for its next, so idle
-/// and slow clients cost no CPU.
+/// and slow clients cost no CPU. One connection of a thread polls at a time.
 pub struct IdlePoll {
     window: std::time::Duration,
     /// When the connection began waiting for its next request.
@@ -117,6 +117,9 @@ impl IdlePoll {
         if self.window.is_zero() || self.last_gap > self.window || !reader.buffer().is_empty() {
             return;
         }
+        // One connection of a thread polls at a time: with several in conversation the
+        // thread is kept awake by them all anyway, and more pollers only add system calls.
+        let Some(_poller) = Poller::claim() else { return };
         let until = self.since + self.window;
         loop {
             let ready =
@@ -134,6 +137,26 @@ impl IdlePoll {
     /// Notes that the next request has arrived.
     pub fn arrived(&mut self) {
         self.last_gap = self.since.elapsed();
+    }
+}
+
+thread_local! {
+    /// Whether a connection of this thread is polling now.
+    static POLLING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// This thread's right to poll, given back when dropped (also if the poll is cancelled).
+struct Poller;
+
+impl Poller {
+    fn claim() -> Option<Poller> {
+        POLLING.with(|p| (!p.replace(true)).then_some(Poller))
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        POLLING.with(|p| p.set(false));
     }
 }
 
@@ -444,6 +467,24 @@ mod tests {
         assert!(started.elapsed() < window, "kept polling after bytes came");
         assert_eq!(reader.buffer(), b"x");
         drop(writer.await.unwrap());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn one_connection_of_a_thread_polls_at_a_time() {
+        let window = Duration::from_millis(200);
+        let (_c1, s1) = tokio::io::duplex(64);
+        let (_c2, s2) = tokio::io::duplex(64);
+        let first = tokio::spawn(async move { IdlePoll::new(window).wait(&mut BufReader::new(s1), None).await });
+        tokio::task::yield_now().await; // the first connection starts polling
+        let mut second = BufReader::new(s2);
+        let started = Instant::now();
+        IdlePoll::new(window).wait(&mut second, None).await;
+        assert!(started.elapsed() < window / 3, "two connections of a thread polled at once");
+        first.await.unwrap();
+        // Once the first is done, the next may poll.
+        let started = Instant::now();
+        IdlePoll::new(window).wait(&mut second, None).await;
+        assert!(started.elapsed() >= window);
     }
 
     #[tokio::test(flavor = "current_thread")]
