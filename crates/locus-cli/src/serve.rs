@@ -40,7 +40,8 @@ pub struct ServeArgs {
     sendfile: locus_server::Sendfile,
     /// Microseconds a connection that has just answered keeps polling for the next
     /// request before it sleeps, so that a client in conversation does not wait for the
-    /// server's CPU to wake (0: never poll). Clients that pause longer are not polled for.
+    /// server's CPU to wake (0: never poll). Polls that find nothing back off, so clients
+    /// that pause between requests soon cost almost nothing.
     #[arg(long, default_value_t = config::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     poll_us: u64,
     /// Lua instructions one script call may run.

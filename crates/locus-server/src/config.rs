@@ -53,7 +53,7 @@ pub struct ServerConfig {
     /// How large reads leave on plain TCP.
     pub sendfile: Sendfile,
     /// How long a connection that has just answered keeps polling its socket for the
-    /// next request before it sleeps (zero: never polls). See [`crate::IdlePoll`].
+    /// next request before it sleeps (zero: never polls). See [`crate::transport::IdlePoll`].
     pub poll_window: std::time::Duration,
 }
 

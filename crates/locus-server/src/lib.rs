@@ -428,7 +428,6 @@ async fn frame_loop(
             },
             _ = stop.changed() => return Ok(()),
         }
-        idle.arrived();
         let limits = if deadline.is_some() { Limits::BEFORE_AUTH } else { shared.config.limits };
         let header = match Header::decode(&head, limits) {
             Ok(h) if h.kind == Kind::Request => h,

@@ -74,31 +74,35 @@ impl tokio::io::AsyncRead for ReadHalf {
 /// An idle thread sleeps in `epoll_wait`, and its CPU halts; in a VM, waking a halted
 /// vCPU costs 20–70 µs, as much as the rest of a round trip. A client that sends its
 /// next request as soon as it has the reply (a `stat` after a `stat`, a file read in
-/// small pieces) thus pays for a wake-up on every request.
-/// Polling for about one round trip keeps the thread running through that gap. It yields
-/// between polls, so other connections on the thread and a client on the same CPU still
-/// run. While a script's interpreter makes the reply, the thread sleeps instead, leaving
-/// it the CPU, and polls once told the reply is out. The window adapts: a connection
-/// whose last request came later than the window does not poll for its next, so idle
-/// and slow clients cost no CPU. One connection of a thread polls at a time.
+/// small pieces) thus pays for a wake-up on every request. Polling for about one round
+/// trip keeps the thread running through that gap. It yields between polls, so other
+/// connections on the thread and a client on the same CPU still run. While a script's
+/// interpreter makes the reply, the thread sleeps instead, leaving it the CPU, and polls
+/// once told the reply is out. One connection of a thread polls at a time.
+///
+/// Polls that miss back off: after the n-th miss in a row the connection skips its next
+/// 2^(n-1) - 1 polls (at most 63), and a hit starts over. A client that pauses between
+/// requests thus soon costs almost nothing, while one that resumes conversation after a
+/// pause is polled for again within a request or two. The rule counts hits and misses
+/// only, not gaps, since a gap measured without polling includes the wake-up, whose cost
+/// varies from machine to machine.
 pub struct IdlePoll {
     window: std::time::Duration,
-    /// When the connection began waiting for its next request.
-    since: Instant,
-    /// How long it waited for the last one.
-    last_gap: std::time::Duration,
+    /// Polls in a row that ended without a request.
+    misses: u32,
+    /// Waits left before the next poll.
+    skip: u32,
 }
 
 impl IdlePoll {
     /// Polls for at most `window` (zero: never).
     pub fn new(window: std::time::Duration) -> Self {
-        IdlePoll { window, since: Instant::now(), last_gap: std::time::Duration::ZERO }
+        IdlePoll { window, misses: 0, skip: 0 }
     }
 
-    /// Waits until `reader` has bytes, polling, if the connection is in conversation;
-    /// returns at once otherwise, or when the window has passed. If the last reply is
-    /// made on another thread, which signals `answered` once it is out, first sleeps
-    /// until then. Call [`IdlePoll::arrived`] once the next request has come.
+    /// Waits until `reader` has bytes or the window has passed, polling, unless backing
+    /// off (then returns at once). If the last reply is made on another thread, which
+    /// signals `answered` once it is out, first sleeps until then.
     pub async fn wait<R: tokio::io::AsyncRead + Unpin>(
         &mut self,
         reader: &mut tokio::io::BufReader<R>,
@@ -113,18 +117,27 @@ impl IdlePoll {
                 _ = ready => {}
             }
         }
-        self.since = Instant::now();
-        if self.window.is_zero() || self.last_gap > self.window || !reader.buffer().is_empty() {
+        if self.window.is_zero() || !reader.buffer().is_empty() {
             return;
         }
-        // One connection of a thread polls at a time: with several in conversation the
-        // thread is kept awake by them all anyway, and more pollers only add system calls.
+        if self.skip > 0 {
+            self.skip -= 1;
+            return;
+        }
+        // With several connections in conversation the thread is kept awake by them all
+        // anyway, and more pollers would only add system calls.
         let Some(_poller) = Poller::claim() else { return };
-        let until = self.since + self.window;
+        let until = Instant::now() + self.window;
         loop {
             let ready =
                 std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *reader).poll_fill_buf(cx).is_ready())).await;
-            if ready || Instant::now() >= until {
+            if ready {
+                self.misses = 0;
+                return;
+            }
+            if Instant::now() >= until {
+                self.misses += 1;
+                self.skip = (1 << (self.misses - 1).min(6)) - 1;
                 return;
             }
             // Lets a client on this CPU run, then this thread's other connections and its
@@ -132,11 +145,6 @@ impl IdlePoll {
             std::thread::yield_now();
             tokio::task::yield_now().await;
         }
-    }
-
-    /// Notes that the next request has arrived.
-    pub fn arrived(&mut self) {
-        self.last_gap = self.since.elapsed();
     }
 }
 
@@ -438,34 +446,35 @@ mod tests {
     use tokio::io::{AsyncWriteExt, BufReader};
 
     #[tokio::test(flavor = "current_thread")]
-    async fn idle_poll_stops_when_bytes_come_and_skips_clients_that_pause_longer() {
-        let window = Duration::from_millis(300);
+    async fn idle_poll_backs_off_after_misses_and_starts_over_on_a_hit() {
+        let window = Duration::from_millis(60);
         let (mut client, server) = tokio::io::duplex(64);
         let mut reader = BufReader::new(server);
         let mut idle = IdlePoll::new(window);
+        let polled = |started: Instant| started.elapsed() >= window;
 
-        // In conversation, with nothing to read: polls for the whole window.
-        let started = Instant::now();
-        idle.wait(&mut reader, None).await;
-        assert!(started.elapsed() >= window);
-        idle.arrived();
+        // Nothing comes: the first two waits poll for the whole window (misses 1 and 2),
+        // then one is skipped, then it polls again (miss 3), then three are skipped.
+        let mut pattern = Vec::new();
+        for _ in 0..8 {
+            let started = Instant::now();
+            idle.wait(&mut reader, None).await;
+            pattern.push(polled(started));
+        }
+        assert_eq!(pattern, [true, true, false, true, false, false, false, true]);
 
-        // The last request came later than the window: returns at once.
-        let started = Instant::now();
-        idle.wait(&mut reader, None).await;
-        assert!(started.elapsed() < window / 3, "polled for a client that pauses");
-
-        // Back in conversation, bytes end the wait before the window does.
-        idle.arrived();
+        // Bytes end a poll before the window does, and a hit starts over.
         let writer = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
             client.write_all(b"x").await.unwrap();
             client
         });
+        idle.skip = 0;
         let started = Instant::now();
         idle.wait(&mut reader, None).await;
-        assert!(started.elapsed() < window, "kept polling after bytes came");
+        assert!(!polled(started), "kept polling after bytes came");
         assert_eq!(reader.buffer(), b"x");
+        assert_eq!((idle.misses, idle.skip), (0, 0));
         drop(writer.await.unwrap());
     }
 
