@@ -4,7 +4,7 @@
 //! `LOCUS_TOKEN=admin:TOKEN cargo run --release -p locus-bench --example bulk_probe -- locus 127.0.0.1:9610 /big 5`
 //! `cargo run --release -p locus-bench --example bulk_probe -- chirp 127.0.0.1:9094 /big 5`
 use locus_client::types::open_flags as of;
-use locus_client::{blocking, ConnectOptions, CountingSink, Credentials};
+use locus_client::{blocking, CountingSink, LocusUrl};
 use locus_drivers::chirp::ChirpClient;
 use std::time::Instant;
 
@@ -64,15 +64,9 @@ fn main() {
     }
 }
 
-/// A Locus client with the credentials of `LOCUS_TOKEN`.
+/// A Locus client of the server at `addr`, with the credentials a `locus://` URL finds
+/// (`LOCUS_TOKEN`, else `~/.locus/credentials`).
 fn locus_client(addr: &str) -> blocking::Client {
-    let token = std::env::var("LOCUS_TOKEN").expect("LOCUS_TOKEN=SUBJECT:TOKEN");
-    let (subject, token) = token.split_once(':').expect("SUBJECT:TOKEN");
-    let opts = ConnectOptions {
-        addr: addr.to_string(),
-        credentials: Credentials { subject: subject.into(), token: token.into() },
-        tls_ca: None,
-        tls_name: None,
-    };
-    blocking::Client::connect(&opts).expect("connect")
+    let url = LocusUrl::parse(&format!("locus://{addr}/")).expect("ADDR is HOST:PORT");
+    blocking::Client::connect_url(&url).expect("connect")
 }

@@ -2,30 +2,26 @@
 //! `stat` in a loop for SECONDS; prints the total rate and the p50 latency. For checking
 //! how a server setting (say `--poll-us`) behaves under load rather than in conversation.
 //! `LOCUS_TOKEN=admin:TOKEN cargo run --release -p locus-bench --example load_probe -- 127.0.0.1:9610 32 3`
-use locus_client::{blocking, ConnectOptions, Credentials};
+use locus_client::{blocking, LocusUrl};
 use std::time::{Duration, Instant};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, addr, clients, seconds] = &args[..] else {
-        eprintln!("usage: load_probe ADDR CLIENTS SECONDS (LOCUS_TOKEN=SUBJECT:TOKEN)");
+        eprintln!(
+            "usage: load_probe ADDR CLIENTS SECONDS (credentials: LOCUS_TOKEN=SUBJECT:TOKEN or ~/.locus/credentials)"
+        );
         std::process::exit(2);
     };
     let (clients, seconds): (usize, u64) = (clients.parse().expect("CLIENTS"), seconds.parse().expect("SECONDS"));
-    let token = std::env::var("LOCUS_TOKEN").expect("LOCUS_TOKEN=SUBJECT:TOKEN");
-    let (subject, token) = token.split_once(':').expect("SUBJECT:TOKEN");
-    let opts = ConnectOptions {
-        addr: addr.clone(),
-        credentials: Credentials { subject: subject.into(), token: token.into() },
-        tls_ca: None,
-        tls_name: None,
-    };
+    // Credentials as a locus:// URL finds them: LOCUS_TOKEN, else ~/.locus/credentials.
+    let url = LocusUrl::parse(&format!("locus://{addr}/")).expect("ADDR is HOST:PORT");
     let until = Instant::now() + Duration::from_secs(seconds);
     let threads: Vec<_> = (0..clients)
         .map(|_| {
-            let opts = opts.clone();
+            let url = url.clone();
             std::thread::spawn(move || {
-                let c = blocking::Client::connect(&opts).expect("connect");
+                let c = blocking::Client::connect_url(&url).expect("connect");
                 let mut times = Vec::new();
                 while Instant::now() < until {
                     let t = Instant::now();

@@ -467,7 +467,7 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
             for k in 0..targets.len() {
                 let idx = (k + rep + round) % n;
                 let t = &mut targets[idx];
-                if t.name.starts_with("pingpong") {
+                if is_floor(&t.name) {
                     continue;
                 }
                 let (r, w) = t.driver.bandwidth(size).map_err(|e| BenchError::Setup(format!("{}: {e}", t.name)))?;
@@ -510,6 +510,11 @@ pub fn run(args: OpsArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// Whether a target is a floor (a ping-pong), with no bandwidth rows.
+fn is_floor(target: &str) -> bool {
+    target.starts_with("pingpong")
+}
+
 /// The report as a Markdown table: per row, the ping-pong floor measured beside it,
 /// Locus' p50 (p99), each peer's and the peer ÷ Locus ratio; then bandwidth.
 pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &[String]) -> String {
@@ -535,7 +540,7 @@ pub fn render(args: &OpsArgs, placed: &str, reports: &[TargetReport], skipped: &
         header.push("locus ÷ ping-pong".into());
     }
     // A floor is divided into Locus' time, a peer's time by Locus'.
-    let floor = |p: &TargetReport| p.target.starts_with("pingpong");
+    let floor = |p: &TargetReport| is_floor(&p.target);
     for p in &peers {
         header.push(format!("{} p50 (p99) µs", p.target));
         header.push(if floor(p) { format!("locus ÷ {}", p.target) } else { format!("{} ÷ locus", p.target) });

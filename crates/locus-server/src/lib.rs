@@ -256,9 +256,6 @@ fn connection_thread(
     });
 }
 
-/// Reads exactly `len` bytes (already checked against the limits) into space split off
-/// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
-/// their memory, so bulk writes do not fault in fresh pages for every frame.
 /// Runs `read` until `deadline`, if there is one: a peer that has not authenticated by
 /// then is closed, whether it sends nothing or sends slowly.
 async fn until<T>(
@@ -273,6 +270,9 @@ async fn until<T>(
     }
 }
 
+/// Reads exactly `len` bytes (already checked against the limits) into space split off
+/// `pool`, without zero-filling; once the split-off buffers are dropped, `reserve` reuses
+/// their memory, so bulk writes do not fault in fresh pages for every frame.
 async fn read_vec(r: &mut (impl AsyncRead + Unpin), pool: &mut BytesMut, len: u32) -> std::io::Result<Bytes> {
     use bytes::BufMut;
     let len = len as usize;

@@ -25,10 +25,14 @@ impl Raw {
     }
 
     fn send(&mut self, op: u16, id: u32, flags: u8, meta: &[u8], data: &[u8]) {
-        let h = Header { kind: Kind::Request, flags, op, id, meta_len: meta.len() as u32, data_len: data.len() as u32 };
-        self.0.write_all(&h.encode()).unwrap();
+        self.announce(op, id, flags, meta.len() as u32, data.len() as u32);
         self.0.write_all(meta).unwrap();
         self.0.write_all(data).unwrap();
+    }
+
+    /// Writes a request header announcing these lengths, and nothing after it.
+    fn announce(&mut self, op: u16, id: u32, flags: u8, meta_len: u32, data_len: u32) {
+        self.0.write_all(&Header { kind: Kind::Request, flags, op, id, meta_len, data_len }.encode()).unwrap();
     }
 
     fn recv(&mut self) -> (Header, Vec<u8>, Vec<u8>) {
@@ -116,8 +120,7 @@ fn oversized_and_broken_frames_get_an_error_then_close() {
     let s = TestServer::start();
     let mut r = Raw::connect(&s);
     r.login("admin");
-    let h = Header { kind: Kind::Request, flags: 0, op: 0x10, id: 30, meta_len: 0, data_len: u32::MAX };
-    r.0.write_all(&h.encode()).unwrap();
+    r.announce(0x10, 30, 0, 0, u32::MAX);
     let (id, e) = r.recv_error();
     assert_eq!((id, e.code), (30, Code::BAD_REQUEST));
     assert!(e.message.contains("exceeds"), "{}", e.message);
@@ -179,8 +182,7 @@ fn a_peer_that_does_not_authenticate_in_time_is_closed() {
     assert!(started.elapsed() < Duration::from_secs(3), "closed at the deadline, not by the test's timeout");
     // One that starts a frame and sends it slowly.
     let mut slow = Raw::connect(&s);
-    let h = Header { kind: Kind::Request, flags: 0, op: Hello::INFO.code, id: 1, meta_len: 100, data_len: 0 };
-    slow.0.write_all(&h.encode()).unwrap();
+    slow.announce(Hello::INFO.code, 1, 0, 100, 0);
     slow.0.write_all(b"x").unwrap();
     assert!(slow.closed());
     // One that authenticates in time stays, past the deadline.
@@ -196,8 +198,7 @@ fn frames_before_authentication_are_small() {
     let s = TestServer::start();
     let mut r = Raw::connect(&s);
     // Well under the limits after authentication (1 MiB of metadata), over those before.
-    let h = Header { kind: Kind::Request, flags: 0, op: Hello::INFO.code, id: 40, meta_len: 100_000, data_len: 0 };
-    r.0.write_all(&h.encode()).unwrap();
+    r.announce(Hello::INFO.code, 40, 0, 100_000, 0);
     let (id, e) = r.recv_error();
     assert_eq!((id, e.code), (40, Code::BAD_REQUEST));
     assert!(e.message.contains("exceeds"), "{}", e.message);

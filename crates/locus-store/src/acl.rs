@@ -6,6 +6,7 @@
 //! the directory the kernel actually resolved, never of a name that a symlink imitates.
 
 use crate::error::{OsContext, Result, StoreError};
+use crate::ObjectId;
 use locus_proto::types::{AclEntry, Rights};
 use parking_lot::Mutex;
 use rustix::fs::{fstat, openat, Mode, OFlags};
@@ -75,7 +76,7 @@ impl Acl {
 /// ACL change could alter what a directory inherits.
 #[derive(Default)]
 pub struct AclCache {
-    map: Mutex<HashMap<(u64, u64), Arc<Acl>>>,
+    map: Mutex<HashMap<ObjectId, Arc<Acl>>>,
 }
 
 impl AclCache {
@@ -87,12 +88,12 @@ impl AclCache {
     /// The ACL in force for the directory `dir`, whose root is identified by `root_key`.
     /// `known` is `dir`'s identity when the caller already has it (the root's), which
     /// spares a `fstat`.
-    pub fn effective(&self, dir: BorrowedFd<'_>, known: Option<(u64, u64)>, root_key: (u64, u64)) -> Result<Arc<Acl>> {
+    pub fn effective(&self, dir: BorrowedFd<'_>, known: Option<ObjectId>, root_key: ObjectId) -> Result<Arc<Acl>> {
         let key = match known {
             Some(key) => key,
             None => {
                 let st = fstat(dir).ctx("stat", "directory")?;
-                (st.st_dev as u64, st.st_ino as u64)
+                crate::object_id(&st)
             }
         };
         if let Some(acl) = self.map.lock().get(&key) {
@@ -103,7 +104,7 @@ impl AclCache {
         Ok(acl)
     }
 
-    fn lookup(&self, dir: BorrowedFd<'_>, key: (u64, u64), root_key: (u64, u64)) -> Result<Acl> {
+    fn lookup(&self, dir: BorrowedFd<'_>, key: ObjectId, root_key: ObjectId) -> Result<Acl> {
         let mut current: Option<OwnedFd> = None;
         let mut key = key;
         for _ in 0..MAX_DEPTH {
@@ -117,7 +118,7 @@ impl AclCache {
             let parent = openat(fd, "..", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
                 .ctx("open", "..")?;
             let st = fstat(&parent).ctx("stat", "..")?;
-            key = (st.st_dev as u64, st.st_ino as u64);
+            key = crate::object_id(&st);
             current = Some(parent);
         }
         Ok(Acl::default())

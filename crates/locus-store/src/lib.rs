@@ -55,7 +55,7 @@ pub trait RemovalObserver: Send + Sync {
 
 // `struct stat` field types differ between architectures; the casts are for the others.
 #[allow(clippy::unnecessary_cast)]
-fn object_id(st: &rustix::fs::Stat) -> ObjectId {
+pub(crate) fn object_id(st: &rustix::fs::Stat) -> ObjectId {
     (st.st_dev as u64, st.st_ino as u64)
 }
 
@@ -80,7 +80,7 @@ fn report_removed(observer: Option<&Arc<dyn RemovalObserver>>, gone: Option<Obje
 /// An export: a directory tree shared with clients.
 pub struct Store {
     root: OwnedFd,
-    root_key: (u64, u64),
+    root_key: ObjectId,
     acls: acl::AclCache,
     counters: Counters,
     removals: std::sync::OnceLock<Arc<dyn RemovalObserver>>,
