@@ -191,8 +191,11 @@ impl Stage {
                     return Ok(a.clone());
                 }
             }
-            if self.listed.get(dir).is_some_and(|l| self.fresh(l.at) && !l.names.contains(name_of(logical))) {
-                // Its directory was listed recently and it is not there.
+            let name = name_of(logical);
+            let absent = |l: &Listing| self.fresh(l.at) && !l.names.contains(name);
+            if self.listed.get(dir).is_some_and(absent) && !locus_proto::active::may_invoke(name) {
+                // Its directory was listed recently and it is not there (names that invoke
+                // active-file handlers never are: they are asked for).
                 return Ok(None);
             }
         }

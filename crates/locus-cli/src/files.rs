@@ -243,6 +243,15 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 return Err(format!("storelet exited with status {}", result.exit_code));
             }
         }
+        Command::Handlers { url } => {
+            let u = parse(&url)?;
+            let list = conns.get(&u).await?.handlers().await.map_err(|e| err(&u, e))?;
+            if json {
+                println!("{}", serde_json::to_string(&list).map_err(|e| e.to_string())?);
+            } else {
+                println!("{}", output::handlers(&list));
+            }
+        }
         Command::Storelet(StoreletCommand::Ps { url }) => {
             let u = parse(&url)?;
             let runs = conns.get(&u).await?.storelet_ps().await.map_err(|e| err(&u, e))?;

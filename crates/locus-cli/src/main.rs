@@ -122,6 +122,12 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         top: u32,
     },
+    /// List the active-file handlers a server has registered (opening a missing
+    /// `HANDLER@ARG,...` name, or a URL-encoded command line, runs one at the server).
+    Handlers {
+        /// The server, as a locus:// URL.
+        url: String,
+    },
     /// Register and call Lua scripts that run at the server.
     #[command(subcommand)]
     Script(ScriptCommand),

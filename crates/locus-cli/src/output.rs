@@ -1,8 +1,8 @@
 //! Rendering for people (`ls -l` style) and for programs (`--json`).
 
 use locus_client::types::{
-    Attr, DirEntry, StatFs, StatsReport, StoreletReport, StoreletResult, StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT,
-    S_IFREG,
+    Attr, DirEntry, HandlerInfo, StatFs, StatsReport, StoreletReport, StoreletResult, StoreletRunInfo, S_IFDIR,
+    S_IFLNK, S_IFMT, S_IFREG,
 };
 use serde_json::{json, Value};
 
@@ -199,7 +199,22 @@ pub fn storelet_account(r: &StoreletResult) -> String {
     )
 }
 
-/// `locus storelet ps` as a table.
+/// `locus handlers` as a table.
+pub fn handlers(list: &[HandlerInfo]) -> String {
+    let mut out = format!("{:<16} {:<9} {:<12} ARGS", "NAME", "KIND", "MODULE");
+    for h in list {
+        out.push_str(&format!(
+            "\n{:<16} {:<9} {:<12} {}",
+            h.name,
+            h.kind,
+            &h.module[..12.min(h.module.len())],
+            h.args.join(" ")
+        ));
+    }
+    out
+}
+
+/// Storelet runs as a table.
 pub fn storelet_ps(runs: &[StoreletRunInfo]) -> String {
     let mut out =
         format!("{:>6} {:<12} {:<8} {:>9} {:>9} {:<12} ARGS", "RUN", "SUBJECT", "STATE", "AGE s", "CPU s", "MODULE");

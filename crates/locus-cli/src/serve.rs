@@ -147,6 +147,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             _ => {}
         }
         eprintln!("  try: locus ls {scheme}://{addr}/");
+        eprintln!(
+            "  active-file handlers: {} (read again on change or SIGHUP)",
+            config.state_dir.join(locus_server::active::HANDLERS_FILE).display()
+        );
+        let shared = server.shared().clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                shared.active.reload();
+                tracing::info!("SIGHUP: active-file handlers read again");
+            }
+        });
         server.run(listener, shutdown_signal()).await;
         eprintln!("Locus stopped.");
         Ok(())

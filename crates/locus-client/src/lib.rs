@@ -585,6 +585,11 @@ impl Client {
         Err(ClientError::Closed)
     }
 
+    /// The active-file handlers the server has registered.
+    pub async fn handlers(&self) -> Result<Vec<HandlerInfo>> {
+        self.call(Handlers {}).await
+    }
+
     /// Storelet runs queued or running (the caller's own; all of them for an admin).
     pub async fn storelet_ps(&self) -> Result<Vec<StoreletRunInfo>> {
         self.call(StoreletPs {}).await

@@ -355,8 +355,9 @@ impl Filesystem for LocusFs {
         }
         let found = match self.listings.find(parent, name) {
             Known::Present(attr) => Ok(attr),
-            Known::Absent => Err(libc::ENOENT),
-            Known::Unknown => {
+            // A name that invokes an active-file handler is not in listings: ask.
+            Known::Absent if !locus_proto::active::may_invoke(name) => Err(libc::ENOENT),
+            Known::Absent | Known::Unknown => {
                 let found = self.lstat(&path);
                 match &found {
                     Ok(attr) => self.listings.added(parent, name, Some(attr.clone())),

@@ -9,8 +9,10 @@
 //! - [`types`]: attribute, directory-entry, ACL and statistics records carried in frames.
 //! - [`error`]: wire error codes (POSIX errno values plus Locus' own) and the error body.
 //! - [`auth`]: the HMAC challenge-response that proves a token without sending it.
+//! - [`active`]: the file names that invoke active-file handlers.
 //! - [`codec`]: encoding and decoding of frame metadata.
 
+pub mod active;
 pub mod auth;
 pub mod codec;
 pub mod error;

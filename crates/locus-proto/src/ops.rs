@@ -120,6 +120,8 @@ macro_rules! operation_table {
             0x52 StoreletCancel storelet_cancel Unary { run: u64 } -> ();
             /// Storelet accounts: totals per subject and the most recent runs (the caller's own, or all for an admin).
             0x53 StoreletStats storelet_stats Unary {} -> StoreletReport;
+            /// The active-file handlers registered at the server (looking up a missing name that invokes one runs it).
+            0x58 Handlers handlers Unary {} -> Vec<HandlerInfo>;
         }
     };
 }

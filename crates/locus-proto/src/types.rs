@@ -302,6 +302,19 @@ pub struct StoreletReport {
     pub compiles: u64,
 }
 
+/// One registered active-file handler, as `handlers` lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerInfo {
+    /// The name invocations use (`NAME@ARGS`, or a command line whose program is NAME).
+    pub name: String,
+    /// What runs: `storelet` (a WebAssembly module).
+    pub kind: String,
+    /// The SHA-256 of the module.
+    pub module: String,
+    /// Arguments put before the invocation's own.
+    pub args: Vec<String>,
+}
+
 /// Counts and service time of reads and writes, kept per file and per export.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoCounters {

@@ -1,6 +1,7 @@
 //! The Locus server as a library: [`Server::run`] takes a bound listener and a shutdown
 //! signal, so the `locus serve` binary and the tests start it the same way.
 //!
+//! - [`active`]: active files, whose lookup runs a registered handler.
 //! - [`config`]: [`ServerConfig`], the token file and the TLS identity.
 //! - [`dispatch`]: the [`dispatch::Handler`] trait and dispatch, generated from the
 //!   operation table in `locus-proto`.
@@ -13,6 +14,7 @@
 //! that pipelines gets its replies batched. A bad request gets an error frame and the
 //! connection goes on; only a broken frame (bad header, oversized) closes it.
 
+pub mod active;
 pub mod config;
 pub mod dispatch;
 pub mod error;
@@ -104,6 +106,8 @@ pub struct Shared {
     pub scripts: locus_script::Engine,
     /// Queues, runs and accounts for storelets.
     pub storelets: storelet_host::StoreletHost,
+    /// Handlers, results and runs of active files.
+    pub active: active::ActiveFiles,
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -144,7 +148,11 @@ impl Server {
         store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
         let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        let shared = Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts, storelets });
+        let active = active::ActiveFiles::new(&config.state_dir).map_err(|e| {
+            ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
+        })?;
+        let shared =
+            Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts, storelets, active });
         Ok(Server { shared, tls })
     }
 

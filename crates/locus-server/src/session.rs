@@ -4,6 +4,7 @@
 //! Everything a session holds is released when it is dropped, which happens when its
 //! connection ends for any reason: handles close, unfinished uploads are removed.
 
+use crate::active::{self, Found, Run};
 use crate::dispatch::{Answer, Encoded, Handler};
 use crate::transport::Body;
 use crate::{Outbox, Shared};
@@ -34,6 +35,8 @@ pub struct Session {
     storelet_runs: Vec<Arc<locus_storelet::RunControl>>,
     /// Where script replies go; none in a script's own session (scripts cannot call scripts).
     outbox: Option<Outbox>,
+    /// Handles on active files whose run is still going, and the run.
+    growing: HashMap<u64, Arc<Run>>,
 }
 
 impl Drop for Session {
@@ -64,6 +67,7 @@ impl Session {
             current: (0, false),
             storelet_runs: Vec::new(),
             outbox,
+            growing: HashMap::new(),
         }
     }
 
@@ -139,6 +143,97 @@ impl Session {
     fn handle(&self, h: u64) -> Result<&Arc<OpenFile>, WireError> {
         self.handles.get(&h).ok_or_else(|| StoreError::BadHandle(h).into())
     }
+
+    /// After a lookup of `path` failed with `err`: the active file its name invokes, if
+    /// it is missing and names a registered handler; else `err` itself. Scripts' own
+    /// sessions (no outbox) do not run handlers: they cannot wait for them.
+    fn active(&self, path: &str, err: StoreError) -> Result<Found, WireError> {
+        let err = WireError::from(err);
+        if err.code != Code::NOENT || self.outbox.is_none() {
+            return Err(err);
+        }
+        self.shared.active.find(&self.shared, self.who()?, path)?.ok_or(err)
+    }
+
+    /// Attributes of an active file: at once for a result, at the end of its run for one
+    /// still being made (its size is not known before).
+    fn active_attr(&self, path: &str, err: StoreError) -> Reply<Attr> {
+        match self.active(path, err)? {
+            Found::Ready(file) => Ok(active::attr(&file)?.into()),
+            Found::Running(file, run) => Ok(Answer::later(Box::pin(async move {
+                run.finished().await?;
+                Ok(Answer::from(active::attr(&file)?).encode())
+            }))),
+        }
+    }
+
+    /// `get` of an active file whose run is still going: the output streams as it grows.
+    fn follow(&self, file: OpenFile, run: Arc<Run>) -> Reply<Attr> {
+        let mut attr = active::attr(&file)?;
+        attr.size = run.progress().written;
+        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = crate::transport::EventStream { frames, queued: queued.clone() };
+        tokio::spawn(follow_run(file, run, attr, tx, queued));
+        Ok(Answer::later(Box::pin(async move {
+            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
+        })))
+    }
+}
+
+/// Sends a growing active file as `get` reply frames: its attributes, then its bytes as
+/// they are written, then an empty last frame, or an error frame if the run fails.
+async fn follow_run(
+    file: OpenFile,
+    run: Arc<Run>,
+    attr: Attr,
+    tx: tokio::sync::mpsc::UnboundedSender<crate::transport::EventFrame>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use crate::transport::EventFrame;
+    use locus_proto::frame::Kind;
+    use std::sync::atomic::Ordering;
+    let frame = |kind, more, meta: Vec<u8>, data: Bytes| EventFrame { kind, more, meta, data, mergeable: false };
+    if tx.send(frame(Kind::Reply, true, locus_proto::codec::encode(&attr), Bytes::new())).is_err() {
+        return;
+    }
+    let mut offset = 0u64;
+    loop {
+        let progress = run.wait(offset + 1).await;
+        if let Some(Err(e)) = progress.end {
+            let _ = tx.send(frame(Kind::Error, false, locus_proto::codec::encode(&e), Bytes::new()));
+            return;
+        }
+        if progress.written > offset {
+            let len = (progress.written - offset).min(crate::transport::STREAM_CHUNK as u64) as usize;
+            let data = match file.pread(offset, len) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = tx.send(frame(
+                        Kind::Error,
+                        false,
+                        locus_proto::codec::encode(&WireError::from(e)),
+                        Bytes::new(),
+                    ));
+                    return;
+                }
+            };
+            offset += data.len() as u64;
+            queued.fetch_add(data.len(), Ordering::Relaxed);
+            if tx.send(frame(Kind::Reply, true, Vec::new(), data.into())).is_err() {
+                return;
+            }
+            // A slow reader holds this one back (the run goes on into its file).
+            while queued.load(Ordering::Relaxed) > 4 << 20 && !tx.is_closed() {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            continue;
+        }
+        if progress.end.is_some() {
+            let _ = tx.send(frame(Kind::Reply, false, Vec::new(), Bytes::new()));
+            return;
+        }
+    }
 }
 
 impl Handler for Session {
@@ -180,15 +275,28 @@ impl Handler for Session {
     }
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
-        Ok(store(self.shared.store.stat(self.who()?, &req.path))?.into())
+        match self.shared.store.stat(self.who()?, &req.path) {
+            Ok(attr) => Ok(attr.into()),
+            Err(e) => self.active_attr(&req.path, e),
+        }
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
-        Ok(store(self.shared.store.lstat(self.who()?, &req.path))?.into())
+        match self.shared.store.lstat(self.who()?, &req.path) {
+            Ok(attr) => Ok(attr.into()),
+            Err(e) => self.active_attr(&req.path, e),
+        }
     }
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
-        Ok(store(self.handle(req.handle)?.stat())?.into())
+        let file = self.handle(req.handle)?.clone();
+        match self.growing.get(&req.handle).cloned() {
+            Some(run) => Ok(Answer::later(Box::pin(async move {
+                run.finished().await?;
+                Ok(Answer::from(active::attr(&file)?).encode())
+            }))),
+            None => Ok(store(file.stat())?.into()),
+        }
     }
 
     fn open(&mut self, req: Open, _: Bytes) -> Reply<Opened> {
@@ -196,16 +304,37 @@ impl Handler for Session {
             return Err(WireError::new(Code(24), "too many open handles on this connection"));
             // EMFILE
         }
-        let file = store(self.shared.store.open(self.who()?, &req.path, req.flags, req.mode))?;
-        let attr = store(file.stat())?;
+        let (file, attr, run) = match self.shared.store.open(self.who()?, &req.path, req.flags, req.mode) {
+            Ok(file) => {
+                let attr = store(file.stat())?;
+                (file, attr, None)
+            }
+            // Only a read-only open of a missing name may run a handler.
+            Err(e) if req.flags & !(open_flags::READ | open_flags::NOFOLLOW) == 0 => match self.active(&req.path, e)? {
+                Found::Ready(file) => {
+                    let attr = active::attr(&file)?;
+                    (file, attr, None)
+                }
+                Found::Running(file, run) => {
+                    let mut attr = active::attr(&file)?;
+                    attr.size = run.progress().written;
+                    (file, attr, Some(run))
+                }
+            },
+            Err(e) => return Err(e.into()),
+        };
         let handle = self.next_handle;
         self.next_handle += 1;
         self.handles.insert(handle, Arc::new(file));
+        if let Some(run) = run {
+            self.growing.insert(handle, run);
+        }
         Ok(Opened { handle, attr }.into())
     }
 
     fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {
         self.handles.remove(&req.handle).ok_or(StoreError::BadHandle(req.handle))?;
+        self.growing.remove(&req.handle);
         Ok(().into())
     }
 
@@ -213,6 +342,19 @@ impl Handler for Session {
         let file = self.handle(req.handle)?.clone();
         store(file.check_readable())?;
         let len = req.len.min(self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data));
+        if let Some(run) = self.growing.get(&req.handle).cloned() {
+            // An active file still being made: wait for the bytes asked for, or the end.
+            if run.progress().end != Some(Ok(())) {
+                return Ok(Answer::later(Box::pin(async move {
+                    let p = run.wait(req.offset.saturating_add(len as u64)).await;
+                    if let Some(Err(e)) = p.end {
+                        return Err(e);
+                    }
+                    let len = p.written.saturating_sub(req.offset).min(len as u64) as usize;
+                    Ok(Answer::with_body((), Body::Bytes(store(file.pread(req.offset, len))?.into())).encode())
+                })));
+            }
+        }
         if (len as u64) < crate::transport::SENDFILE_MIN {
             // Small reads go through memory, whose length is known after the read.
             return Ok(Answer::with_body((), Body::Bytes(store(file.pread(req.offset, len as usize))?.into())));
@@ -228,8 +370,19 @@ impl Handler for Session {
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
-        let file = store(self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0))?;
-        let attr = store(file.stat())?;
+        let (file, attr) = match self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0) {
+            Ok(file) => {
+                let attr = store(file.stat())?;
+                (file, attr)
+            }
+            Err(e) => match self.active(&req.path, e)? {
+                Found::Ready(file) => {
+                    let attr = active::attr(&file)?;
+                    (file, attr)
+                }
+                Found::Running(file, run) => return self.follow(file, run),
+            },
+        };
         if attr.is_dir() {
             return Err(WireError::new(Code::ISDIR, format!("{}: is a directory", req.path)));
         }
@@ -309,7 +462,17 @@ impl Handler for Session {
     }
 
     fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.access(self.who()?, &req.path, req.mode))?.into())
+        match self.shared.store.access(self.who()?, &req.path, req.mode) {
+            Ok(()) => Ok(().into()),
+            // An active file exists for reading only (asking does not wait for its run).
+            Err(e) => {
+                self.active(&req.path, e)?;
+                if req.mode & 2 != 0 {
+                    return Err(WireError::new(Code::ACCES, format!("{}: active files are read-only", req.path)));
+                }
+                Ok(().into())
+            }
+        }
     }
 
     fn ftruncate(&mut self, req: Ftruncate, _: Bytes) -> Reply<()> {
@@ -367,6 +530,7 @@ impl Handler for Session {
             env: req.env,
             dir,
             write: req.write,
+            record_inputs: false,
         };
         let (control, events) = self.shared.storelets.submit(submission)?;
         // Forget finished runs: only this list still holds their controls.
@@ -375,6 +539,11 @@ impl Handler for Session {
         Ok(Answer::later(Box::pin(async move {
             Ok(Encoded { metas: Vec::new(), body: Body::Events(events), deferred: false, later: None })
         })))
+    }
+
+    fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
+        self.who()?;
+        Ok(self.shared.active.list().into())
     }
 
     fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {

@@ -15,7 +15,7 @@ use locus_proto::types::{
     StoreletEvent, StoreletLogEntry, StoreletReport, StoreletResult, StoreletRunInfo, SubjectStoreletStats,
 };
 use locus_proto::{codec, frame::Kind, Code, Error as WireError};
-use locus_storelet::{Account, CpuBudget, Limits, RunControl, RunSpec, Runner, Stream};
+use locus_storelet::{Account, CpuBudget, Limits, RunControl, RunOutcome, RunSpec, Runner, StoreletError, Stream};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -70,14 +70,80 @@ pub struct Submission {
     /// The directory to preopen, already resolved beneath the export root and checked.
     pub dir: OwnedFd,
     pub write: bool,
+    /// Keep the files the run opens (for active files' reuse).
+    pub record_inputs: bool,
 }
 
 struct Job {
     run: u64,
     submission: Submission,
     control: Arc<RunControl>,
+    watcher: Box<dyn Watcher>,
+}
+
+/// Where a run's progress goes: to the connection that asked (as events), or into an
+/// active file.
+pub trait Watcher: Send + 'static {
+    /// A worker took the run.
+    fn started(&self, run: u64, module: &str);
+    /// Output as the program writes it (on the worker's thread, which it may hold back
+    /// for backpressure); false when nobody wants it any more, which stops the run.
+    fn output(&self, stream: Stream, bytes: &[u8]) -> bool;
+    /// The run ended: its account, and what the runner said.
+    fn finished(self: Box<Self>, result: &StoreletResult, outcome: &Result<RunOutcome, StoreletError>);
+}
+
+/// Sends a run's progress to its connection as `storelet_run` reply frames.
+struct EventWatcher {
     events: mpsc::UnboundedSender<EventFrame>,
     queued: Arc<AtomicUsize>,
+    control: Arc<RunControl>,
+    started: std::sync::OnceLock<Instant>,
+    wall: Duration,
+}
+
+impl Watcher for EventWatcher {
+    fn started(&self, run: u64, module: &str) {
+        let _ = self.started.set(Instant::now());
+        let started = StoreletEvent::Started { run, module: module.to_string() };
+        let _ = self.events.send(event(Kind::Reply, true, &started, Bytes::new()));
+    }
+
+    fn output(&self, stream: Stream, bytes: &[u8]) -> bool {
+        let kind = match stream {
+            Stream::Stdout => StoreletEvent::Stdout,
+            Stream::Stderr => StoreletEvent::Stderr,
+        };
+        // Backpressure: a client that reads slowly makes the program wait (its wall
+        // clock keeps running; cancelling still ends the wait).
+        let started = *self.started.get_or_init(Instant::now);
+        while self.queued.load(Ordering::Relaxed) > MAX_QUEUED_OUTPUT
+            && !self.events.is_closed()
+            && !self.control.is_cancelled()
+            && started.elapsed() < self.wall
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut frame = event(Kind::Reply, true, &kind, Bytes::copy_from_slice(bytes));
+        frame.mergeable = true;
+        self.queued.fetch_add(bytes.len(), Ordering::Relaxed);
+        // Nobody is listening any more when the client went away.
+        self.events.send(frame).is_ok()
+    }
+
+    fn finished(self: Box<Self>, result: &StoreletResult, outcome: &Result<RunOutcome, StoreletError>) {
+        let last = match outcome {
+            Ok(_) => event(Kind::Reply, false, &StoreletEvent::Finished(result.clone()), Bytes::new()),
+            Err(e) => event(Kind::Error, false, &run_error(e), Bytes::new()),
+        };
+        let _ = self.events.send(last);
+    }
+}
+
+/// The wire error for a run that did not finish, naming what it used.
+pub fn run_error(e: &StoreletError) -> WireError {
+    let account = e.account().cloned().unwrap_or_default();
+    WireError::new(e.code(), format!("{e}; it used {}", describe(&account)))
 }
 
 /// A queued or running run.
@@ -152,6 +218,28 @@ impl StoreletHost {
     /// Queues a run; returns its control and the channel its events arrive on (the last
     /// one without MORE).
     pub fn submit(&self, s: Submission) -> Result<(Arc<RunControl>, EventStream), WireError> {
+        let (events, frames) = mpsc::unbounded_channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let wall = self.core.config.limits.wall;
+        let control = self.submit_watched(s, |control| {
+            Box::new(EventWatcher {
+                events,
+                queued: queued.clone(),
+                control,
+                started: std::sync::OnceLock::new(),
+                wall,
+            })
+        })?;
+        Ok((control, EventStream { frames, queued }))
+    }
+
+    /// Queues a run whose progress goes to the watcher that `watcher` makes from the
+    /// run's control; returns the control.
+    pub fn submit_watched(
+        &self,
+        s: Submission,
+        watcher: impl FnOnce(Arc<RunControl>) -> Box<dyn Watcher>,
+    ) -> Result<Arc<RunControl>, WireError> {
         let config = &self.core.config;
         let run = self.next_run.fetch_add(1, Ordering::Relaxed);
         let control = {
@@ -190,14 +278,12 @@ impl StoreletHost {
             );
             control
         };
-        let (events, frames) = mpsc::unbounded_channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let job = Job { run, submission: s, control: control.clone(), events, queued: queued.clone() };
+        let job = Job { run, submission: s, control: control.clone(), watcher: watcher(control.clone()) };
         if self.queue.send(job).is_err() {
             self.core.state.lock().runs.remove(&run);
             return Err(WireError::new(Code::SHUTDOWN, "the storelet workers have stopped"));
         }
-        Ok((control, EventStream { frames, queued }))
+        Ok(control)
     }
 
     /// Runs queued or running: `who`'s own, or all of them for an admin.
@@ -309,43 +395,21 @@ fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletR
 }
 
 impl Core {
-    /// Runs one job on this worker thread and sends its events.
+    /// Runs one job on this worker thread, telling its watcher how it goes.
     fn execute(&self, job: Job) {
-        let Job { run, submission: s, control, events, queued } = job;
+        let Job { run, submission: s, control, watcher } = job;
         let module_hash = {
             let mut state = self.state.lock();
             let Some(live) = state.runs.get_mut(&run) else { return };
             live.running = true;
             live.module.clone()
         };
-        let _ = events.send(event(
-            Kind::Reply,
-            true,
-            &StoreletEvent::Started { run, module: module_hash.clone() },
-            Bytes::new(),
-        ));
-        let (started, wall) = (Instant::now(), self.config.limits.wall);
-        let sink_events = events.clone();
-        let sink_control = control.clone();
+        watcher.started(run, &module_hash);
+        let watcher = Arc::new(parking_lot::Mutex::new(Some(watcher)));
+        let (sink_watcher, sink_control) = (watcher.clone(), control.clone());
         let sink: locus_storelet::OutputSink = Arc::new(move |stream, bytes| {
-            let kind = match stream {
-                Stream::Stdout => StoreletEvent::Stdout,
-                Stream::Stderr => StoreletEvent::Stderr,
-            };
-            // Backpressure: a client that reads slowly makes the program wait (its wall
-            // clock keeps running; cancelling still ends the wait).
-            while queued.load(Ordering::Relaxed) > MAX_QUEUED_OUTPUT
-                && !sink_events.is_closed()
-                && !sink_control.is_cancelled()
-                && started.elapsed() < wall
-            {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let mut frame = event(Kind::Reply, true, &kind, Bytes::copy_from_slice(bytes));
-            frame.mergeable = true;
-            queued.fetch_add(bytes.len(), Ordering::Relaxed);
-            // Nobody is listening any more: the client went away, so stop the run.
-            if sink_events.send(frame).is_err() {
+            let keep_going = sink_watcher.lock().as_ref().is_some_and(|w| w.output(stream, bytes));
+            if !keep_going {
                 sink_control.cancel();
             }
         });
@@ -364,25 +428,23 @@ impl Core {
                     limits: self.config.limits,
                     output: Some(sink),
                     control: control.clone(),
+                    record_inputs: s.record_inputs,
                 };
                 self.runner.run(&module, spec)
             })
         };
-        let (result, outcome_text, last) = match &outcome {
-            Ok(out) => {
-                let result = result_of(run, module_hash, out.exit_code, &out.account);
-                let frame = event(Kind::Reply, false, &StoreletEvent::Finished(result.clone()), Bytes::new());
-                (result, format!("exit {}", out.exit_code), frame)
-            }
+        let (result, outcome_text) = match &outcome {
+            Ok(out) => (result_of(run, module_hash, out.exit_code, &out.account), format!("exit {}", out.exit_code)),
             Err(e) => {
                 let account = e.account().cloned().unwrap_or_default();
-                let message = format!("{e}; it used {}", describe(&account));
-                let frame = event(Kind::Error, false, &WireError::new(e.code(), message), Bytes::new());
-                (result_of(run, module_hash, -1, &account), format!("{}: {e}", e.code().name()), frame)
+                (result_of(run, module_hash, -1, &account), format!("{}: {e}", e.code().name()))
             }
         };
         self.record(run, &s, outcome.is_ok(), &outcome_text, &result);
-        let _ = events.send(last);
+        let watcher = watcher.lock().take();
+        if let Some(w) = watcher {
+            w.finished(&result, &outcome);
+        }
     }
 
     /// Accounts for a finished run: subject totals, the recent log, the accounts file.

@@ -40,27 +40,107 @@ struct Listing {
 #[derive(Default)]
 pub(crate) struct Dirs {
     host: HashMap<u32, OwnedFd>,
+    /// Each host directory's path from the preopened one (which is "").
+    paths: HashMap<u32, String>,
     listings: HashMap<u32, Listing>,
+    /// The files the program opened or looked for, when the run records its inputs.
+    pub(crate) inputs: Option<Inputs>,
+}
+
+/// The files a run read, or looked for and did not find, as they were when it opened
+/// them: a result computed from them is still good while each is still so.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inputs {
+    /// Path (from the preopened directory) and identity at open; `None`: it was absent.
+    pub files: Vec<(String, Option<Stamp>)>,
+    /// False when the program opened something whose path could not be told (through a
+    /// directory this side does not know): the list is then not the whole story.
+    pub complete: bool,
+}
+
+/// What identifies a file's content without reading it: any write changes its
+/// modification or change time (nanoseconds), a replacement its inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Stamp {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+}
+
+impl Stamp {
+    /// The stamp of a file's attributes.
+    // `struct stat` field types differ between architectures; the casts are for the others.
+    #[allow(clippy::unnecessary_cast)]
+    pub fn of(st: &rustix::fs::Stat) -> Stamp {
+        let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+        Stamp {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            size: st.st_size as u64,
+            mtime_ns: ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime_ns: ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
 }
 
 impl Dirs {
-    /// Dirs of a run whose preopened directory (WASI fd 3) is `preopen`.
-    pub(crate) fn new(preopen: Option<OwnedFd>) -> Dirs {
+    /// Dirs of a run whose preopened directory (WASI fd 3) is `preopen`; `record` keeps
+    /// the run's [`Inputs`].
+    pub(crate) fn new(preopen: Option<OwnedFd>, record: bool) -> Dirs {
         let mut d = Dirs::default();
         if let Some(fd) = preopen {
             d.host.insert(3, fd);
+            d.paths.insert(3, String::new());
         }
+        d.inputs = record.then(|| Inputs { files: Vec::new(), complete: true });
         d
     }
 
     /// The program closed or renumbered `fd`.
     pub(crate) fn forget(&mut self, fd: u32) {
         self.host.remove(&fd);
+        self.paths.remove(&fd);
         self.listings.remove(&fd);
+    }
+
+    /// Records that the program opened (or did not find) `name` in its directory `dir`.
+    fn record(&mut self, dir: u32, name: &[u8], follow: bool, found: bool) {
+        let Some(inputs) = self.inputs.as_mut() else { return };
+        let (Some(base), Some(prefix), Ok(name)) =
+            (self.host.get(&dir), self.paths.get(&dir), std::str::from_utf8(name))
+        else {
+            inputs.complete = false;
+            return;
+        };
+        let path = if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") };
+        if !found {
+            inputs.files.push((path, None));
+            return;
+        }
+        let flags = if follow { rustix::fs::AtFlags::empty() } else { rustix::fs::AtFlags::SYMLINK_NOFOLLOW };
+        match rustix::fs::statat(base, name, flags) {
+            // Directories are inputs through their listings, which this does not follow.
+            Ok(st) if FileType::from_raw_mode(st.st_mode).is_dir() => {}
+            Ok(st) => inputs.files.push((path, Some(Stamp::of(&st)))),
+            Err(_) => inputs.complete = false,
+        }
     }
 }
 
-/// After WASI's `path_open` succeeded: opens the same directory on the host, if it is one.
+/// After WASI's `path_open` failed for want of the file: records the absence.
+pub(crate) fn missing(c: &mut Caller<'_, RunState>, dir: i32, path: i32, path_len: i32, dirflags: i32) {
+    let Some(mem) = c.get_export("memory").and_then(Extern::into_memory) else { return };
+    let (data, state) = mem.data_and_store_mut(&mut *c);
+    let path = path as u32 as usize;
+    if let Some(name) = data.get(path..path + path_len as u32 as usize) {
+        state.dirs.record(dir as u32, name, dirflags & SYMLINK_FOLLOW != 0, false);
+    }
+}
+
+/// After WASI's `path_open` succeeded: opens the same directory on the host, if it is
+/// one, and records the file among the run's inputs when it keeps them.
 pub(crate) fn opened(c: &mut Caller<'_, RunState>, dir: i32, path: i32, path_len: i32, dirflags: i32, out: i32) {
     let Some(mem) = c.get_export("memory").and_then(Extern::into_memory) else { return };
     let (data, state) = mem.data_and_store_mut(&mut *c);
@@ -69,15 +149,26 @@ pub(crate) fn opened(c: &mut Caller<'_, RunState>, dir: i32, path: i32, path_len
         return;
     };
     let new_fd = u32::from_le_bytes(new_fd.try_into().expect("4 bytes"));
-    let Some(base) = state.dirs.host.get(&(dir as u32)) else { return };
+    let dir = dir as u32;
+    state.dirs.record(dir, name, dirflags & SYMLINK_FOLLOW != 0, true);
+    let Some(base) = state.dirs.host.get(&dir) else { return };
     let mut flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
     if dirflags & SYMLINK_FOLLOW == 0 {
         flags |= OFlags::NOFOLLOW;
     }
     let name = if name.is_empty() { &b"."[..] } else { name };
     if let Ok(fd) = rustix::fs::openat2(base, name, flags, Mode::empty(), ResolveFlags::BENEATH) {
+        let joined = match (state.dirs.paths.get(&dir), std::str::from_utf8(name)) {
+            (Some(p), Ok(n)) if p.is_empty() => Some(n.to_string()),
+            (Some(p), Ok(n)) => Some(format!("{p}/{n}")),
+            _ => None,
+        };
         state.dirs.listings.remove(&new_fd);
         state.dirs.host.insert(new_fd, fd);
+        match joined {
+            Some(p) => state.dirs.paths.insert(new_fd, p),
+            None => state.dirs.paths.remove(&new_fd),
+        };
     }
 }
 

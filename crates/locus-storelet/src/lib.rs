@@ -16,6 +16,7 @@ mod dirs;
 mod meter;
 pub mod output;
 
+pub use dirs::{Inputs, Stamp};
 pub use output::{OutputSink, Stream};
 
 use parking_lot::Mutex;
@@ -86,6 +87,8 @@ pub struct RunOutcome {
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
     pub account: Account,
+    /// What the program read, when the spec asked to record it.
+    pub inputs: Option<Inputs>,
 }
 
 /// Why a storelet could not run or was stopped.
@@ -208,12 +211,14 @@ pub struct RunSpec<'a> {
     /// Takes stdout and stderr as they are written; without one they are collected.
     pub output: Option<OutputSink>,
     pub control: Arc<RunControl>,
+    /// Keep the files the program opens or looks for ([`RunOutcome::inputs`]).
+    pub record_inputs: bool,
 }
 
 impl<'a> RunSpec<'a> {
     /// A run with `args` and `limits`, no directory, collected output.
     pub fn new(args: &'a [String], limits: Limits) -> RunSpec<'a> {
-        RunSpec { args, env: &[], dir: None, limits, output: None, control: Arc::default() }
+        RunSpec { args, env: &[], dir: None, limits, output: None, control: Arc::default(), record_inputs: false }
     }
 
     /// The same run with `dir` preopened as `/`.
@@ -411,7 +416,7 @@ impl Runner {
             limits,
             io: IoUse::default(),
             charged: Duration::ZERO,
-            dirs: dirs::Dirs::new(preopen),
+            dirs: dirs::Dirs::new(preopen, spec.record_inputs),
             tripped: None,
         };
         let mut store = Store::new(&self.engine, state);
@@ -470,6 +475,7 @@ impl Runner {
             budget.charge(cpu.saturating_sub(state.charged));
         }
         let (denied, tripped) = (state.limiter.denied, state.tripped.clone());
+        let inputs = store.data_mut().dirs.inputs.take();
         drop(store);
         let limit =
             |limit: &'static str, detail: String, account: Account| StoreletError::Limit { limit, detail, account };
@@ -499,6 +505,6 @@ impl Runner {
             return Err(limit("memory", format!("wanted more than {} bytes", limits.memory), account));
         }
         let (stdout, stderr) = output.take();
-        Ok(RunOutcome { exit_code, stdout, stderr, account })
+        Ok(RunOutcome { exit_code, stdout, stderr, account, inputs })
     }
 }

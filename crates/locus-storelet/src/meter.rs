@@ -176,6 +176,8 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
                 if r == 0 {
                     c.data_mut().io.files_opened += 1;
                     crate::dirs::opened(&mut c, dir, path, path_len, dirflags, out);
+                } else if r == Errno::Noent as i32 {
+                    crate::dirs::missing(&mut c, dir, path, path_len, dirflags);
                 }
                 Ok(r)
             },
