@@ -412,11 +412,18 @@ impl ActiveWatcher {
     }
 }
 
-/// The error an opener gets for a handler that exited with `code`: a code from 2 to 133
-/// is taken as the errno the handler chose (2 is `ENOENT`), anything else is `EIO`.
+/// The error an opener gets for a handler that exited with `code`, by the convention of
+/// `sysexits.h`: 64 (usage) and 65 (data) are `EINVAL`, 66 (no input) `ENOENT`, 75
+/// (try again) `EAGAIN`, 77 (no permission) `EACCES`; any other status is `EIO`.
 fn exit_error(name: &str, code: i32) -> WireError {
-    let errno = if (2..=133).contains(&code) { code as u32 } else { 5 };
-    WireError::new(Code(errno), format!("handler {name} exited with status {code}; see its .err file"))
+    let errno = match code {
+        64 | 65 => Code::INVAL,
+        66 => Code::NOENT,
+        75 => Code::AGAIN,
+        77 => Code::ACCES,
+        _ => Code::IO,
+    };
+    WireError::new(errno, format!("handler {name} exited with status {code}; its .err file says why"))
 }
 
 impl Watcher for ActiveWatcher {

@@ -56,6 +56,7 @@ pub struct Inputs {
     /// False when the program opened something whose path could not be told (through a
     /// directory this side does not know): the list is then not the whole story.
     pub complete: bool,
+    seen: std::collections::HashSet<String>,
 }
 
 /// What identifies a file's content without reading it: any write changes its
@@ -94,7 +95,7 @@ impl Dirs {
             d.host.insert(3, fd);
             d.paths.insert(3, String::new());
         }
-        d.inputs = record.then(|| Inputs { files: Vec::new(), complete: true });
+        d.inputs = record.then(|| Inputs { complete: true, ..Inputs::default() });
         d
     }
 
@@ -115,14 +116,19 @@ impl Dirs {
             return;
         };
         let path = if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") };
+        // The first look at a path is what the run depended on: later ones add nothing
+        // (a program that polls for a file must not grow this without bound).
+        if !inputs.seen.insert(path.clone()) {
+            return;
+        }
         if !found {
             inputs.files.push((path, None));
             return;
         }
         let flags = if follow { rustix::fs::AtFlags::empty() } else { rustix::fs::AtFlags::SYMLINK_NOFOLLOW };
+        // A directory's stamp changes when a name in it is added, removed or renamed, so
+        // a program that lists one depends on its listing through it.
         match rustix::fs::statat(base, name, flags) {
-            // Directories are inputs through their listings, which this does not follow.
-            Ok(st) if FileType::from_raw_mode(st.st_mode).is_dir() => {}
             Ok(st) => inputs.files.push((path, Some(Stamp::of(&st)))),
             Err(_) => inputs.complete = false,
         }

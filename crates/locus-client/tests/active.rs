@@ -1,0 +1,179 @@
+//! Active files through the protocol against a real server: a missing name that invokes
+//! a registered handler runs it and reads as its output, in both name forms; unknown
+//! handlers are plain ENOENT; concurrent openers share one run; results are reused until
+//! an input changes; output streams while the run goes; failures give a clear errno, an
+//! error record and no result; the caller's rights decide.
+
+use locus_client::types::{open_flags, Rights};
+use locus_client::Client;
+use locus_proto::active::encode_command_line;
+use locus_proto::Code;
+use locus_testkit::{build_storelet, TestServer};
+use std::time::Duration;
+
+/// Writes "first", then waits until a file named `gate` exists, then writes "second".
+const GATED: &str = r#"(module
+    (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+    (import "wasi_snapshot_preview1" "path_open"
+        (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+    (memory (export "memory") 1)
+    (data (i32.const 100) "first\n")
+    (data (i32.const 200) "second\n")
+    (data (i32.const 300) "gate")
+    (func (export "_start")
+      (i32.store (i32.const 0) (i32.const 100)) (i32.store (i32.const 4) (i32.const 6))
+      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (block $open_gate
+        (loop $wait
+          (br_if $open_gate (i32.eqz (call $open (i32.const 3) (i32.const 0) (i32.const 300) (i32.const 4)
+              (i32.const 0) (i64.const 2) (i64.const 0) (i32.const 0) (i32.const 16))))
+          (br $wait)))
+      (i32.store (i32.const 0) (i32.const 200)) (i32.store (i32.const 4) (i32.const 7))
+      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+const SALES: &str = "region,price\nnorth,10\nsouth,5\nnorth,7\n";
+
+/// A server with handlers `csv` (the shipped storelet), `gated` and `spin` (the hostile
+/// storelet, which spins until its 2 s wall-time limit stops it).
+fn server() -> TestServer {
+    let srv = TestServer::start_with(|c| c.storelets.limits.wall = Duration::from_secs(2));
+    let modules = srv.state_dir().join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    std::fs::write(modules.join("csv.wasm"), build_storelet("csv")).unwrap();
+    std::fs::write(modules.join("hostile.wasm"), build_storelet("hostile")).unwrap();
+    std::fs::write(modules.join("gated.wat"), GATED).unwrap();
+    std::fs::write(
+        srv.state_dir().join("handlers.conf"),
+        "# name kind module [args]\ncsv storelet modules/csv.wasm\ngated storelet modules/gated.wat\n\
+         spin storelet modules/hostile.wasm spin\n",
+    )
+    .unwrap();
+    srv.put_local("d/sales.csv", SALES.as_bytes());
+    srv
+}
+
+async fn runs_of(c: &Client, subject: &str) -> u64 {
+    let report = c.storelet_stats().await.unwrap();
+    report.subjects.iter().find(|s| s.subject == subject).map_or(0, |s| s.runs)
+}
+
+#[tokio::test]
+async fn both_name_forms_run_the_handler_and_unknown_ones_are_enoent() {
+    let srv = server();
+    let admin = srv.client("admin").await;
+    let handlers = admin.handlers().await.unwrap();
+    let names: Vec<&str> = handlers.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["csv", "gated", "spin"]);
+    assert_eq!(handlers[2].args, ["spin"]);
+
+    let short = admin.read_file("/d/csv@sales.csv,-sum,price").await.unwrap();
+    assert_eq!(String::from_utf8(short).unwrap(), "22\n");
+    let lerna = encode_command_line(&["/usr/local/bin/csv", "sales.csv", "-sum", "price", "-by", "region"]);
+    assert!(lerna.starts_with("%2Fusr%2Flocal%2Fbin%2Fcsv+sales.csv"), "{lerna}");
+    let by_region = admin.read_file(&format!("/d/{lerna}")).await.unwrap();
+    assert_eq!(String::from_utf8(by_region).unwrap(), "north,17\nsouth,5\n");
+
+    let attr = admin.stat("/d/csv@sales.csv,-count").await.unwrap();
+    assert_eq!((attr.mode & 0o7777, attr.size), (0o444, 2), "a read-only file of its output's size");
+    let listed: Vec<String> = admin.readdir("/d").await.unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(listed, ["sales.csv"], "results are not listed");
+
+    for missing in ["/d/nothing@sales.csv", "/d/%2Fbin%2Fnothing+x", "/d/plain.txt", "/d/csv@x.err"] {
+        assert_eq!(admin.stat(missing).await.unwrap_err().code(), Code::NOENT, "{missing}");
+    }
+    // Opening for writing never runs a handler: it makes an ordinary file.
+    let h = admin.open("/d/csv@new", open_flags::WRITE | open_flags::CREATE, 0o644).await.unwrap();
+    admin.close(h.handle).await.unwrap();
+    assert!(srv.local("d/csv@new").exists());
+    assert_eq!(admin.read_file("/d/csv@new").await.unwrap(), b"");
+}
+
+#[tokio::test]
+async fn results_are_reused_until_an_input_changes() {
+    let srv = server();
+    let admin = srv.client("admin").await;
+    let name = "/d/csv@sales.csv,-sum,price";
+    assert_eq!(admin.read_file(name).await.unwrap(), b"22\n");
+    assert_eq!(admin.read_file(name).await.unwrap(), b"22\n");
+    assert_eq!(admin.stat(name).await.unwrap().size, 3);
+    assert_eq!(runs_of(&admin, "admin").await, 1, "reused, not run again");
+
+    srv.put_local("d/sales.csv", format!("{SALES}east,100\n").as_bytes());
+    assert_eq!(admin.read_file(name).await.unwrap(), b"122\n");
+    assert_eq!(runs_of(&admin, "admin").await, 2, "the input changed");
+}
+
+#[tokio::test]
+async fn concurrent_openers_share_one_run_and_read_while_it_goes() {
+    let srv = server();
+    let admin = srv.client("admin").await;
+    let name = "/d/gated@";
+    // A reader of an unfinished result gets the bytes written so far, not the end.
+    let opened = admin.open(name, open_flags::READ, 0).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), admin.pread(opened.handle, 0, 6)).await;
+    assert_eq!(first.expect("first bytes before the run ends").unwrap(), &b"first\n"[..]);
+
+    let mut readers = Vec::new();
+    for _ in 0..4 {
+        let c = srv.client("admin").await;
+        readers.push(tokio::spawn(async move { c.read_file(name).await.unwrap() }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    srv.put_local("d/gate", b"");
+    for r in readers {
+        assert_eq!(r.await.unwrap(), b"first\nsecond\n");
+    }
+    assert_eq!(admin.pread(opened.handle, 0, 100).await.unwrap(), &b"first\nsecond\n"[..]);
+    assert_eq!(admin.fstat(opened.handle).await.unwrap().size, 13);
+    assert_eq!(runs_of(&admin, "admin").await, 1, "one run for every opener");
+
+    // The run looked for the gate and did not find it: now that it exists, the result
+    // is stale; the new run finds it at once, and its result is reused.
+    assert_eq!(admin.read_file(name).await.unwrap(), b"first\nsecond\n");
+    assert_eq!(runs_of(&admin, "admin").await, 2, "an input that appeared");
+    assert_eq!(admin.read_file(name).await.unwrap(), b"first\nsecond\n");
+    assert_eq!(runs_of(&admin, "admin").await, 2, "reused");
+
+    // `get` streams too: the gate is made only once the first bytes have arrived.
+    let gate = srv.local("d/gate");
+    std::fs::remove_file(&gate).unwrap();
+    let mut out = Vec::new();
+    let got = admin.get("/d/gated@streamed", &mut out, |done, _| {
+        if done > 0 {
+            let _ = std::fs::write(&gate, b"");
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(20), got).await.expect("streamed").unwrap();
+    assert_eq!(out, b"first\nsecond\n");
+}
+
+#[tokio::test]
+async fn failures_give_an_errno_and_an_error_record_but_no_result() {
+    let srv = server();
+    let admin = srv.client("admin").await;
+    // The csv storelet exits 2 (not a sysexits code) when its input is missing: EIO.
+    let e = admin.read_file("/d/csv@absent.csv,-count").await.unwrap_err();
+    assert_eq!(e.code(), Code::IO, "{e}");
+    let record = String::from_utf8(admin.read_file("/d/csv@absent.csv,-count.err").await.unwrap()).unwrap();
+    assert!(record.contains("exited with status 2") && record.contains("absent.csv"), "{record}");
+
+    let e = admin.stat("/d/spin@").await.unwrap_err();
+    assert_eq!(e.code(), Code::LIMIT, "{e}");
+    let record = String::from_utf8(admin.read_file("/d/spin@.err").await.unwrap()).unwrap();
+    assert!(record.contains("time limit"), "{record}");
+    assert_eq!(std::fs::read_dir(srv.state_dir().join("active")).unwrap().count(), 2, "only the two records");
+}
+
+#[tokio::test]
+async fn the_callers_rights_decide() {
+    let srv = server();
+    let admin = srv.client("admin").await;
+    let alice = srv.client("alice").await;
+    let name = "/d/csv@sales.csv,-count";
+    admin.acl_set("/d", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    assert_eq!(alice.stat(name).await.unwrap_err().code(), Code::ACCES, "running code needs x at the root");
+    admin.acl_set("/", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    assert_eq!(alice.read_file(name).await.unwrap(), b"3\n");
+    admin.acl_set("/d", "alice", Rights::parse("l").unwrap()).await.unwrap();
+    assert_eq!(alice.read_file(name).await.unwrap_err().code(), Code::ACCES, "no r on the inputs");
+}
