@@ -250,3 +250,20 @@ fn storelet_run_ps_cancel_and_stats_from_the_command_line() {
     let stats = ok(&home, &["storelet", "stats", &s.url("/")]);
     assert!(stats.contains("admin") && stats.contains("cancelled"), "{stats}");
 }
+
+#[test]
+fn locus_cat_of_an_invocation_runs_the_handler() {
+    let s = TestServer::start();
+    let home = s.scratch().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    s.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+    s.put_local("d/sales.csv", b"region,price\nnorth,10\nsouth,5\nnorth,7\n");
+    let listed = ok(&home, &["handlers", &s.url("/")]);
+    assert!(listed.lines().nth(1).is_some_and(|l| l.starts_with("csv ") && l.contains("storelet")), "{listed}");
+    assert_eq!(ok(&home, &["cat", &s.url("/d/csv@sales.csv,-sum,price")]), "22\n");
+    assert_eq!(ok(&home, &["cat", &s.url("/d/%2Fopt%2Fcsv+sales.csv+-count")]), "3\n");
+    let out = locus(&home, &["cat", &s.url("/d/nothing@sales.csv")]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("ENOENT"));
+    let json: serde_json::Value = serde_json::from_str(&ok(&home, &["--json", "handlers", &s.url("/")])).unwrap();
+    assert_eq!(json[0]["name"], "csv");
+}

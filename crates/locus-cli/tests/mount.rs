@@ -355,3 +355,24 @@ open("expected.bin", "wb").write(bytes(expected))
     std::thread::sleep(Duration::from_millis(400));
     assert_eq!(sh(&m.mnt, "head -c 1 out.bin").stdout, b"Z");
 }
+
+#[test]
+fn opening_an_invocation_on_the_mount_runs_the_handler() {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: this machine has no /dev/fuse");
+        return;
+    }
+    let s = TestServer::start();
+    s.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+    s.put_local("data/sales.csv", b"region,price\nnorth,10\nsouth,5\nnorth,7\n");
+    let m = mount(&s, "/data");
+    // Listed first: the mount must still ask for names that invoke handlers.
+    let out = sh(&m.mnt, "ls && cat csv@sales.csv,-sum,price && cat %2Fopt%2Fcsv+sales.csv+-count");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sales.csv\n22\n3\n");
+    // make sees an active file as a prerequisite that exists, and reads it.
+    std::fs::write(s.local("data/Makefile"), "total.txt: csv@sales.csv,-sum,price\n\tcp $< $@\n").unwrap();
+    sh(&m.mnt, "make -s");
+    assert_eq!(std::fs::read_to_string(s.local("data/total.txt")).unwrap(), "22\n");
+    let missing = Command::new("cat").arg(m.mnt.join("nothing@sales.csv")).output().unwrap();
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("No such file"));
+}

@@ -344,6 +344,21 @@ fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeou
     assert_eq!(runner.join().unwrap(), "from elsewhere");
 }
 
+fn opening_an_invocation_under_the_agent_runs_the_handler(mode: &str) {
+    let s = TestServer::start();
+    s.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+    s.put_local("data/sales.csv", b"region,price\nnorth,10\nsouth,5\nnorth,7\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let script = format!(
+        "cd {r} && ls && cat csv@sales.csv,-sum,price %2Fopt%2Fcsv+sales.csv+-count && \
+         python3 -c \"print(open('csv@sales.csv,-by,region,-sum,price').read(), end='')\""
+    );
+    assert_eq!(run_ok(mode, &[], &script, &home), "sales.csv\n22\n3\nnorth,17\nsouth,5\n");
+    let out = run(mode, &[], &format!("cat {r}/nothing@sales.csv"), &home);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("No such file"));
+}
+
 /// Each test runs both ways the agent can show the namespace to the program.
 macro_rules! both_ways {
     ($($name:ident),*) => {
@@ -367,7 +382,8 @@ both_ways!(
     a_static_threaded_binary_forks_and_execs_under_the_agent,
     the_chirp_http_and_local_drivers_work_under_the_agent,
     a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_the_run_with_75,
-    listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout
+    listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeout,
+    opening_an_invocation_under_the_agent_runs_the_handler
 );
 
 #[test]

@@ -37,17 +37,9 @@ const SALES: &str = "region,price\nnorth,10\nsouth,5\nnorth,7\n";
 /// storelet, which spins until its 2 s wall-time limit stops it).
 fn server() -> TestServer {
     let srv = TestServer::start_with(|c| c.storelets.limits.wall = Duration::from_secs(2));
-    let modules = srv.state_dir().join("modules");
-    std::fs::create_dir_all(&modules).unwrap();
-    std::fs::write(modules.join("csv.wasm"), build_storelet("csv")).unwrap();
-    std::fs::write(modules.join("hostile.wasm"), build_storelet("hostile")).unwrap();
-    std::fs::write(modules.join("gated.wat"), GATED).unwrap();
-    std::fs::write(
-        srv.state_dir().join("handlers.conf"),
-        "# name kind module [args]\ncsv storelet modules/csv.wasm\ngated storelet modules/gated.wat\n\
-         spin storelet modules/hostile.wasm spin\n",
-    )
-    .unwrap();
+    srv.add_handler("csv", &build_storelet("csv"), &[]);
+    srv.add_handler("gated", GATED.as_bytes(), &[]);
+    srv.add_handler("spin", &build_storelet("hostile"), &["spin"]);
     srv.put_local("d/sales.csv", SALES.as_bytes());
     srv
 }

@@ -97,6 +97,19 @@ impl TestServer {
         self.root().join(rel)
     }
 
+    /// Registers an active-file handler `name` running `module` (WebAssembly, binary or
+    /// text) with `args` before the invocation's own: saves the module in the state
+    /// directory and adds a line to its `handlers.conf`, which the server reads on change.
+    pub fn add_handler(&self, name: &str, module: &[u8], args: &[&str]) {
+        use std::io::Write;
+        let dir = self.state_dir().join("modules");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join(format!("{name}.wasm")), module).expect("write module");
+        let conf = self.state_dir().join(locus_server::active::HANDLERS_FILE);
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(conf).expect("handlers.conf");
+        writeln!(f, "{name} storelet modules/{name}.wasm {}", args.join(" ")).expect("append");
+    }
+
     /// The temporary directory holding export and state; the place for scratch files.
     pub fn scratch(&self) -> &Path {
         self.dir.path()
