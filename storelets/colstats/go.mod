@@ -1,0 +1,3 @@
+module locus/storelets/colstats
+
+go 1.22
