@@ -2,6 +2,8 @@
 //!
 //! - [`ops`]: `locus bench ops`, per-operation latency and bandwidth (Parrot's Figure 11
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
+//! - [`active`]: `locus bench active`, a job triggered by opening an active file against
+//!   the same program at the server and on the client over `locus mount`, across RTTs.
 //! - [`agent`]: `locus bench agent`, Figure 4 rows under `locus run`, local and remote,
 //!   beside the same program unmodified and on `locus mount`.
 //! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
@@ -14,6 +16,7 @@
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
+pub mod active;
 pub mod agent;
 pub mod mount;
 pub mod ops;

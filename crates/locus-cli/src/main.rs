@@ -287,6 +287,9 @@ enum BenchCommand {
     Scripts(locus_bench::scripts::ScriptsArgs),
     /// find at the server vs client-side traversal vs local, across RTTs; the file service under hostile storelets.
     Storelets(locus_bench::storelets::StoreletsArgs),
+    /// Lerna's experiment: a job triggered by opening an active file, against the same
+    /// program at the server and on the client over `locus mount`, across RTTs.
+    Active(locus_bench::active::ActiveArgs),
     /// Figure 4 rows and an Andrew-like run on locus mount (Locus and Chirp drivers) beside local.
     Mount(locus_bench::mount::MountArgs),
 }
@@ -350,6 +353,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -1,0 +1,211 @@
+//! `locus bench active`: Lerna's experiment. A compute-over-data job (column statistics of
+//! a CSV file of a few hundred MB, by the shipped `colstats` program) run three ways, side
+//! by side at each emulated round-trip time:
+//!
+//! - **at the server, locally**: the native program on the export directory (no network);
+//! - **triggered by a file**: a client opens `colstats@data.csv` through the delay proxy,
+//!   so the handler (the same program as a storelet) runs at the server and only its
+//!   answer crosses the network; the input is touched before each run, so every run
+//!   computes (a run that reuses the kept result is shown apart);
+//! - **on the client**: the native program reads the file over a fresh `locus mount`
+//!   (nothing cached), through the same proxy.
+//!
+//! Turnaround is the whole job as the client sees it; bytes moved are what crossed the
+//! proxy in both directions.
+
+use crate::mount::mount;
+use crate::peers;
+use crate::proxy::DelayProxy;
+use crate::scripts::connect;
+use crate::stats::median;
+use crate::BenchError;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Options of `locus bench active`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ActiveArgs {
+    /// Size of the generated CSV file, in MB.
+    #[arg(long, default_value_t = 200)]
+    pub size_mb: u64,
+    /// Emulated round-trip times in milliseconds, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,10,100")]
+    pub rtt_ms: Vec<f64>,
+    /// Timed repeats of each way (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// The client-side run is repeated only once at round-trip times of this many ms or more.
+    #[arg(long, default_value_t = 50.0)]
+    pub slow_once_ms: f64,
+}
+
+/// The directory of a storelet shipped in this repository (a Go program).
+fn shipped(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../storelets").join(name)
+}
+
+/// Writes `size_mb` of CSV rows (trip records of made-up numbers) to `path`.
+fn generate_csv(path: &Path, size_mb: u64) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    writeln!(out, "id,fare,tip,distance,passengers,zone")?;
+    let (mut x, mut written, mut id) = (0x2545_f491_4f6c_dd1du64, 0u64, 0u64);
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    while written < size_mb << 20 {
+        let r = next();
+        let line = format!(
+            "{id},{}.{:02},{}.{:02},{}.{},{},Z{:03}\n",
+            5 + r % 60,
+            (r >> 8) % 100,
+            (r >> 16) % 12,
+            (r >> 24) % 100,
+            (r >> 32) % 30,
+            (r >> 40) % 10,
+            1 + (r >> 44) % 6,
+            (r >> 48) % 263
+        );
+        out.write_all(line.as_bytes())?;
+        written += line.len() as u64;
+        id += 1;
+    }
+    out.flush()
+}
+
+/// Changes the input's modification time, so the next open of the invocation computes.
+fn touch(path: &Path) -> Result<(), BenchError> {
+    let f = std::fs::File::options().write(true).open(path).map_err(|e| BenchError::io("touch", e))?;
+    f.set_modified(std::time::SystemTime::now()).map_err(|e| BenchError::io("touch", e))
+}
+
+fn secs(d: &[Duration]) -> f64 {
+    median(d.iter().map(|d| d.as_secs_f64()).collect())
+}
+
+/// Runs `program args` and returns its time and stdout.
+fn run_native(program: &Path, args: &[&Path], dir: &Path) -> Result<(Duration, Vec<u8>), BenchError> {
+    let t = Instant::now();
+    let out = Command::new(program).args(args).current_dir(dir).output().map_err(|e| BenchError::io("colstats", e))?;
+    if !out.status.success() {
+        return Err(BenchError::Setup(format!("colstats failed: {}", String::from_utf8_lossy(&out.stderr))));
+    }
+    Ok((t.elapsed(), out.stdout))
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: ActiveArgs) -> Result<(), BenchError> {
+    let setup = BenchError::Setup;
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    let work = tempfile::Builder::new()
+        .prefix("locus-bench-active-")
+        .tempdir_in(base)
+        .map_err(|e| BenchError::io("temp dir", e))?;
+    let (root, state) = (work.path().join("root"), work.path().join("locus-state"));
+    std::fs::create_dir_all(state.join("modules")).map_err(|e| BenchError::io("mkdir", e))?;
+    std::fs::create_dir_all(&root).map_err(|e| BenchError::io("mkdir", e))?;
+    let data = root.join("data.csv");
+    eprintln!("generating {} MB of CSV", args.size_mb);
+    generate_csv(&data, args.size_mb).map_err(|e| BenchError::io("generate CSV", e))?;
+    let size = std::fs::metadata(&data).map_err(|e| BenchError::io("stat", e))?.len();
+
+    // The same program twice: WebAssembly for the handler, native for the other ways.
+    let wasm = locus_storelet::build_shipped("colstats").map_err(setup)?;
+    std::fs::write(state.join("modules/colstats.wasm"), wasm).map_err(|e| BenchError::io("module", e))?;
+    std::fs::write(state.join("handlers.conf"), "colstats storelet modules/colstats.wasm\n")
+        .map_err(|e| BenchError::io("handlers.conf", e))?;
+    let native = work.path().join("colstats");
+    let built =
+        Command::new("go").args(["build", "-o"]).arg(&native).arg(".").current_dir(shipped("colstats")).status();
+    if !built.is_ok_and(|s| s.success()) {
+        return Err(setup("cannot build storelets/colstats natively with go".into()));
+    }
+
+    let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
+    let (peer, token) = peers::start_locus(&exe, work.path(), &root)?;
+    let (local_time, expected) = run_native(&native, &[Path::new("data.csv")], &root)?;
+    let mut local = vec![local_time];
+    for _ in 1..args.repeat {
+        local.push(run_native(&native, &[Path::new("data.csv")], &root)?.0);
+    }
+    let local = secs(&local);
+
+    let mut out = format!(
+        "\n### bench active: column statistics of a {:.0} MB CSV file ({} rows of 6 columns; median of {} runs, seconds)\n\n",
+        size as f64 / 1e6,
+        std::fs::read_to_string(&data).map(|s| s.lines().count() - 1).unwrap_or(0),
+        args.repeat
+    );
+    out.push_str(&format!("Native `colstats` at the server, on the export directory (no network): {local:.2} s.\n\n"));
+    out.push_str("| RTT ms | triggered by opening `colstats@data.csv` | ÷ triggered at the first RTT | ÷ native at the server | reused result | native on the client over `locus mount` | client ÷ triggered | bytes moved: triggered | bytes moved: client |\n|---|---|---|---|---|---|---|---|---|\n");
+    // The first run of the handler compiles its module (cached afterwards): not timed.
+    let warm = connect(peer.addr, &token).map_err(setup)?;
+    warm.run(|c| c.read_file("/colstats@data.csv")).map_err(|e| setup(e.to_string()))?;
+    let mut triggered_first = None;
+    let mut mounts = 0;
+    for &rtt in &args.rtt_ms {
+        let proxy = DelayProxy::start(peer.addr, Duration::from_secs_f64(rtt / 2000.0))
+            .map_err(|e| BenchError::io("proxy", e))?;
+        let c = connect(proxy.addr, &token).map_err(setup)?;
+        let name = "/colstats@data.csv";
+        let (mut active, mut reused, mut client) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut active_bytes, mut client_bytes) = (0u64, 0u64);
+        for r in 0..args.repeat {
+            touch(&data)?;
+            let before = proxy.total_bytes();
+            let t = Instant::now();
+            let got = c.run(|c| c.read_file(name)).map_err(|e| setup(format!("{name}: {e}")))?;
+            active.push(t.elapsed());
+            active_bytes = proxy.total_bytes() - before;
+            if got != expected {
+                return Err(setup(format!("the handler's answer differs:\n{}", String::from_utf8_lossy(&got))));
+            }
+            let t = Instant::now();
+            c.run(|c| c.read_file(name)).map_err(|e| setup(e.to_string()))?;
+            reused.push(t.elapsed());
+            if rtt < args.slow_once_ms || r == 0 {
+                // A fresh mount each time: nothing cached on the client.
+                mounts += 1;
+                let mnt = work.path().join(format!("mnt{mounts}"));
+                let m = mount(&exe, &format!("locus://{}/", proxy.addr), &mnt, &token)?;
+                let before = proxy.total_bytes();
+                let (t, got) = run_native(&native, &[&m.dir.join("data.csv")], work.path())?;
+                client.push(t);
+                client_bytes = proxy.total_bytes() - before;
+                if got != expected {
+                    return Err(setup("colstats over the mount gave another answer".into()));
+                }
+            }
+        }
+        let (a, u, cl) = (secs(&active), secs(&reused), secs(&client));
+        let first = *triggered_first.get_or_insert(a);
+        out.push_str(&format!(
+            "| {rtt} | {a:.2} | {:.2}x | {:.2}x | {u:.3} | {cl:.2}{} | {:.1}x | {} | {} |\n",
+            a / first,
+            a / local,
+            if client.len() == 1 && args.repeat > 1 { " (1 run)" } else { "" },
+            cl / a,
+            human(active_bytes),
+            human(client_bytes),
+        ));
+        eprintln!("rtt {rtt} ms done");
+    }
+    out.push_str(&format!(
+        "\nThe triggered job runs the WebAssembly build of the program at the server under the storelet limits; the native build at the server is the floor ({local:.2} s). A reused result is the same open after the first, answered from the kept result because the input did not change.\n"
+    ));
+    drop(peer);
+    print!("{out}");
+    Ok(())
+}
+
+fn human(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 => format!("{:.1} MB", b as f64 / 1e6),
+        b if b >= 1 << 10 => format!("{:.1} kB", b as f64 / 1e3),
+        b => format!("{b} B"),
+    }
+}
