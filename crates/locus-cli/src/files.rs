@@ -3,7 +3,7 @@
 
 use crate::output;
 use crate::Command;
-use crate::{AclCommand, ScriptCommand, StoreletCommand};
+use crate::{AclCommand, RebalanceCommand, ScriptCommand, StoreletCommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
@@ -171,14 +171,34 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let c = conns.get(&u).await?;
             c.acl_set(&u.path, &subject, rights).await.map_err(|e| err(&u, e))?;
         }
-        Command::Stats { url, top } => {
+        Command::Stats { url, top, devices } => {
             let u = parse(&url)?;
             let c = conns.get(&u).await?;
             let r = c.stats(top).await.map_err(|e| err(&u, e))?;
-            if json {
-                println!("{}", output::stats_json(&r));
+            match (json, devices) {
+                (true, true) => println!("{}", serde_json::to_string(&r.devices).map_err(|e| e.to_string())?),
+                (true, false) => println!("{}", output::stats_json(&r)),
+                (false, true) => print!("{}", output::devices_text(&r.devices)),
+                (false, false) => print!("{}", output::stats_text(&r)),
+            }
+        }
+        Command::Rebalance(cmd) => {
+            let (url, max_moves, apply) = match cmd {
+                RebalanceCommand::Plan { url, max_moves } => (url, max_moves, false),
+                RebalanceCommand::Apply { url, max_moves } => (url, max_moves, true),
+            };
+            let u = parse(&url)?;
+            let c = conns.get(&u).await?;
+            let r = if apply {
+                c.call(locus_client::ops::RebalanceApply { max_moves }).await
             } else {
-                print!("{}", output::stats_text(&r));
+                c.call(locus_client::ops::RebalancePlan { max_moves }).await
+            }
+            .map_err(|e| err(&u, e))?;
+            if json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", output::rebalance_text(&r, apply));
             }
         }
         Command::Script(ScriptCommand::Register { url, file }) => {

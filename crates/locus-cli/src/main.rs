@@ -121,7 +121,14 @@ enum Command {
         /// How many of the busiest files to show.
         #[arg(long, default_value_t = 10)]
         top: u32,
+        /// Show only the devices: their load, service times and space.
+        #[arg(long)]
+        devices: bool,
     },
+    /// Even out the measured load of a server's devices by moving files between them
+    /// (names never change; needs the `a` right at the root).
+    #[command(subcommand)]
+    Rebalance(RebalanceCommand),
     /// List the active-file handlers a server has registered (opening a missing
     /// `HANDLER@ARG,...` name, or a URL-encoded command line, runs one at the server).
     Handlers {
@@ -229,6 +236,26 @@ enum ScriptCommand {
         /// Write the script's `output` buffer here instead of standard output.
         #[arg(long)]
         output: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RebalanceCommand {
+    /// Propose moves from the accounting, without moving anything.
+    Plan {
+        /// The server, as a locus:// URL.
+        url: String,
+        /// At most this many moves.
+        #[arg(long, default_value_t = 1000)]
+        max_moves: u32,
+    },
+    /// Plan, then carry the moves out online (open files keep working).
+    Apply {
+        /// The server, as a locus:// URL.
+        url: String,
+        /// At most this many moves.
+        #[arg(long, default_value_t = 1000)]
+        max_moves: u32,
     },
 }
 

@@ -1,8 +1,8 @@
 //! Rendering for people (`ls -l` style) and for programs (`--json`).
 
 use locus_client::types::{
-    Attr, DirEntry, HandlerInfo, StatFs, StatsReport, StoreletReport, StoreletResult, StoreletRunInfo, S_IFDIR,
-    S_IFLNK, S_IFMT, S_IFREG,
+    Attr, DeviceStats, DirEntry, HandlerInfo, Rebalance, StatFs, StatsReport, StoreletReport, StoreletResult,
+    StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use serde_json::{json, Value};
 
@@ -101,6 +101,14 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// Mean and 99th percentile of a kind of operation, in µs.
+fn times(count: u64, total_ns: u64, p99_ns: u64) -> String {
+    if count == 0 {
+        return "-".into();
+    }
+    format!("{:.1}/{:.0}", total_ns as f64 / count as f64 / 1000.0, p99_ns as f64 / 1000.0)
+}
+
 /// `stats` for people.
 pub fn stats_text(r: &StatsReport) -> String {
     let e = &r.export;
@@ -123,32 +131,79 @@ pub fn stats_text(r: &StatsReport) -> String {
             o.total_ns as f64 / o.count.max(1) as f64 / 1000.0
         ));
     }
-    s.push_str("\nbusiest files (bytes read + written)\n");
+    s.push('\n');
+    s.push_str(&devices_text(&r.devices));
+    s.push_str("\nbusiest files (by load: bytes moved + 4 KiB per operation; read and write µs as mean/p99)\n");
     for f in &r.busiest {
         s.push_str(&format!(
-            "{:>10} {:>10}  {:>6} reads {:>6} writes  {}\n",
+            "{:>10} {:>10}  {:>6} reads {:>6} writes  {:>12} {:>12}  dev {}  {}\n",
             human(f.io.read_bytes),
             human(f.io.write_bytes),
             f.io.reads,
             f.io.writes,
+            times(f.io.reads, f.io.read_ns, f.io.read_p99_ns),
+            times(f.io.writes, f.io.write_ns, f.io.write_p99_ns),
+            f.device,
             f.path
         ));
     }
     s
 }
 
+/// The devices' load, service times and space, for people.
+pub fn devices_text(devices: &[DeviceStats]) -> String {
+    let total: u64 = devices.iter().map(|d| d.io.load()).sum::<u64>().max(1);
+    let mut s = format!(
+        "{:>3} {:>6} {:>10} {:>10} {:>8} {:>8} {:>12} {:>12} {:>10} {:>10}  PATH\n",
+        "DEV", "LOAD%", "READ", "WRITTEN", "READS", "WRITES", "READ µs", "WRITE µs", "FREE", "SIZE"
+    );
+    for d in devices {
+        s.push_str(&format!(
+            "{:>3} {:>6.1} {:>10} {:>10} {:>8} {:>8} {:>12} {:>12} {:>10} {:>10}  {}\n",
+            d.index,
+            100.0 * d.io.load() as f64 / total as f64,
+            human(d.io.read_bytes),
+            human(d.io.write_bytes),
+            d.io.reads,
+            d.io.writes,
+            times(d.io.reads, d.io.read_ns, d.io.read_p99_ns),
+            times(d.io.writes, d.io.write_ns, d.io.write_p99_ns),
+            human(d.free_bytes),
+            human(d.total_bytes),
+            d.path
+        ));
+    }
+    s
+}
+
+/// A rebalancing plan, or what applying one did, for people.
+pub fn rebalance_text(r: &Rebalance, applied: bool) -> String {
+    let loads = |v: &[u64]| v.iter().map(|&l| human(l)).collect::<Vec<_>>().join(" / ");
+    let mut s =
+        format!("device load {} {}, {} after\n", if applied { "was" } else { "is" }, loads(&r.before), loads(&r.after));
+    if r.moves.is_empty() {
+        s.push_str("nothing to move\n");
+    }
+    for m in &r.moves {
+        s.push_str(&format!(
+            "{} {} ({}, load {}) from device {} to {}\n",
+            if applied { "moved" } else { "move" },
+            m.path,
+            human(m.size),
+            human(m.load),
+            m.from,
+            m.to
+        ));
+    }
+    for (path, why) in &r.skipped {
+        s.push_str(&format!("not moved: {path}: {why}\n"));
+    }
+    s
+}
+
 /// `stats` as JSON.
 pub fn stats_json(r: &StatsReport) -> Value {
-    let io = |c: &locus_client::types::IoCounters| {
-        json!({"reads": c.reads, "read_bytes": c.read_bytes, "read_ns": c.read_ns,
-        "writes": c.writes, "write_bytes": c.write_bytes, "write_ns": c.write_ns})
-    };
-    json!({
-        "clients": r.clients,
-        "export": io(&r.export),
-        "ops": r.ops.iter().map(|o| json!({"op": o.op, "count": o.count, "total_ns": o.total_ns})).collect::<Vec<_>>(),
-        "busiest": r.busiest.iter().map(|f| json!({"path": f.path, "io": io(&f.io)})).collect::<Vec<_>>(),
-    })
+    serde_json::to_value(r).expect("stats serialize")
 }
 
 /// A command-line argument as a script value: integers, numbers, booleans and nil are

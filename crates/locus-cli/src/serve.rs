@@ -13,6 +13,11 @@ pub struct ServeArgs {
     /// Directory to export (default: ~/.locus/export, created if missing).
     #[arg(long)]
     root: Option<PathBuf>,
+    /// Another storage directory whose files join the namespace (repeatable): new files
+    /// go to the device with the most free space, `locus rebalance` moves files between
+    /// them by measured load. The export root is the first device.
+    #[arg(long = "device", value_name = "DIR")]
+    devices: Vec<PathBuf>,
     /// Server-private state: tokens, TLS identity (default: ~/.locus/server).
     #[arg(long)]
     state: Option<PathBuf>,
@@ -90,6 +95,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     if let Some(state) = args.state {
         config.state_dir = state;
     }
+    config.devices = args.devices;
     config.tls = args.tls;
     config.sendfile = args.sendfile;
     config.poll_window = std::time::Duration::from_micros(args.poll_us);

@@ -106,8 +106,12 @@ macro_rules! operation_table {
             0x30 AclGet acl_get Unary { path: String } -> Vec<AclEntry>;
             /// Sets (or, with no rights, removes) one subject's rights on a directory.
             0x31 AclSet acl_set Unary { path: String, subject: String, rights: Rights } -> ();
-            /// Export I/O totals, per-operation counts and the `top` busiest files (admin).
+            /// Export I/O totals, per-device totals, per-operation counts and the `top` busiest files (admin).
             0x32 Stats stats Unary { top: u32 } -> StatsReport;
+            /// Proposes moves of files between devices that even out their measured load (admin).
+            0x33 RebalancePlan rebalance_plan Unary { max_moves: u32 } -> Rebalance;
+            /// Plans as `rebalance_plan` does and carries the moves out online (admin); answers what was done.
+            0x34 RebalanceApply rebalance_apply Unary { max_moves: u32 } -> Rebalance;
             /// Registers a Lua script (needs `x` at the root); answers its id, the SHA-256 of the source.
             0x40 ScriptRegister script_register Unary { source: String } -> String;
             /// Runs a registered script (or `source`, registering it) with arguments; the frame's data is its input buffer, the reply's data its output buffer.

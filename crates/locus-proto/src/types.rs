@@ -315,7 +315,7 @@ pub struct HandlerInfo {
     pub args: Vec<String>,
 }
 
-/// Counts and service time of reads and writes, kept per file and per export.
+/// Counts and service time of reads and writes, kept per file, per device and per export.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoCounters {
     pub reads: u64,
@@ -324,13 +324,38 @@ pub struct IoCounters {
     pub writes: u64,
     pub write_bytes: u64,
     pub write_ns: u64,
+    /// The 99th percentile of read and write service times (from power-of-two buckets,
+    /// so within a factor of two; 0 without operations).
+    pub read_p99_ns: u64,
+    pub write_p99_ns: u64,
+}
+
+impl IoCounters {
+    /// The load these counters stand for, the measure rebalancing evens out: bytes moved
+    /// plus 4 KiB per operation (a small operation costs a device a seek or a page).
+    pub fn load(&self) -> u64 {
+        self.read_bytes + self.write_bytes + 4096 * (self.reads + self.writes)
+    }
 }
 
 /// Counters of one file, by its path at the time it was last used.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileStats {
     pub path: String,
+    /// The device that holds its content (an index into `StatsReport::devices`).
+    pub device: u32,
     pub io: IoCounters,
+}
+
+/// One storage device (directory) of the export and what it carried.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    pub index: u32,
+    /// Its directory on the server.
+    pub path: String,
+    pub io: IoCounters,
+    pub total_bytes: u64,
+    pub free_bytes: u64,
 }
 
 /// Count and total service time of one operation.
@@ -348,6 +373,31 @@ pub struct StatsReport {
     pub ops: Vec<OpStats>,
     pub busiest: Vec<FileStats>,
     pub clients: u64,
+    /// Every device of the export, in order.
+    pub devices: Vec<DeviceStats>,
+}
+
+/// One move of a file's content between devices; its name does not change.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    pub path: String,
+    pub from: u32,
+    pub to: u32,
+    /// The file's measured load ([`IoCounters::load`]).
+    pub load: u64,
+    pub size: u64,
+}
+
+/// A rebalancing plan, or what applying one did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rebalance {
+    /// The moves, in the order they are (or were) made.
+    pub moves: Vec<Move>,
+    /// Measured load per device before, and as the plan leaves it.
+    pub before: Vec<u64>,
+    pub after: Vec<u64>,
+    /// Files a plan wanted to move that could not be, with why (when applied).
+    pub skipped: Vec<(String, String)>,
 }
 
 #[cfg(test)]

@@ -97,7 +97,7 @@ impl Run {
     /// A read-only handle on the output, which stays valid when the result is kept.
     pub fn reader(&self, rel: String, io: locus_store::FileIo) -> Result<OpenFile, WireError> {
         let file = self.output.try_clone().map_err(|e| io_error("open result", e))?;
-        Ok(OpenFile { file, readable: true, writable: false, append: false, io, rel })
+        Ok(OpenFile::new(file, true, false, false, io, rel))
     }
 }
 
@@ -246,14 +246,7 @@ impl ActiveFiles {
         let key = key_of(who, &dir_rel, &handler, &inv);
         let io = shared.store.counters().file(path.trim_start_matches('/'));
         let rel = path.trim_start_matches('/').to_string();
-        let ready = |file: File| OpenFile {
-            file,
-            readable: true,
-            writable: false,
-            append: false,
-            io: io.clone(),
-            rel: rel.clone(),
-        };
+        let ready = |file: File| OpenFile::new(file, true, false, false, io.clone(), rel.clone());
         if inv.error_record {
             return Ok(File::open(self.results.join(format!("{key}.err"))).ok().map(|f| Found::Ready(ready(f))));
         }

@@ -20,8 +20,10 @@ pub const ADMIN_SUBJECT: &str = "admin";
 /// Everything a server needs to start.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// The directory exported to clients.
+    /// The directory exported to clients: the namespace, and the first device.
     pub root: PathBuf,
+    /// More storage directories whose files appear in the namespace (`--device`).
+    pub devices: Vec<PathBuf>,
     /// Tokens, TLS identity and other server-private files; must not be inside `root`.
     pub state_dir: PathBuf,
     /// Serve TLS (rustls) instead of plain TCP.
@@ -113,6 +115,7 @@ impl ServerConfig {
     pub fn new(root: impl Into<PathBuf>, state_dir: impl Into<PathBuf>) -> Self {
         ServerConfig {
             root: root.into(),
+            devices: Vec::new(),
             state_dir: state_dir.into(),
             tls: false,
             max_connections: 1024,
@@ -138,17 +141,28 @@ impl ServerConfig {
 
     /// Creates the directories and checks that the state is not exported.
     pub fn prepare(&self) -> Result<(), ServerError> {
-        for dir in [&self.root, &self.state_dir] {
+        for dir in [&self.root, &self.state_dir].into_iter().chain(&self.devices) {
             std::fs::create_dir_all(dir).map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
         }
-        let root = self.root.canonicalize().map_err(|e| ServerError::io("export root", e))?;
         let state = self.state_dir.canonicalize().map_err(|e| ServerError::io("state dir", e))?;
-        if state.starts_with(&root) {
-            return Err(ServerError::Config(format!(
-                "the state directory {} must not be inside the export {}",
-                state.display(),
-                root.display()
-            )));
+        let mut seen: Vec<PathBuf> = Vec::new();
+        for dir in std::iter::once(&self.root).chain(&self.devices) {
+            let d = dir.canonicalize().map_err(|e| ServerError::io("export device", e))?;
+            if state.starts_with(&d) || d.starts_with(&state) {
+                return Err(ServerError::Config(format!(
+                    "the state directory {} and the export directory {} must not contain one another",
+                    state.display(),
+                    d.display()
+                )));
+            }
+            if let Some(other) = seen.iter().find(|o| o.starts_with(&d) || d.starts_with(o)) {
+                return Err(ServerError::Config(format!(
+                    "devices {} and {} overlap: each must be a directory of its own",
+                    other.display(),
+                    d.display()
+                )));
+            }
+            seen.push(d);
         }
         Ok(())
     }

@@ -132,6 +132,11 @@ pub struct Server {
 /// Largest frame made by merging a backlog of small output events.
 const MERGED_FRAME_MAX: usize = 1 << 20;
 
+/// The I/O accounting kept across restarts, in the state directory.
+pub const ACCOUNTS_FILE: &str = "io-accounts.json";
+/// How often the accounting is saved while the server runs.
+const ACCOUNTS_SAVED_EVERY: Duration = Duration::from_secs(60);
+
 /// How long a shutdown waits for connections to finish their current request.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -142,7 +147,8 @@ impl Server {
         config.prepare()?;
         let mut initial = Acl::default();
         initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
-        let store = Store::new(&config.root, &initial)?;
+        let store = Store::with_devices(&config.root, &config.devices, &initial, Some(&config.state_dir))?;
+        store.counters().restore(&config.state_dir.join(ACCOUNTS_FILE));
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
         let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
         store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
@@ -196,6 +202,15 @@ impl Server {
             return;
         }
         tokio::pin!(shutdown);
+        let saver = {
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(ACCOUNTS_SAVED_EVERY).await;
+                    shared.save_accounts();
+                }
+            })
+        };
         let mut next = 0usize;
         loop {
             let permit = tokio::select! {
@@ -221,6 +236,18 @@ impl Server {
         drop(workers);
         for done in finished {
             let _ = done.await;
+        }
+        saver.abort();
+        self.shared.save_accounts();
+    }
+}
+
+impl Shared {
+    /// Saves the I/O accounting to the state directory (logged if it cannot be).
+    pub fn save_accounts(&self) {
+        let path = self.config.state_dir.join(ACCOUNTS_FILE);
+        if let Err(e) = self.store.counters().save(&path) {
+            tracing::warn!("cannot save {}: {e}", path.display());
         }
     }
 }

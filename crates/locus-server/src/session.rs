@@ -561,6 +561,30 @@ impl Handler for Session {
         Ok(self.shared.storelets.stats(who, admin).into())
     }
 
+    fn rebalance_plan(&mut self, req: RebalancePlan, _: Bytes) -> Reply<Rebalance> {
+        Ok(store(self.shared.store.rebalance_plan(self.who()?, req.max_moves))?.into())
+    }
+
+    fn rebalance_apply(&mut self, req: RebalanceApply, _: Bytes) -> Reply<Rebalance> {
+        // Checked here, so an unauthorized caller is refused at once.
+        self.shared.store.rebalance_plan(self.who()?, 0)?;
+        // Moves copy whole files: on a thread of their own, not the connection's.
+        let (shared, who) = (self.shared.clone(), self.who()?.to_string());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("locus-rebalance".into())
+            .spawn(move || {
+                let done = shared.store.rebalance(&who, req.max_moves);
+                shared.save_accounts();
+                let _ = tx.send(done);
+            })
+            .map_err(|e| WireError::new(Code::IO, format!("cannot start the rebalancing: {e}")))?;
+        Ok(Answer::later(Box::pin(async move {
+            let done = rx.await.map_err(|_| WireError::new(Code::IO, "the rebalancing stopped"))?;
+            Ok(Answer::from(store(done)?).encode())
+        })))
+    }
+
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {
         let mut report = store(self.shared.store.stats(self.who()?, req.top))?;
         report.clients = self.shared.registry.count() as u64;

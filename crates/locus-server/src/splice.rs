@@ -87,8 +87,10 @@ pub async fn receive_into_file(
         };
         remaining -= moved as u64;
         let mut drained = 0;
+        // No move switches the file while a piece is written (see locus_store's devices).
+        let moves = file.io.writing();
         while drained < moved {
-            match splice(pipe_r, None, &file.file, Some(&mut off), moved - drained, SpliceFlags::MOVE) {
+            match splice(pipe_r, None, &*file.file, Some(&mut off), moved - drained, SpliceFlags::MOVE) {
                 Ok(0) => {
                     failed = Some(Errno::IO);
                     break;
@@ -101,6 +103,7 @@ pub async fn receive_into_file(
                 }
             }
         }
+        drop(moves);
         if drained < moved {
             // Empty the pipe so it is clean for the next frame.
             let mut junk = vec![0u8; moved - drained];
@@ -115,8 +118,9 @@ pub async fn receive_into_file(
 }
 
 fn write_all_at(file: &OpenFile, mut data: &[u8], mut off: u64) -> Result<(), Errno> {
+    let _moves = file.io.writing();
     while !data.is_empty() {
-        match rustix::io::pwrite(&file.file, data, off) {
+        match rustix::io::pwrite(&*file.file, data, off) {
             Ok(n) => {
                 data = &data[n..];
                 off += n as u64;

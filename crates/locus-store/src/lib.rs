@@ -4,7 +4,9 @@
 //! - [`Store`]: the operations on paths, each taking the acting subject.
 //! - [`OpenFile`] and [`PutFile`]: what an open handle and an upload in progress hold.
 //! - [`acl`]: per-directory access-control lists.
-//! - [`counters`]: per-file, per-export and per-operation I/O counters.
+//! - [`counters`]: per-file, per-device, per-export and per-operation I/O accounting.
+//! - `devices`: several storage directories under one namespace, and moving files
+//!   between them to even out their load.
 //! - [`error`]: [`StoreError`], mapped to wire codes.
 //! - [`RemovalObserver`]: told when an object leaves the export, so what others attach
 //!   to objects (scripts' per-file state) goes with it.
@@ -17,19 +19,21 @@
 
 pub mod acl;
 pub mod counters;
+mod devices;
 pub mod error;
 
 pub use acl::{Acl, ACL_FILE, RESERVED_PREFIX};
-pub use counters::{Counters, FileIo};
+pub use counters::{Counters, FileEntry, FileIo};
 pub use error::{Result, StoreError};
 
 use error::OsContext;
-use locus_proto::types::{open_flags, Attr, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};
+use locus_proto::types::{open_flags, Attr, DeviceStats, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,13 +81,20 @@ fn report_removed(observer: Option<&Arc<dyn RemovalObserver>>, gone: Option<Obje
     }
 }
 
-/// An export: a directory tree shared with clients.
+/// An export: a directory tree shared with clients, whose files may live on several
+/// devices (see `devices`).
 pub struct Store {
     root: OwnedFd,
     root_key: ObjectId,
     acls: acl::AclCache,
     counters: Counters,
     removals: std::sync::OnceLock<Arc<dyn RemovalObserver>>,
+    /// The devices; the first is the root.
+    devices: Vec<devices::Device>,
+    /// Held by changes to the namespace when there are several devices.
+    namespace: Arc<parking_lot::Mutex<()>>,
+    /// Where interrupted moves are recorded (the state directory's `intents`).
+    intents: Option<PathBuf>,
 }
 
 /// A name located beneath the root: the directory holding it, opened, and the final
@@ -104,9 +115,12 @@ impl Target {
     }
 }
 
-/// An open file as a handle holds it; the object stays bound across renames.
+/// An open file as a handle holds it; the object stays bound across renames, and, when
+/// its content moves to another device, the descriptor is given the new copy.
 pub struct OpenFile {
-    pub file: File,
+    /// Closed by the handle's drop, after it no longer stands for the file (a move may
+    /// be switching it).
+    pub file: ManuallyDrop<File>,
     pub readable: bool,
     pub writable: bool,
     /// Opened to append: writes go to the end whatever their offset.
@@ -114,6 +128,8 @@ pub struct OpenFile {
     /// Counters of the file, charged on every read and write through this handle.
     pub io: FileIo,
     pub rel: String,
+    /// Its descriptor is in its file's entry, for moves.
+    registered: bool,
 }
 
 /// An upload in progress: bytes go to a hidden temporary file that replaces the target
@@ -128,11 +144,16 @@ pub struct PutFile {
     done: bool,
     pub io: FileIo,
     removals: Option<Arc<dyn RemovalObserver>>,
+    /// The device it goes to, and, with several devices, the namespace lock and the
+    /// directories on the other devices where an older copy may have to go.
+    device: u32,
+    namespace: Option<Arc<parking_lot::Mutex<()>>>,
+    others: Vec<OwnedFd>,
 }
 
 // `struct stat` field types differ between architectures; the casts are for the others.
 #[allow(clippy::unnecessary_cast)]
-fn attr_of(st: &rustix::fs::Stat) -> Attr {
+pub(crate) fn attr_of(st: &rustix::fs::Stat) -> Attr {
     Attr {
         dev: st.st_dev as u64,
         ino: st.st_ino as u64,
@@ -193,21 +214,54 @@ impl Store {
     /// Opens an export rooted at `root`. When the root has no ACL yet, `initial_acl`
     /// becomes its ACL (this is how a fresh export gets its first administrator).
     pub fn new(root: &Path, initial_acl: &Acl) -> Result<Store> {
-        let shown = root.display().to_string();
-        let fd = rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-            .ctx("open export root", &shown)?;
-        let st = rustix::fs::fstat(&fd).ctx("stat", &shown)?;
+        Store::with_devices(root, &[], initial_acl, None)
+    }
+
+    /// Opens an export whose namespace is `root` and whose files live on `root` and on
+    /// each of `more` (see `devices`). With `state`, interrupted moves are recorded in
+    /// `state/intents` and finished or undone now.
+    pub fn with_devices(root: &Path, more: &[PathBuf], initial_acl: &Acl, state: Option<&Path>) -> Result<Store> {
+        let first = devices::Device::open(root)?;
+        let st = rustix::fs::fstat(&first.root).ctx("stat", &root.display().to_string())?;
+        let root_fd = first.root.try_clone().map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let mut all = vec![first];
+        for path in more {
+            all.push(devices::Device::open(path)?);
+        }
+        let intents = state.map(|s| s.join("intents"));
+        if let Some(dir) = &intents {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::Invalid(format!("{}: {e}", dir.display())))?;
+        }
         let store = Store {
-            root: fd,
+            root: root_fd,
             root_key: object_id(&st),
             acls: acl::AclCache::default(),
-            counters: Counters::default(),
+            counters: Counters::new(all.len()),
             removals: std::sync::OnceLock::new(),
+            devices: all,
+            namespace: Arc::default(),
+            intents,
         };
         if acl::read_acl(store.root.as_fd())?.is_none() {
             store.write_acl(store.root.as_fd(), initial_acl)?;
         }
+        store.repair();
         Ok(store)
+    }
+
+    /// How many devices hold the export's files.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Held by changes to the namespace when there are several devices; with one, `None`.
+    fn names_lock(&self) -> Option<parking_lot::MutexGuard<'_, ()>> {
+        self.multi().then(|| self.namespace.lock())
+    }
+
+    /// The directory that holds `t`'s name on the device where it lives.
+    fn home_dir<'a>(&'a self, t: &'a Target, alt: &'a Option<OwnedFd>) -> BorrowedFd<'a> {
+        alt.as_ref().map_or(t.dir(self), |d| d.as_fd())
     }
 
     /// The export's counters.
@@ -328,7 +382,11 @@ impl Store {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
         let st = match t.stat {
             Some(st) => st,
-            None => rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("stat", path)?,
+            None => {
+                let (alt, _) = self.home(&t)?;
+                rustix::fs::statat(self.home_dir(&t, &alt), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                    .ctx("stat", path)?
+            }
         };
         Ok(attr_of(&st))
     }
@@ -336,7 +394,9 @@ impl Store {
     /// `lstat`: a final symlink is described, not followed.
     pub fn lstat(&self, who: &str, path: &str) -> Result<Attr> {
         let t = self.locate_checked(who, path, false, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("lstat", path)?;
+        let (alt, _) = self.home(&t)?;
+        let st = rustix::fs::statat(self.home_dir(&t, &alt), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("lstat", path)?;
         Ok(attr_of(&st))
     }
 
@@ -380,22 +440,39 @@ impl Store {
         }
         let follow = flags & open_flags::NOFOLLOW == 0;
         let t = self.locate_checked(who, path, follow, need)?;
-        let fd =
-            rustix::fs::openat2(t.dir(self), t.name.as_str(), o, Mode::from_raw_mode(mode & 0o7777), resolve_flags())
-                .ctx("open", path)?;
-        Ok(OpenFile {
-            file: File::from(fd),
-            readable,
-            writable,
-            append: flags & open_flags::APPEND != 0,
-            io: self.counters.file(&t.rel),
-            rel: t.rel,
-        })
+        let io = self.counters.file(&t.rel);
+        let mode = Mode::from_raw_mode(mode & 0o7777);
+        if !self.multi() {
+            let fd = rustix::fs::openat2(t.dir(self), t.name.as_str(), o, mode, resolve_flags()).ctx("open", path)?;
+            return Ok(OpenFile::new(File::from(fd), readable, writable, flags & open_flags::APPEND != 0, io, t.rel));
+        }
+        // Several devices: find (or place) the file, open and register it while no move
+        // can switch it (and, to create, while no other name can appear).
+        let _names = (flags & open_flags::CREATE != 0).then(|| self.namespace.lock());
+        let entry = io.entry().clone();
+        let _moves = entry.shared();
+        let (mut alt, mut device) = self.home(&t)?;
+        let exists =
+            alt.is_some() || rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if !exists && flags & open_flags::CREATE != 0 && t.name != "." {
+            device = self.place();
+            if device != 0 {
+                alt = Some(self.mkdirs_on(device as usize, devices::parent_of(&t.rel))?);
+            }
+        }
+        let fd = rustix::fs::openat2(self.home_dir(&t, &alt), t.name.as_str(), o, mode, resolve_flags())
+            .ctx("open", path)?;
+        io.entry().set_device(device);
+        let mut file = OpenFile::new(File::from(fd), readable, writable, flags & open_flags::APPEND != 0, io, t.rel);
+        file.io.register(file.file.as_raw_fd());
+        file.registered = true;
+        Ok(file)
     }
 
     /// Lists a directory with each entry's attributes (Locus' own files are hidden).
     pub fn readdir(&self, who: &str, path: &str) -> Result<Vec<DirEntry>> {
-        let dir = self.open_target_dir(path)?;
+        let t = self.locate(path, true)?;
+        let dir = self.open_located_dir(&t, path)?;
         self.check(dir.as_fd(), who, Rights::LIST, path)?;
         let mut out = Vec::new();
         for entry in rustix::fs::Dir::read_from(&dir).ctx("readdir", path)? {
@@ -412,18 +489,27 @@ impl Store {
                 Err(e) => return Err(e).ctx("stat", name),
             }
         }
+        if self.multi() {
+            self.list_elsewhere(&t.rel, &mut out)?;
+        }
         Ok(out)
     }
 
     /// Creates a directory; it inherits its parent's ACL until it is given its own.
     pub fn mkdir(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::WRITE)?;
+        let _names = self.names_lock();
+        self.not_elsewhere(&t)?;
         rustix::fs::mkdirat(t.dir(self), t.name.as_str(), Mode::from_raw_mode(mode & 0o7777)).ctx("mkdir", path)
     }
 
     /// Removes an empty directory (its hidden ACL file does not count as content).
     pub fn rmdir(&self, who: &str, path: &str) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::DELETE)?;
+        let _names = self.names_lock();
+        if self.multi() && self.has_content_elsewhere(&t.rel)? {
+            return Err(StoreError::Os { op: "rmdir", path: path.to_string(), errno: Errno::NOTEMPTY });
+        }
         let d = t.dir(self);
         let gone = last_link(self.removals.get(), d, &t.name);
         match rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR) {
@@ -436,6 +522,9 @@ impl Store {
             r => r.ctx("rmdir", path)?,
         }
         report_removed(self.removals.get(), gone);
+        if self.multi() {
+            self.rmdir_elsewhere(&t.rel);
+        }
         self.acls.invalidate();
         Ok(())
     }
@@ -456,8 +545,11 @@ impl Store {
     /// Removes a name that is not a directory.
     pub fn unlink(&self, who: &str, path: &str) -> Result<()> {
         let t = self.locate_checked(who, path, false, Rights::DELETE)?;
-        let gone = last_link(self.removals.get(), t.dir(self), &t.name);
-        rustix::fs::unlinkat(t.dir(self), t.name.as_str(), AtFlags::empty()).ctx("unlink", path)?;
+        let _names = self.names_lock();
+        let (alt, _) = self.home(&t)?;
+        let dir = self.home_dir(&t, &alt);
+        let gone = last_link(self.removals.get(), dir, &t.name);
+        rustix::fs::unlinkat(dir, t.name.as_str(), AtFlags::empty()).ctx("unlink", path)?;
         report_removed(self.removals.get(), gone);
         self.counters.removed(&t.rel);
         Ok(())
@@ -467,6 +559,9 @@ impl Store {
     pub fn rename(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::DELETE)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
+        if self.multi() {
+            return self.rename_across(&a, &b, from);
+        }
         // The object replaced at `to`, unless it is the one being renamed (another link).
         let replaced = last_link(self.removals.get(), b.dir(self), &b.name).filter(|&id| {
             rustix::fs::statat(a.dir(self), a.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
@@ -479,12 +574,47 @@ impl Store {
         Ok(())
     }
 
+    /// `rename` with several devices: a file is renamed on its device (replacing the name
+    /// wherever it was), a directory on every device that has it.
+    fn rename_across(&self, a: &Target, b: &Target, from: &str) -> Result<()> {
+        let _names = self.namespace.lock();
+        let (a_alt, a_dev) = self.home(a)?;
+        let a_dir = self.home_dir(a, &a_alt);
+        let st = rustix::fs::statat(a_dir, a.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("rename", from)?;
+        if rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+            if self.home(b)?.0.is_some() {
+                return Err(StoreError::Os { op: "rename", path: from.to_string(), errno: Errno::NOTDIR });
+            }
+            if self.has_content_elsewhere(&b.rel)? {
+                return Err(StoreError::Os { op: "rename", path: from.to_string(), errno: Errno::NOTEMPTY });
+            }
+            let intent = self.intend_rename_dir(&a.rel, &b.rel)?;
+            rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str()).ctx("rename", from)?;
+            let moved = self.rename_dir_elsewhere(&a.rel, &b.rel);
+            if let Some(p) = intent {
+                let _ = std::fs::remove_file(p);
+            }
+            moved?;
+        } else {
+            let b_dir =
+                if a_dev == 0 { None } else { Some(self.mkdirs_on(a_dev as usize, devices::parent_of(&b.rel))?) };
+            let target = b_dir.as_ref().map_or(b.dir(self), |d| d.as_fd());
+            rustix::fs::renameat(a_dir, a.name.as_str(), target, b.name.as_str()).ctx("rename", from)?;
+            self.drop_duplicates(&b.rel, a_dev);
+        }
+        self.counters.renamed(&a.rel, &b.rel);
+        self.acls.invalidate();
+        Ok(())
+    }
+
     /// Creates a symlink at `path` holding `target` (which is not checked: following it is).
     pub fn symlink(&self, who: &str, target: &str, path: &str) -> Result<()> {
         if target.is_empty() || target.len() > MAX_PATH || target.contains('\0') {
             return Err(StoreError::Invalid("bad symlink target".into()));
         }
         let t = self.locate_checked(who, path, false, Rights::WRITE)?;
+        let _names = self.names_lock();
+        self.not_elsewhere(&t)?;
         rustix::fs::symlinkat(target, t.dir(self), t.name.as_str()).ctx("symlink", path)
     }
 
@@ -499,20 +629,28 @@ impl Store {
     pub fn link(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::READ)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
-        rustix::fs::linkat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str(), AtFlags::empty()).ctx("link", to)
+        let _names = self.names_lock();
+        self.not_elsewhere(&b)?;
+        let (a_alt, a_dev) = self.home(&a)?;
+        // A hard link lives on its file's device.
+        let b_alt = if a_dev == 0 { None } else { Some(self.mkdirs_on(a_dev as usize, devices::parent_of(&b.rel))?) };
+        let (a_dir, b_dir) = (self.home_dir(&a, &a_alt), self.home_dir(&b, &b_alt));
+        rustix::fs::linkat(a_dir, a.name.as_str(), b_dir, b.name.as_str(), AtFlags::empty()).ctx("link", to)
     }
 
     /// Sets the size of the file at `path`.
     pub fn truncate(&self, who: &str, path: &str, size: u64) -> Result<()> {
         let f = self.open(who, path, open_flags::WRITE, 0)?;
-        rustix::fs::ftruncate(&f.file, size).ctx("truncate", path)
+        rustix::fs::ftruncate(&*f.file, size).ctx("truncate", path)
     }
 
     /// Sets permission bits of the object at `path` (following symlinks).
     pub fn chmod(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
+        let (alt, _) = self.home(&t)?;
         let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), t.name.as_str(), flags, Mode::empty()).ctx("chmod", path)?;
+        let fd =
+            rustix::fs::openat(self.home_dir(&t, &alt), t.name.as_str(), flags, Mode::empty()).ctx("chmod", path)?;
         // An O_PATH descriptor cannot be fchmod'ed; its /proc entry names exactly this object.
         let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
         rustix::fs::chmodat(rustix::fs::CWD, proc_path.as_str(), Mode::from_raw_mode(mode & 0o7777), AtFlags::empty())
@@ -522,14 +660,27 @@ impl Store {
     /// Sets access and modification times of the object at `path`.
     pub fn utimes(&self, who: &str, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::WRITE)?;
+        let (alt, _) = self.home(&t)?;
         let times = Timestamps { last_access: to_timespec(atime), last_modification: to_timespec(mtime) };
-        rustix::fs::utimensat(t.dir(self), t.name.as_str(), &times, AtFlags::SYMLINK_NOFOLLOW).ctx("utimes", path)
+        rustix::fs::utimensat(self.home_dir(&t, &alt), t.name.as_str(), &times, AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("utimes", path)
     }
 
     /// File-system statistics of the file system that holds `path`.
     pub fn statfs(&self, who: &str, path: &str) -> Result<StatFs> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let s = rustix::fs::fstatvfs(t.dir(self)).ctx("statfs", path)?;
+        let mut s = rustix::fs::fstatvfs(t.dir(self)).ctx("statfs", path)?;
+        // Several devices: their space together, in the first one's units.
+        for d in &self.devices[1..] {
+            if let Ok(o) = rustix::fs::fstatvfs(&d.root) {
+                let scale = |n: u64| n * o.f_frsize / s.f_frsize.max(1);
+                s.f_blocks += scale(o.f_blocks);
+                s.f_bfree += scale(o.f_bfree);
+                s.f_bavail += scale(o.f_bavail);
+                s.f_files += o.f_files;
+                s.f_ffree += o.f_ffree;
+            }
+        }
         Ok(StatFs {
             bsize: s.f_bsize,
             frsize: s.f_frsize,
@@ -545,7 +696,9 @@ impl Store {
     /// Checks existence and, for mode bits R=4, W=2, X=1, the ACL right each needs.
     pub fn access(&self, who: &str, path: &str, mode: u32) -> Result<()> {
         let t = self.locate_checked(who, path, true, Rights::LIST)?;
-        let st = rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ctx("access", path)?;
+        let (alt, _) = self.home(&t)?;
+        let st = rustix::fs::statat(self.home_dir(&t, &alt), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .ctx("access", path)?;
         let rights = self.rights_in(t.dir(self), who)?;
         let wanted = [(4, Rights::READ, 0o444), (2, Rights::WRITE, 0o222), (1, Rights::LIST, 0o111)];
         for (bit, right, perm_bits) in wanted {
@@ -593,11 +746,22 @@ impl Store {
     /// Export totals, per-operation counts and the busiest files; needs `a` at the root.
     pub fn stats(&self, who: &str, top: u32) -> Result<StatsReport> {
         self.check(self.root.as_fd(), who, Rights::ADMIN, "/")?;
+        let devices = self
+            .devices
+            .iter()
+            .zip(self.counters.devices())
+            .enumerate()
+            .map(|(i, (d, io))| {
+                let (free_bytes, total_bytes) = d.space();
+                DeviceStats { index: i as u32, path: d.path.display().to_string(), io, total_bytes, free_bytes }
+            })
+            .collect();
         Ok(StatsReport {
             export: self.counters.export(),
             ops: self.counters.ops(),
             busiest: self.counters.busiest(top.min(10_000) as usize),
             clients: 0,
+            devices,
         })
     }
 
@@ -607,24 +771,54 @@ impl Store {
         if t.name == "." {
             return Err(StoreError::Os { op: "put", path: path.to_string(), errno: Errno::ISDIR });
         }
+        // With several devices the upload goes where the file is, or is placed.
+        let (mut dir, mut device, mut others) = (t.dir, 0, Vec::new());
+        if self.multi() {
+            let _names = self.namespace.lock();
+            let probe = Target { dir: dir.take(), name: t.name.clone(), rel: t.rel.clone(), stat: None };
+            let (alt, found) = self.home(&probe)?;
+            let exists = alt.is_some()
+                || rustix::fs::statat(probe.dir(self), probe.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
+            device = if exists { found } else { self.place() };
+            dir = match (alt, device) {
+                (Some(d), _) => Some(d),
+                (None, 0) => probe.dir,
+                (None, d) => Some(self.mkdirs_on(d as usize, devices::parent_of(&t.rel))?),
+            };
+            for d in (0..self.devices.len()).filter(|&d| d as u32 != device) {
+                if let Some(fd) = self.dir_on(d, devices::parent_of(&t.rel))? {
+                    others.push(fd);
+                }
+            }
+        }
+        let d = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
         let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(t.dir(self), tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("put", path)?;
+        let fd = rustix::fs::openat(d, tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("put", path)?;
         Ok(PutFile {
             file: File::from(fd),
-            dir: t.dir,
+            dir,
             store_root: self.root.try_clone().map_err(|e| StoreError::Invalid(e.to_string()))?,
             tmp,
             name: t.name,
             mode: mode & 0o7777,
             done: false,
-            io: self.counters.file(&t.rel),
+            io: self.counters.file_on(&t.rel, device),
             removals: self.removals.get().cloned(),
+            device,
+            namespace: self.multi().then(|| self.namespace.clone()),
+            others,
         })
     }
 }
 
 impl OpenFile {
+    /// A handle on an open file (for files the store did not open itself, such as
+    /// active files' results).
+    pub fn new(file: File, readable: bool, writable: bool, append: bool, io: FileIo, rel: String) -> OpenFile {
+        OpenFile { file: ManuallyDrop::new(file), readable, writable, append, io, rel, registered: false }
+    }
+
     fn need(&self, write: bool) -> Result<()> {
         if (write && !self.writable) || (!write && !self.readable) {
             return Err(StoreError::Os {
@@ -638,7 +832,7 @@ impl OpenFile {
 
     /// Attributes of the open object.
     pub fn stat(&self) -> Result<Attr> {
-        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("fstat", &self.rel)?))
+        Ok(attr_of(&rustix::fs::fstat(&*self.file).ctx("fstat", &self.rel)?))
     }
 
     /// Reads up to `len` bytes at `offset` into a new buffer (short at end of file),
@@ -664,7 +858,7 @@ impl OpenFile {
         self.need(false)?;
         let mut got = 0;
         while got < buf.len() {
-            match rustix::io::pread(&self.file, &mut buf[got..], offset + got as u64) {
+            match rustix::io::pread(&*self.file, &mut buf[got..], offset + got as u64) {
                 Ok(0) => break,
                 Ok(n) => got += n,
                 Err(Errno::INTR) => continue,
@@ -687,10 +881,11 @@ impl OpenFile {
     /// Writes `data` at `offset` (at the end for a handle opened to append).
     pub fn pwrite(&self, offset: u64, data: &[u8]) -> Result<u64> {
         self.need(true)?;
+        let _moves = self.io.writing();
         let start = Instant::now();
         let mut done = 0;
         while done < data.len() {
-            match rustix::io::pwrite(&self.file, &data[done..], offset + done as u64) {
+            match rustix::io::pwrite(&*self.file, &data[done..], offset + done as u64) {
                 Ok(n) => done += n,
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(e).ctx("write", &self.rel),
@@ -702,13 +897,26 @@ impl OpenFile {
 
     /// Flushes to stable storage.
     pub fn fsync(&self) -> Result<()> {
-        rustix::fs::fsync(&self.file).ctx("fsync", &self.rel)
+        rustix::fs::fsync(&*self.file).ctx("fsync", &self.rel)
     }
 
     /// Sets the size of the open file.
     pub fn ftruncate(&self, size: u64) -> Result<()> {
         self.need(true)?;
-        rustix::fs::ftruncate(&self.file, size).ctx("ftruncate", &self.rel)
+        let _moves = self.io.writing();
+        rustix::fs::ftruncate(&*self.file, size).ctx("ftruncate", &self.rel)
+    }
+}
+
+impl Drop for OpenFile {
+    fn drop(&mut self) {
+        // A move may be putting a new copy under this descriptor: close it only after.
+        let _moves = self.registered.then(|| self.io.writing());
+        if self.registered {
+            self.io.unregister(self.file.as_raw_fd());
+        }
+        // SAFETY: dropped once, here; the field is not used after.
+        unsafe { ManuallyDrop::drop(&mut self.file) };
     }
 }
 
@@ -732,7 +940,17 @@ impl PutFile {
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
         rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
         let replaced = last_link(self.removals.as_ref(), dir, &self.name);
+        let _names = self.namespace.as_ref().map(|n| n.lock());
         rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
+        // With several devices, the name it replaced may have been on another one.
+        for other in &self.others {
+            if rustix::fs::statat(other, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+                .is_ok_and(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
+            {
+                let _ = rustix::fs::unlinkat(other, self.name.as_str(), AtFlags::empty());
+            }
+        }
+        self.io.entry().set_device(self.device);
         report_removed(self.removals.as_ref(), replaced);
         self.done = true;
         Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("put", &self.name)?))
