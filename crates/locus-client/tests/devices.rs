@@ -73,6 +73,16 @@ async fn files_on_every_device_form_one_namespace() {
     c.write_file("/b.txt", 0o644, b"replaced").await.unwrap();
     assert_eq!(std::fs::read(dev[2].join("b.txt")).unwrap(), b"replaced", "an upload goes where the file is");
 
+    // Code over a directory sees its files on every device (read-only).
+    srv.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+    put_on(&dev[2], "t.csv", b"a\n1\n2\n");
+    assert_eq!(c.read_file("/csv@t.csv,-count").await.unwrap(), b"2\n");
+    let find = locus_testkit::build_storelet("find");
+    let out = c.storelet_run(&find, "/", vec!["/".into(), "-name".into(), "*.csv".into()], false).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/t.csv\n");
+    let e = c.storelet_run(&find, "/", vec!["/".into()], true).await.unwrap_err();
+    assert_eq!(e.code(), Code::ROFS, "a union of devices is read-only to code");
+
     let stats = c.stats(10).await.unwrap();
     assert_eq!(stats.devices.len(), 3);
     assert!(stats.devices[2].io.read_bytes + stats.devices[2].io.write_bytes > 0);

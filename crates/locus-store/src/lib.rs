@@ -355,13 +355,27 @@ impl Store {
 
     /// Opens the directory `path` for code to run in: needs `r` and `l` there, and `w`
     /// too when `write` is set.
+    ///
+    /// With several devices, the code sees the directory as the namespace shows it (a
+    /// read-only union of its copies on every device, see `devices`), and a writable run
+    /// is refused with `EROFS`.
     pub fn open_workdir(&self, who: &str, path: &str, write: bool) -> Result<OwnedFd> {
-        let dir = self.open_target_dir(path)?;
+        let t = self.locate(path, true)?;
+        let dir = self.open_located_dir(&t, path)?;
         let mut need = Rights::READ.union(Rights::LIST);
         if write {
             need = need.union(Rights::WRITE);
         }
         self.check(dir.as_fd(), who, need, path)?;
+        if self.multi() {
+            if write {
+                // A union of several devices is read-only.
+                return Err(StoreError::Os { op: "run writable code in", path: path.to_string(), errno: Errno::ROFS });
+            }
+            if let Some(union) = self.union_view(&t.rel, &dir) {
+                return Ok(union);
+            }
+        }
         Ok(dir)
     }
 

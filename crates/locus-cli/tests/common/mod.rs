@@ -1,4 +1,6 @@
-//! Helpers shared by the tests that start `locus` processes (`mount.rs`, `run.rs`).
+//! Helpers shared by the tests that start `locus` processes (`mount.rs`, `run.rs`,
+//! `devices.rs`); each uses some of them.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,12 +17,18 @@ pub fn wait_for_port(port: u16, what: &str) {
 
 /// `locus serve` on a fixed port, so it can be stopped and started again.
 pub fn serve(root: &Path, state: &Path, port: u16) -> Child {
+    serve_with(root, state, port, &[])
+}
+
+/// `locus serve` on a fixed port with more flags.
+pub fn serve_with(root: &Path, state: &Path, port: u16, flags: &[&std::ffi::OsStr]) -> Child {
     let child = Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")
         .arg(root)
         .arg("--state")
         .arg(state)
+        .args(flags)
         .stderr(Stdio::null())
         .spawn()
         .expect("locus serve");
