@@ -194,6 +194,15 @@ impl StoreletHost {
             state: Mutex::new(State::default()),
             accounts_file: state_dir.join(ACCOUNTS_FILE),
         });
+        // Totals per subject carry over restarts: they are rebuilt from the accounts file.
+        let (totals, last_run) = read_accounts(&core.accounts_file);
+        {
+            let mut state = core.state.lock();
+            for (name, t) in totals {
+                let subject = state.subject(&name, &config);
+                subject.totals = SubjectStoreletStats { budget_us: subject.totals.budget_us, ..t };
+            }
+        }
         let (queue, jobs) = std::sync::mpsc::channel::<Job>();
         let jobs = Arc::new(Mutex::new(jobs));
         for i in 0..config.workers.max(1) {
@@ -212,7 +221,7 @@ impl StoreletHost {
                 })
                 .map_err(|e| locus_storelet::StoreletError::Setup(e.to_string()))?;
         }
-        Ok(StoreletHost { core, queue, next_run: AtomicU64::new(1) })
+        Ok(StoreletHost { core, queue, next_run: AtomicU64::new(last_run + 1) })
     }
 
     /// Queues a run; returns its control and the channel its events arrive on (the last
@@ -346,6 +355,36 @@ impl StoreletHost {
     pub fn runner(&self) -> &Runner {
         &self.core.runner
     }
+}
+
+/// The value of `key=` in an accounts line (values hold no spaces, but `outcome`).
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(&format!(" {key}="))? + key.len() + 2;
+    Some(line[start..].split(' ').next().unwrap_or(""))
+}
+
+/// Totals per subject and the highest run number in an accounts file (one line per run,
+/// as `record` writes them); a missing file is no runs, a damaged line is skipped.
+fn read_accounts(path: &Path) -> (HashMap<String, SubjectStoreletStats>, u64) {
+    use std::io::BufRead;
+    let mut totals: HashMap<String, SubjectStoreletStats> = HashMap::new();
+    let mut last_run = 0;
+    let Ok(file) = std::fs::File::open(path) else { return (totals, 0) };
+    for line in std::io::BufReader::new(file).lines().map_while(Result::ok) {
+        let num = |k: &str| field(&line, k).and_then(|v| v.parse::<u64>().ok());
+        let (Some(subject), Some(run)) = (field(&line, "subject"), num("run")) else { continue };
+        last_run = last_run.max(run);
+        let t = totals
+            .entry(subject.to_string())
+            .or_insert_with(|| SubjectStoreletStats { subject: subject.to_string(), ..Default::default() });
+        t.runs += 1;
+        t.stopped += u64::from(!line.contains(" outcome=\"exit "));
+        t.cpu_us += num("cpu_us").unwrap_or(0);
+        t.fuel += num("fuel").unwrap_or(0);
+        t.read_bytes += num("read_bytes").unwrap_or(0);
+        t.write_bytes += num("write_bytes").unwrap_or(0);
+    }
+    (totals, last_run)
 }
 
 /// Puts the calling thread in the SCHED_IDLE class: it runs only when no other thread
@@ -514,4 +553,29 @@ fn describe(a: &Account) -> String {
         "{} fuel, {:?} CPU, {} bytes of memory, {:?} wall time, {} bytes read, {} written, {} files opened, {} bytes of output",
         a.fuel, a.cpu, a.peak_memory, a.wall, a.read_bytes, a.write_bytes, a.files_opened, a.output
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_are_rebuilt_from_the_accounts_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(ACCOUNTS_FILE);
+        std::fs::write(
+            &path,
+            "1 run=3 subject=ann module=m outcome=\"exit 0\" fuel=10 cpu_us=5 peak_memory=1 wall_us=9 read_bytes=100 write_bytes=1 files=1 output=2\n\
+             2 run=9 subject=ann module=m outcome=\"LIMIT: storelet exceeded its time limit\" fuel=7 cpu_us=4 read_bytes=0 write_bytes=0\n\
+             garbage\n\
+             3 run=4 subject=bob module=m outcome=\"exit 2\" fuel=1 cpu_us=1 read_bytes=3 write_bytes=0\n",
+        )
+        .unwrap();
+        let (totals, last) = read_accounts(&path);
+        assert_eq!(last, 9);
+        let ann = &totals["ann"];
+        assert_eq!((ann.runs, ann.stopped, ann.cpu_us, ann.fuel, ann.read_bytes), (2, 1, 9, 17, 100));
+        assert_eq!(totals["bob"].runs, 1);
+        assert_eq!(read_accounts(&dir.path().join("none")).1, 0);
+    }
 }
