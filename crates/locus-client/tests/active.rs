@@ -169,3 +169,31 @@ async fn the_callers_rights_decide() {
     admin.acl_set("/d", "alice", Rights::parse("l").unwrap()).await.unwrap();
     assert_eq!(alice.read_file(name).await.unwrap_err().code(), Code::ACCES, "no r on the inputs");
 }
+
+#[tokio::test]
+async fn native_command_handlers_run_confined_under_the_same_limits() {
+    let srv = server();
+    let conf = srv.state_dir().join("handlers.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("wc command /usr/bin/wc\nls command /bin/ls -1a\nsleep command /bin/sleep\n");
+    std::fs::write(&conf, text).unwrap();
+    let admin = srv.client("admin").await;
+    let kinds: Vec<(String, String)> = admin.handlers().await.unwrap().into_iter().map(|h| (h.name, h.kind)).collect();
+    assert!(kinds.contains(&("wc".into(), "command".into())), "{kinds:?}");
+
+    assert_eq!(admin.read_file("/d/wc@-l,sales.csv").await.unwrap(), b"4 sales.csv\n");
+    // Its working directory is the asked one, at /work; its root holds only system
+    // directories: not the export's other directories, nor the server's state.
+    assert_eq!(admin.read_file("/d/ls@").await.unwrap(), b".\n..\nsales.csv\n");
+    let root = String::from_utf8(admin.read_file("/d/ls@%2F").await.unwrap()).unwrap();
+    let names: Vec<&str> = root.lines().filter(|n| !n.starts_with('.')).collect();
+    assert!(
+        names.iter().all(|n| ["bin", "dev", "etc", "lib", "lib64", "sbin", "tmp", "usr", "work"].contains(n)),
+        "{root}"
+    );
+    let e = admin.read_file("/d/ls@..%2F..%2F..").await.unwrap();
+    assert!(!String::from_utf8_lossy(&e).contains("state"), "nothing above its root");
+    // The wall-time limit (2 s here) stops it, and the opener gets the limit.
+    let e = admin.stat("/d/sleep@30").await.unwrap_err();
+    assert_eq!(e.code(), Code::LIMIT, "{e}");
+}

@@ -4,7 +4,9 @@
 //!
 //! - **Handlers** are registered by the administrator in `STATE/handlers.conf`, one per
 //!   line: `NAME storelet MODULE [ARG...]` (the module's path relative to the state
-//!   directory, or absolute; the arguments go before the invocation's own). The file is
+//!   directory, or absolute; the arguments go before the invocation's own), or
+//!   `NAME command /PROGRAM [ARG...]` for a native program, run confined under the same
+//!   limits (`locus_storelet::native`). The file is
 //!   read again whenever it changes (and on SIGHUP). Nothing unregistered ever runs: a
 //!   name invoking an unknown handler is plain `ENOENT`.
 //! - **A run** is a storelet run on the server's storelet workers, under the storelet
@@ -48,7 +50,11 @@ const STDERR_KEPT: usize = 64 << 10;
 /// One registered handler.
 struct Handler {
     kind: &'static str,
+    /// The WebAssembly module (empty for a command).
     wasm: Bytes,
+    /// The native program of a command handler.
+    program: Option<PathBuf>,
+    /// The SHA-256 of the module or program.
     module: String,
     args: Vec<String>,
 }
@@ -187,25 +193,24 @@ impl ActiveFiles {
     fn parse_line(&self, line: &str) -> Result<(String, Handler), String> {
         let words: Vec<&str> = line.split_whitespace().collect();
         let [name, kind, module, args @ ..] = words.as_slice() else {
-            return Err("expected NAME storelet MODULE [ARG...]".into());
+            return Err("expected NAME storelet MODULE [ARG...] or NAME command PROGRAM [ARG...]".into());
         };
         if !active::valid_handler_name(name) {
             return Err(format!("{name:?} is not a handler name (letters, digits, '_', '-', '.')"));
         }
-        if *kind != "storelet" {
-            return Err(format!("unknown handler kind {kind:?} (this server runs storelet handlers)"));
-        }
+        let (kind, program) = match *kind {
+            "storelet" => ("storelet", None),
+            // A native program: the administrator's explicit choice, confined when it runs.
+            "command" if Path::new(module).is_absolute() => ("command", Some(PathBuf::from(module))),
+            "command" => return Err(format!("a command handler names its program by absolute path, not {module:?}")),
+            other => return Err(format!("unknown handler kind {other:?} (storelet or command)")),
+        };
         let path = self.state_dir.join(module);
-        let wasm = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok((
-            name.to_string(),
-            Handler {
-                kind: "storelet",
-                module: hex::encode(sha2::Sha256::digest(&wasm)),
-                wasm: wasm.into(),
-                args: args.iter().map(|a| a.to_string()).collect(),
-            },
-        ))
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let module = hex::encode(sha2::Sha256::digest(&bytes));
+        let wasm = if program.is_some() { Bytes::new() } else { bytes.into() };
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Ok((name.to_string(), Handler { kind, wasm, program, module, args }))
     }
 
     /// The registered handlers, by name.
@@ -275,6 +280,7 @@ impl ActiveFiles {
             dir: workdir,
             write: false,
             record_inputs: true,
+            native: handler.program.clone(),
         };
         let watcher = ActiveWatcher {
             name: format!("{}@{}", inv.handler, inv.args.join(",")),

@@ -531,6 +531,7 @@ impl Handler for Session {
             dir,
             write: req.write,
             record_inputs: false,
+            native: None,
         };
         let (control, events) = self.shared.storelets.submit(submission)?;
         // Forget finished runs: only this list still holds their controls.

@@ -72,6 +72,9 @@ pub struct Submission {
     pub write: bool,
     /// Keep the files the run opens (for active files' reuse).
     pub record_inputs: bool,
+    /// Run this native program (an administrator's active-file handler) instead of
+    /// `wasm`, confined as `locus_storelet::native` says.
+    pub native: Option<PathBuf>,
 }
 
 struct Job {
@@ -174,6 +177,8 @@ struct Core {
     config: StoreletConfig,
     state: Mutex<State>,
     accounts_file: PathBuf,
+    /// Where native runs mount their roots.
+    native_roots: PathBuf,
 }
 
 /// The storelet service of one server.
@@ -193,6 +198,7 @@ impl StoreletHost {
             config,
             state: Mutex::new(State::default()),
             accounts_file: state_dir.join(ACCOUNTS_FILE),
+            native_roots: state_dir.join("native"),
         });
         // Totals per subject carry over restarts: they are rebuilt from the accounts file.
         let (totals, last_run) = read_accounts(&core.accounts_file);
@@ -278,7 +284,10 @@ impl StoreletHost {
                 run,
                 LiveRun {
                     subject: s.subject.clone(),
-                    module: Runner::hash(&s.wasm),
+                    module: match &s.native {
+                        Some(program) => format!("native:{}", program.display()),
+                        None => Runner::hash(&s.wasm),
+                    },
                     args: s.args.clone(),
                     submitted: Instant::now(),
                     running: false,
@@ -458,6 +467,22 @@ impl Core {
         argv.extend(s.args.iter().cloned());
         let outcome = if control.is_cancelled() {
             Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
+        } else if let Some(program) = &s.native {
+            let name = program.file_name().map_or("handler".into(), |n| n.to_string_lossy().into_owned());
+            let mut argv = vec![name];
+            argv.extend(s.args.iter().cloned());
+            let scratch = self.native_roots.join(format!("run-{run}"));
+            let outcome = locus_storelet::native::run_native(locus_storelet::native::NativeSpec {
+                program,
+                args: &argv,
+                dir_fd: s.dir.as_raw_fd(),
+                scratch: &scratch,
+                limits: self.config.limits,
+                output: sink,
+                control: control.clone(),
+            });
+            let _ = std::fs::remove_dir(&scratch);
+            outcome
         } else {
             self.runner.module_hashed(module_hash.clone(), &s.wasm).and_then(|(_, module)| {
                 let spec = RunSpec {

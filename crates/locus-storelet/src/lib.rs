@@ -14,6 +14,7 @@
 
 mod dirs;
 mod meter;
+pub mod native;
 pub mod output;
 
 pub use dirs::{Inputs, Stamp};

@@ -1,0 +1,407 @@
+//! Native programs under the storelet limits, for the administrator who chooses to
+//! register one as an active-file handler.
+//!
+//! The program runs in a child process that sees a file system of its own: a read-only
+//! tmpfs root holding the system's program and library directories (`/usr`, `/bin`,
+//! `/lib`, `/lib64`, `/sbin`, `/etc`, read-only), `/dev/null`, `/dev/zero`,
+//! `/dev/urandom`, a small writable `/tmp`, and the run's directory, read-only, at
+//! `/work`, its working directory. It has no network (a network namespace of its own),
+//! cannot gain privileges (`no_new_privs`), and runs in a process group of its own, all
+//! killed when a limit trips. As root the namespaces are made directly; otherwise inside
+//! a user namespace mapping only the server's own user.
+//!
+//! Limits and accounting match a WebAssembly run's where the kernel can tell: CPU time
+//! (read from `/proc` every tick, charged to the subject's budget; `RLIMIT_CPU` as a
+//! backstop), wall time, output (stdout and stderr together), memory (`RLIMIT_DATA`;
+//! the peak from `ru_maxrss`), bytes written to files (`RLIMIT_FSIZE`), open files
+//! (`RLIMIT_NOFILE`); bytes read are the kernel's count of `read` calls (`rchar`).
+//! There is no fuel.
+
+use crate::{Account, Limits, RunControl, RunOutcome, StoreletError, Stream};
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a native run needs.
+pub struct NativeSpec<'a> {
+    /// The program (absolute path on the server) and its arguments, `argv[0]` first.
+    pub program: &'a Path,
+    pub args: &'a [String],
+    /// The directory shown read-only at `/work`, as an open descriptor of this process.
+    pub dir_fd: i32,
+    /// An empty directory the child mounts its root on (in the server's state directory).
+    pub scratch: &'a Path,
+    pub limits: Limits,
+    pub output: crate::OutputSink,
+    pub control: Arc<RunControl>,
+}
+
+/// `open_tree(2)` and `move_mount(2)` flags (not in every libc yet).
+const OPEN_TREE_CLONE: u32 = 1;
+const AT_RECURSIVE: u32 = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+
+/// How often limits are checked.
+const TICK: Duration = Duration::from_millis(10);
+/// The system directories shown to the program, read-only.
+const SYSTEM_DIRS: [&str; 6] = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"];
+const DEVICES: [&str; 3] = ["/dev/null", "/dev/zero", "/dev/urandom"];
+
+/// One step of building the child's root: a directory to bind, a file to bind, or a
+/// symbolic link to recreate (merged-/usr systems link /bin to usr/bin).
+enum Entry {
+    MkDir(CString),
+    Dir(CString, CString),
+    File(CString, CString),
+    Link(CString, CString),
+}
+
+fn cstr(s: impl Into<Vec<u8>>) -> Result<CString, StoreletError> {
+    CString::new(s).map_err(|_| StoreletError::Setup("a path holds a NUL byte".into()))
+}
+
+/// Everything the child does between fork and exec, prepared beforehand so the child
+/// only makes system calls.
+struct Plan {
+    root: CString,
+    entries: Vec<Entry>,
+    /// The run's directory: its descriptor (inherited) and, for the user-namespace way,
+    /// its path then (checked against the descriptor once bound).
+    work_fd: i32,
+    work_path: CString,
+    work: CString,
+    tmp: CString,
+    uid_map: CString,
+    gid_map: CString,
+    as_root: bool,
+    limits: Limits,
+}
+
+impl Plan {
+    fn new(spec: &NativeSpec<'_>) -> Result<Plan, StoreletError> {
+        let root = spec.scratch.to_str().ok_or_else(|| StoreletError::Setup("scratch path is not UTF-8".into()))?;
+        let mut entries = Vec::new();
+        for dir in SYSTEM_DIRS {
+            let Ok(meta) = std::fs::symlink_metadata(dir) else { continue };
+            let inside = cstr(format!("{root}{dir}"))?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(dir).map_err(|e| StoreletError::Setup(e.to_string()))?;
+                entries.push(Entry::Link(cstr(target.to_string_lossy().as_bytes())?, inside));
+            } else if meta.is_dir() {
+                entries.push(Entry::Dir(cstr(dir)?, inside));
+            }
+        }
+        entries.push(Entry::MkDir(cstr(format!("{root}/dev"))?));
+        for dev in DEVICES {
+            if Path::new(dev).exists() {
+                entries.push(Entry::File(cstr(dev)?, cstr(format!("{root}{dev}"))?));
+            }
+        }
+        let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+        Ok(Plan {
+            root: cstr(root)?,
+            entries,
+            work_fd: spec.dir_fd,
+            work_path: cstr(
+                std::fs::read_link(format!("/proc/self/fd/{}", spec.dir_fd))
+                    .map_err(|e| StoreletError::Setup(format!("the run's directory: {e}")))?
+                    .as_os_str()
+                    .as_encoded_bytes(),
+            )?,
+            work: cstr(format!("{root}/work"))?,
+            tmp: cstr(format!("{root}/tmp"))?,
+            uid_map: cstr(format!("{uid} {uid} 1"))?,
+            gid_map: cstr(format!("{gid} {gid} 1"))?,
+            as_root: uid == 0,
+            limits: spec.limits,
+        })
+    }
+
+    /// In the child: the namespaces, the new root, the limits. Returns the step that
+    /// failed, if one did.
+    ///
+    /// # Safety
+    /// Called between fork and exec: only system calls, no allocation.
+    unsafe fn enter(&self) -> Result<(), std::io::Error> {
+        let fail = || Err(std::io::Error::last_os_error());
+        macro_rules! check {
+            ($call:expr) => {
+                if $call < 0 {
+                    return fail();
+                }
+            };
+        }
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            check!(libc::setpgid(0, 0));
+            // As root, a detached copy of the directory's mount, made while this process is
+            // still in the server's namespace, is attached in the new one below: exactly
+            // the directory that was checked, whatever is renamed meanwhile.
+            let mut tree = -1;
+            if self.as_root {
+                let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE;
+                tree = libc::syscall(libc::SYS_open_tree, self.work_fd, c"".as_ptr(), flags) as i32;
+                check!(tree);
+            }
+            let spaces = libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC;
+            if self.as_root {
+                check!(libc::unshare(spaces));
+            } else {
+                check!(libc::unshare(spaces | libc::CLONE_NEWUSER));
+                for (file, text) in [
+                    (c"/proc/self/setgroups", c"deny"),
+                    (c"/proc/self/uid_map", self.uid_map.as_c_str()),
+                    (c"/proc/self/gid_map", self.gid_map.as_c_str()),
+                ] {
+                    let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    check!(fd);
+                    let len = text.to_bytes().len();
+                    let written = libc::write(fd, text.as_ptr().cast(), len);
+                    libc::close(fd);
+                    if written != len as isize {
+                        return fail();
+                    }
+                }
+            }
+            let none = std::ptr::null();
+            let mount =
+                |src: *const libc::c_char, dst: &CString, fs: *const libc::c_char, flags, data: *const libc::c_char| {
+                    libc::mount(src, dst.as_ptr(), fs, flags, data.cast())
+                };
+            check!(libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, none.cast()));
+            let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
+            check!(mount(c"tmpfs".as_ptr(), &self.root, c"tmpfs".as_ptr(), nosuid, c"mode=0755".as_ptr()));
+            let ro = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | libc::MS_NOSUID;
+            for entry in &self.entries {
+                match entry {
+                    Entry::Link(target, link) => check!(libc::symlink(target.as_ptr(), link.as_ptr())),
+                    Entry::Dir(source, target) => {
+                        check!(libc::mkdir(target.as_ptr(), 0o755));
+                        check!(mount(source.as_ptr(), target, none, libc::MS_BIND | libc::MS_REC, none));
+                        check!(mount(none, target, none, ro, none));
+                    }
+                    Entry::MkDir(dir) => check!(libc::mkdir(dir.as_ptr(), 0o755)),
+                    Entry::File(source, target) => {
+                        let fd = libc::open(target.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                        check!(fd);
+                        libc::close(fd);
+                        check!(mount(source.as_ptr(), target, none, libc::MS_BIND, none));
+                    }
+                }
+            }
+            check!(libc::mkdir(self.work.as_ptr(), 0o755));
+            if self.as_root {
+                let flags = MOVE_MOUNT_F_EMPTY_PATH;
+                check!(libc::syscall(
+                    libc::SYS_move_mount,
+                    tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    self.work.as_ptr(),
+                    flags
+                ) as i32);
+            } else {
+                check!(mount(self.work_path.as_ptr(), &self.work, none, libc::MS_BIND | libc::MS_REC, none));
+                // The path may have been renamed since: it must still be the directory.
+                let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
+                check!(libc::fstat(self.work_fd, &mut a));
+                check!(libc::stat(self.work.as_ptr(), &mut b));
+                if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
+                }
+            }
+            check!(mount(none, &self.work, none, ro | libc::MS_NODEV, none));
+            check!(libc::mkdir(self.tmp.as_ptr(), 0o1777));
+            check!(mount(c"tmpfs".as_ptr(), &self.tmp, c"tmpfs".as_ptr(), nosuid, c"size=16m,mode=1777".as_ptr()));
+            check!(mount(none, &self.root, none, ro | libc::MS_NODEV, none));
+            check!(libc::chdir(self.root.as_ptr()));
+            check!(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as i32);
+            check!(libc::umount2(c".".as_ptr(), libc::MNT_DETACH));
+            check!(libc::chdir(c"/work".as_ptr()));
+            check!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
+            let l = &self.limits;
+            let cpu = l.cpu.as_secs() + 1;
+            for (resource, value) in [
+                (libc::RLIMIT_CPU, cpu),
+                (libc::RLIMIT_DATA, l.memory as u64),
+                (libc::RLIMIT_FSIZE, l.write_bytes),
+                (libc::RLIMIT_NOFILE, l.files.min(4096)),
+                (libc::RLIMIT_CORE, 0),
+            ] {
+                let r = libc::rlimit { rlim_cur: value, rlim_max: value };
+                check!(libc::setrlimit(resource, &r));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// CPU time of process `pid` (user and system, its threads included) from `/proc`.
+fn cpu_of(pid: u32) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
+    // Fields after the command name (which may hold spaces) start after its ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let hz = rustix::param::clock_ticks_per_second().max(1);
+    // utime and stime are fields 14 and 15 of stat(5); here 0-based after ')': 11 and 12.
+    Duration::from_nanos((ticks(11) + ticks(12)) * 1_000_000_000 / hz)
+}
+
+/// The kernel's count of bytes the process read and wrote through system calls.
+fn io_of(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let get = |key: &str| {
+        text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0)
+    };
+    (get("rchar:"), get("wchar:"))
+}
+
+/// Runs a native program as the module documentation says.
+pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
+    let plan = Plan::new(&spec)?;
+    std::fs::create_dir_all(spec.scratch)
+        .map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.scratch.display())))?;
+    let mut cmd = Command::new(spec.program);
+    cmd.args(&spec.args[1..])
+        .arg0(&spec.args[0])
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", "/tmp")
+        .env("TMPDIR", "/tmp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: `enter` only makes system calls on memory prepared before the fork.
+    unsafe { cmd.pre_exec(move || plan.enter()) };
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.program.display())))?;
+    let pid = child.id();
+    let limits = spec.limits;
+    let used = Arc::new(AtomicUsize::new(0));
+    let overflowed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = [
+        (Stream::Stdout, child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+        (Stream::Stderr, child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>)),
+    ]
+    .into_iter()
+    .filter_map(|(stream, pipe)| pipe.map(|p| (stream, p)))
+    .map(|(stream, mut pipe)| {
+        let (sink, used, overflowed) = (spec.output.clone(), used.clone(), overflowed.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if used.fetch_add(n, Ordering::Relaxed) + n > limits.output {
+                    overflowed.store(true, Ordering::Relaxed);
+                    break;
+                }
+                sink(stream, &buf[..n]);
+            }
+        })
+    })
+    .collect();
+    let kill = || {
+        // SAFETY: signals the child's own process group.
+        unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+    };
+    let mut tripped: Option<(&'static str, String)> = None;
+    let mut charged = Duration::ZERO;
+    loop {
+        // Exited? Its counters stay readable until it is reaped (WNOWAIT).
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on our own child without reaping it; `info` is ours to fill.
+        let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT) };
+        // SAFETY: si_pid is set by waitid when a child changed state.
+        if r == 0 && unsafe { info.si_pid() } == pid as i32 {
+            break;
+        }
+        let cpu = cpu_of(pid);
+        spec.control.cpu_ns.store(cpu.as_nanos() as u64, Ordering::Relaxed);
+        let budget_spent = spec.control.budget.as_ref().is_some_and(|b| {
+            let fresh = cpu.saturating_sub(charged);
+            charged = cpu;
+            !b.charge(fresh)
+        });
+        let why = if spec.control.is_cancelled() {
+            Some(("cancelled", String::new()))
+        } else if started.elapsed() >= limits.wall {
+            Some(("time", format!("ran longer than {:?}", limits.wall)))
+        } else if cpu > limits.cpu {
+            Some(("cpu time", format!("used more than {:?}", limits.cpu)))
+        } else if budget_spent {
+            Some(("cpu budget", "the principal's budget is spent".to_string()))
+        } else if overflowed.load(Ordering::Relaxed) {
+            Some(("output", format!("wrote more than {} bytes", limits.output)))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            tripped.get_or_insert(why);
+            kill();
+        }
+        std::thread::sleep(TICK);
+    }
+    let (cpu, (read_bytes, write_bytes)) = (cpu_of(pid), io_of(pid));
+    kill(); // what it left behind in its group
+    let mut raw = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: reaps our own child, filling its status and usage.
+    unsafe { libc::wait4(pid as i32, &mut raw, 0, &mut usage) };
+    let status = <std::process::ExitStatus as std::os::unix::process::ExitStatusExt>::from_raw(raw);
+    for r in readers {
+        let _ = r.join();
+    }
+    let account = Account {
+        fuel: 0,
+        cpu: cpu.max(charged),
+        peak_memory: usage.ru_maxrss as usize * 1024,
+        wall: started.elapsed(),
+        output: used.load(Ordering::Relaxed).min(limits.output),
+        read_bytes,
+        write_bytes,
+        files_opened: 0,
+    };
+    if let Some(b) = &spec.control.budget {
+        b.charge(account.cpu.saturating_sub(charged));
+    }
+    if overflowed.load(Ordering::Relaxed) && tripped.is_none() {
+        tripped = Some(("output", format!("wrote more than {} bytes", limits.output)));
+    }
+    match tripped {
+        Some(("cancelled", _)) => Err(StoreletError::Cancelled { account }),
+        Some((limit, detail)) => Err(StoreletError::Limit { limit, detail, account }),
+        None => match status.code() {
+            Some(code) => {
+                Ok(RunOutcome { exit_code: code, stdout: Vec::new(), stderr: Vec::new(), account, inputs: None })
+            }
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                let signal = status.signal().unwrap_or(0);
+                if signal == libc::SIGXCPU || signal == libc::SIGKILL && account.cpu >= limits.cpu {
+                    Err(StoreletError::Limit {
+                        limit: "cpu time",
+                        detail: format!("used more than {:?}", limits.cpu),
+                        account,
+                    })
+                } else if signal == libc::SIGXFSZ {
+                    Err(StoreletError::Limit {
+                        limit: "bytes written",
+                        detail: format!("wrote {} bytes", limits.write_bytes),
+                        account,
+                    })
+                } else {
+                    Err(StoreletError::Trap(format!("killed by signal {signal}")))
+                }
+            }
+        },
+    }
+}
