@@ -62,15 +62,9 @@ fn shipped(name: &str) -> PathBuf {
 fn generate_csv(path: &Path, size_mb: u64) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
     writeln!(out, "id,fare,tip,distance,passengers,zone")?;
-    let (mut x, mut written, mut id) = (0x2545_f491_4f6c_dd1du64, 0u64, 0u64);
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let (mut draws, mut written, mut id) = (Draws(0x2545_f491_4f6c_dd1d), 0u64, 0u64);
     while written < size_mb << 20 {
-        let r = next();
+        let r = draws.next();
         let line = format!(
             "{id},{}.{:02},{}.{:02},{}.{},{},Z{:03}\n",
             5 + r % 60,
@@ -122,6 +116,13 @@ pub fn run(args: ActiveArgs) -> Result<(), BenchError> {
     Ok(())
 }
 
+/// A temporary directory in memory (`/dev/shm` where there is one): disk write-back
+/// would make this machine's timings swing.
+fn scratch(prefix: &str) -> Result<tempfile::TempDir, BenchError> {
+    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+    tempfile::Builder::new().prefix(prefix).tempdir_in(base).map_err(|e| BenchError::io("temp dir", e))
+}
+
 /// The devices of the rebalancing part.
 const DEVICES: usize = 4;
 /// Size of each file of the rebalancing part.
@@ -151,11 +152,7 @@ impl Draws {
 /// the server's accounting) and the workload's latency.
 fn rebalance(args: &ActiveArgs) -> Result<String, BenchError> {
     let setup = BenchError::Setup;
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-    let work = tempfile::Builder::new()
-        .prefix("locus-bench-rebalance-")
-        .tempdir_in(base)
-        .map_err(|e| BenchError::io("temp dir", e))?;
+    let work = scratch("locus-bench-rebalance-")?;
     let devices: Vec<PathBuf> = (0..DEVICES).map(|d| work.path().join(format!("dev{d}"))).collect();
     // Files placed evenly by count, as placement by free space does on equal disks.
     let mut draws = Draws(0x9e37_79b9_7f4a_7c15);
@@ -246,11 +243,7 @@ fn rebalance(args: &ActiveArgs) -> Result<String, BenchError> {
 /// Part (a): the triggered job against the same program at the server and on the client.
 fn job(args: &ActiveArgs) -> Result<String, BenchError> {
     let setup = BenchError::Setup;
-    let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-    let work = tempfile::Builder::new()
-        .prefix("locus-bench-active-")
-        .tempdir_in(base)
-        .map_err(|e| BenchError::io("temp dir", e))?;
+    let work = scratch("locus-bench-active-")?;
     let (root, state) = (work.path().join("root"), work.path().join("locus-state"));
     std::fs::create_dir_all(state.join("modules")).map_err(|e| BenchError::io("mkdir", e))?;
     std::fs::create_dir_all(&root).map_err(|e| BenchError::io("mkdir", e))?;
