@@ -255,14 +255,15 @@ fn job(args: &ActiveArgs) -> Result<String, BenchError> {
     // The same program twice: WebAssembly for the handler, native for the other ways.
     let wasm = locus_storelet::build_shipped("colstats").map_err(setup)?;
     std::fs::write(state.join("modules/colstats.wasm"), wasm).map_err(|e| BenchError::io("module", e))?;
-    std::fs::write(state.join("handlers.conf"), "colstats storelet modules/colstats.wasm\n")
-        .map_err(|e| BenchError::io("handlers.conf", e))?;
     let native = work.path().join("colstats");
     let built =
         Command::new("go").args(["build", "-o"]).arg(&native).arg(".").current_dir(shipped("colstats")).status();
     if !built.is_ok_and(|s| s.success()) {
         return Err(setup("cannot build storelets/colstats natively with go".into()));
     }
+    // Both builds as handlers: the module, and the native program as a command handler.
+    let handlers = format!("colstats storelet modules/colstats.wasm\ncolstats-native command {}\n", native.display());
+    std::fs::write(state.join("handlers.conf"), handlers).map_err(|e| BenchError::io("handlers.conf", e))?;
 
     let exe = std::env::current_exe().map_err(|e| BenchError::io("current exe", e))?;
     let (peer, token) = peers::start_locus(&exe, work.path(), &root)?;
@@ -280,7 +281,7 @@ fn job(args: &ActiveArgs) -> Result<String, BenchError> {
         args.repeat
     );
     out.push_str(&format!("Native `colstats` at the server, on the export directory (no network): {local:.2} s.\n\n"));
-    out.push_str("| RTT ms | triggered by opening `colstats@data.csv` | ÷ triggered at the first RTT | ÷ native at the server | reused result | native on the client over `locus mount` | client ÷ triggered | bytes moved: triggered | bytes moved: client |\n|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| RTT ms | triggered: storelet handler (`colstats@data.csv`) | ÷ itself at the first RTT | triggered: command handler (`colstats-native@data.csv`) | ÷ native at the server | reused result | native on the client over `locus mount` | client ÷ command handler | bytes moved: triggered | bytes moved: client |\n|---|---|---|---|---|---|---|---|---|---|\n");
     // The first run of the handler compiles its module (cached afterwards): not timed.
     let warm = connect(peer.addr, &token).map_err(setup)?;
     warm.run(|c| c.read_file("/colstats@data.csv")).map_err(|e| setup(e.to_string()))?;
@@ -291,7 +292,7 @@ fn job(args: &ActiveArgs) -> Result<String, BenchError> {
             .map_err(|e| BenchError::io("proxy", e))?;
         let c = connect(proxy.addr, &token).map_err(setup)?;
         let name = "/colstats@data.csv";
-        let (mut active, mut reused, mut client) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut active, mut reused, mut client, mut command) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut active_bytes, mut client_bytes) = (0u64, 0u64);
         for r in 0..args.repeat {
             touch(&data)?;
@@ -306,6 +307,12 @@ fn job(args: &ActiveArgs) -> Result<String, BenchError> {
             let t = Instant::now();
             c.run(|c| c.read_file(name)).map_err(|e| setup(e.to_string()))?;
             reused.push(t.elapsed());
+            let t = Instant::now();
+            let got = c.run(|c| c.read_file("/colstats-native@data.csv")).map_err(|e| setup(e.to_string()))?;
+            command.push(t.elapsed());
+            if got != expected {
+                return Err(setup(format!("the command handler's answer differs:\n{}", String::from_utf8_lossy(&got))));
+            }
             if rtt < args.slow_once_ms || r == 0 {
                 // A fresh mount each time: nothing cached on the client.
                 mounts += 1;
@@ -320,21 +327,21 @@ fn job(args: &ActiveArgs) -> Result<String, BenchError> {
                 }
             }
         }
-        let (a, u, cl) = (secs(&active), secs(&reused), secs(&client));
+        let (a, u, cl, n) = (secs(&active), secs(&reused), secs(&client), secs(&command));
         let first = *triggered_first.get_or_insert(a);
         out.push_str(&format!(
-            "| {rtt} | {a:.2} | {:.2}x | {:.2}x | {u:.3} | {cl:.2}{} | {:.1}x | {} | {} |\n",
+            "| {rtt} | {a:.2} | {:.2}x | {n:.2} | {:.2}x | {u:.3} | {cl:.2}{} | {:.1}x | {} | {} |\n",
             a / first,
-            a / local,
+            n / local,
             if client.len() == 1 && args.repeat > 1 { " (1 run)" } else { "" },
-            cl / a,
+            cl / n,
             human(active_bytes),
             human(client_bytes),
         ));
         eprintln!("rtt {rtt} ms done");
     }
     out.push_str(&format!(
-        "\nThe triggered job runs the WebAssembly build of the program at the server under the storelet limits; the native build at the server is the floor ({local:.2} s). A reused result is the same open after the first, answered from the kept result because the input did not change.\n"
+        "\nThe storelet handler is the program's WebAssembly build, run under the storelet limits; the command handler is its native build, run confined under the same limits (no fuel) as an administrator may register it; the native build run directly at the server on the export directory is the floor ({local:.2} s). A reused result is the storelet handler's same open after the first, answered from the kept result because the input did not change (command handlers' results are not reused).\n"
     ));
     drop(peer);
     Ok(out)

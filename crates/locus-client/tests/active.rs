@@ -175,13 +175,21 @@ async fn native_command_handlers_run_confined_under_the_same_limits() {
     let srv = server();
     let conf = srv.state_dir().join("handlers.conf");
     let mut text = std::fs::read_to_string(&conf).unwrap();
-    text.push_str("wc command /usr/bin/wc\nls command /bin/ls -1a\nsleep command /bin/sleep\n");
+    // A program outside the directories its root shows runs too (opened beforehand).
+    let own = srv.scratch().join("tools/lines");
+    std::fs::create_dir_all(own.parent().unwrap()).unwrap();
+    std::fs::copy("/usr/bin/wc", &own).unwrap();
+    text.push_str(&format!(
+        "wc command /usr/bin/wc\nls command /bin/ls -1a\nsleep command /bin/sleep\nlines command {} -l\n",
+        own.display()
+    ));
     std::fs::write(&conf, text).unwrap();
     let admin = srv.client("admin").await;
     let kinds: Vec<(String, String)> = admin.handlers().await.unwrap().into_iter().map(|h| (h.name, h.kind)).collect();
     assert!(kinds.contains(&("wc".into(), "command".into())), "{kinds:?}");
 
     assert_eq!(admin.read_file("/d/wc@-l,sales.csv").await.unwrap(), b"4 sales.csv\n");
+    assert_eq!(admin.read_file("/d/lines@sales.csv").await.unwrap(), b"4 sales.csv\n");
     // Its working directory is the asked one, at /work; its root holds only system
     // directories: not the export's other directories, nor the server's state.
     assert_eq!(admin.read_file("/d/ls@").await.unwrap(), b".\n..\nsales.csv\n");

@@ -20,6 +20,7 @@
 use crate::{Account, Limits, RunControl, RunOutcome, StoreletError, Stream};
 use std::ffi::CString;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -80,7 +81,21 @@ struct Plan {
     gid_map: CString,
     as_root: bool,
     limits: Limits,
+    /// The program, opened before the child's root replaces the server's (so it need not
+    /// be inside that root), and its arguments and environment for `execveat`.
+    program: std::os::fd::OwnedFd,
+    argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
+    envp: Vec<CString>,
+    envp_ptrs: Vec<*const libc::c_char>,
 }
+
+// SAFETY: the raw pointers point into the CStrings the plan owns, which never move.
+unsafe impl Send for Plan {}
+unsafe impl Sync for Plan {}
+
+/// The environment of a native run.
+const ENVIRONMENT: [&str; 4] = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp", "TMPDIR=/tmp"];
 
 impl Plan {
     fn new(spec: &NativeSpec<'_>) -> Result<Plan, StoreletError> {
@@ -103,7 +118,22 @@ impl Plan {
             }
         }
         let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+        let program = rustix::fs::open(
+            spec.program,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.program.display())))?;
+        let argv = spec.args.iter().map(|a| cstr(a.as_bytes())).collect::<Result<Vec<_>, _>>()?;
+        let envp = ENVIRONMENT.iter().map(|e| cstr(*e)).collect::<Result<Vec<_>, _>>()?;
+        let ptrs = |v: &Vec<CString>| v.iter().map(|c| c.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let (argv_ptrs, envp_ptrs) = (ptrs(&argv), ptrs(&envp));
         Ok(Plan {
+            program,
+            argv,
+            argv_ptrs,
+            envp,
+            envp_ptrs,
             root: cstr(root)?,
             entries,
             work_fd: spec.dir_fd,
@@ -122,8 +152,8 @@ impl Plan {
         })
     }
 
-    /// In the child: the namespaces, the new root, the limits. Returns the step that
-    /// failed, if one did.
+    /// In the child: the namespaces, the new root, the limits, then the program (so this
+    /// returns only with the error of the step that failed).
     ///
     /// # Safety
     /// Called between fork and exec: only system calls, no allocation.
@@ -236,8 +266,18 @@ impl Plan {
                 let r = libc::rlimit { rlim_cur: value, rlim_max: value };
                 check!(libc::setrlimit(resource, &r));
             }
+            let _ = (&self.argv, &self.envp); // kept alive for the pointers
+            libc::syscall(
+                libc::SYS_execveat,
+                self.program.as_raw_fd(),
+                c"".as_ptr(),
+                self.argv_ptrs.as_ptr(),
+                self.envp_ptrs.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
         }
-        Ok(())
+        // Only reached when execveat failed.
+        fail()
     }
 }
 
@@ -267,17 +307,10 @@ pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
     let plan = Plan::new(&spec)?;
     std::fs::create_dir_all(spec.scratch)
         .map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.scratch.display())))?;
-    let mut cmd = Command::new(spec.program);
-    cmd.args(&spec.args[1..])
-        .arg0(&spec.args[0])
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("LANG", "C.UTF-8")
-        .env("HOME", "/tmp")
-        .env("TMPDIR", "/tmp")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    // The program is executed by `enter` itself (from its descriptor, once confined);
+    // what `Command` would run instead is never reached.
+    let mut cmd = Command::new("/nonexistent/locus-native-run");
+    cmd.env_clear().stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: `enter` only makes system calls on memory prepared before the fork.
     unsafe { cmd.pre_exec(move || plan.enter()) };
     let started = Instant::now();
