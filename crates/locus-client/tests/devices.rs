@@ -77,6 +77,10 @@ async fn files_on_every_device_form_one_namespace() {
     srv.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
     put_on(&dev[2], "t.csv", b"a\n1\n2\n");
     assert_eq!(c.read_file("/csv@t.csv,-count").await.unwrap(), b"2\n");
+    let runs = || async { c.storelet_stats().await.unwrap().subjects[0].runs };
+    let before = runs().await;
+    assert_eq!(c.read_file("/csv@t.csv,-count").await.unwrap(), b"2\n");
+    assert_eq!(runs().await, before, "reused through the union too");
     let find = locus_testkit::build_storelet("find");
     let out = c.storelet_run(&find, "/", vec!["/".into(), "-name".into(), "*.csv".into()], false).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "/t.csv\n");

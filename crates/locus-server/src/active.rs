@@ -295,6 +295,8 @@ impl ActiveFiles {
         if let Err(e) = shared.storelets.submit_watched(submission, |_| Box::new(watcher)) {
             self.runs.lock().remove(&key);
             let _ = std::fs::remove_file(&part);
+            // Anyone who joined meanwhile learns it too.
+            run.progress.send_modify(|p| p.end = Some(Err(e.clone())));
             return Err(e);
         }
         tracing::debug!(subject = who, handler = %inv.handler, dir = %dir_rel, "active file run started");

@@ -60,10 +60,11 @@ pub struct Inputs {
 }
 
 /// What identifies a file's content without reading it: any write changes its
-/// modification or change time (nanoseconds), a replacement its inode.
+/// modification or change time (nanoseconds), a replacement its inode. (Not its device
+/// number: an overlay, through which code sees an export of several devices, reports a
+/// new one for each mount.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stamp {
-    pub dev: u64,
     pub ino: u64,
     pub size: u64,
     pub mtime_ns: i128,
@@ -77,7 +78,6 @@ impl Stamp {
     pub fn of(st: &rustix::fs::Stat) -> Stamp {
         let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
         Stamp {
-            dev: st.st_dev as u64,
             ino: st.st_ino as u64,
             size: st.st_size as u64,
             mtime_ns: ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
