@@ -310,12 +310,15 @@ impl Counters {
         self.files.lock().get(path).cloned()
     }
 
-    /// Keeps a file's counters under its new name, and those of everything beneath it
-    /// when it is a directory.
-    pub fn renamed(&self, from: &str, to: &str) {
+    /// Keeps a file's counters under its new name, and, for a directory, those of
+    /// everything beneath it (which takes a pass over every entry).
+    pub fn renamed(&self, from: &str, to: &str, directory: bool) {
         let mut files = self.files.lock();
         if let Some(c) = files.remove(from) {
             files.insert(to.to_string(), c);
+        }
+        if !directory {
+            return;
         }
         let prefix = format!("{from}/");
         let under: Vec<String> = files.keys().filter(|k| k.starts_with(&prefix)).cloned().collect();
@@ -422,7 +425,7 @@ mod tests {
         let c = Counters::default();
         c.file("a").read(10, Duration::from_micros(1));
         c.file("b").write(100_000, Duration::from_micros(1));
-        c.renamed("b", "c");
+        c.renamed("b", "c", false);
         let top = c.busiest(5);
         assert_eq!(top[0].path, "c");
         assert_eq!(top[0].io.write_bytes, 100_000);
@@ -431,7 +434,7 @@ mod tests {
         c.removed("a");
         assert_eq!(c.busiest(5).len(), 1);
         c.file("d/e").read(1, Duration::ZERO);
-        c.renamed("d", "f");
+        c.renamed("d", "f", true);
         assert!(c.entry("f/e").is_some() && c.entry("d/e").is_none(), "a directory's files follow it");
     }
 

@@ -583,7 +583,9 @@ impl Store {
         });
         rustix::fs::renameat(a.dir(self), a.name.as_str(), b.dir(self), b.name.as_str()).ctx("rename", from)?;
         report_removed(self.removals.get(), replaced);
-        self.counters.renamed(&a.rel, &b.rel);
+        let directory = rustix::fs::statat(b.dir(self), b.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|st| rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir());
+        self.counters.renamed(&a.rel, &b.rel, directory);
         self.acls.invalidate();
         Ok(())
     }
@@ -616,7 +618,7 @@ impl Store {
             rustix::fs::renameat(a_dir, a.name.as_str(), target, b.name.as_str()).ctx("rename", from)?;
             self.drop_duplicates(&b.rel, a_dev);
         }
-        self.counters.renamed(&a.rel, &b.rel);
+        self.counters.renamed(&a.rel, &b.rel, rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir());
         self.acls.invalidate();
         Ok(())
     }
