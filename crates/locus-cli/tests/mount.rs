@@ -375,4 +375,27 @@ fn opening_an_invocation_on_the_mount_runs_the_handler() {
     assert_eq!(std::fs::read_to_string(s.local("data/total.txt")).unwrap(), "22\n");
     let missing = Command::new("cat").arg(m.mnt.join("nothing@sales.csv")).output().unwrap();
     assert!(String::from_utf8_lossy(&missing.stderr).contains("No such file"));
+
+    // An unmodified reader streams the output while the handler is still writing it.
+    s.add_handler("gated", locus_testkit::GATED_HANDLER.as_bytes(), &[]);
+    let mut cat = Command::new("cat").arg(m.mnt.join("gated@")).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    let mut out = cat.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut first = [0u8; 6];
+        out.read_exact(&mut first).unwrap();
+        tx.send(first.to_vec()).unwrap();
+        let mut rest = Vec::new();
+        out.read_to_end(&mut rest).unwrap();
+        tx.send(rest).unwrap();
+    });
+    let first = rx.recv_timeout(Duration::from_secs(10));
+    if first.is_err() {
+        let _ = cat.kill();
+    }
+    assert_eq!(first.expect("the first bytes before the handler ends"), b"first\n");
+    s.put_local("data/gate", b"");
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), b"second\n");
+    assert!(cat.wait().unwrap().success());
 }

@@ -8,28 +8,8 @@ use locus_client::types::{open_flags, Rights};
 use locus_client::Client;
 use locus_proto::active::encode_command_line;
 use locus_proto::Code;
-use locus_testkit::{build_storelet, TestServer};
+use locus_testkit::{build_storelet, TestServer, GATED_HANDLER};
 use std::time::Duration;
-
-/// Writes "first", then waits until a file named `gate` exists, then writes "second".
-const GATED: &str = r#"(module
-    (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
-    (import "wasi_snapshot_preview1" "path_open"
-        (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
-    (memory (export "memory") 1)
-    (data (i32.const 100) "first\n")
-    (data (i32.const 200) "second\n")
-    (data (i32.const 300) "gate")
-    (func (export "_start")
-      (i32.store (i32.const 0) (i32.const 100)) (i32.store (i32.const 4) (i32.const 6))
-      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
-      (block $open_gate
-        (loop $wait
-          (br_if $open_gate (i32.eqz (call $open (i32.const 3) (i32.const 0) (i32.const 300) (i32.const 4)
-              (i32.const 0) (i64.const 2) (i64.const 0) (i32.const 0) (i32.const 16))))
-          (br $wait)))
-      (i32.store (i32.const 0) (i32.const 200)) (i32.store (i32.const 4) (i32.const 7))
-      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 const SALES: &str = "region,price\nnorth,10\nsouth,5\nnorth,7\n";
 
@@ -38,7 +18,7 @@ const SALES: &str = "region,price\nnorth,10\nsouth,5\nnorth,7\n";
 fn server() -> TestServer {
     let srv = TestServer::start_with(|c| c.storelets.limits.wall = Duration::from_secs(2));
     srv.add_handler("csv", &build_storelet("csv"), &[]);
-    srv.add_handler("gated", GATED.as_bytes(), &[]);
+    srv.add_handler("gated", GATED_HANDLER.as_bytes(), &[]);
     srv.add_handler("spin", &build_storelet("hostile"), &["spin"]);
     srv.put_local("d/sales.csv", SALES.as_bytes());
     srv

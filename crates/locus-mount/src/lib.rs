@@ -319,10 +319,21 @@ impl LocusFs {
 
     /// Replies with the entry for `path`, giving it an inode number, which it answers.
     fn entry(&mut self, path: String, attr: &Attr, reply: ReplyEntry) -> u64 {
+        let active = is_active(&path);
         let ino = self.inodes.lookup(path);
-        self.remember(ino, attr);
-        reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
+        if active {
+            // An active file may still be growing: nothing about it is cached.
+            reply.entry(&Duration::ZERO, &file_attr(ino, attr), 0);
+        } else {
+            self.remember(ino, attr);
+            reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
+        }
         ino
+    }
+
+    /// True when the file `ino` names may be an active file (see [`is_active`]).
+    fn active(&self, ino: u64) -> bool {
+        self.inodes.path(ino).is_some_and(|p| is_active(&p))
     }
 
     fn lstat(&mut self, path: &str) -> Result<Attr, i32> {
@@ -337,6 +348,12 @@ macro_rules! ok_or_reply {
             Err(code) => return $reply.error(code),
         }
     };
+}
+
+/// True for a path whose name may invoke an active-file handler: its attributes are not
+/// cached and it is read without the page cache, since it may still be growing.
+fn is_active(path: &str) -> bool {
+    locus_proto::active::may_invoke(path.rsplit('/').next().unwrap_or(path))
 }
 
 impl Filesystem for LocusFs {
@@ -360,6 +377,7 @@ impl Filesystem for LocusFs {
             Known::Absent | Known::Unknown => {
                 let found = self.lstat(&path);
                 match &found {
+                    Ok(_) if locus_proto::active::may_invoke(name) => {}
                     Ok(attr) => self.listings.added(parent, name, Some(attr.clone())),
                     Err(libc::ENOENT) => drop(self.listings.removed(parent, name)),
                     Err(_) => {}
@@ -390,7 +408,8 @@ impl Filesystem for LocusFs {
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
-        if let Some(attr) = self.fresh(ino) {
+        let active = self.active(ino);
+        if let Some(attr) = self.fresh(ino).filter(|_| !active) {
             return reply.attr(&self.options.attr_timeout, &file_attr(ino, attr));
         }
         let fh = fh.and_then(|h| self.opened(h));
@@ -400,6 +419,9 @@ impl Filesystem for LocusFs {
             None => self.path(ino).and_then(|p| self.lstat(&p)),
         };
         let attr = ok_or_reply!(attr, reply);
+        if active {
+            return reply.attr(&Duration::ZERO, &file_attr(ino, &attr));
+        }
         self.remember(ino, &attr);
         reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
     }
@@ -583,6 +605,14 @@ impl Filesystem for LocusFs {
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
+        if read_only && self.active(ino) {
+            // Read past the size the kernel knows: the output may still be growing, and
+            // the server answers each read when its bytes are there (0 at the end).
+            let path = ok_or_reply!(self.path(ino), reply);
+            let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
+            self.open.entry(ino).or_default().push(opened.handle);
+            return reply.opened(opened.handle, fuser::consts::FOPEN_DIRECT_IO);
+        }
         let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
         if read_only && cached.is_some() && self.seen.get(&ino) == cached.as_ref() {
             // Unchanged within the attribute timeout and its pages are cached: the kernel

@@ -155,22 +155,24 @@ impl Session {
         self.shared.active.find(&self.shared, self.who()?, path)?.ok_or(err)
     }
 
-    /// Attributes of an active file: at once for a result, at the end of its run for one
-    /// still being made (its size is not known before).
+    /// Attributes of an active file: at once for a result; for one still being made, once
+    /// its first bytes are written (so a handler that fails at once fails the lookup),
+    /// with the size written so far.
     fn active_attr(&self, path: &str, err: StoreError) -> Reply<Attr> {
         match self.active(path, err)? {
             Found::Ready(file) => Ok(active::attr(&file)?.into()),
             Found::Running(file, run) => Ok(Answer::later(Box::pin(async move {
-                run.finished().await?;
-                Ok(Answer::from(active::attr(&file)?).encode())
+                if let Some(Err(e)) = run.wait(1).await.end {
+                    return Err(e);
+                }
+                Ok(Answer::from(growing_attr(&file, &run)?).encode())
             }))),
         }
     }
 
     /// `get` of an active file whose run is still going: the output streams as it grows.
     fn follow(&self, file: OpenFile, run: Arc<Run>) -> Reply<Attr> {
-        let mut attr = active::attr(&file)?;
-        attr.size = run.progress().written;
+        let attr = growing_attr(&file, &run)?;
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stream = crate::transport::EventStream { frames, queued: queued.clone() };
@@ -179,6 +181,14 @@ impl Session {
             Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
         })))
     }
+}
+
+/// The attributes of an active file being made: its output's, with the size written so far
+/// (what is written is final; reads of more wait for it).
+fn growing_attr(file: &OpenFile, run: &Run) -> Result<Attr, WireError> {
+    let mut attr = active::attr(file)?;
+    attr.size = run.progress().written;
+    Ok(attr)
 }
 
 /// Sends a growing active file as `get` reply frames: its attributes, then its bytes as
@@ -290,11 +300,8 @@ impl Handler for Session {
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let file = self.handle(req.handle)?.clone();
-        match self.growing.get(&req.handle).cloned() {
-            Some(run) => Ok(Answer::later(Box::pin(async move {
-                run.finished().await?;
-                Ok(Answer::from(active::attr(&file)?).encode())
-            }))),
+        match self.growing.get(&req.handle) {
+            Some(run) => Ok(growing_attr(&file, run)?.into()),
             None => Ok(store(file.stat())?.into()),
         }
     }
@@ -316,8 +323,7 @@ impl Handler for Session {
                     (file, attr, None)
                 }
                 Found::Running(file, run) => {
-                    let mut attr = active::attr(&file)?;
-                    attr.size = run.progress().written;
+                    let attr = growing_attr(&file, &run)?;
                     (file, attr, Some(run))
                 }
             },
@@ -343,10 +349,11 @@ impl Handler for Session {
         store(file.check_readable())?;
         let len = req.len.min(self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data));
         if let Some(run) = self.growing.get(&req.handle).cloned() {
-            // An active file still being made: wait for the bytes asked for, or the end.
+            // An active file still being made: wait for bytes at the offset, or the end, and
+            // answer what is there (fewer than asked, as a pipe would, so readers stream).
             if run.progress().end != Some(Ok(())) {
                 return Ok(Answer::later(Box::pin(async move {
-                    let p = run.wait(req.offset.saturating_add(len as u64)).await;
+                    let p = run.wait(req.offset.saturating_add(1)).await;
                     if let Some(Err(e)) = p.end {
                         return Err(e);
                     }

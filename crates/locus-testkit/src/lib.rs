@@ -116,6 +116,27 @@ impl TestServer {
     }
 }
 
+/// A handler (WebAssembly text) that writes "first\n", then waits until a file named `gate`
+/// exists in its directory, then writes "second\n": a run whose end a test controls.
+pub const GATED_HANDLER: &str = r#"(module
+    (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+    (import "wasi_snapshot_preview1" "path_open"
+        (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+    (memory (export "memory") 1)
+    (data (i32.const 100) "first\n")
+    (data (i32.const 200) "second\n")
+    (data (i32.const 300) "gate")
+    (func (export "_start")
+      (i32.store (i32.const 0) (i32.const 100)) (i32.store (i32.const 4) (i32.const 6))
+      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (block $open_gate
+        (loop $wait
+          (br_if $open_gate (i32.eqz (call $open (i32.const 3) (i32.const 0) (i32.const 300) (i32.const 4)
+              (i32.const 0) (i64.const 2) (i64.const 0) (i32.const 0) (i32.const 16))))
+          (br $wait)))
+      (i32.store (i32.const 0) (i32.const 200)) (i32.store (i32.const 4) (i32.const 7))
+      (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
 /// Builds the storelet in `storelets/NAME` with Go's wasip1 port and returns the module.
 pub fn build_storelet(name: &str) -> Vec<u8> {
     locus_storelet::build_shipped(name).unwrap_or_else(|e| panic!("{e}"))
