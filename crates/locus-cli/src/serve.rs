@@ -82,6 +82,9 @@ pub struct ServeArgs {
     /// Wall-clock seconds one storelet run may take.
     #[arg(long, default_value_t = locus_storelet::Limits::default().wall.as_secs())]
     storelet_time_s: u64,
+    /// MiB the active files' result cache may hold (least recently used results go first).
+    #[arg(long, default_value_t = locus_server::ServerConfig::new("", "").active_cache_bytes >> 20)]
+    active_cache_mb: u64,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
@@ -125,6 +128,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     storelets.limits.fuel = args.storelet_fuel;
     storelets.limits.memory = (args.storelet_memory_mb as usize) << 20;
     storelets.limits.wall = std::time::Duration::from_secs(args.storelet_time_s);
+    config.active_cache_bytes = args.active_cache_mb << 20;
     config.prepare().map_err(|e| e.to_string())?;
     let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
     if let Some(token) = &created {

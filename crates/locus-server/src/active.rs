@@ -127,13 +127,16 @@ pub enum Found {
 pub struct ActiveFiles {
     state_dir: PathBuf,
     results: PathBuf,
+    /// Bytes the result cache may hold.
+    cache_bytes: u64,
     registry: Mutex<Registry>,
     runs: Arc<Mutex<HashMap<String, Arc<Run>>>>,
 }
 
 impl ActiveFiles {
-    /// The active files kept in `state_dir` (the result cache is created there).
-    pub fn new(state_dir: &Path) -> std::io::Result<ActiveFiles> {
+    /// The active files kept in `state_dir` (the result cache is created there, and holds
+    /// at most `cache_bytes`).
+    pub fn new(state_dir: &Path, cache_bytes: u64) -> std::io::Result<ActiveFiles> {
         let results = state_dir.join(RESULTS_DIR);
         std::fs::create_dir_all(&results)?;
         // Outputs of runs cut short by a crash are not results.
@@ -145,6 +148,7 @@ impl ActiveFiles {
         let active = ActiveFiles {
             state_dir: state_dir.to_path_buf(),
             results,
+            cache_bytes,
             registry: Mutex::new(Registry::default()),
             runs: Arc::default(),
         };
@@ -261,6 +265,8 @@ impl ActiveFiles {
         }
         if self.still_good(&key, &workdir) {
             if let Ok(f) = File::open(self.results.join(format!("{key}.out"))) {
+                // Its modification time says when it was last used, for eviction.
+                let _ = f.set_modified(std::time::SystemTime::now());
                 return Ok(Some(Found::Ready(ready(f))));
             }
         }
@@ -282,6 +288,7 @@ impl ActiveFiles {
             record_inputs: true,
             native: handler.program.clone(),
         };
+        self.evict(&runs_in_progress(&self.runs));
         let watcher = ActiveWatcher {
             name: format!("{}@{}", inv.handler, inv.args.join(",")),
             key: key.clone(),
@@ -303,6 +310,32 @@ impl ActiveFiles {
         Ok(Some(Found::Running(run.reader(rel, io)?, run)))
     }
 
+    /// Removes the least recently used results while the cache holds more than its
+    /// bound (never those of runs in progress). Readers that have one open keep it.
+    fn evict(&self, running: &std::collections::HashSet<String>) {
+        let Ok(dir) = std::fs::read_dir(&self.results) else { return };
+        let mut outs: Vec<(std::time::SystemTime, u64, String)> = Vec::new();
+        let mut total = 0u64;
+        for entry in dir.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            total += meta.len();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(key) = name.strip_suffix(".out").filter(|k| !running.contains(*k)) {
+                outs.push((meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len(), key.to_string()));
+            }
+        }
+        outs.sort();
+        for (_, size, key) in outs {
+            if total <= self.cache_bytes {
+                break;
+            }
+            for ext in ["out", "inputs"] {
+                let _ = std::fs::remove_file(self.results.join(format!("{key}.{ext}")));
+            }
+            total = total.saturating_sub(size);
+        }
+    }
+
     /// True when the result `key` was kept and every input it read is as it was then.
     fn still_good(&self, key: &str, workdir: &OwnedFd) -> bool {
         let Ok(text) = std::fs::read_to_string(self.results.join(format!("{key}.inputs"))) else { return false };
@@ -316,6 +349,11 @@ impl ActiveFiles {
             now == *stamp
         })
     }
+}
+
+/// The keys of the runs in progress.
+fn runs_in_progress(runs: &Mutex<HashMap<String, Arc<Run>>>) -> std::collections::HashSet<String> {
+    runs.lock().keys().cloned().collect()
 }
 
 /// Attributes of an active file: its output's, shown as a read-only regular file.
@@ -464,5 +502,33 @@ impl Watcher for ActiveWatcher {
             }
         }
         self.run.progress.send_modify(|p| p.end = Some(end));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_recently_used_results_go_first_when_the_cache_is_full() {
+        let state = tempfile::tempdir().unwrap();
+        let active = ActiveFiles::new(state.path(), 250).unwrap();
+        let results = state.path().join(RESULTS_DIR);
+        let epoch = std::time::UNIX_EPOCH;
+        for (key, age) in [("old", 10), ("mid", 20), ("new", 30), ("busy", 0)] {
+            let f = File::create(results.join(format!("{key}.out"))).unwrap();
+            f.set_len(100).unwrap();
+            f.set_modified(epoch + std::time::Duration::from_secs(age)).unwrap();
+            std::fs::write(results.join(format!("{key}.inputs")), "[]").unwrap();
+        }
+        let running: std::collections::HashSet<String> = ["busy".to_string()].into();
+        active.evict(&running);
+        let left: std::collections::BTreeSet<String> = std::fs::read_dir(&results)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let expect: std::collections::BTreeSet<String> =
+            ["busy.out", "busy.inputs", "new.out", "new.inputs"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(left, expect, "oldest first, a run's own result kept");
     }
 }

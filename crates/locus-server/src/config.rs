@@ -52,6 +52,9 @@ pub struct ServerConfig {
     pub script_limits_by_subject: HashMap<String, locus_script::Limits>,
     /// Storelet workers, per-run limits and per-subject limits.
     pub storelets: crate::storelet_host::StoreletConfig,
+    /// Bytes the active files' result cache may hold; the least recently used results
+    /// go first when it holds more.
+    pub active_cache_bytes: u64,
     /// How large reads leave on plain TCP.
     pub sendfile: Sendfile,
     /// How long a connection that has just answered keeps polling its socket for the
@@ -129,6 +132,7 @@ impl ServerConfig {
             script_limits: locus_script::Limits::default(),
             script_limits_by_subject: HashMap::new(),
             storelets: Default::default(),
+            active_cache_bytes: 1 << 30,
             sendfile: Sendfile::Always,
             poll_window: DEFAULT_POLL_WINDOW,
         }

@@ -154,7 +154,7 @@ impl Server {
         store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
         let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
-        let active = active::ActiveFiles::new(&config.state_dir).map_err(|e| {
+        let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
             ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
         })?;
         let shared =
