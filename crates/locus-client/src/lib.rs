@@ -115,6 +115,12 @@ impl<R> Pending<R> {
         let frame = self.rx.await.map_err(|_| ClientError::Closed)??;
         (self.decode)(&frame.meta)
     }
+
+    /// Waits for the reply and its data (a `pread` sent ahead).
+    pub async fn wait_with_data(self) -> Result<(R, Bytes)> {
+        let frame = self.rx.await.map_err(|_| ClientError::Closed)??;
+        Ok(((self.decode)(&frame.meta)?, frame.data))
+    }
 }
 
 /// Size of the data frames of a streamed `put`.

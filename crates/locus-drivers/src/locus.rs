@@ -23,7 +23,31 @@ pub struct LocusDriver {
     retry: Duration,
     /// Requests sent on behalf of an open file and not yet answered, by handle.
     behind: HashMap<u64, Vec<Behind>>,
+    /// Reads sent ahead of a sequential reader, by handle.
+    ahead: HashMap<u64, ReadAhead>,
 }
+
+/// A sequential reader's reads sent before it asks, so that several are in flight and a
+/// large file streams at the link's rate rather than one request per round trip.
+///
+/// A read that continues the previous one (same length, at its end) counts as
+/// sequential; from the second such, the next `window` reads of that length are sent
+/// ahead, and the window doubles (up to [`AHEAD_MAX`]) each time the reader has read a
+/// whole window in order. Any other read, a write or a close drops what was sent.
+#[derive(Default)]
+struct ReadAhead {
+    /// Where the last read ended, and its length.
+    next: u64,
+    len: u32,
+    sequential: u32,
+    window: usize,
+    /// Reads in flight, oldest first: offset, and the reply.
+    sent: std::collections::VecDeque<(u64, Pending<()>)>,
+}
+
+/// Reads in flight for one sequential reader at first, and at most.
+const AHEAD_START: usize = 4;
+const AHEAD_MAX: usize = 64;
 
 /// A request sent without waiting for its answer.
 enum Behind {
@@ -57,7 +81,14 @@ impl LocusDriver {
     /// Connects with explicit connection options (address and credentials).
     pub fn with_options(options: ConnectOptions) -> Result<LocusDriver> {
         let client = Client::connect(&options).map_err(err)?;
-        Ok(LocusDriver { options, client: Some(client), generation: 1, retry: DEFAULT_RETRY, behind: HashMap::new() })
+        Ok(LocusDriver {
+            options,
+            client: Some(client),
+            generation: 1,
+            retry: DEFAULT_RETRY,
+            behind: HashMap::new(),
+            ahead: HashMap::new(),
+        })
     }
 
     /// Runs `f`, reconnecting and retrying while the server is unreachable, up to the
@@ -133,6 +164,7 @@ impl Driver for LocusDriver {
         // Once the writes behind are answered, nothing is buffered on either side, so a
         // close cannot fail in a way the program could act on: send it and do not wait
         // for the reply, which saves a round trip per open file.
+        self.ahead.remove(&handle);
         let settled = self.settle(handle);
         let Ok(h) = self.inner(handle) else { return settled };
         let close = locus_proto::ops::Close { handle: h };
@@ -149,17 +181,54 @@ impl Driver for LocusDriver {
     }
     fn pread(&mut self, handle: u64, offset: u64, len: u32) -> Result<Vec<u8>> {
         let h = self.inner(handle)?;
-        self.call_on(|c| c.run(|c| c.pread(h, offset, len))).map(|b| b.to_vec())
+        let mut ahead = self.ahead.remove(&handle).unwrap_or_default();
+        let sequential = offset == ahead.next && len == ahead.len;
+        if !sequential {
+            ahead = ReadAhead { window: AHEAD_START, ..Default::default() };
+        }
+        // The reply to this very read, if it was sent ahead.
+        let early = match ahead.sent.front() {
+            Some(&(at, _)) if at == offset => ahead.sent.pop_front().map(|(_, p)| p),
+            _ => {
+                ahead.sent.clear();
+                None
+            }
+        };
+        let data = match early {
+            Some(pending) => self.call_on(|c| c.run(|_| pending.wait_with_data())).map(|(_, d)| d.to_vec())?,
+            None => self.call_on(|c| c.run(|c| c.pread(h, offset, len))).map(|b| b.to_vec())?,
+        };
+        ahead.sequential = if sequential { ahead.sequential + 1 } else { 0 };
+        // A reader that has read a whole window in order goes on: send twice as far.
+        if ahead.sequential > 0 && ahead.sequential as usize % ahead.window == 0 {
+            ahead.window = (ahead.window * 2).min(AHEAD_MAX);
+        }
+        (ahead.next, ahead.len) = (offset + data.len() as u64, len);
+        let at_end = (data.len() as u32) < len;
+        if ahead.sequential >= 1 && !at_end {
+            let mut at = ahead.sent.back().map_or(ahead.next, |&(o, _)| o + len as u64);
+            while ahead.sent.len() < ahead.window {
+                let req = locus_proto::ops::Pread { handle: h, offset: at, len };
+                let pending = self.call_on(|c| c.run(|c| c.start_with(req, &[])))?;
+                ahead.sent.push_back((at, pending));
+                at += len as u64;
+            }
+        }
+        self.ahead.insert(handle, ahead);
+        Ok(data)
     }
     fn pwrite(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<u64> {
+        self.ahead.remove(&handle);
         let h = self.inner(handle)?;
         self.call_on(|c| c.run(|c| c.pwrite(h, offset, data)))
     }
     fn ftruncate(&mut self, handle: u64, size: u64) -> Result<()> {
+        self.ahead.remove(&handle);
         let h = self.inner(handle)?;
         self.call_on(|c| c.run(|c| c.ftruncate(h, size)))
     }
     fn pwrite_behind(&mut self, handle: u64, offset: u64, data: &[u8]) -> Result<()> {
+        self.ahead.remove(&handle);
         let h = self.room_behind(handle)?;
         let pending = self.call_on(|c| c.run(|c| c.pwrite_behind(h, offset, data)))?;
         self.behind.entry(handle).or_default().push(Behind::Write(pending, data.len()));
