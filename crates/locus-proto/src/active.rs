@@ -139,4 +139,26 @@ mod tests {
         assert!(parse(&format!("h@{}", ",".repeat(MAX_ARGS + 1))).is_none());
         assert!(parse("h@a%00b").is_none());
     }
+
+    /// What the `text_parsers` fuzz target checks, on pseudo-random names built from the
+    /// characters that matter: a decoded name only ever names a valid handler.
+    #[test]
+    fn random_names_decode_only_to_valid_invocations() {
+        let alphabet = ['%', '+', '@', ',', '.', '/', ' ', 'a', 'b', '2', 'F', 'e', 'r', '\0', 'é', '-'];
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..50_000 {
+            let len = (next() % 24) as usize;
+            let name: String = (0..len).map(|_| alphabet[(next() % alphabet.len() as u64) as usize]).collect();
+            if let Some(inv) = parse(&name) {
+                assert!(valid_handler_name(&inv.handler), "{name:?} -> {inv:?}");
+                assert!(inv.args.len() <= MAX_ARGS && inv.args.iter().all(|a| !a.contains('\0')), "{name:?}");
+            }
+        }
+    }
 }
