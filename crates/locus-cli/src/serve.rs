@@ -82,6 +82,10 @@ pub struct ServeArgs {
     /// Wall-clock seconds one storelet run may take.
     #[arg(long, default_value_t = locus_storelet::Limits::default().wall.as_secs())]
     storelet_time_s: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (operations by name and result,
+    /// service times, bytes, connections, code runs per subject, limits tripped).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// MiB the active files' result cache may hold (least recently used results go first).
     #[arg(long, default_value_t = locus_server::ServerConfig::new("", "").active_cache_bytes >> 20)]
     active_cache_mb: u64,
@@ -161,6 +165,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             "  active-file handlers: {} (read again on change or SIGHUP)",
             config.state_dir.join(locus_server::active::HANDLERS_FILE).display()
         );
+        if let Some(addr) = &args.metrics {
+            let metrics = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("metrics on {addr}: {e}"))?;
+            let at = metrics.local_addr().map_err(|e| e.to_string())?;
+            eprintln!("  metrics: http://{at}/metrics");
+            tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
+        }
         let shared = server.shared().clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};

@@ -8,6 +8,7 @@
 //! - [`session`]: one connection's state and the handler that runs operations on the store.
 //! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
 //! - [`error`]: the crate's error type, `ServerError`.
+//! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client
@@ -18,6 +19,7 @@ pub mod active;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod metrics;
 pub mod script_host;
 pub mod session;
 pub mod splice;
@@ -108,6 +110,8 @@ pub struct Shared {
     pub storelets: storelet_host::StoreletHost,
     /// Handlers, results and runs of active files.
     pub active: active::ActiveFiles,
+    /// Counts of requests for Prometheus.
+    pub metrics: metrics::Metrics,
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -157,8 +161,16 @@ impl Server {
         let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
             ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
         })?;
-        let shared =
-            Arc::new(Shared { config, store, tokens, registry: Registry::default(), scripts, storelets, active });
+        let shared = Arc::new(Shared {
+            config,
+            store,
+            tokens,
+            registry: Registry::default(),
+            scripts,
+            storelets,
+            active,
+            metrics: metrics::Metrics::default(),
+        });
         Ok(Server { shared, tls })
     }
 
@@ -493,7 +505,9 @@ async fn frame_loop(
                 dispatch::dispatch(session, header.op, &meta, data)
             }
         };
-        shared.store.counters().op(header.op, started.elapsed());
+        let took = started.elapsed();
+        shared.store.counters().op(header.op, took);
+        shared.metrics.answered(header.op, outcome.as_ref().map(drop).map_err(|e| e.code), took);
         answered_elsewhere = matches!(outcome, Ok(Encoded { deferred: true, .. }));
         let mut w = writer.lock().await;
         match outcome {

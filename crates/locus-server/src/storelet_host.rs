@@ -167,6 +167,8 @@ struct Subject {
 #[derive(Default)]
 struct State {
     runs: HashMap<u64, LiveRun>,
+    /// Runs stopped by each limit since the server started.
+    limits: HashMap<&'static str, u64>,
     subjects: HashMap<String, Subject>,
     log: VecDeque<StoreletLogEntry>,
 }
@@ -360,6 +362,13 @@ impl StoreletHost {
         }
     }
 
+    /// Runs stopped by each limit since the server started.
+    pub fn limits_tripped(&self) -> Vec<(&'static str, u64)> {
+        let mut v: Vec<_> = self.core.state.lock().limits.iter().map(|(&k, &n)| (k, n)).collect();
+        v.sort();
+        v
+    }
+
     /// The runner (for its compile counter in tests).
     pub fn runner(&self) -> &Runner {
         &self.core.runner
@@ -504,6 +513,9 @@ impl Core {
                 (result_of(run, module_hash, -1, &account), format!("{}: {e}", e.code().name()))
             }
         };
+        if let Err(StoreletError::Limit { limit, .. }) = &outcome {
+            *self.state.lock().limits.entry(limit).or_default() += 1;
+        }
         self.record(run, &s, outcome.is_ok(), &outcome_text, &result);
         let watcher = watcher.lock().take();
         if let Some(w) = watcher {

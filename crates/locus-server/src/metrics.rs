@@ -1,0 +1,173 @@
+//! Prometheus metrics (`locus serve --metrics ADDR`): what the server did, for scrapers.
+//!
+//! Operations are counted as they are answered: a counter by operation and result, and
+//! a histogram of service times by operation. Everything else the server already keeps
+//! is read when scraped: bytes read and written (the store's accounting), connected
+//! clients, code runs and their use per subject (the storelet accounts, active-file
+//! handlers included), runs stopped by each limit. A request answered later (a script,
+//! a storelet, an active file being made) counts when it is dispatched. The text is the OpenMetrics format of
+//! the `prometheus-client` crate, served at `GET /metrics` by a minimal HTTP responder.
+
+use crate::Shared;
+use locus_proto::Code;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpResult {
+    op: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Op {
+    op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Subject {
+    subject: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Limit {
+    limit: String,
+}
+
+/// The metrics updated as the server works.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    operations: Family<OpResult, Counter>,
+    durations: Family<Op, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("locus");
+        let operations = Family::<OpResult, Counter>::default();
+        registry.register("operations", "Requests answered, by operation and result", operations.clone());
+        let durations = Family::<Op, Histogram>::new_with_constructor(|| {
+            // 5 µs to about 5 s.
+            Histogram::new(exponential_buckets(5e-6, 2.0, 21))
+        });
+        registry.register("operation_duration_seconds", "Service time of requests, by operation", durations.clone());
+        Metrics { registry, operations, durations }
+    }
+}
+
+impl Metrics {
+    /// Counts a request answered with `outcome` after `took`.
+    pub fn answered(&self, op: u16, outcome: Result<(), Code>, took: Duration) {
+        let name = locus_proto::ops::by_code(op).map_or("unknown", |o| o.name).to_string();
+        let result = match outcome {
+            Ok(()) => "ok".to_string(),
+            Err(code) => code.name().to_string(),
+        };
+        self.operations.get_or_create(&OpResult { op: name.clone(), result }).inc();
+        self.durations.get_or_create(&Op { op: name }).observe(took.as_secs_f64());
+    }
+
+    /// The metrics as OpenMetrics text: those kept here, then those read from `shared`.
+    pub fn render(&self, shared: &Shared) -> String {
+        let mut text = String::new();
+        let now = read_now(shared);
+        // Writing to a String cannot fail.
+        let _ = encode_registry(&mut text, &self.registry);
+        let _ = encode_registry(&mut text, &now);
+        let _ = encode_eof(&mut text);
+        text
+    }
+}
+
+/// A registry of what the server keeps elsewhere, read at this moment.
+fn read_now(shared: &Shared) -> Registry {
+    let mut r = Registry::with_prefix("locus");
+    let counter = |v: u64| {
+        let c = Counter::<u64>::default();
+        c.inc_by(v);
+        c
+    };
+    let export = shared.store.counters().export();
+    r.register("read_bytes", "Bytes read from files of the export", counter(export.read_bytes));
+    r.register("written_bytes", "Bytes written to files of the export", counter(export.write_bytes));
+    let clients = Gauge::<i64>::default();
+    clients.set(shared.registry.count() as i64);
+    r.register("connections", "Clients connected now", clients);
+
+    let report = shared.storelets.stats("", true);
+    let (runs, cpu, read, written) = (
+        Family::<Subject, Counter>::default(),
+        Family::<Subject, Counter<f64>>::default(),
+        Family::<Subject, Counter>::default(),
+        Family::<Subject, Counter>::default(),
+    );
+    for s in &report.subjects {
+        let who = Subject { subject: s.subject.clone() };
+        runs.get_or_create(&who).inc_by(s.runs);
+        cpu.get_or_create(&who).inc_by(s.cpu_us as f64 / 1e6);
+        read.get_or_create(&who).inc_by(s.read_bytes);
+        written.get_or_create(&who).inc_by(s.write_bytes);
+    }
+    r.register("code_runs", "Storelet and active-file handler runs finished, by subject", runs);
+    r.register("code_cpu_seconds", "CPU time of code runs, by subject", cpu);
+    r.register("code_read_bytes", "Bytes code runs read, by subject", read);
+    r.register("code_written_bytes", "Bytes code runs wrote, by subject", written);
+    let limits = Family::<Limit, Counter>::default();
+    for (limit, n) in shared.storelets.limits_tripped() {
+        limits.get_or_create(&Limit { limit: limit.to_string() }).inc_by(n);
+    }
+    r.register("limits_tripped", "Code runs stopped by a limit since the server started, by limit", limits);
+    r
+}
+
+/// Longest request head the responder reads.
+const MAX_REQUEST: usize = 8 << 10;
+
+/// Serves `GET /metrics` on `listener` until the task is dropped. A minimal responder:
+/// one request per connection, anything else is 404, a head larger than 8 KiB or slower
+/// than 5 s is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { continue };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+                    let n = sock.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .await;
+            if !matches!(read, Ok(Ok(()))) {
+                return;
+            }
+            let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
+            let (status, body) = if line.starts_with(b"GET /metrics ") {
+                ("200 OK", shared.metrics.render(&shared))
+            } else {
+                ("404 Not Found", "try GET /metrics\n".to_string())
+            };
+            let reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(reply.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}
