@@ -507,14 +507,16 @@ async fn frame_loop(
         };
         let took = started.elapsed();
         shared.store.counters().op(header.op, took);
-        shared.metrics.answered(header.op, outcome.as_ref().map(drop).map_err(|e| e.code), took);
         answered_elsewhere = matches!(outcome, Ok(Encoded { deferred: true, .. }));
+        // Counted for Prometheus once the reply is out, off its path.
+        let result = outcome.as_ref().map(drop).map_err(|e| e.code);
         let mut w = writer.lock().await;
         match outcome {
             Ok(enc) if enc.deferred => {}
             Ok(Encoded { later: Some(later), .. }) => {
                 drop(w);
                 tokio::spawn(reply_later(writer.clone(), header.op, header.id, later));
+                shared.metrics.answered(header.op, result, took);
                 continue;
             }
             Ok(enc) => w.reply(header.op, header.id, &enc.metas, enc.body).await?,
@@ -523,6 +525,8 @@ async fn frame_loop(
         if reader.buffer().is_empty() {
             w.flush().await?;
         }
+        drop(w);
+        shared.metrics.answered(header.op, result, took);
     }
 }
 

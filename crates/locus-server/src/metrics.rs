@@ -21,15 +21,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+// Labels of the per-request metrics are static strings: counting a request allocates
+// nothing.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OpResult {
-    op: String,
-    result: String,
+    op: &'static str,
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Op {
-    op: String,
+    op: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,13 +69,10 @@ impl Default for Metrics {
 impl Metrics {
     /// Counts a request answered with `outcome` after `took`.
     pub fn answered(&self, op: u16, outcome: Result<(), Code>, took: Duration) {
-        let name = locus_proto::ops::by_code(op).map_or("unknown", |o| o.name).to_string();
-        let result = match outcome {
-            Ok(()) => "ok".to_string(),
-            Err(code) => code.name().to_string(),
-        };
-        self.operations.get_or_create(&OpResult { op: name.clone(), result }).inc();
-        self.durations.get_or_create(&Op { op: name }).observe(took.as_secs_f64());
+        let op = locus_proto::ops::by_code(op).map_or("unknown", |o| o.name);
+        let result = outcome.map_or_else(Code::name, |()| "ok");
+        self.operations.get_or_create(&OpResult { op, result }).inc();
+        self.durations.get_or_create(&Op { op }).observe(took.as_secs_f64());
     }
 
     /// The metrics as OpenMetrics text: those kept here, then those read from `shared`.
