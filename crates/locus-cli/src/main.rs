@@ -350,13 +350,15 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `locus run` shares the program's stderr: it says only what ends the run, unless asked.
     let quiet = matches!(cli.command, Command::RunAgent { .. });
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
-                .unwrap_or_else(|_| if quiet { "off" } else { "info" }.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
+        .unwrap_or_else(|_| if quiet { "off" } else { "info" }.into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // LOCUS_LOG_FORMAT=json: one JSON object per event, for log collectors.
+    if std::env::var("LOCUS_LOG_FORMAT").is_ok_and(|f| f == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, interpose, command } = cli.command {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.

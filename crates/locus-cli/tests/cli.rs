@@ -267,3 +267,38 @@ fn locus_cat_of_an_invocation_runs_the_handler() {
     let json: serde_json::Value = serde_json::from_str(&ok(&home, &["--json", "handlers", &s.url("/")])).unwrap();
     assert_eq!(json[0]["name"], "csv");
 }
+
+#[test]
+fn logs_are_json_objects_with_locus_log_format_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(dir.path().join("export"))
+        .arg("--state")
+        .arg(dir.path().join("state"))
+        .env("LOCUS_LOG_FORMAT", "json")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "locus serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let wrong = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["ls", &format!("locus://127.0.0.1:{port}/")])
+        .env("LOCUS_TOKEN", "admin:wrong")
+        .env("LOCUS_HOME", dir.path().join("home"))
+        .output()
+        .unwrap();
+    assert!(!wrong.status.success());
+    serve.kill().unwrap();
+    let out = serve.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let event = stderr.lines().find(|l| l.contains("authentication failed")).unwrap_or_else(|| panic!("{stderr}"));
+    let v: serde_json::Value = serde_json::from_str(event).expect("one JSON object per event");
+    assert_eq!(v["level"], "WARN");
+    assert_eq!(v["fields"]["subject"], "admin");
+}
