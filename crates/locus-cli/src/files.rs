@@ -175,11 +175,10 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let u = parse(&url)?;
             let c = conns.get(&u).await?;
             let r = c.stats(top).await.map_err(|e| err(&u, e))?;
-            match (json, devices) {
-                (true, true) => println!("{}", serde_json::to_string(&r.devices).map_err(|e| e.to_string())?),
-                (true, false) => println!("{}", output::stats_json(&r)),
-                (false, true) => print!("{}", output::devices_text(&r.devices)),
-                (false, false) => print!("{}", output::stats_text(&r)),
+            if devices {
+                print_either(json, &r.devices, || output::devices_text(&r.devices))?;
+            } else {
+                print_either(json, &r, || output::stats_text(&r))?;
             }
         }
         Command::Rebalance(cmd) => {
@@ -195,11 +194,7 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
                 c.call(locus_client::ops::RebalancePlan { max_moves }).await
             }
             .map_err(|e| err(&u, e))?;
-            if json {
-                println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
-            } else {
-                print!("{}", output::rebalance_text(&r, apply));
-            }
+            print_either(json, &r, || output::rebalance_text(&r, apply))?;
         }
         Command::Script(ScriptCommand::Register { url, file }) => {
             let u = parse(&url)?;
@@ -266,20 +261,12 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
         Command::Handlers { url } => {
             let u = parse(&url)?;
             let list = conns.get(&u).await?.handlers().await.map_err(|e| err(&u, e))?;
-            if json {
-                println!("{}", serde_json::to_string(&list).map_err(|e| e.to_string())?);
-            } else {
-                println!("{}", output::handlers(&list));
-            }
+            print_either(json, &list, || output::handlers(&list) + "\n")?;
         }
         Command::Storelet(StoreletCommand::Ps { url }) => {
             let u = parse(&url)?;
             let runs = conns.get(&u).await?.storelet_ps().await.map_err(|e| err(&u, e))?;
-            if json {
-                println!("{}", serde_json::to_string(&runs).map_err(|e| e.to_string())?);
-            } else {
-                println!("{}", output::storelet_ps(&runs));
-            }
+            print_either(json, &runs, || output::storelet_ps(&runs) + "\n")?;
         }
         Command::Storelet(StoreletCommand::Cancel { url, run }) => {
             let u = parse(&url)?;
@@ -288,11 +275,7 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
         Command::Storelet(StoreletCommand::Stats { url }) => {
             let u = parse(&url)?;
             let report = conns.get(&u).await?.storelet_stats().await.map_err(|e| err(&u, e))?;
-            if json {
-                println!("{}", serde_json::to_string(&report).map_err(|e| e.to_string())?);
-            } else {
-                println!("{}", output::storelet_report(&report));
-            }
+            print_either(json, &report, || output::storelet_report(&report) + "\n")?;
         }
         Command::Serve(_)
         | Command::Token { .. }
@@ -479,4 +462,15 @@ async fn copy(conns: &mut Connections, source: &str, dest: &str, recursive: bool
         (true, true) => Err("cp between two remote paths is not supported yet; copy through a local file".into()),
         (false, false) => Err("cp needs a locus:// URL on at least one side".into()),
     }
+}
+
+/// Prints `value` as JSON with `--json`, else the text `text` makes (as it is: it ends
+/// its own lines).
+fn print_either<T: serde::Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> Result<(), String> {
+    if json {
+        println!("{}", serde_json::to_string(value).map_err(|e| e.to_string())?);
+    } else {
+        print!("{}", text());
+    }
+    Ok(())
 }

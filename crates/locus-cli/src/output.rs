@@ -1,8 +1,8 @@
 //! Rendering for people (`ls -l` style) and for programs (`--json`).
 
 use locus_client::types::{
-    Attr, DeviceStats, DirEntry, HandlerInfo, Rebalance, StatFs, StatsReport, StoreletReport, StoreletResult,
-    StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+    Attr, DeviceStats, DirEntry, HandlerInfo, IoCounters, Rebalance, StatFs, StatsReport, StoreletReport,
+    StoreletResult, StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use serde_json::{json, Value};
 
@@ -109,6 +109,20 @@ fn times(count: u64, total_ns: u64, p99_ns: u64) -> String {
     format!("{:.1}/{:.0}", total_ns as f64 / count as f64 / 1000.0, p99_ns as f64 / 1000.0)
 }
 
+/// The columns of I/O counters shared by the file and device tables: bytes read and
+/// written, reads, writes, and read and write times (mean/p99 µs).
+fn io_columns(io: &IoCounters) -> String {
+    format!(
+        "{:>10} {:>10} {:>8} {:>8} {:>12} {:>12}",
+        human(io.read_bytes),
+        human(io.write_bytes),
+        io.reads,
+        io.writes,
+        times(io.reads, io.read_ns, io.read_p99_ns),
+        times(io.writes, io.write_ns, io.write_p99_ns)
+    )
+}
+
 /// `stats` for people.
 pub fn stats_text(r: &StatsReport) -> String {
     let e = &r.export;
@@ -134,18 +148,12 @@ pub fn stats_text(r: &StatsReport) -> String {
     s.push('\n');
     s.push_str(&devices_text(&r.devices));
     s.push_str("\nbusiest files (by load: bytes moved + 4 KiB per operation; read and write µs as mean/p99)\n");
+    s.push_str(&format!(
+        "{:>10} {:>10} {:>8} {:>8} {:>12} {:>12} {:>3}  PATH\n",
+        "READ", "WRITTEN", "READS", "WRITES", "READ µs", "WRITE µs", "DEV"
+    ));
     for f in &r.busiest {
-        s.push_str(&format!(
-            "{:>10} {:>10}  {:>6} reads {:>6} writes  {:>12} {:>12}  dev {}  {}\n",
-            human(f.io.read_bytes),
-            human(f.io.write_bytes),
-            f.io.reads,
-            f.io.writes,
-            times(f.io.reads, f.io.read_ns, f.io.read_p99_ns),
-            times(f.io.writes, f.io.write_ns, f.io.write_p99_ns),
-            f.device,
-            f.path
-        ));
+        s.push_str(&format!("{} {:>3}  {}\n", io_columns(&f.io), f.device, f.path));
     }
     s
 }
@@ -159,15 +167,10 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
     );
     for d in devices {
         s.push_str(&format!(
-            "{:>3} {:>6.1} {:>10} {:>10} {:>8} {:>8} {:>12} {:>12} {:>10} {:>10}  {}\n",
+            "{:>3} {:>6.1} {} {:>10} {:>10}  {}\n",
             d.index,
             100.0 * d.io.load() as f64 / total as f64,
-            human(d.io.read_bytes),
-            human(d.io.write_bytes),
-            d.io.reads,
-            d.io.writes,
-            times(d.io.reads, d.io.read_ns, d.io.read_p99_ns),
-            times(d.io.writes, d.io.write_ns, d.io.write_p99_ns),
+            io_columns(&d.io),
             human(d.free_bytes),
             human(d.total_bytes),
             d.path
@@ -199,11 +202,6 @@ pub fn rebalance_text(r: &Rebalance, applied: bool) -> String {
         s.push_str(&format!("not moved: {path}: {why}\n"));
     }
     s
-}
-
-/// `stats` as JSON.
-pub fn stats_json(r: &StatsReport) -> Value {
-    serde_json::to_value(r).expect("stats serialize")
 }
 
 /// A command-line argument as a script value: integers, numbers, booleans and nil are

@@ -200,7 +200,7 @@ impl Driver for LocusDriver {
         };
         ahead.sequential = if sequential { ahead.sequential + 1 } else { 0 };
         // A reader that has read a whole window in order goes on: send twice as far.
-        if ahead.sequential > 0 && ahead.sequential as usize % ahead.window == 0 {
+        if ahead.sequential > 0 && (ahead.sequential as usize).is_multiple_of(ahead.window) {
             ahead.window = (ahead.window * 2).min(AHEAD_MAX);
         }
         (ahead.next, ahead.len) = (offset + data.len() as u64, len);

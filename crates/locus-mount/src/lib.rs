@@ -333,7 +333,7 @@ impl LocusFs {
 
     /// True when the file `ino` names may be an active file (see [`is_active`]).
     fn active(&self, ino: u64) -> bool {
-        self.inodes.path(ino).is_some_and(|p| is_active(&p))
+        self.inodes.path(ino).is_some_and(is_active)
     }
 
     fn lstat(&mut self, path: &str) -> Result<Attr, i32> {

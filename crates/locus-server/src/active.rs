@@ -49,7 +49,6 @@ const STDERR_KEPT: usize = 64 << 10;
 
 /// One registered handler.
 struct Handler {
-    kind: &'static str,
     /// The WebAssembly module (empty for a command).
     wasm: Bytes,
     /// The native program of a command handler.
@@ -88,11 +87,6 @@ impl Run {
         let mut rx = self.progress.subscribe();
         let p = rx.wait_for(|p| p.written >= want || p.end.is_some()).await.map(|p| p.clone());
         p.unwrap_or_else(|_| Progress { written: 0, end: Some(Err(gone())) })
-    }
-
-    /// Waits for the end; `Ok` when the run left a result.
-    pub async fn finished(&self) -> Result<(), WireError> {
-        self.wait(u64::MAX).await.end.unwrap_or_else(|| Err(gone()))
     }
 
     /// The progress now.
@@ -202,10 +196,10 @@ impl ActiveFiles {
         if !active::valid_handler_name(name) {
             return Err(format!("{name:?} is not a handler name (letters, digits, '_', '-', '.')"));
         }
-        let (kind, program) = match *kind {
-            "storelet" => ("storelet", None),
+        let program = match *kind {
+            "storelet" => None,
             // A native program: the administrator's explicit choice, confined when it runs.
-            "command" if Path::new(module).is_absolute() => ("command", Some(PathBuf::from(module))),
+            "command" if Path::new(module).is_absolute() => Some(PathBuf::from(module)),
             "command" => return Err(format!("a command handler names its program by absolute path, not {module:?}")),
             other => return Err(format!("unknown handler kind {other:?} (storelet or command)")),
         };
@@ -214,7 +208,7 @@ impl ActiveFiles {
         let module = hex::encode(sha2::Sha256::digest(&bytes));
         let wasm = if program.is_some() { Bytes::new() } else { bytes.into() };
         let args = args.iter().map(|a| a.to_string()).collect();
-        Ok((name.to_string(), Handler { kind, wasm, program, module, args }))
+        Ok((name.to_string(), Handler { wasm, program, module, args }))
     }
 
     /// The registered handlers, by name.
@@ -224,7 +218,7 @@ impl ActiveFiles {
             .iter()
             .map(|(name, h)| HandlerInfo {
                 name: name.clone(),
-                kind: h.kind.to_string(),
+                kind: if h.program.is_some() { "command" } else { "storelet" }.to_string(),
                 module: h.module.clone(),
                 args: h.args.clone(),
             })

@@ -82,7 +82,16 @@ impl Store {
 
     /// The directory `parent` (relative) on device `d`, if it exists there.
     pub(crate) fn dir_on(&self, d: usize, parent: &str) -> Result<Option<OwnedFd>> {
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        self.open_dir_on(d, parent, OFlags::PATH)
+    }
+
+    /// The directory `rel` on device `d` opened for listing, if it exists there.
+    fn listable_on(&self, d: usize, rel: &str) -> Result<Option<OwnedFd>> {
+        self.open_dir_on(d, if rel.is_empty() { "." } else { rel }, OFlags::RDONLY)
+    }
+
+    fn open_dir_on(&self, d: usize, parent: &str, how: OFlags) -> Result<Option<OwnedFd>> {
+        let flags = how | OFlags::DIRECTORY | OFlags::CLOEXEC;
         match rustix::fs::openat2(&self.devices[d].root, parent, flags, Mode::empty(), ResolveFlags::BENEATH) {
             Ok(fd) => Ok(Some(fd)),
             Err(Errno::NOENT) | Err(Errno::NOTDIR) => Ok(None),
@@ -94,11 +103,17 @@ impl Store {
     /// device), or `None` for device 0, which is also the answer for a name that exists
     /// nowhere. With one device, always `None` without a system call.
     pub(crate) fn home(&self, t: &Target) -> Result<(Option<OwnedFd>, u32)> {
+        Ok(self.find_home(t)?.unwrap_or((None, 0)))
+    }
+
+    /// As [`Store::home`], but `None` when the name exists on no device (with one
+    /// device, the name is taken to exist: only callers with several ask).
+    pub(crate) fn find_home(&self, t: &Target) -> Result<Option<(Option<OwnedFd>, u32)>> {
         if !self.multi() || t.name == "." || t.stat.is_some() {
-            return Ok((None, 0));
+            return Ok(Some((None, 0)));
         }
         match rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(_) => return Ok((None, 0)),
+            Ok(_) => return Ok(Some((None, 0))),
             Err(Errno::NOENT) => {}
             Err(e) => return Err(e).ctx("stat", &t.rel),
         }
@@ -106,11 +121,11 @@ impl Store {
         for d in 1..self.devices.len() {
             if let Some(dir) = self.dir_on(d, parent)? {
                 if rustix::fs::statat(&dir, t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
-                    return Ok((Some(dir), d as u32));
+                    return Ok(Some((Some(dir), d as u32)));
                 }
             }
         }
-        Ok((None, 0))
+        Ok(None)
     }
 
     /// The device a new file goes to: the most free space, the lowest index on a tie.
@@ -157,12 +172,9 @@ impl Store {
     /// Lists the names of regular files in the directory `rel` on devices other than 0,
     /// with their attributes.
     pub(crate) fn list_elsewhere(&self, rel: &str, out: &mut Vec<locus_proto::types::DirEntry>) -> Result<()> {
-        let dir_rel = if rel.is_empty() { "." } else { rel };
         let mut seen: std::collections::HashSet<String> = out.iter().map(|e| e.name.clone()).collect();
         for d in 1..self.devices.len() {
-            let Some(path_fd) = self.dir_on(d, dir_rel)? else { continue };
-            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-            let dir = rustix::fs::openat(&path_fd, ".", flags, Mode::empty()).ctx("opendir", rel)?;
+            let Some(dir) = self.listable_on(d, rel)? else { continue };
             for entry in rustix::fs::Dir::read_from(&dir).ctx("readdir", rel)? {
                 let entry = entry.ctx("readdir", rel)?;
                 let Ok(name) = entry.file_name().to_str() else { continue };
@@ -181,19 +193,12 @@ impl Store {
         Ok(())
     }
 
-    /// True when the directory `rel` holds anything on a device other than 0 (so it is
-    /// not empty in the namespace).
+    /// True when the directory `rel` holds anything on a device other than 0, a file or a
+    /// subdirectory (which holds files, or is a leftover that goes with it): it is not
+    /// empty in the namespace.
     pub(crate) fn has_content_elsewhere(&self, rel: &str) -> Result<bool> {
-        let mut found = Vec::new();
-        self.list_elsewhere(rel, &mut found)?;
-        if !found.is_empty() {
-            return Ok(true);
-        }
-        // Subdirectories there hold files too, or are leftovers that go with it.
         for d in 1..self.devices.len() {
-            let Some(fd) = self.dir_on(d, rel)? else { continue };
-            let dir = rustix::fs::openat(&fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-                .ctx("opendir", rel)?;
+            let Some(dir) = self.listable_on(d, rel)? else { continue };
             for entry in rustix::fs::Dir::read_from(&dir).ctx("readdir", rel)? {
                 let entry = entry.ctx("readdir", rel)?;
                 let n = entry.file_name().to_bytes();

@@ -465,10 +465,10 @@ impl Store {
         let _names = (flags & open_flags::CREATE != 0).then(|| self.namespace.lock());
         let entry = io.entry().clone();
         let _moves = entry.shared();
-        let (mut alt, mut device) = self.home(&t)?;
-        let exists =
-            alt.is_some() || rustix::fs::statat(t.dir(self), t.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
-        if !exists && flags & open_flags::CREATE != 0 && t.name != "." {
+        let found = self.find_home(&t)?;
+        let exists = found.is_some();
+        let (mut alt, mut device) = found.unwrap_or((None, 0));
+        if !exists && flags & open_flags::CREATE != 0 {
             device = self.place();
             if device != 0 {
                 alt = Some(self.mkdirs_on(device as usize, devices::parent_of(&t.rel))?);
@@ -792,10 +792,11 @@ impl Store {
         if self.multi() {
             let _names = self.namespace.lock();
             let probe = Target { dir: dir.take(), name: t.name.clone(), rel: t.rel.clone(), stat: None };
-            let (alt, found) = self.home(&probe)?;
-            let exists = alt.is_some()
-                || rustix::fs::statat(probe.dir(self), probe.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
-            device = if exists { found } else { self.place() };
+            let (alt, found) = match self.find_home(&probe)? {
+                Some(home) => home,
+                None => (None, self.place()),
+            };
+            device = found;
             dir = match (alt, device) {
                 (Some(d), _) => Some(d),
                 (None, 0) => probe.dir,
