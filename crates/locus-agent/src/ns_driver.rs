@@ -214,7 +214,7 @@ impl Driver for NamespaceDriver {
         let handle = self.next_handle;
         self.next_handle += 1;
         self.handles.insert(handle, (mount, opened.handle));
-        Ok(Opened { handle, attr: self.own(opened.attr) })
+        Ok(Opened { handle, attr: self.own(opened.attr), location: None })
     }
     fn close(&mut self, handle: u64) -> Result<()> {
         let outcome = self.with_handle(handle, |d, h| d.close(h));

@@ -484,7 +484,7 @@ impl Driver for ChirpDriver {
         let handle = self.next_handle;
         self.next_handle += 1;
         self.files.insert(handle, OpenFile { path: path.to_string(), reopen, mode, fd: Some(fd) });
-        Ok(Opened { handle, attr })
+        Ok(Opened { handle, attr, location: None })
     }
 
     fn close(&mut self, handle: u64) -> Result<()> {

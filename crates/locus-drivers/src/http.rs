@@ -111,7 +111,7 @@ impl Driver for HttpDriver {
         let handle = self.next;
         self.next += 1;
         self.open.insert(handle, (self.url(path), attr.clone()));
-        Ok(Opened { handle, attr })
+        Ok(Opened { handle, attr, location: None })
     }
 
     fn close(&mut self, handle: u64) -> Result<()> {

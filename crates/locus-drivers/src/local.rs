@@ -135,7 +135,7 @@ impl Driver for LocalDriver {
         let handle = self.next;
         self.next += 1;
         self.open.insert(handle, file);
-        Ok(Opened { handle, attr })
+        Ok(Opened { handle, attr, location: None })
     }
     fn close(&mut self, handle: u64) -> Result<()> {
         self.open.remove(&handle).map(drop).ok_or_else(|| DriverError::errno(libc::EBADF, "not open"))

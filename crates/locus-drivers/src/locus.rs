@@ -158,7 +158,7 @@ impl Driver for LocusDriver {
     }
     fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
         let opened = self.call(|c| c.run(|c| c.open(path, flags, mode)))?;
-        Ok(Opened { handle: self.outer(opened.handle), attr: opened.attr })
+        Ok(Opened { handle: self.outer(opened.handle), attr: opened.attr, location: None })
     }
     fn close(&mut self, handle: u64) -> Result<()> {
         // Once the writes behind are answered, nothing is buffered on either side, so a

@@ -10,10 +10,12 @@
 //! - [`error`]: wire error codes (POSIX errno values plus Locus' own) and the error body.
 //! - [`auth`]: the HMAC challenge-response that proves a token without sending it.
 //! - [`active`]: the file names that invoke active-file handlers.
+//! - [`capability`]: the signed, expiring capabilities of third-party reads in a cluster.
 //! - [`codec`]: encoding and decoding of frame metadata.
 
 pub mod active;
 pub mod auth;
+pub mod capability;
 pub mod codec;
 pub mod error;
 pub mod frame;

@@ -126,6 +126,16 @@ macro_rules! operation_table {
             0x53 StoreletStats storelet_stats Unary {} -> StoreletReport;
             /// The active-file handlers registered at the server (looking up a missing name that invokes one runs it).
             0x58 Handlers handlers Unary {} -> Vec<HandlerInfo>;
+            /// Attributes of a file and, on a cluster head, where to read it from data nodes (a capability included).
+            0x60 Locate locate Unary { path: String } -> Located;
+            /// Reads bytes of an object version at a data node, under a capability from the head; the reply's data holds them.
+            0x61 ObjectRead object_read Unary { capability: Capability, offset: u64, len: u32 } -> ();
+            /// Stores an object version at a data node (the head only); acknowledged once durable. Reply: its size.
+            0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> u64;
+            /// Removes an object version at a data node (the head only, once no read can need it).
+            0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
+            /// A data node joins a head (admin right needed), announcing its address and free space; the head replies with the node's id and the cluster key.
+            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64 } -> NodeWelcome;
         }
     };
 }

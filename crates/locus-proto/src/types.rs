@@ -91,6 +91,52 @@ pub mod open_flags {
 pub struct Opened {
     pub handle: u64,
     pub attr: Attr,
+    /// Where a cluster head's large file can be read straight from its data nodes.
+    pub location: Option<Location>,
+}
+
+/// A signed, expiring statement that one subject may read one version of one object:
+/// what a data node checks before serving a third-party read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    pub subject: String,
+    pub object: u64,
+    pub version: u64,
+    /// The version's length in bytes (a read past it gets nothing).
+    pub size: u64,
+    /// Seconds since the epoch after which nodes refuse it.
+    pub expires: u64,
+    /// HMAC-SHA256 of the fields above under the cluster key.
+    pub mac: Vec<u8>,
+}
+
+/// Where to read a file's bytes in a cluster: the data nodes holding its version (the
+/// first is preferred, the others are replicas), and the capability to present there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Location {
+    /// `host:port` of each data node holding the version.
+    pub nodes: Vec<String>,
+    pub capability: Capability,
+    /// The token the subject authenticates with at the data nodes (derived from the
+    /// cluster key, so nodes keep no token file).
+    pub node_token: String,
+}
+
+/// The answer to `locate`: a file's attributes and, when it is large enough to be read
+/// from data nodes, where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Located {
+    pub attr: Attr,
+    pub location: Option<Location>,
+}
+
+/// What a head tells a data node that joins it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeWelcome {
+    /// The node's id in the cluster (stable across restarts for the same address).
+    pub node: u64,
+    /// The cluster key: signs capabilities and derives node tokens.
+    pub key: Vec<u8>,
 }
 
 /// Timestamps to set with `utimes`.

@@ -335,7 +335,7 @@ impl Handler for Session {
         if let Some(run) = run {
             self.growing.insert(handle, run);
         }
-        Ok(Opened { handle, attr }.into())
+        Ok(Opened { handle, attr, location: None }.into())
     }
 
     fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {

@@ -1,0 +1,670 @@
+//! The namespace of a Locus cluster, kept in a database engine we did not write.
+//!
+//! A cluster head keeps every name, directory, attribute, ACL, file version and file
+//! location here, and nothing of it in memory that another head could contradict. One
+//! head uses an embedded SQLite file (nothing to install); several heads share one
+//! PostgreSQL database and fail over to each other, since a write is acknowledged only
+//! after its transaction commits. Both engines run the same SQL (see [`sql`]).
+//!
+//! - [`Meta`]: the namespace operations, each one transaction.
+//! - [`Entry`]: one name's row: a directory, or a file and where its current version is.
+//! - [`sql`]: the two engines behind one small trait.
+
+pub mod sql;
+
+use locus_proto::types::{AclEntry, Rights};
+use locus_proto::Code;
+use sql::{Engine, Tx, Val};
+
+/// Why a namespace operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    #[error("{0}: file exists")]
+    Exists(String),
+    #[error("{0}: not a directory")]
+    NotDir(String),
+    #[error("{0}: is a directory")]
+    IsDir(String),
+    #[error("{0}: directory not empty")]
+    NotEmpty(String),
+    #[error("{0}")]
+    Invalid(String),
+    /// The engine failed or cannot be reached; the operation may be retried.
+    #[error("metadata engine: {0}")]
+    Engine(String),
+    /// A concurrent transaction conflicted; the engine retries these itself.
+    #[error("metadata engine: serialization conflict")]
+    Conflict,
+}
+
+impl MetaError {
+    /// The wire (errno) code of this error.
+    pub fn code(&self) -> Code {
+        match self {
+            MetaError::NotFound(_) => Code::NOENT,
+            MetaError::Exists(_) => Code::EXIST,
+            MetaError::NotDir(_) => Code::NOTDIR,
+            MetaError::IsDir(_) => Code::ISDIR,
+            MetaError::NotEmpty(_) => Code::NOTEMPTY,
+            MetaError::Invalid(_) => Code::INVAL,
+            MetaError::Engine(_) | MetaError::Conflict => Code::AGAIN,
+        }
+    }
+}
+
+impl From<MetaError> for locus_proto::Error {
+    fn from(e: MetaError) -> Self {
+        locus_proto::Error::new(e.code(), e.to_string())
+    }
+}
+
+/// Results of this crate.
+pub type Result<T> = std::result::Result<T, MetaError>;
+
+/// What a name is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+}
+
+/// Where a file version's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Content {
+    /// Small files: in the namespace itself.
+    Inline(Vec<u8>),
+    /// On these data nodes (ids from [`Meta::join_node`]); node 0 is the head's own
+    /// object directory, used when no data node has joined.
+    Nodes(Vec<u64>),
+}
+
+/// One name in the namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Absolute, normalised: `/` or `/a/b`.
+    pub path: String,
+    pub kind: Kind,
+    /// Permission bits only.
+    pub mode: u32,
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i64,
+    /// The file's object id (its inode number too); stays across versions and renames.
+    pub object: u64,
+    /// The current version (globally unique, so that concurrent writers never collide).
+    pub version: u64,
+    pub content: Content,
+}
+
+/// A data node known to the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub id: u64,
+    /// `host:port` of its Locus protocol.
+    pub addr: String,
+    /// `host:port` of its HTTP endpoint, if it has one.
+    pub http: Option<String>,
+    /// Free bytes it last reported.
+    pub free: u64,
+}
+
+/// A superseded or removed version to drop from its nodes once no read can need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Garbage {
+    pub object: u64,
+    pub version: u64,
+    pub nodes: Vec<u64>,
+}
+
+/// Splits a normalised path into its parent and last name (`/` has none).
+pub fn split(path: &str) -> Option<(&str, &str)> {
+    let i = path.rfind('/')?;
+    if path == "/" {
+        return None;
+    }
+    Some((if i == 0 { "/" } else { &path[..i] }, &path[i + 1..]))
+}
+
+/// Normalises a client's path: absolute, no empty, `.` or `..` components, no NUL.
+pub fn normalise(path: &str) -> Result<String> {
+    let mut out = String::with_capacity(path.len() + 1);
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if part == ".." || part.contains('\0') {
+            return Err(MetaError::Invalid(format!("{path}: '..' and NUL are not allowed in paths")));
+        }
+        out.push('/');
+        out.push_str(part);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+/// The first path after every path under `dir` in byte order (`dir` + `0`, the byte
+/// after `/`), so `path > dir/ AND path < end` selects exactly its descendants.
+fn descendants(dir: &str) -> (String, String) {
+    let base = if dir == "/" { "" } else { dir };
+    (format!("{base}/"), format!("{base}0"))
+}
+
+const COLUMNS: &str = "path, kind, mode, size, mtime, object, version, nodes, inline";
+
+fn nodes_text(nodes: &[u64]) -> String {
+    nodes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+fn entry_params(e: &Entry) -> Vec<Val> {
+    let (parent, name) = split(&e.path).unwrap_or(("", ""));
+    let (nodes, inline) = match &e.content {
+        Content::Inline(bytes) => (String::new(), Some(bytes.clone())),
+        Content::Nodes(n) => (nodes_text(n), None),
+    };
+    vec![
+        Val::Text(e.path.clone()),
+        Val::Text(parent.to_string()),
+        Val::Text(name.to_string()),
+        Val::Int(e.kind as i64),
+        Val::Int(e.mode as i64),
+        Val::Int(e.size as i64),
+        Val::Int(e.mtime_ns),
+        Val::Int(e.object as i64),
+        Val::Int(e.version as i64),
+        Val::Text(nodes),
+        Val::Blob(inline),
+    ]
+}
+
+fn entry_of(row: &[Val]) -> Result<Entry> {
+    let bad = || MetaError::Engine("malformed entry row".into());
+    let int = |i: usize| row.get(i).and_then(Val::int).ok_or_else(bad);
+    let kind = if int(1)? == Kind::Dir as i64 { Kind::Dir } else { Kind::File };
+    let nodes = row.get(7).and_then(Val::text).ok_or_else(bad)?;
+    let content = match row.get(8) {
+        Some(Val::Blob(Some(bytes))) => Content::Inline(bytes.clone()),
+        _ => Content::Nodes(nodes.split(',').filter_map(|n| n.parse().ok()).collect()),
+    };
+    Ok(Entry {
+        path: row.first().and_then(Val::text).ok_or_else(bad)?.to_string(),
+        kind,
+        mode: int(2)? as u32,
+        size: int(3)? as u64,
+        mtime_ns: int(4)?,
+        object: int(5)? as u64,
+        version: int(6)? as u64,
+        content,
+    })
+}
+
+/// The namespace, on one engine.
+pub struct Meta {
+    engine: Box<dyn Engine>,
+}
+
+impl Meta {
+    /// Opens (creating if needed) the namespace at `url`: `postgres://...` or
+    /// `postgresql://...` for PostgreSQL, anything else is a SQLite file's path.
+    /// A new namespace gets a root directory whose ACL gives `admin` every right.
+    pub fn open(url: &str, admin: &str) -> Result<Meta> {
+        let engine: Box<dyn Engine> = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Box::new(sql::Postgres::connect(url)?)
+        } else {
+            Box::new(sql::Sqlite::open(std::path::Path::new(url))?)
+        };
+        let meta = Meta { engine };
+        meta.tx(|tx| {
+            let now = now_ns();
+            let root = Entry {
+                path: "/".into(),
+                kind: Kind::Dir,
+                mode: 0o755,
+                size: 0,
+                mtime_ns: now,
+                object: 1,
+                version: 0,
+                content: Content::Nodes(Vec::new()),
+            };
+            let mut params = entry_params(&root);
+            params[1] = Val::Text(String::new());
+            let added = tx.exec(
+                "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (path) DO NOTHING",
+                &params,
+            )?;
+            if added == 1 {
+                tx.exec(
+                    "INSERT INTO acls (path, subject, rights) VALUES ('/', $1, $2)",
+                    &[Val::Text(admin.into()), Val::Int(Rights::ALL.0 as i64)],
+                )?;
+                tx.exec("INSERT INTO settings (name, value) VALUES ('next_id', '2') ON CONFLICT (name) DO NOTHING", &[])?;
+            }
+            Ok(())
+        })?;
+        Ok(meta)
+    }
+
+    /// Runs `f` as one transaction (retried from the start on a serialization conflict).
+    pub fn tx<R: Send>(&self, mut f: impl FnMut(&mut dyn Tx) -> Result<R> + Send) -> Result<R> {
+        let mut out = None;
+        self.engine.run(&mut |tx| {
+            out = Some(f(tx)?);
+            Ok(())
+        })?;
+        Ok(out.expect("a transaction that succeeded ran its body"))
+    }
+
+    /// The entry at `path`, if any.
+    pub fn get(&self, path: &str) -> Result<Option<Entry>> {
+        self.tx(|tx| get(tx, path))
+    }
+
+    /// The entries of directory `dir`, in name order.
+    pub fn list(&self, dir: &str) -> Result<Vec<Entry>> {
+        self.tx(|tx| {
+            match get(tx, dir)? {
+                None => return Err(MetaError::NotFound(dir.into())),
+                Some(e) if e.kind != Kind::Dir => return Err(MetaError::NotDir(dir.into())),
+                Some(_) => {}
+            }
+            let rows =
+                tx.query(&format!("SELECT {COLUMNS} FROM entries WHERE parent = $1 ORDER BY name"), &[Val::Text(dir.into())])?;
+            rows.iter().map(|r| entry_of(r)).collect()
+        })
+    }
+
+    /// A new unique id, for objects and versions.
+    pub fn next_id(&self) -> Result<u64> {
+        self.tx(next_id)
+    }
+
+    /// Adds a new name (its parent must be an existing directory).
+    pub fn create(&self, entry: &Entry) -> Result<()> {
+        self.tx(|tx| {
+            if get(tx, &entry.path)?.is_some() {
+                return Err(MetaError::Exists(entry.path.clone()));
+            }
+            parent_dir(tx, &entry.path)?;
+            insert(tx, entry)
+        })
+    }
+
+    /// Makes `entry` (a file) the current version at its path, creating the name if
+    /// needed. Answers the version it replaced, whose bytes become garbage.
+    pub fn commit(&self, entry: &Entry) -> Result<Option<Entry>> {
+        self.tx(|tx| {
+            let old = get(tx, &entry.path)?;
+            match &old {
+                Some(o) if o.kind == Kind::Dir => return Err(MetaError::IsDir(entry.path.clone())),
+                Some(_) => {
+                    tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(entry.path.clone())])?;
+                }
+                None => parent_dir(tx, &entry.path)?,
+            }
+            insert(tx, entry)?;
+            Ok(old)
+        })
+    }
+
+    /// Removes a name: a file (`dir` false) or an empty directory (`dir` true).
+    pub fn remove(&self, path: &str, dir: bool) -> Result<Entry> {
+        self.tx(|tx| {
+            let e = get(tx, path)?.ok_or_else(|| MetaError::NotFound(path.into()))?;
+            match (e.kind, dir) {
+                (Kind::Dir, false) => return Err(MetaError::IsDir(path.into())),
+                (Kind::File, true) => return Err(MetaError::NotDir(path.into())),
+                (Kind::Dir, true) => {
+                    if path == "/" {
+                        return Err(MetaError::Invalid("the root cannot be removed".into()));
+                    }
+                    let children = tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(path.into())])?;
+                    if !children.is_empty() {
+                        return Err(MetaError::NotEmpty(path.into()));
+                    }
+                    tx.exec("DELETE FROM acls WHERE path = $1", &[Val::Text(path.into())])?;
+                }
+                (Kind::File, false) => {}
+            }
+            tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(path.into())])?;
+            Ok(e)
+        })
+    }
+
+    /// Renames `from` to `to` as `rename(2)` does: a file replaces a file, a directory an
+    /// empty directory, and a directory's descendants and ACLs move with it. Answers the
+    /// file it replaced, whose bytes become garbage.
+    pub fn rename(&self, from: &str, to: &str) -> Result<Option<Entry>> {
+        self.tx(|tx| {
+            let src = get(tx, from)?.ok_or_else(|| MetaError::NotFound(from.into()))?;
+            if from == to {
+                return Ok(None);
+            }
+            if src.kind == Kind::Dir && to.starts_with(&format!("{from}/")) {
+                return Err(MetaError::Invalid(format!("cannot move {from} into itself")));
+            }
+            parent_dir(tx, to)?;
+            let replaced = get(tx, to)?;
+            match (&replaced, src.kind) {
+                (Some(r), Kind::File) if r.kind == Kind::Dir => return Err(MetaError::IsDir(to.into())),
+                (Some(r), Kind::Dir) if r.kind == Kind::File => return Err(MetaError::NotDir(to.into())),
+                (Some(r), Kind::Dir) => {
+                    let children = tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(r.path.clone())])?;
+                    if !children.is_empty() {
+                        return Err(MetaError::NotEmpty(to.into()));
+                    }
+                    tx.exec("DELETE FROM acls WHERE path = $1", &[Val::Text(to.into())])?;
+                }
+                _ => {}
+            }
+            if replaced.is_some() {
+                tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(to.into())])?;
+            }
+            let mut moved = vec![src];
+            if moved[0].kind == Kind::Dir {
+                let (lo, hi) = descendants(from);
+                let rows = tx.query(
+                    &format!("SELECT {COLUMNS} FROM entries WHERE path > $1 AND path < $2"),
+                    &[Val::Text(lo.clone()), Val::Text(hi.clone())],
+                )?;
+                for r in rows {
+                    moved.push(entry_of(&r)?);
+                }
+                let acl_rows = tx.query(
+                    "SELECT path, subject, rights FROM acls WHERE path = $1 OR (path > $2 AND path < $3)",
+                    &[Val::Text(from.into()), Val::Text(lo), Val::Text(hi)],
+                )?;
+                for r in acl_rows {
+                    let (Some(p), Some(s)) = (r[0].text(), r[1].text()) else { continue };
+                    let new = format!("{to}{}", &p[from.len()..]);
+                    tx.exec("DELETE FROM acls WHERE path = $1 AND subject = $2", &[Val::Text(p.into()), Val::Text(s.into())])?;
+                    tx.exec(
+                        "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
+                        &[Val::Text(new), Val::Text(s.into()), r[2].clone()],
+                    )?;
+                }
+            }
+            for mut e in moved {
+                tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(e.path.clone())])?;
+                e.path = format!("{to}{}", &e.path[from.len()..]);
+                insert(tx, &e)?;
+            }
+            Ok(replaced)
+        })
+    }
+
+    /// Sets permission bits.
+    pub fn set_mode(&self, path: &str, mode: u32) -> Result<()> {
+        self.update(path, "UPDATE entries SET mode = $2 WHERE path = $1", Val::Int((mode & 0o7777) as i64))
+    }
+
+    /// Sets the modification time.
+    pub fn set_mtime(&self, path: &str, mtime_ns: i64) -> Result<()> {
+        self.update(path, "UPDATE entries SET mtime = $2 WHERE path = $1", Val::Int(mtime_ns))
+    }
+
+    fn update(&self, path: &str, sql: &str, value: Val) -> Result<()> {
+        self.tx(|tx| match tx.exec(sql, &[Val::Text(path.into()), value.clone()])? {
+            0 => Err(MetaError::NotFound(path.into())),
+            _ => Ok(()),
+        })
+    }
+
+    /// The ACL that governs directory `dir`: its own, or its nearest ancestor's.
+    pub fn acl(&self, dir: &str) -> Result<Vec<AclEntry>> {
+        self.tx(|tx| acl(tx, dir))
+    }
+
+    /// The rights `subject` holds in directory `dir`.
+    pub fn rights(&self, subject: &str, dir: &str) -> Result<Rights> {
+        let entries = self.acl(dir)?;
+        Ok(entries.iter().filter(|e| e.subject == subject || e.subject == "*").fold(Rights(0), |r, e| r.union(e.rights)))
+    }
+
+    /// Sets one subject's rights on directory `dir` (none removes them). A directory
+    /// that had no ACL of its own starts from the one it inherited.
+    pub fn acl_set(&self, dir: &str, subject: &str, rights: Rights) -> Result<()> {
+        self.tx(|tx| {
+            match get(tx, dir)? {
+                None => return Err(MetaError::NotFound(dir.into())),
+                Some(e) if e.kind != Kind::Dir => return Err(MetaError::NotDir(dir.into())),
+                Some(_) => {}
+            }
+            let own = tx.query("SELECT subject FROM acls WHERE path = $1 LIMIT 1", &[Val::Text(dir.into())])?;
+            if own.is_empty() {
+                for e in acl(tx, dir)? {
+                    tx.exec(
+                        "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
+                        &[Val::Text(dir.into()), Val::Text(e.subject), Val::Int(e.rights.0 as i64)],
+                    )?;
+                }
+            }
+            tx.exec("DELETE FROM acls WHERE path = $1 AND subject = $2", &[Val::Text(dir.into()), Val::Text(subject.into())])?;
+            if rights.0 != 0 {
+                tx.exec(
+                    "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
+                    &[Val::Text(dir.into()), Val::Text(subject.into()), Val::Int(rights.0 as i64)],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Records a data node (keeping its id if its address is known) and its free space.
+    pub fn join_node(&self, addr: &str, http: Option<&str>, free: u64) -> Result<u64> {
+        self.tx(|tx| {
+            let http = Val::Text(http.unwrap_or("").into());
+            let known = tx.query("SELECT id FROM nodes WHERE addr = $1", &[Val::Text(addr.into())])?;
+            if let Some(id) = known.first().and_then(|r| r[0].int()) {
+                tx.exec("UPDATE nodes SET http = $2, free = $3 WHERE id = $1", &[Val::Int(id), http, Val::Int(free as i64)])?;
+                return Ok(id as u64);
+            }
+            let id = next_id(tx)?;
+            tx.exec(
+                "INSERT INTO nodes (id, addr, http, free) VALUES ($1, $2, $3, $4)",
+                &[Val::Int(id as i64), Val::Text(addr.into()), http, Val::Int(free as i64)],
+            )?;
+            Ok(id)
+        })
+    }
+
+    /// Every data node that has joined.
+    pub fn nodes(&self) -> Result<Vec<Node>> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT id, addr, http, free FROM nodes ORDER BY id", &[])?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some(Node {
+                        id: r[0].int()? as u64,
+                        addr: r[1].text()?.to_string(),
+                        http: r[2].text().filter(|h| !h.is_empty()).map(str::to_string),
+                        free: r[3].int()? as u64,
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// The cluster key, created by the first head to ask.
+    pub fn cluster_key(&self, fresh: &[u8]) -> Result<Vec<u8>> {
+        self.tx(|tx| {
+            let hex: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+            tx.exec("INSERT INTO settings (name, value) VALUES ('cluster_key', $1) ON CONFLICT (name) DO NOTHING", &[Val::Text(hex)])?;
+            let rows = tx.query("SELECT value FROM settings WHERE name = 'cluster_key'", &[])?;
+            let text = rows.first().and_then(|r| r[0].text()).ok_or_else(|| MetaError::Engine("no cluster key".into()))?;
+            (0..text.len() / 2)
+                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+                .collect::<std::result::Result<Vec<u8>, _>>()
+                .map_err(|_| MetaError::Engine("malformed cluster key".into()))
+        })
+    }
+
+    /// Queues a version's bytes for removal once `after` (seconds since the epoch) has
+    /// passed: by then no capability for it is valid.
+    pub fn add_garbage(&self, entry: &Entry, after: u64) -> Result<()> {
+        let Content::Nodes(nodes) = &entry.content else { return Ok(()) };
+        if entry.kind != Kind::File || nodes.is_empty() {
+            return Ok(());
+        }
+        self.tx(|tx| {
+            tx.exec(
+                "INSERT INTO garbage (object, version, nodes, after) VALUES ($1, $2, $3, $4)",
+                &[Val::Int(entry.object as i64), Val::Int(entry.version as i64), Val::Text(nodes_text(nodes)), Val::Int(after as i64)],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Versions whose removal is due at `now`.
+    pub fn due_garbage(&self, now: u64) -> Result<Vec<Garbage>> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT object, version, nodes FROM garbage WHERE after <= $1 LIMIT 1000", &[Val::Int(now as i64)])?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some(Garbage {
+                        object: r[0].int()? as u64,
+                        version: r[1].int()? as u64,
+                        nodes: r[2].text()?.split(',').filter_map(|n| n.parse().ok()).collect(),
+                    })
+                })
+                .collect())
+        })
+    }
+
+    /// Forgets a version whose bytes are gone.
+    pub fn forget_garbage(&self, g: &Garbage) -> Result<()> {
+        self.tx(|tx| {
+            tx.exec("DELETE FROM garbage WHERE object = $1 AND version = $2", &[Val::Int(g.object as i64), Val::Int(g.version as i64)])
+                .map(drop)
+        })
+    }
+}
+
+fn get(tx: &mut dyn Tx, path: &str) -> Result<Option<Entry>> {
+    let rows = tx.query(&format!("SELECT {COLUMNS} FROM entries WHERE path = $1"), &[Val::Text(path.into())])?;
+    rows.first().map(|r| entry_of(r)).transpose()
+}
+
+fn insert(tx: &mut dyn Tx, e: &Entry) -> Result<()> {
+    tx.exec(
+        "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        &entry_params(e),
+    )
+    .map(drop)
+}
+
+fn parent_dir(tx: &mut dyn Tx, path: &str) -> Result<()> {
+    let (parent, _) = split(path).ok_or_else(|| MetaError::Exists(path.into()))?;
+    match get(tx, parent)? {
+        None => Err(MetaError::NotFound(parent.into())),
+        Some(p) if p.kind != Kind::Dir => Err(MetaError::NotDir(parent.into())),
+        Some(_) => Ok(()),
+    }
+}
+
+fn next_id(tx: &mut dyn Tx) -> Result<u64> {
+    let rows = tx.query("SELECT value FROM settings WHERE name = 'next_id'", &[])?;
+    let id: u64 = rows.first().and_then(|r| r[0].text()).and_then(|t| t.parse().ok()).unwrap_or(2);
+    tx.exec("UPDATE settings SET value = $1 WHERE name = 'next_id'", &[Val::Text((id + 1).to_string())])?;
+    Ok(id)
+}
+
+fn acl(tx: &mut dyn Tx, dir: &str) -> Result<Vec<AclEntry>> {
+    let mut at = dir.to_string();
+    loop {
+        let rows = tx.query("SELECT subject, rights FROM acls WHERE path = $1 ORDER BY subject", &[Val::Text(at.clone())])?;
+        if !rows.is_empty() {
+            return Ok(rows
+                .iter()
+                .filter_map(|r| Some(AclEntry { subject: r[0].text()?.to_string(), rights: Rights(r[1].int()? as u8) }))
+                .collect());
+        }
+        match split(&at) {
+            Some((parent, _)) => at = parent.to_string(),
+            None => return Ok(Vec::new()),
+        }
+    }
+}
+
+/// Now, in nanoseconds since the epoch.
+pub fn now_ns() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, version: u64, content: Content) -> Entry {
+        Entry { path: path.into(), kind: Kind::File, mode: 0o644, size: 3, mtime_ns: 1, object: 100, version, content }
+    }
+
+    fn dir(path: &str) -> Entry {
+        Entry { kind: Kind::Dir, mode: 0o755, size: 0, content: Content::Nodes(Vec::new()), ..file(path, 0, Content::Inline(Vec::new())) }
+    }
+
+    fn names(meta: &Meta, d: &str) -> Vec<String> {
+        meta.list(d).unwrap().into_iter().map(|e| e.path).collect()
+    }
+
+    /// The namespace operations on a SQLite file; the PostgreSQL engine runs the same SQL
+    /// and is exercised by the server's cluster tests.
+    #[test]
+    fn namespace_operations_keep_the_tree_consistent() {
+        let dirpath = tempfile::tempdir().unwrap();
+        let meta = Meta::open(dirpath.path().join("meta.db").to_str().unwrap(), "admin").unwrap();
+        assert_eq!(meta.rights("admin", "/").unwrap(), Rights::ALL);
+        meta.create(&dir("/a")).unwrap();
+        meta.create(&dir("/a/b")).unwrap();
+        assert!(matches!(meta.create(&dir("/a")), Err(MetaError::Exists(_))));
+        assert!(matches!(meta.create(&dir("/x/y")), Err(MetaError::NotFound(_))));
+        assert_eq!(meta.commit(&file("/a/b/f", 5, Content::Inline(b"abc".to_vec()))).unwrap(), None);
+        let old = meta.commit(&file("/a/b/f", 6, Content::Nodes(vec![3, 4]))).unwrap().unwrap();
+        assert_eq!(old.version, 5);
+        assert_eq!(meta.get("/a/b/f").unwrap().unwrap().content, Content::Nodes(vec![3, 4]));
+        assert!(matches!(meta.commit(&file("/a/b/f/g", 7, Content::Inline(vec![]))), Err(MetaError::NotDir(_))));
+        // A name that sorts between a directory's children and its siblings stays put.
+        meta.create(&dir("/a.z")).unwrap();
+        meta.acl_set("/a/b", "bob", Rights::READ).unwrap();
+        assert!(matches!(meta.remove("/a", true), Err(MetaError::NotEmpty(_))));
+        meta.rename("/a", "/c").unwrap();
+        assert_eq!(names(&meta, "/"), ["/a.z", "/c"]);
+        assert_eq!(names(&meta, "/c/b"), ["/c/b/f"]);
+        assert_eq!(meta.rights("bob", "/c/b").unwrap(), Rights::READ);
+        assert_eq!(meta.rights("bob", "/c").unwrap(), Rights(0));
+        assert!(matches!(meta.rename("/c", "/c/b/z"), Err(MetaError::Invalid(_))));
+        assert!(matches!(meta.rename("/c/b/f", "/a.z"), Err(MetaError::IsDir(_))));
+        meta.commit(&file("/g", 9, Content::Inline(b"x".to_vec()))).unwrap();
+        let replaced = meta.rename("/g", "/c/b/f").unwrap().unwrap();
+        assert_eq!(replaced.version, 6);
+        assert_eq!(meta.remove("/c/b/f", false).unwrap().version, 9);
+        meta.remove("/c/b", true).unwrap();
+        assert_ne!(meta.next_id().unwrap(), meta.next_id().unwrap());
+        let key = meta.cluster_key(b"first").unwrap();
+        assert_eq!(meta.cluster_key(b"second").unwrap(), key);
+        let n = meta.join_node("10.0.0.2:9610", None, 5).unwrap();
+        assert_eq!(meta.join_node("10.0.0.2:9610", Some("10.0.0.2:9611"), 6).unwrap(), n);
+        assert_eq!(meta.nodes().unwrap()[0].http.as_deref(), Some("10.0.0.2:9611"));
+        meta.add_garbage(&old, 50).unwrap(); // inline: nothing on nodes
+        assert!(meta.due_garbage(50).unwrap().is_empty());
+        meta.add_garbage(&replaced, 50).unwrap();
+        assert!(meta.due_garbage(49).unwrap().is_empty());
+        let due = meta.due_garbage(50).unwrap();
+        assert_eq!(due, [Garbage { object: 100, version: 6, nodes: vec![3, 4] }]);
+        meta.forget_garbage(&due[0]).unwrap();
+        assert!(meta.due_garbage(60).unwrap().is_empty());
+    }
+
+    #[test]
+    fn paths_are_normalised_and_never_climb() {
+        assert_eq!(normalise("a//b/./c/").unwrap(), "/a/b/c");
+        assert_eq!(normalise("").unwrap(), "/");
+        assert!(normalise("/a/../b").is_err());
+        assert_eq!(split("/a/b"), Some(("/a", "b")));
+        assert_eq!(split("/a"), Some(("/", "a")));
+        assert_eq!(split("/"), None);
+    }
+}

@@ -1,0 +1,280 @@
+//! Two SQL engines behind one small trait, so the namespace's SQL is written once.
+//!
+//! Queries take PostgreSQL's `$1`-style parameters; the SQLite engine turns them into
+//! its `?1` (it would read `$1` as a name, numbered by first appearance). Paths compare byte-wise in both: SQLite
+//! does by default, and the PostgreSQL schema sets `COLLATE "C"`.
+
+use crate::{MetaError, Result};
+use parking_lot::Mutex;
+
+/// A value in a row or a parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Val {
+    Int(i64),
+    Text(String),
+    Blob(Option<Vec<u8>>),
+}
+
+impl Val {
+    /// The integer, if this is one.
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Val::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The text, if this is some.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Val::Text(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// Statements inside one transaction.
+pub trait Tx {
+    /// Rows of a `SELECT` (or of `RETURNING`).
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>>;
+    /// Runs a statement; answers how many rows it changed.
+    fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64>;
+}
+
+/// A database that runs transactions.
+pub trait Engine: Send + Sync {
+    /// Runs `body` in one transaction, committing if it succeeds and rolling back if not;
+    /// a serialization conflict reruns it.
+    fn run(&self, body: &mut (dyn FnMut(&mut dyn Tx) -> Result<()> + Send)) -> Result<()>;
+}
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS entries (
+    path TEXT PRIMARY KEY, parent TEXT NOT NULL, name TEXT NOT NULL, kind INTEGER NOT NULL,
+    mode INTEGER NOT NULL, size INTEGER NOT NULL, mtime INTEGER NOT NULL, object INTEGER NOT NULL,
+    version INTEGER NOT NULL, nodes TEXT NOT NULL, inline BLOB);
+CREATE INDEX IF NOT EXISTS entries_parent ON entries (parent, name);
+CREATE TABLE IF NOT EXISTS acls (path TEXT NOT NULL, subject TEXT NOT NULL, rights INTEGER NOT NULL,
+    PRIMARY KEY (path, subject));
+CREATE TABLE IF NOT EXISTS nodes (id INTEGER PRIMARY KEY, addr TEXT UNIQUE NOT NULL, http TEXT NOT NULL,
+    free INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS garbage (object INTEGER NOT NULL, version INTEGER NOT NULL, nodes TEXT NOT NULL,
+    after INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+";
+
+const POSTGRES_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS entries (
+    path TEXT COLLATE "C" PRIMARY KEY, parent TEXT COLLATE "C" NOT NULL, name TEXT COLLATE "C" NOT NULL,
+    kind BIGINT NOT NULL, mode BIGINT NOT NULL, size BIGINT NOT NULL, mtime BIGINT NOT NULL,
+    object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL, inline BYTEA);
+CREATE INDEX IF NOT EXISTS entries_parent ON entries (parent, name);
+CREATE TABLE IF NOT EXISTS acls (path TEXT COLLATE "C" NOT NULL, subject TEXT NOT NULL, rights BIGINT NOT NULL,
+    PRIMARY KEY (path, subject));
+CREATE TABLE IF NOT EXISTS nodes (id BIGINT PRIMARY KEY, addr TEXT UNIQUE NOT NULL, http TEXT NOT NULL,
+    free BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS garbage (object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL,
+    after BIGINT NOT NULL);
+CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"#;
+
+fn engine_error(e: impl std::fmt::Display) -> MetaError {
+    MetaError::Engine(e.to_string())
+}
+
+/// The embedded engine: one SQLite file, WAL, every commit synced.
+pub struct Sqlite {
+    conn: Mutex<rusqlite::Connection>,
+}
+
+impl Sqlite {
+    /// Opens or creates the database file and its tables.
+    pub fn open(path: &std::path::Path) -> Result<Sqlite> {
+        let conn = rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
+        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
+            .map_err(engine_error)?;
+        conn.execute_batch(SQLITE_SCHEMA).map_err(engine_error)?;
+        Ok(Sqlite { conn: Mutex::new(conn) })
+    }
+}
+
+struct SqliteTx<'a>(&'a rusqlite::Transaction<'a>);
+
+/// `$1` → `?1`; the queries have no `$` inside string literals.
+fn sqlite_sql(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
+fn sqlite_params(params: &[Val]) -> Vec<rusqlite::types::Value> {
+    use rusqlite::types::Value;
+    params
+        .iter()
+        .map(|p| match p {
+            Val::Int(i) => Value::Integer(*i),
+            Val::Text(t) => Value::Text(t.clone()),
+            Val::Blob(Some(b)) => Value::Blob(b.clone()),
+            Val::Blob(None) => Value::Null,
+        })
+        .collect()
+}
+
+impl Tx for SqliteTx<'_> {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>> {
+        use rusqlite::types::ValueRef;
+        let mut stmt = self.0.prepare_cached(&sqlite_sql(sql)).map_err(engine_error)?;
+        let n = stmt.column_count();
+        let mut rows = stmt.query(rusqlite::params_from_iter(sqlite_params(params))).map_err(engine_error)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(engine_error)? {
+            let mut vals = Vec::with_capacity(n);
+            for i in 0..n {
+                vals.push(match row.get_ref(i).map_err(engine_error)? {
+                    ValueRef::Integer(i) => Val::Int(i),
+                    ValueRef::Text(t) => Val::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => Val::Blob(Some(b.to_vec())),
+                    ValueRef::Null => Val::Blob(None),
+                    ValueRef::Real(r) => Val::Int(r as i64),
+                });
+            }
+            out.push(vals);
+        }
+        Ok(out)
+    }
+
+    fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let mut stmt = self.0.prepare_cached(&sqlite_sql(sql)).map_err(engine_error)?;
+        stmt.execute(rusqlite::params_from_iter(sqlite_params(params))).map(|n| n as u64).map_err(engine_error)
+    }
+}
+
+impl Engine for Sqlite {
+    fn run(&self, body: &mut (dyn FnMut(&mut dyn Tx) -> Result<()> + Send)) -> Result<()> {
+        let mut conn = self.conn.lock();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(engine_error)?;
+        body(&mut SqliteTx(&tx))?;
+        tx.commit().map_err(engine_error)
+    }
+}
+
+/// PostgreSQL, shared by several heads. Each transaction is `SERIALIZABLE` and is
+/// retried when PostgreSQL reports a conflict.
+///
+/// The `postgres` crate's client blocks on a runtime of its own, which may not run
+/// inside the server's; so each transaction runs on a short-lived thread of its own.
+pub struct Postgres {
+    url: String,
+    client: Mutex<Option<postgres::Client>>,
+}
+
+impl Postgres {
+    /// Connects and creates the tables.
+    pub fn connect(url: &str) -> Result<Postgres> {
+        let pg = Postgres { url: url.to_string(), client: Mutex::new(None) };
+        pg.off_runtime(|client| client.batch_execute(POSTGRES_SCHEMA).map_err(engine_error))?;
+        Ok(pg)
+    }
+
+    /// Runs `f` on a thread outside any async runtime, with a connection (made again
+    /// if the last one broke, so a restarted PostgreSQL is picked up).
+    fn off_runtime<R: Send>(&self, f: impl FnOnce(&mut postgres::Client) -> Result<R> + Send) -> Result<R> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut slot = self.client.lock();
+                if slot.as_ref().is_none_or(|c| c.is_closed()) {
+                    *slot = Some(postgres::Client::connect(&self.url, postgres::NoTls).map_err(engine_error)?);
+                }
+                let client = slot.as_mut().expect("connected above");
+                let out = f(client);
+                if client.is_closed() {
+                    *slot = None;
+                }
+                out
+            })
+            .join()
+            .unwrap_or_else(|_| Err(MetaError::Engine("metadata thread panicked".into())))
+        })
+    }
+}
+
+struct PgTx<'a, 'b>(&'a mut postgres::Transaction<'b>);
+
+fn pg_error(e: postgres::Error) -> MetaError {
+    use postgres::error::SqlState;
+    match e.code() {
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => MetaError::Conflict,
+        Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict,
+        _ => engine_error(e),
+    }
+}
+
+fn pg_params(params: &[Val]) -> Vec<Box<dyn postgres::types::ToSql + Sync>> {
+    params
+        .iter()
+        .map(|p| -> Box<dyn postgres::types::ToSql + Sync> {
+            match p {
+                Val::Int(i) => Box::new(*i),
+                Val::Text(t) => Box::new(t.clone()),
+                Val::Blob(b) => Box::new(b.clone()),
+            }
+        })
+        .collect()
+}
+
+impl Tx for PgTx<'_, '_> {
+    fn query(&mut self, sql: &str, params: &[Val]) -> Result<Vec<Vec<Val>>> {
+        use postgres::types::Type;
+        let owned = pg_params(params);
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = owned.iter().map(|b| b.as_ref()).collect();
+        let rows = self.0.query(sql, &refs).map_err(pg_error)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let mut vals = Vec::with_capacity(row.len());
+            for (i, col) in row.columns().iter().enumerate() {
+                let t = col.type_();
+                vals.push(if *t == Type::INT8 {
+                    Val::Int(row.try_get::<_, i64>(i).map_err(pg_error)?)
+                } else if *t == Type::INT4 {
+                    Val::Int(row.try_get::<_, i32>(i).map_err(pg_error)? as i64)
+                } else if *t == Type::BYTEA {
+                    Val::Blob(row.try_get::<_, Option<Vec<u8>>>(i).map_err(pg_error)?)
+                } else {
+                    Val::Text(row.try_get::<_, String>(i).map_err(pg_error)?)
+                });
+            }
+            out.push(vals);
+        }
+        Ok(out)
+    }
+
+    fn exec(&mut self, sql: &str, params: &[Val]) -> Result<u64> {
+        let owned = pg_params(params);
+        let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = owned.iter().map(|b| b.as_ref()).collect();
+        self.0.execute(sql, &refs).map_err(pg_error)
+    }
+}
+
+/// How often a conflicting transaction is retried before the caller hears of it.
+const CONFLICT_RETRIES: usize = 20;
+
+impl Engine for Postgres {
+    fn run(&self, body: &mut (dyn FnMut(&mut dyn Tx) -> Result<()> + Send)) -> Result<()> {
+        self.off_runtime(move |client| {
+            for attempt in 0.. {
+                let mut tx = client
+                    .build_transaction()
+                    .isolation_level(postgres::IsolationLevel::Serializable)
+                    .start()
+                    .map_err(pg_error)?;
+                let outcome = body(&mut PgTx(&mut tx));
+                let outcome = outcome.and_then(|()| tx.commit().map_err(pg_error));
+                match outcome {
+                    Err(MetaError::Conflict) if attempt < CONFLICT_RETRIES => {
+                        std::thread::sleep(std::time::Duration::from_millis(1 + attempt as u64 * 2));
+                    }
+                    other => return other,
+                }
+            }
+            unreachable!("the loop returns")
+        })
+    }
+}
