@@ -89,13 +89,47 @@ pub struct ServeArgs {
     /// MiB the active files' result cache may hold (least recently used results go first).
     #[arg(long, default_value_t = locus_server::ServerConfig::new("", "").active_cache_bytes >> 20)]
     active_cache_mb: u64,
+    /// Serve as a cluster head: the namespace in a database, file contents on the data
+    /// nodes that join it, large reads sent straight from the nodes (third-party).
+    #[arg(long, conflicts_with = "data_node")]
+    head: bool,
+    /// The head's namespace: a SQLite file (default: STATE/meta.db) or a PostgreSQL URL
+    /// (postgres://USER@HOST/DB), which several heads may share.
+    #[arg(long, value_name = "URL", requires = "head")]
+    meta: Option<String>,
+    /// Files of at least this many bytes are read from data nodes, not through the head.
+    #[arg(long, default_value_t = locus_server::head::HeadConfig::new("").tp_threshold, requires = "head")]
+    tp_threshold: u64,
+    /// Files of at most this many bytes live in the namespace instead of on data nodes.
+    #[arg(long, default_value_t = locus_server::head::HeadConfig::new("").inline_max, requires = "head")]
+    inline_max: u64,
+    /// Data nodes that hold each file version (2 keeps every byte readable when one dies).
+    #[arg(long, default_value_t = 1, requires = "head")]
+    replication: usize,
+    /// Seconds a third-party read capability stays valid.
+    #[arg(long, default_value_t = 60, requires = "head")]
+    capability_ttl_s: u64,
+    /// Serve as a data node of the head at this URL (locus://HOST:PORT/); its
+    /// credentials must hold the admin right there. Default root and state:
+    /// ~/.locus/nodes/PORT/.
+    #[arg(long, value_name = "HEAD_URL")]
+    data_node: Option<String>,
+    /// The address clients and the head reach this data node at (default: the listen
+    /// address).
+    #[arg(long, value_name = "HOST:PORT", requires = "data_node")]
+    advertise: Option<String>,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let home = locus_home();
-    let embedded = args.root.is_none() && args.state.is_none();
+    let embedded = args.root.is_none() && args.state.is_none() && args.data_node.is_none();
     let mut config = ServerConfig::embedded(&home);
+    if args.data_node.is_some() {
+        let port = args.listen.rsplit(':').next().unwrap_or("0");
+        let base = home.join("nodes").join(port);
+        (config.root, config.state_dir) = (base.join("export"), base.join("state"));
+    }
     if let Some(root) = args.root {
         config.root = root;
     }
@@ -133,6 +167,22 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     storelets.limits.memory = (args.storelet_memory_mb as usize) << 20;
     storelets.limits.wall = std::time::Duration::from_secs(args.storelet_time_s);
     config.active_cache_bytes = args.active_cache_mb << 20;
+    if args.head {
+        let meta = args.meta.clone().unwrap_or_else(|| config.state_dir.join("meta.db").display().to_string());
+        let mut head = locus_server::head::HeadConfig::new(meta);
+        head.tp_threshold = args.tp_threshold;
+        head.inline_max = args.inline_max;
+        head.replication = args.replication.max(1);
+        head.capability_ttl = std::time::Duration::from_secs(args.capability_ttl_s.max(1));
+        config.head = Some(head);
+    }
+    let head_options = match &args.data_node {
+        Some(url) => {
+            let url = locus_client::url::LocusUrl::parse(url).map_err(|e| e.to_string())?;
+            Some(locus_client::ConnectOptions::for_url(&url).map_err(|e| format!("credentials for the head: {e}"))?)
+        }
+        None => None,
+    };
     config.prepare().map_err(|e| e.to_string())?;
     let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
     if let Some(token) = &created {
@@ -170,6 +220,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             let at = metrics.local_addr().map_err(|e| e.to_string())?;
             eprintln!("  metrics: http://{at}/metrics");
             tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
+        }
+        if let Some(head) = head_options {
+            let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
+            eprintln!("  data node of {}, reached at {advertise}", head.addr);
+            tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, None));
+        }
+        if let Some(head) = &config.head {
+            eprintln!("  cluster head; namespace in {}", head.meta);
         }
         let shared = server.shared().clone();
         tokio::spawn(async move {

@@ -11,6 +11,7 @@ pub mod blocking;
 pub mod consistency;
 pub mod credentials;
 pub mod error;
+pub mod nodes;
 pub mod url;
 
 pub use credentials::Credentials;
@@ -101,6 +102,9 @@ pub struct Client {
     inner: Arc<Inner>,
     client_id: u64,
     subject: String,
+    /// Third-party reads: where the open handles of a cluster head's large files can be
+    /// read from, and the connections to data nodes.
+    nodes: Arc<nodes::NodeReads>,
 }
 
 /// The reply of an operation sent with [`Client::start_with`], not yet waited for.
@@ -159,7 +163,7 @@ impl Client {
             pushes: Mutex::new(None),
         });
         tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner)));
-        let mut client = Client { inner, client_id: 0, subject: String::new() };
+        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes: Arc::default() };
 
         let challenge = client
             .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
@@ -179,12 +183,18 @@ impl Client {
         }
         client.client_id = welcome.client_id;
         client.subject = welcome.subject;
+        client.nodes.set_head(welcome.head, opts.tls_ca.is_none());
         Ok(client)
     }
 
     /// Connects to the server of a URL with credentials found for it.
     pub async fn connect_url(url: &LocusUrl) -> Result<Client> {
         Client::connect(&ConnectOptions::for_url(url)?).await
+    }
+
+    /// True once the connection has ended.
+    pub fn is_closed(&self) -> bool {
+        *self.inner.closed.lock()
     }
 
     /// This connection's id on the server (the address for pushes to it).
@@ -313,18 +323,51 @@ impl Client {
     }
 
     /// Opens `path` with `open_flags`; returns the handle and attributes.
+    ///
+    /// On a cluster head, a large file's reply says where its bytes are; reads of the
+    /// handle then go straight to the data nodes (see [`Client::pread`]).
     pub async fn open(&self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
-        self.call(Open { path: path.into(), flags, mode }).await
+        let opened = self.call(Open { path: path.into(), flags, mode }).await?;
+        if let Some(location) = &opened.location {
+            self.nodes.remember(opened.handle, location.clone());
+        }
+        Ok(opened)
     }
 
     /// Closes a handle.
     pub async fn close(&self, handle: u64) -> Result<()> {
+        self.nodes.forget(handle);
         self.call(Close { handle }).await
     }
 
-    /// Reads up to `len` bytes at `offset` (fewer at end of file).
+    /// Forgets where a handle's bytes are (for callers that send `close` themselves).
+    pub fn forget_location(&self, handle: u64) {
+        self.nodes.forget(handle);
+    }
+
+    /// Reads up to `len` bytes at `offset` (fewer at end of file): from the data nodes
+    /// when the handle has a location and one answers, else from the server.
     pub async fn pread(&self, handle: u64, offset: u64, len: u32) -> Result<Bytes> {
+        if let Some(location) = self.nodes.location(handle) {
+            match self.nodes.read(&location, offset, len).await {
+                Ok(data) => return Ok(data),
+                // The head serves the bytes itself from here on.
+                Err(_) => self.nodes.forget(handle),
+            }
+        }
         Ok(self.call_with(Pread { handle, offset, len }, &[]).await?.1)
+    }
+
+    /// Sends a read ahead of need: to a data node when the handle has a location (its
+    /// reply's data holds the bytes, as a `pread`'s does), else to the server.
+    pub async fn pread_ahead(&self, handle: u64, offset: u64, len: u32) -> Result<Pending<()>> {
+        if let Some(location) = self.nodes.location(handle) {
+            if let Ok(p) = self.nodes.read_ahead(&location, offset, len).await {
+                return Ok(p);
+            }
+            self.nodes.forget(handle);
+        }
+        self.start_with(Pread { handle, offset, len }, &[]).await
     }
 
     /// Writes `data` at `offset`.
@@ -373,6 +416,12 @@ impl Client {
         sink: &mut (impl AsyncWrite + Unpin),
         mut progress: impl FnMut(u64, &Attr),
     ) -> Result<Attr> {
+        if self.nodes.is_head() {
+            let located = self.call(Locate { path: path.into() }).await?;
+            if let Some(location) = located.location {
+                return nodes::get(self, path, &located.attr, &location, sink, &mut progress).await;
+            }
+        }
         let mut rx = self.call_stream(Get { path: path.into() }).await?;
         let first = rx.recv().await.ok_or(ClientError::Closed)??;
         let attr: Attr = codec::decode(&first.meta)?;
@@ -403,11 +452,21 @@ impl Client {
         path: &str,
         mode: u32,
         source: &mut (impl AsyncRead + Unpin),
-        mut progress: impl FnMut(u64),
+        progress: impl FnMut(u64),
     ) -> Result<Attr> {
+        self.upload(Put { path: path.into(), mode }, source, progress).await
+    }
+
+    /// Streams `source` as the data of a `StreamIn` request (`put`, `object_put`).
+    pub async fn upload<O: Operation>(
+        &self,
+        req: O,
+        source: &mut (impl AsyncRead + Unpin),
+        mut progress: impl FnMut(u64),
+    ) -> Result<O::Reply> {
         let (tx, rx) = oneshot::channel();
         let id = self.register(Waiter::One(tx))?;
-        let meta = codec::encode(&Put { path: path.into(), mode });
+        let meta = codec::encode(&req);
         let mut chunk = vec![0u8; PUT_CHUNK];
         let mut next = vec![0u8; PUT_CHUNK];
         let mut n = read_full(source, &mut chunk).await?;
@@ -417,7 +476,7 @@ impl Client {
             // Read ahead one chunk so the last frame can be flagged as such.
             let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
             let more = m > 0;
-            self.send(Put::INFO.code, id, more, if first { &meta } else { &[] }, &chunk[..n]).await?;
+            self.send(O::INFO.code, id, more, if first { &meta } else { &[] }, &chunk[..n]).await?;
             sent += n as u64;
             progress(sent);
             first = false;

@@ -196,6 +196,15 @@ impl Postgres {
     }
 }
 
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // Its client blocks on a runtime of its own when it closes: not on the caller's.
+        if let Some(client) = self.client.get_mut().take() {
+            std::thread::spawn(move || drop(client));
+        }
+    }
+}
+
 struct PgTx<'a, 'b>(&'a mut postgres::Transaction<'b>);
 
 fn pg_error(e: postgres::Error) -> MetaError {

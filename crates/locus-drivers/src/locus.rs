@@ -171,7 +171,11 @@ impl Driver for LocusDriver {
         let code = <locus_proto::ops::Close as locus_proto::Operation>::INFO.code;
         let meta = locus_proto::codec::encode(&close);
         if let Some(c) = &self.client {
-            c.run(|c| c.send_request(code, &meta, &[], false)).map_err(err)?;
+            c.run(|c| async move {
+                c.forget_location(h);
+                c.send_request(code, &meta, &[], false).await
+            })
+            .map_err(err)?;
         }
         settled
     }
@@ -195,7 +199,12 @@ impl Driver for LocusDriver {
             }
         };
         let data = match early {
-            Some(pending) => self.call_on(|c| c.run(|_| pending.wait_with_data())).map(|(_, d)| d.to_vec())?,
+            // A read sent ahead to a data node that failed is asked again, of the head if
+            // need be.
+            Some(pending) => match self.call_on(|c| c.run(|_| pending.wait_with_data())) {
+                Ok((_, d)) => d.to_vec(),
+                Err(_) => self.call_on(|c| c.run(|c| c.pread(h, offset, len))).map(|b| b.to_vec())?,
+            },
             None => self.call_on(|c| c.run(|c| c.pread(h, offset, len))).map(|b| b.to_vec())?,
         };
         ahead.sequential = if sequential { ahead.sequential + 1 } else { 0 };
@@ -208,8 +217,7 @@ impl Driver for LocusDriver {
         if ahead.sequential >= 1 && !at_end {
             let mut at = ahead.sent.back().map_or(ahead.next, |&(o, _)| o + len as u64);
             while ahead.sent.len() < ahead.window {
-                let req = locus_proto::ops::Pread { handle: h, offset: at, len };
-                let pending = self.call_on(|c| c.run(|c| c.start_with(req, &[])))?;
+                let pending = self.call_on(|c| c.run(|c| c.pread_ahead(h, at, len)))?;
                 ahead.sent.push_back((at, pending));
                 at += len as u64;
             }

@@ -130,8 +130,8 @@ macro_rules! operation_table {
             0x60 Locate locate Unary { path: String } -> Located;
             /// Reads bytes of an object version at a data node, under a capability from the head; the reply's data holds them.
             0x61 ObjectRead object_read Unary { capability: Capability, offset: u64, len: u32 } -> ();
-            /// Stores an object version at a data node (the head only); acknowledged once durable. Reply: its size.
-            0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> u64;
+            /// Stores an object version at a data node (the head only); acknowledged once durable.
+            0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> Attr;
             /// Removes an object version at a data node (the head only, once no read can need it).
             0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
             /// A data node joins a head (admin right needed), announcing its address and free space; the head replies with the node's id and the cluster key.

@@ -166,6 +166,8 @@ pub struct Welcome {
     pub subject: String,
     /// The server's proof that it knows the token too.
     pub proof: Vec<u8>,
+    /// The server is a cluster head: large files may be read from its data nodes.
+    pub head: bool,
 }
 
 /// Chirp-like access rights, as a set of letters.

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub active_cache_bytes: u64,
     /// How large reads leave on plain TCP.
     pub sendfile: Sendfile,
+    /// Serve as a cluster head with this namespace and policy (`locus serve --head`).
+    pub head: Option<crate::head::HeadConfig>,
     /// How long a connection that has just answered keeps polling its socket for the
     /// next request before it sleeps (zero: never polls). See [`crate::transport::IdlePoll`].
     pub poll_window: std::time::Duration,
@@ -134,6 +136,7 @@ impl ServerConfig {
             storelets: Default::default(),
             active_cache_bytes: 1 << 30,
             sendfile: Sendfile::Always,
+            head: None,
             poll_window: DEFAULT_POLL_WINDOW,
         }
     }

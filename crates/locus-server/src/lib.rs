@@ -9,6 +9,9 @@
 //! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
 //! - [`error`]: the crate's error type, `ServerError`.
 //! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
+//! - [`head`]: a cluster head, whose namespace is in a database and whose file contents
+//!   are on data nodes.
+//! - [`node`]: a data node, an ordinary server that has joined a head.
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client
@@ -19,7 +22,9 @@ pub mod active;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod head;
 pub mod metrics;
+pub mod node;
 pub mod script_host;
 pub mod session;
 pub mod splice;
@@ -112,6 +117,27 @@ pub struct Shared {
     pub active: active::ActiveFiles,
     /// Counts of requests for Prometheus.
     pub metrics: metrics::Metrics,
+    /// The cluster this server heads, if it is a head.
+    pub head: Option<Arc<head::Head>>,
+    /// The cluster key, once this server has joined a head as a data node.
+    node_key: parking_lot::RwLock<Option<Arc<Vec<u8>>>>,
+}
+
+/// What the frame loop needs of a connection's session besides its operations.
+pub trait Connection: dispatch::Handler {
+    /// True once the handshake has succeeded.
+    fn authenticated(&self) -> bool;
+    /// Records the id and MORE flag of the frame about to be dispatched.
+    fn set_current(&mut self, id: u32, more: bool);
+    /// True when `id` is an upload in progress (its next frames are continuations).
+    fn is_uploading(&self, id: u32) -> bool;
+    /// Handles a continuation frame of an upload.
+    fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError>;
+    /// For a `pwrite` whose data may go straight from the socket into a file: the file
+    /// and offset (see [`Session::direct_write_target`]).
+    fn direct_write_target(&self, _meta: &[u8]) -> Option<(Arc<locus_store::OpenFile>, u64)> {
+        None
+    }
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -161,6 +187,10 @@ impl Server {
         let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
             ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
         })?;
+        let head = match &config.head {
+            Some(h) => Some(Arc::new(head::Head::open(h.clone(), &config.state_dir)?)),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             config,
             store,
@@ -170,7 +200,12 @@ impl Server {
             storelets,
             active,
             metrics: metrics::Metrics::default(),
+            head,
+            node_key: parking_lot::RwLock::new(None),
         });
+        if let Some(head) = &shared.head {
+            head.start_collector();
+        }
         Ok(Server { shared, tls })
     }
 
@@ -255,6 +290,16 @@ impl Server {
 }
 
 impl Shared {
+    /// The cluster key, once this server has joined a head as a data node.
+    pub fn node_key(&self) -> Option<Arc<Vec<u8>>> {
+        self.node_key.read().clone()
+    }
+
+    /// Makes this server a data node of the cluster whose key this is.
+    pub fn set_node_key(&self, key: Vec<u8>) {
+        *self.node_key.write() = Some(Arc::new(key));
+    }
+
     /// Saves the I/O accounting to the state directory (logged if it cannot be).
     pub fn save_accounts(&self) {
         let path = self.config.state_dir.join(ACCOUNTS_FILE);
@@ -376,11 +421,19 @@ async fn serve(
         pushes: pushes.waiting,
         answered: answered.clone(),
     };
-    let mut session = Session::new(shared.clone(), client_id, Some(outbox));
-    let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
+    let session = Session::new(shared.clone(), client_id, Some(outbox));
+    let result = match &shared.head {
+        Some(head) => {
+            let mut session = head::HeadSession::new(session, head.clone());
+            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
+        }
+        None => {
+            let mut session = session;
+            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
+        }
+    };
     pusher.abort();
     shared.registry.remove(client_id);
-    drop(session);
     result
 }
 
@@ -447,9 +500,9 @@ impl Outbox {
     }
 }
 
-async fn frame_loop(
+async fn frame_loop<S: Connection>(
     shared: &Shared,
-    session: &mut Session,
+    session: &mut S,
     reader: &mut BufReader<ReadHalf>,
     writer: &Arc<tokio::sync::Mutex<FrameWriter>>,
     answered: &tokio::sync::Notify,
@@ -497,7 +550,7 @@ async fn frame_loop(
         } else {
             let data = until(deadline, read_vec(reader, &mut pool, header.data_len)).await?;
             if session.is_uploading(header.id) {
-                session.put_more(header.id, &data, header.more()).map(dispatch::Answer::encode)
+                session.put_more(header.id, &data, header.more())
             } else if !session.authenticated() && header.op > 0x03 {
                 Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
             } else {

@@ -17,6 +17,14 @@ use locus_store::{OpenFile, PutFile, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Where a data node keeps objects, under its export.
+pub const OBJECTS_DIR: &str = "objects";
+
+/// The path of one version of an object on a data node.
+pub fn object_path(object: u64, version: u64) -> String {
+    format!("/{OBJECTS_DIR}/{object}.{version}")
+}
+
 /// Directory entries per reply frame of `readdir`.
 const READDIR_PAGE: usize = 2048;
 
@@ -98,6 +106,11 @@ impl Session {
         self.subject.is_some()
     }
 
+    /// The largest data a reply may carry.
+    pub fn max_data(&self) -> u32 {
+        self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data)
+    }
+
     /// The authenticated subject.
     pub fn subject(&self) -> Option<&str> {
         self.subject.as_deref()
@@ -134,6 +147,35 @@ impl Session {
         let req: Pwrite = locus_proto::codec::decode(meta).ok()?;
         let file = self.handles.get(&req.handle)?;
         (file.check_writable().is_ok() && !file.append).then(|| (file.clone(), req.offset))
+    }
+
+    /// Starts (or, for a one-frame upload, does) a `put` as `who`.
+    fn start_put(&mut self, who: &str, req: Put, data: Bytes) -> Reply<Attr> {
+        let (id, more) = self.current;
+        if more && self.puts.len() >= self.shared.config.max_handles {
+            return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
+            // EMFILE
+        }
+        let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
+        store(put.write(&data))?;
+        if more {
+            self.puts.insert(id, put);
+            return Ok(Answer::deferred());
+        }
+        Ok(store(put.finish())?.into())
+    }
+
+    /// The cluster key, on a data node that has joined its head.
+    fn node_key(&self) -> Result<Arc<Vec<u8>>, WireError> {
+        self.shared.node_key().ok_or_else(|| WireError::new(Code::NOTSUP, "this server is not a data node that has joined a head"))
+    }
+
+    /// Checks that the caller is the cluster's head.
+    fn from_head(&self) -> Result<(), WireError> {
+        match self.who()? {
+            locus_proto::capability::HEAD_SUBJECT => Ok(()),
+            _ => Err(WireError::new(Code::ACCES, "only the cluster's head stores and drops objects")),
+        }
     }
 
     fn who(&self) -> Result<&str, WireError> {
@@ -246,6 +288,28 @@ async fn follow_run(
     }
 }
 
+impl crate::Connection for Session {
+    fn authenticated(&self) -> bool {
+        Session::authenticated(self)
+    }
+
+    fn set_current(&mut self, id: u32, more: bool) {
+        Session::set_current(self, id, more)
+    }
+
+    fn is_uploading(&self, id: u32) -> bool {
+        Session::is_uploading(self, id)
+    }
+
+    fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
+        Session::put_more(self, id, data, more).map(Answer::encode)
+    }
+
+    fn direct_write_target(&self, meta: &[u8]) -> Option<(Arc<OpenFile>, u64)> {
+        Session::direct_write_target(self, meta)
+    }
+}
+
 impl Handler for Session {
     fn hello(&mut self, req: Hello, _: Bytes) -> Reply<Challenge> {
         if req.version == 0 {
@@ -265,15 +329,22 @@ impl Handler for Session {
         if req.nonce.len() != auth::NONCE_LEN {
             return Err(denied());
         }
-        let token = self.shared.tokens.get(&req.subject).ok_or_else(denied)?;
-        let expected = auth::client_proof(token, &server_nonce, &req.nonce, &req.subject);
-        if !auth::proofs_equal(&expected, &req.proof) {
+        // A data node knows its own subjects, and every subject of its cluster by the
+        // token the cluster key derives for it.
+        let own = self.shared.tokens.get(&req.subject).map(<[u8]>::to_vec);
+        let derived = self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject));
+        let token = [own, derived]
+            .into_iter()
+            .flatten()
+            .find(|t| auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject), &req.proof));
+        let Some(token) = token else {
             tracing::warn!(subject = %req.subject, "authentication failed");
             return Err(denied());
-        }
+        };
+        let token = &token[..];
         let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
         self.subject = Some(req.subject.clone());
-        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof }.into())
+        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof, head: false }.into())
     }
 
     fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
@@ -397,18 +468,8 @@ impl Handler for Session {
     }
 
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
-        let (id, more) = self.current;
-        if more && self.puts.len() >= self.shared.config.max_handles {
-            return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
-            // EMFILE
-        }
-        let mut put = store(self.shared.store.begin_put(self.who()?, &req.path, req.mode))?;
-        store(put.write(&data))?;
-        if more {
-            self.puts.insert(id, put);
-            return Ok(Answer::deferred());
-        }
-        Ok(store(put.finish())?.into())
+        let who = self.who()?.to_string();
+        self.start_put(&who, req, data)
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
@@ -591,6 +652,45 @@ impl Handler for Session {
             let done = rx.await.map_err(|_| WireError::new(Code::IO, "the rebalancing stopped"))?;
             Ok(Answer::from(store(done)?).encode())
         })))
+    }
+
+    fn locate(&mut self, req: Locate, _: Bytes) -> Reply<Located> {
+        let attr = self.stat(Stat { path: req.path }, Bytes::new())?.pages.remove(0);
+        Ok(Located { attr, location: None }.into())
+    }
+
+    fn object_read(&mut self, req: ObjectRead, _: Bytes) -> Reply<()> {
+        let key = self.node_key()?;
+        let cap = &req.capability;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if let Err(why) = locus_proto::capability::verify(&key, cap, self.who()?, now) {
+            tracing::warn!(subject = self.who()?, object = cap.object, version = cap.version, ?why, "capability refused");
+            return Err(WireError::new(Code::ACCES, format!("capability refused: {why:?}")));
+        }
+        let file = store(self.shared.store.open(crate::config::ADMIN_SUBJECT, &object_path(cap.object, cap.version), open_flags::READ, 0))
+            .map_err(|e| if e.code == Code::NOENT { WireError::new(Code::NOENT, "that version is gone from this node") } else { e })?;
+        let len = (req.len.min(self.shared.config.limits.max_data) as u64).min(cap.size.saturating_sub(req.offset));
+        Ok(Answer::with_body((), Body::File { file: Arc::new(file), offset: req.offset, len }))
+    }
+
+    fn object_put(&mut self, req: ObjectPut, data: Bytes) -> Reply<Attr> {
+        self.node_key()?;
+        self.from_head()?;
+        let put = Put { path: object_path(req.object, req.version), mode: 0o600 };
+        self.start_put(crate::config::ADMIN_SUBJECT, put, data)
+    }
+
+    fn object_drop(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {
+        self.node_key()?;
+        self.from_head()?;
+        match self.shared.store.unlink(crate::config::ADMIN_SUBJECT, &object_path(req.object, req.version)) {
+            Err(StoreError::Os { errno, .. }) if errno == rustix::io::Errno::NOENT => Ok(().into()),
+            other => Ok(store(other)?.into()),
+        }
+    }
+
+    fn node_join(&mut self, _: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head (start one with locus serve --head)"))
     }
 
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {

@@ -110,6 +110,33 @@ impl TestServer {
         writeln!(f, "{name} storelet modules/{name}.wasm {}", args.join(" ")).expect("append");
     }
 
+    /// Starts a cluster head whose namespace is at `meta` (a PostgreSQL URL), or in a
+    /// SQLite file in its state directory; `adjust` may change its policy.
+    pub fn head(meta: Option<&str>, adjust: impl FnOnce(&mut locus_server::head::HeadConfig)) -> TestServer {
+        Self::start_with(|config| {
+            let url = meta.map_or_else(|| config.state_dir.join("meta.db").display().to_string(), str::to_string);
+            let mut head = locus_server::head::HeadConfig::new(url);
+            adjust(&mut head);
+            config.head = Some(head);
+        })
+    }
+
+    /// Starts a data node and has it join `head` (as `admin`) before returning.
+    pub fn data_node(head: &TestServer) -> TestServer {
+        let node = TestServer::start();
+        std::fs::create_dir_all(node.root().join(locus_server::session::OBJECTS_DIR)).expect("objects dir");
+        let (shared, options, addr) = (node.shared().clone(), head.options("admin"), node.addr.to_string());
+        // On a thread of its own: the caller may be inside a runtime already.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(locus_server::node::join(&shared, &options, &addr, None))
+        })
+        .join()
+        .expect("join thread")
+        .expect("the node joins the head");
+        node
+    }
+
     /// The temporary directory holding export and state; the place for scratch files.
     pub fn scratch(&self) -> &Path {
         self.dir.path()

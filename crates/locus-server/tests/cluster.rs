@@ -1,0 +1,256 @@
+//! A cluster of real servers on ephemeral ports: a head (SQLite, or PostgreSQL when it
+//! is installed) with data nodes, and clients reading third-party.
+
+use locus_client::nodes::NodeReads;
+use locus_client::Client;
+use locus_proto::capability;
+use locus_proto::types::{open_flags, Location, Rights};
+use locus_proto::Code;
+use locus_server::head::HeadConfig;
+use locus_testkit::TestServer;
+
+const MIB: usize = 1 << 20;
+
+/// Bytes that differ at every offset and from one `seed` to another.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(seed as u32) as u8 ^ seed).collect()
+}
+
+fn objects_on(node: &TestServer) -> usize {
+    std::fs::read_dir(node.root().join(locus_server::session::OBJECTS_DIR)).map_or(0, |d| d.count())
+}
+
+fn code(e: locus_client::ClientError) -> Code {
+    e.code()
+}
+
+async fn located(c: &Client, path: &str) -> (u64, Location) {
+    let opened = c.open(path, open_flags::READ, 0).await.unwrap();
+    (opened.handle, opened.location.expect("a large file on a data node is located"))
+}
+
+/// The whole suite, against a head whose namespace is at `meta`.
+async fn third_party_suite(meta: Option<&str>) {
+    let head = TestServer::head(meta, |h| h.replication = 1);
+    let (n1, n2) = (TestServer::data_node(&head), TestServer::data_node(&head));
+    let admin = head.client("admin").await;
+
+    // Small files stay in the namespace; large ones go to a node and are read from it.
+    admin.mkdir("/data", 0o755).await.unwrap();
+    let big = pattern(3 * MIB + 123, 1);
+    admin.write_file("/data/big", 0o644, &big).await.unwrap();
+    admin.write_file("/data/small", 0o644, b"small").await.unwrap();
+    assert_eq!(objects_on(&n1) + objects_on(&n2), 1);
+    assert_eq!(admin.read_file("/data/big").await.unwrap(), big);
+    assert_eq!(admin.read_file("/data/small").await.unwrap(), b"small");
+    let names: Vec<String> = admin.readdir("/data").await.unwrap().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["big", "small"]);
+
+    // pread through the handle goes to the node; the bytes are the file's.
+    let (h, loc) = located(&admin, "/data/big").await;
+    assert_eq!(admin.pread(h, MIB as u64, 1000).await.unwrap(), big[MIB..MIB + 1000]);
+    let reads = NodeReads::default();
+    assert_eq!(reads.read(&loc, 5, 10).await.unwrap(), big[5..15]);
+
+    // Capabilities: forged, for another object or version, expired, or presented by
+    // another subject are refused by the node.
+    let key = head.shared().head.as_ref().unwrap().key().to_vec();
+    let mut forged = loc.clone();
+    forged.capability.version += 1;
+    assert_eq!(code(reads.read(&forged, 0, 10).await.unwrap_err()), Code::ACCES);
+    let mut other = loc.clone();
+    other.capability.object += 1;
+    assert_eq!(code(reads.read(&other, 0, 10).await.unwrap_err()), Code::ACCES);
+    let mut expired = loc.clone();
+    let c = &loc.capability;
+    expired.capability = capability::sign(&key, &c.subject, c.object, c.version, c.size, 1);
+    assert_eq!(code(reads.read(&expired, 0, 10).await.unwrap_err()), Code::ACCES);
+    // alice holds a token for the nodes of her own, but not admin's capability.
+    admin.acl_set("/data", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    let alice = head.client("alice").await;
+    let (_, alice_loc) = located(&alice, "/data/big").await;
+    let mut stolen = loc.clone();
+    stolen.node_token = alice_loc.node_token.clone();
+    stolen.capability.subject = "alice".into();
+    assert_eq!(code(NodeReads::default().read(&stolen, 0, 10).await.unwrap_err()), Code::ACCES);
+    assert_eq!(NodeReads::default().read(&alice_loc, 0, 10).await.unwrap(), big[..10]);
+    assert_eq!(code(alice.write_file("/data/x", 0o644, b"no").await.unwrap_err()), Code::ACCES);
+
+    // An overwrite during a read: the reader keeps reading the version it opened.
+    let newer = pattern(2 * MIB, 2);
+    admin.write_file("/data/big", 0o644, &newer).await.unwrap();
+    let mut old = Vec::new();
+    for at in (0..big.len()).step_by(MIB) {
+        old.extend_from_slice(&admin.pread(h, at as u64, MIB as u32).await.unwrap());
+    }
+    assert_eq!(old, big);
+    admin.close(h).await.unwrap();
+    assert_eq!(admin.read_file("/data/big").await.unwrap(), newer);
+
+    // Renames move names, not bytes; removal leaves the bytes until no read needs them.
+    admin.rename("/data/big", "/data/renamed").await.unwrap();
+    assert_eq!(admin.read_file("/data/renamed").await.unwrap(), newer);
+    assert_eq!(code(admin.stat("/data/big").await.unwrap_err()), Code::NOENT);
+    admin.unlink("/data/renamed").await.unwrap();
+    assert_eq!(code(admin.rmdir("/").await.unwrap_err()), Code::INVAL);
+    assert_eq!(code(admin.rmdir("/data").await.unwrap_err()), Code::NOTEMPTY);
+
+    // Writes through a handle become the new version on close.
+    let h = admin.open("/data/small", open_flags::WRITE, 0).await.unwrap().handle;
+    admin.pwrite(h, 5, b" and more").await.unwrap();
+    admin.close(h).await.unwrap();
+    assert_eq!(admin.read_file("/data/small").await.unwrap(), b"small and more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn third_party_reads_with_the_embedded_namespace() {
+    third_party_suite(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_node_killed_mid_read_fails_over_or_fails_cleanly() {
+    // Two replicas: the reader goes on at the other node.
+    let head = TestServer::head(None, |h| h.replication = 2);
+    let n1 = TestServer::data_node(&head);
+    let n2 = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    let data = pattern(4 * MIB, 3);
+    admin.write_file("/f", 0o644, &data).await.unwrap();
+    assert_eq!((objects_on(&n1), objects_on(&n2)), (1, 1));
+    let (h, loc) = located(&admin, "/f").await;
+    assert_eq!(loc.nodes.len(), 2);
+    let first = admin.pread(h, 0, MIB as u32).await.unwrap();
+    let (dead, alive) = if loc.nodes[0] == n1.addr.to_string() { (n1, n2) } else { (n2, n1) };
+    drop(dead);
+    let mut got = first.to_vec();
+    for at in (MIB..data.len()).step_by(MIB) {
+        got.extend_from_slice(&admin.pread(h, at as u64, MIB as u32).await.unwrap());
+    }
+    assert_eq!(got, data);
+    assert_eq!(admin.read_file("/f").await.unwrap(), data);
+
+    // One replica, and its node gone: reads fail, and never with wrong bytes.
+    drop(alive);
+    let err = admin.read_file("/f").await.unwrap_err();
+    assert_eq!(code(err), Code::IO);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_without_data_nodes_keeps_contents_itself() {
+    let meta = tempfile::tempdir().unwrap();
+    let meta = meta.path().join("meta.db");
+    let head = TestServer::head(Some(meta.to_str().unwrap()), |_| {});
+    let admin = head.client("admin").await;
+    let data = pattern(2 * MIB, 4);
+    admin.write_file("/f", 0o644, &data).await.unwrap();
+    let opened = admin.open("/f", open_flags::READ, 0).await.unwrap();
+    assert!(opened.location.is_none());
+    assert_eq!(admin.read_file("/f").await.unwrap(), data);
+    // The namespace survives a restart of the head.
+    drop(admin);
+    drop(head);
+    let again = TestServer::head(Some(meta.to_str().unwrap()), |_| {});
+    let admin = again.client("admin").await;
+    assert_eq!(admin.stat("/f").await.unwrap().size, data.len() as u64);
+}
+
+/// A throwaway PostgreSQL cluster, run as the `postgres` user, on a free port.
+struct Postgres {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Postgres {
+    /// None when PostgreSQL is not installed (`.ci/run` installs it).
+    fn start() -> Option<Postgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|d| d.path().join("bin")).max()?;
+        let dir = tempfile::tempdir().ok()?;
+        let data = dir.path().join("data");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let as_postgres = |args: &[&str]| {
+            let ok = std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "postgres: {args:?} failed");
+        };
+        std::process::Command::new("chown").args(["postgres", dir.path().to_str()?]).status().ok()?;
+        let initdb = bin.join("initdb");
+        let pg_ctl = bin.join("pg_ctl");
+        as_postgres(&[initdb.to_str()?, "-D", data.to_str()?, "-A", "trust", "-U", "postgres"]);
+        let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
+        as_postgres(&[pg_ctl.to_str()?, "-D", data.to_str()?, "-o", &opts, "-w", "-l", data.join("log").to_str()?, "start"]);
+        Some(Postgres { dir, port })
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--", "sh", "-c"])
+            .arg(format!("$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_ctl -D {} -m immediate stop", data.display()))
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_heads_share_the_namespace_and_survive_a_head_dying() {
+    let Some(pg) = Postgres::start() else {
+        eprintln!("PostgreSQL is not installed here; skipping (CI installs it)");
+        return;
+    };
+    // The same suite as the embedded namespace.
+    third_party_suite(Some(&format!("{}?application_name=suite", pg.url()))).await;
+
+    // Two heads on one database, one data node; writes through the first until it dies.
+    let url = pg.url();
+    let a = TestServer::head(Some(&url), |_| {});
+    let b = TestServer::head(Some(&url), |_| {});
+    let _node = TestServer::data_node(&a);
+    let writer = a.client("admin").await;
+    writer.mkdir("/acked", 0o755).await.unwrap();
+    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let writes = tokio::spawn(async move {
+        let mut acked = Vec::new();
+        for i in 0u32.. {
+            if stop_rx.try_recv().is_ok() {
+                break;
+            }
+            let data = pattern(if i % 3 == 0 { 200_000 } else { 100 }, i as u8);
+            match writer.write_file(&format!("/acked/{i}"), 0o644, &data).await {
+                Ok(_) => acked.push((i, data)),
+                Err(e) => {
+                    eprintln!("write {i} failed: {e}");
+                    break;
+                }
+            }
+        }
+        acked
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    drop(a);
+    let _ = stop_tx.send(());
+    let acked = writes.await.unwrap();
+    assert!(acked.len() > 3, "only {} writes before the head died", acked.len());
+    let reader = b.client("admin").await;
+    for (i, data) in &acked {
+        assert_eq!(&reader.read_file(&format!("/acked/{i}")).await.unwrap(), data, "acknowledged write {i}");
+    }
+    // The surviving head goes on serving writes.
+    reader.write_file("/acked/after", 0o644, b"still here").await.unwrap();
+    assert_eq!(reader.read_file("/acked/after").await.unwrap(), b"still here");
+}
+
+#[test]
+fn head_defaults_match_the_design() {
+    let c = HeadConfig::new("x");
+    assert_eq!((c.tp_threshold, c.inline_max, c.replication), (1 << 20, 64 << 10, 1));
+}
