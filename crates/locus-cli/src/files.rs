@@ -263,6 +263,11 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let list = conns.get(&u).await?.handlers().await.map_err(|e| err(&u, e))?;
             print_either(json, &list, || output::handlers(&list) + "\n")?;
         }
+        Command::Share { url, ttl } => {
+            let u = parse(&url)?;
+            let req = locus_proto::ops::Share { path: u.path.clone(), ttl_s: ttl };
+            println!("{}", conns.get(&u).await?.call(req).await.map_err(|e| err(&u, e))?);
+        }
         Command::Storelet(StoreletCommand::Ps { url }) => {
             let u = parse(&url)?;
             let runs = conns.get(&u).await?.storelet_ps().await.map_err(|e| err(&u, e))?;

@@ -135,6 +135,15 @@ enum Command {
         /// The server, as a locus:// URL.
         url: String,
     },
+    /// Print a signed HTTP URL of a file on a cluster head, through which any HTTP
+    /// client (curl, a browser, pandas) may read it as you until it expires.
+    Share {
+        /// The file, as a locus:// URL of a head started with --http-port.
+        url: String,
+        /// Seconds the URL stays valid.
+        #[arg(long, default_value_t = 3600)]
+        ttl: u64,
+    },
     /// Register and call Lua scripts that run at the server.
     #[command(subcommand)]
     Script(ScriptCommand),

@@ -118,6 +118,10 @@ pub struct ServeArgs {
     /// address).
     #[arg(long, value_name = "HOST:PORT", requires = "data_node")]
     advertise: Option<String>,
+    /// On a head or a data node, also serve HTTP on this port (same address as
+    /// --listen): GET with Range and HEAD; a head redirects large reads to a data node.
+    #[arg(long)]
+    http_port: Option<u16>,
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
@@ -174,6 +178,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         head.inline_max = args.inline_max;
         head.replication = args.replication.max(1);
         head.capability_ttl = std::time::Duration::from_secs(args.capability_ttl_s.max(1));
+        let host = args.listen.rsplit_once(':').map_or(args.listen.as_str(), |(h, _)| h);
+        head.http = args.http_port.map(|port| format!("{host}:{port}"));
         config.head = Some(head);
     }
     let head_options = match &args.data_node {
@@ -221,10 +227,22 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             eprintln!("  metrics: http://{at}/metrics");
             tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
         }
+        let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
+        let http = match args.http_port {
+            Some(port) => {
+                let at = std::net::SocketAddr::new(addr.ip(), port);
+                let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("HTTP on {at}: {e}"))?;
+                let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
+                let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
+                eprintln!("  HTTP: http://{public}/");
+                tokio::spawn(locus_server::http::serve(listener, server.shared().clone()));
+                Some(public)
+            }
+            None => None,
+        };
         if let Some(head) = head_options {
-            let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
             eprintln!("  data node of {}, reached at {advertise}", head.addr);
-            tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, None));
+            tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, http));
         }
         if let Some(head) = &config.head {
             eprintln!("  cluster head; namespace in {}", head.meta);

@@ -68,6 +68,13 @@ pub fn verify(key: &[u8], c: &Capability, subject: &str, now: u64) -> Result<(),
     Ok(())
 }
 
+/// The signature of a URL through which anyone holding it may read `path` as `subject`
+/// until `expires` (seconds since the epoch): the head's HTTP endpoint checks it.
+pub fn url_signature(key: &[u8], subject: &str, path: &str, expires: u64) -> String {
+    String::from_utf8(hex_lower(&mac(key, &[b"locus url", subject.as_bytes(), path.as_bytes(), &expires.to_le_bytes()])))
+        .expect("hex is ASCII")
+}
+
 /// The token `subject` authenticates with at the data nodes of a cluster.
 pub fn node_token(key: &[u8], subject: &str) -> Vec<u8> {
     hex_lower(&mac(key, &[b"locus node token", subject.as_bytes()]))

@@ -136,6 +136,8 @@ macro_rules! operation_table {
             0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
             /// A data node joins a head (admin right needed), announcing its address and free space; the head replies with the node's id and the cluster key.
             0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64 } -> NodeWelcome;
+            /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
+            0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
         }
     };
 }

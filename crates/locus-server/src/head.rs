@@ -48,6 +48,8 @@ pub struct HeadConfig {
     pub replication: usize,
     /// How long a capability is valid.
     pub capability_ttl: Duration,
+    /// `host:port` of the head's HTTP endpoint, for the URLs `share` makes.
+    pub http: Option<String>,
 }
 
 impl HeadConfig {
@@ -59,6 +61,7 @@ impl HeadConfig {
             inline_max: 64 << 10,
             replication: 1,
             capability_ttl: Duration::from_secs(60),
+            http: None,
         }
     }
 }
@@ -203,6 +206,16 @@ impl Head {
         self.location_for(subject, e, ids).map(Some)
     }
 
+    /// A data node's URL from which `subject` can read `e`'s current version over HTTP
+    /// (the first node holding it that serves HTTP), when it is large enough.
+    pub fn http_location(&self, subject: &str, e: &Entry) -> Option<String> {
+        let location = self.location(subject, e).ok()??;
+        let nodes = self.nodes().ok()?;
+        let http = location.nodes.iter().find_map(|addr| nodes.iter().find(|n| &n.addr == addr)?.http.clone())?;
+        let c = &location.capability;
+        Some(format!("http://{http}/o/{}.{}?c={}", c.object, c.version, crate::http::encode_capability(c)))
+    }
+
     fn location_for(&self, subject: &str, e: &Entry, ids: &[u64]) -> Result<Location, WireError> {
         let nodes = self.nodes()?;
         let addrs: Vec<String> =
@@ -217,7 +230,7 @@ impl Head {
 
     /// Reads bytes of `e`'s version itself (for clients below the threshold, and those
     /// whose nodes did not answer).
-    async fn read(self: Arc<Self>, e: Entry, offset: u64, len: u32) -> Result<Bytes, WireError> {
+    pub async fn read(self: Arc<Self>, e: Entry, offset: u64, len: u32) -> Result<Bytes, WireError> {
         let len = (len as u64).min(e.size.saturating_sub(offset)) as usize;
         match &e.content {
             Content::Inline(bytes) => {
@@ -994,6 +1007,22 @@ impl Handler for HeadSession {
 
     fn object_drop(&mut self, _: ObjectDrop, _: Bytes) -> Reply<()> {
         not_here("object_drop (a data node's operation)")
+    }
+
+    fn share(&mut self, req: Share, _: Bytes) -> Reply<String> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let who = self.need(governing(&path, false), Rights::READ)?;
+        self.entry(&path)?;
+        let expires = now_secs().saturating_add(req.ttl_s);
+        let sig = capability::url_signature(self.head.key(), &who, &path, expires);
+        let encoded: String = path.split('/').map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string()).collect::<Vec<_>>().join("/");
+        let subject = percent_encoding::utf8_percent_encode(&who, percent_encoding::NON_ALPHANUMERIC);
+        let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
+        Ok(match &self.head.config.http {
+            Some(http) => format!("http://{http}{rel}"),
+            None => rel,
+        }
+        .into())
     }
 
     fn node_join(&mut self, req: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {

@@ -11,6 +11,8 @@
 //! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
 //! - [`head`]: a cluster head, whose namespace is in a database and whose file contents
 //!   are on data nodes.
+//! - [`http`]: the HTTP endpoint of heads and data nodes (`GET` with `Range`, `HEAD`,
+//!   redirects to data nodes).
 //! - [`node`]: a data node, an ordinary server that has joined a head.
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
@@ -23,6 +25,7 @@ pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod head;
+pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod script_host;

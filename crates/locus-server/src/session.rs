@@ -689,6 +689,10 @@ impl Handler for Session {
         }
     }
 
+    fn share(&mut self, _: Share, _: Bytes) -> Reply<String> {
+        Err(WireError::new(Code::NOTSUP, "shared URLs are made by cluster heads (locus serve --head --http-port)"))
+    }
+
     fn node_join(&mut self, _: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
         Err(WireError::new(Code::NOTSUP, "this server is not a cluster head (start one with locus serve --head)"))
     }

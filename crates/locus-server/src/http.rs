@@ -1,0 +1,275 @@
+//! HTTP for unmodified clients (`--http-port`): curl, browsers, `pandas.read_csv` and any
+//! HTTP library read a cluster's files with `GET` (with `Range`) and `HEAD`.
+//!
+//! - On a head, a request is authenticated by `Authorization: Bearer SUBJECT:TOKEN` or
+//!   by a URL signed with the cluster key (`share`). A large file on data nodes is
+//!   answered `307` to a data node's URL carrying a capability, so the bytes come
+//!   straight from the node (third-party transfer); anything else the head serves.
+//! - On a data node, `/o/OBJECT.VERSION?c=CAPABILITY` serves one object version to
+//!   whoever holds a valid capability for it.
+
+use crate::head::{attr_of, Head};
+use crate::Shared;
+use bytes::Bytes;
+use hyper::body::{Body, Frame};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use locus_cluster::{normalise, Kind};
+use locus_proto::capability;
+use locus_proto::types::{Capability, Rights};
+use std::convert::Infallible;
+use std::os::unix::fs::FileExt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+
+/// Bytes per body chunk.
+const CHUNK: u64 = 1 << 20;
+
+/// A response body: a few bytes, or chunks produced by a task as the client takes them.
+pub enum HttpBody {
+    Full(Option<Bytes>),
+    Stream(mpsc::Receiver<std::io::Result<Bytes>>),
+}
+
+impl Body for HttpBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match self.get_mut() {
+            HttpBody::Full(b) => Poll::Ready(b.take().map(|b| Ok(Frame::data(b)))),
+            HttpBody::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
+        }
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<HttpBody> {
+    let mut r = Response::new(HttpBody::Full(Some(Bytes::from(body.into() + "\n"))));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+/// Serves HTTP on `listener` until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let shared = shared.clone();
+                async move { Ok::<_, Infallible>(answer(&shared, req).await) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+        });
+    }
+}
+
+async fn answer(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Response<HttpBody> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
+    }
+    match &shared.head {
+        Some(head) => from_head(shared, head, &req).await,
+        None => from_node(shared, &req),
+    }
+}
+
+/// The value of `name` in a URL's query.
+fn query<'a>(req: &'a Request<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// The subject a head request is made as: by bearer token or signed URL.
+fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, path: &str) -> Option<String> {
+    if let Some(auth) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let (who, token) = auth.strip_prefix("Bearer ")?.split_once(':')?;
+        let known = shared.tokens.get(who)?;
+        return locus_proto::auth::proofs_equal(known, token.as_bytes()).then(|| who.to_string());
+    }
+    let (who, expires, sig) = (query(req, "s")?, query(req, "e")?.parse::<u64>().ok()?, query(req, "sig")?);
+    let who = percent_encoding::percent_decode_str(who).decode_utf8().ok()?;
+    let good = capability::url_signature(head.key(), &who, path, expires);
+    (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && now() <= expires).then(|| who.into_owned())
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
+    let Ok(raw) = percent_encoding::percent_decode_str(req.uri().path()).decode_utf8() else {
+        return text(StatusCode::BAD_REQUEST, "the path is not UTF-8");
+    };
+    let Ok(path) = normalise(&raw) else { return text(StatusCode::BAD_REQUEST, "bad path") };
+    let Some(who) = subject(shared, head, req, &path) else {
+        let mut r = text(StatusCode::UNAUTHORIZED, "authenticate with 'Authorization: Bearer SUBJECT:TOKEN' or a shared URL");
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"locus\""));
+        return r;
+    };
+    let entry = match head.meta.get(&path) {
+        Ok(Some(e)) => e,
+        Ok(None) => return text(StatusCode::NOT_FOUND, format!("{path}: no such file or directory")),
+        Err(e) => return text(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let is_dir = entry.kind == Kind::Dir;
+    let governing = if is_dir { path.as_str() } else { locus_cluster::split(&path).map_or("/", |(p, _)| p) };
+    let need = if is_dir { Rights::LIST } else { Rights::READ };
+    if !head.meta.rights(&who, governing).is_ok_and(|r| r.contains(need)) {
+        return text(StatusCode::FORBIDDEN, format!("{path}: permission denied"));
+    }
+    if is_dir {
+        let Ok(list) = head.meta.list(&path) else { return text(StatusCode::SERVICE_UNAVAILABLE, "listing failed") };
+        let names: Vec<String> = list
+            .iter()
+            .map(|e| {
+                let name = locus_cluster::split(&e.path).map_or("", |(_, n)| n);
+                if e.kind == Kind::Dir { format!("{name}/") } else { name.to_string() }
+            })
+            .collect();
+        return text(StatusCode::OK, names.join("\n"));
+    }
+    if req.method() == Method::GET {
+        if let Some(url) = head.http_location(&who, &entry) {
+            let mut r = text(StatusCode::TEMPORARY_REDIRECT, "read it from its data node");
+            if let Ok(v) = HeaderValue::from_str(&url) {
+                r.headers_mut().insert(header::LOCATION, v);
+            }
+            return r;
+        }
+    }
+    let etag = format!("\"{}.{}\"", entry.object, entry.version);
+    let size = attr_of(&entry).size;
+    let head = head.clone();
+    ranged(req, size, &etag, move |offset, len| {
+        let (head, entry) = (head.clone(), entry.clone());
+        async move { head.read(entry, offset, len as u32).await.map_err(|e| std::io::Error::other(e.message)) }
+    })
+}
+
+/// Parses a single `Range: bytes=...` against `size`: `Ok(None)` for the whole file,
+/// `Err` when unsatisfiable. Several ranges are answered with the whole file.
+fn range(req: &Request<hyper::body::Incoming>, size: u64) -> Result<Option<(u64, u64)>, ()> {
+    let Some(spec) = req.headers().get(header::RANGE).and_then(|v| v.to_str().ok()) else { return Ok(None) };
+    let Some(spec) = spec.strip_prefix("bytes=") else { return Ok(None) };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let Some((a, b)) = spec.trim().split_once('-') else { return Ok(None) };
+    let (start, end) = match (a.parse::<u64>().ok(), b.parse::<u64>().ok()) {
+        (Some(s), Some(e)) if s <= e => (s, e.min(size.saturating_sub(1))),
+        (Some(s), None) if b.is_empty() => (s, size.saturating_sub(1)),
+        (None, Some(n)) if a.is_empty() && n > 0 => (size.saturating_sub(n), size.saturating_sub(1)),
+        _ => return Ok(None),
+    };
+    if start >= size {
+        return Err(());
+    }
+    Ok(Some((start, end)))
+}
+
+/// A `200` or `206` response (or `416`) whose bytes `read(offset, len)` produces, in
+/// chunks, as the client takes them.
+fn ranged<F, Fut>(req: &Request<hyper::body::Incoming>, size: u64, etag: &str, read: F) -> Response<HttpBody>
+where
+    F: Fn(u64, u64) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<Bytes>> + Send,
+{
+    let (status, start, len) = match range(req, size) {
+        Ok(None) => (StatusCode::OK, 0, size),
+        Ok(Some((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e - s + 1),
+        Err(()) => {
+            let mut r = text(StatusCode::RANGE_NOT_SATISFIABLE, "range not satisfiable");
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                r.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return r;
+        }
+    };
+    let body = if req.method() == Method::HEAD || len == 0 {
+        HttpBody::Full(None)
+    } else {
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let mut at = start;
+            while at < start + len {
+                let want = (start + len - at).min(CHUNK);
+                let chunk = read(at, want).await;
+                let n = chunk.as_ref().map_or(0, |b| b.len() as u64);
+                let failed = chunk.is_err() || n == 0;
+                if tx.send(chunk.and_then(|b| if n == 0 { Err(std::io::ErrorKind::UnexpectedEof.into()) } else { Ok(b) })).await.is_err() || failed {
+                    return;
+                }
+                at += n;
+            }
+        });
+        HttpBody::Stream(rx)
+    };
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    if let Ok(v) = HeaderValue::from_str(etag) {
+        h.insert(header::ETAG, v);
+    }
+    if status == StatusCode::PARTIAL_CONTENT {
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{}/{size}", start + len - 1)) {
+            h.insert(header::CONTENT_RANGE, v);
+        }
+    }
+    r
+}
+
+/// Encodes a capability for a data node's URL.
+pub fn encode_capability(c: &Capability) -> String {
+    locus_proto::codec::encode(c).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_capability(hex: &str) -> Option<Capability> {
+    let bytes: Option<Vec<u8>> =
+        (0..hex.len() / 2).map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+    locus_proto::codec::decode(&bytes?).ok()
+}
+
+fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
+    let Some(key) = shared.node_key() else { return text(StatusCode::NOT_FOUND, "not a data node of a cluster") };
+    let Some(name) = req.uri().path().strip_prefix("/o/") else { return text(StatusCode::NOT_FOUND, "no such object") };
+    let Some((object, version)) = name.split_once('.').and_then(|(o, v)| Some((o.parse::<u64>().ok()?, v.parse::<u64>().ok()?)))
+    else {
+        return text(StatusCode::NOT_FOUND, "no such object");
+    };
+    let Some(cap) = query(req, "c").and_then(decode_capability) else {
+        return text(StatusCode::FORBIDDEN, "a capability (c=...) is needed");
+    };
+    if let Err(why) = capability::verify(&key, &cap, &cap.subject, now()) {
+        return text(StatusCode::FORBIDDEN, format!("capability refused: {why:?}"));
+    }
+    if (cap.object, cap.version) != (object, version) {
+        return text(StatusCode::FORBIDDEN, "capability refused: it is for another object");
+    }
+    let path = shared.config.root.join(crate::session::OBJECTS_DIR).join(format!("{object}.{version}"));
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => Arc::new(f),
+        Err(_) => return text(StatusCode::NOT_FOUND, "that version is gone from this node"),
+    };
+    let etag = format!("\"{object}.{version}\"");
+    ranged(req, cap.size, &etag, move |offset, len| {
+        let file = file.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let mut buf = vec![0u8; len as usize];
+                let n = file.read_at(&mut buf, offset)?;
+                buf.truncate(n);
+                Ok(Bytes::from(buf))
+            })
+            .await
+            .map_err(std::io::Error::other)?
+        }
+    })
+}
