@@ -254,3 +254,71 @@ fn head_defaults_match_the_design() {
     let c = HeadConfig::new("x");
     assert_eq!((c.tp_threshold, c.inline_max, c.replication), (1 << 20, 64 << 10, 1));
 }
+
+/// Serves HTTP for `server` on an ephemeral port of this runtime; answers its address.
+async fn http_for(server: &TestServer) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(locus_server::http::serve(listener, server.shared().clone()));
+    addr
+}
+
+fn curl(args: &[&str]) -> (String, Vec<u8>) {
+    let out = std::process::Command::new("curl").args(["-s", "-w", "\n%{http_code}"]).args(args).output().expect("curl");
+    let mut body = out.stdout;
+    let split = body.iter().rposition(|&b| b == b'\n').unwrap();
+    let status = String::from_utf8(body.split_off(split)).unwrap().trim().to_string();
+    (status, body)
+}
+
+/// What curl's `--write-out FORMAT` says of a request.
+fn curl_write_out(args: &[&str], format: &str) -> String {
+    let out = std::process::Command::new("curl").args(["-s", "-o", "/dev/null", "-w", format]).args(args).output().expect("curl");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_follows_the_heads_redirect_to_a_data_node() {
+    let head = TestServer::head(None, |_| {});
+    let node = TestServer::data_node(&head);
+    let head_http = http_for(&head).await;
+    let node_http = http_for(&node).await;
+    locus_server::node::join(node.shared(), &head.options("admin"), &node.addr.to_string(), Some(&node_http))
+        .await
+        .unwrap();
+    let admin = head.client("admin").await;
+    let big = pattern(3 * MIB, 5);
+    admin.write_file("/big", 0o644, &big).await.unwrap();
+    admin.write_file("/small", 0o644, b"tiny").await.unwrap();
+    let bearer = "Authorization: Bearer admin:admin-token";
+    let url = format!("http://{head_http}/big");
+
+    // The head redirects; curl follows to the node and gets the right bytes, ranges too.
+    let (status, _) = curl(&["-H", bearer, &url]);
+    assert_eq!(status, "307");
+    assert_eq!(curl(&["-L", "-H", bearer, &url]), ("200".into(), big.clone()));
+    assert_eq!(curl(&["-L", "-H", bearer, "-r", "1000-1999", &url]), ("206".into(), big[1000..2000].to_vec()));
+    assert_eq!(curl(&["-L", "-H", bearer, "-r", "-10", &url]), ("206".into(), big[big.len() - 10..].to_vec()));
+    let effective = curl_write_out(&["-L", "-H", bearer, &url], "%{url_effective}");
+    assert!(effective.starts_with(&format!("http://{node_http}/o/")), "the node served the bytes");
+    // Small files and listings come from the head; no credentials, no bytes.
+    assert_eq!(curl(&["-H", bearer, &format!("http://{head_http}/small")]), ("200".into(), b"tiny".to_vec()));
+    assert_eq!(curl(&["-H", bearer, &format!("http://{head_http}/")]).1, b"big\nsmall\n");
+    assert_eq!(curl(&[&url]).0, "401");
+    assert_eq!(curl(&["-H", "Authorization: Bearer admin:wrong", &url]).0, "401");
+    assert_eq!(curl(&["-H", "Authorization: Bearer alice:alice-token", &url]).0, "403");
+
+    // A shared URL works without credentials until it expires; altered, it does not.
+    let shared = admin.call(locus_proto::ops::Share { path: "/big".into(), ttl_s: 60 }).await.unwrap();
+    let shared = format!("http://{head_http}{shared}");
+    assert_eq!(curl(&["-L", &shared]), ("200".into(), big.clone()));
+    assert_eq!(curl(&["-L", &shared.replace("/big?", "/small?")]).0, "401");
+
+    // The node's URL is bound to its object and version: another one is refused.
+    let redirect = curl_write_out(&["-H", bearer, &url], "%{redirect_url}");
+    let other = redirect.replacen("/o/", "/o/9", 1);
+    assert_eq!(curl(&[&other]).0, "403");
+    admin.write_file("/big", 0o644, &pattern(3 * MIB, 6)).await.unwrap();
+    // The old version's URL still serves the old bytes while its capability is valid.
+    assert_eq!(curl(&[&redirect]), ("200".into(), big));
+}
