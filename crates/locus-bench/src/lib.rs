@@ -4,6 +4,8 @@
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
 //! - [`active`]: `locus bench active`, a job triggered by opening an active file against
 //!   the same program at the server and on the client over `locus mount`, across RTTs.
+//! - [`cluster`]: `locus bench cluster`, SPIRAL's experiment: a head, data nodes and
+//!   clients in network namespaces on rate-limited links, third-party transfer on and off.
 //! - [`agent`]: `locus bench agent`, Figure 4 rows under `locus run`, local and remote,
 //!   beside the same program unmodified and on `locus mount`.
 //! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
@@ -18,6 +20,7 @@
 
 pub mod active;
 pub mod agent;
+pub mod cluster;
 pub mod mount;
 pub mod ops;
 pub mod peers;

@@ -297,6 +297,14 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
 async fn download(c: &Client, u: &LocusUrl, local: &Path) -> Result<(), String> {
     let attr = c.stat(&u.path).await.map_err(|e| err(u, e))?;
     let pb = progress(attr.size, &u.path);
+    // A device or a pipe (/dev/null, a FIFO) is written as it is: it cannot be replaced.
+    if std::fs::metadata(local).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        let file = tokio::fs::OpenOptions::new().write(true).open(local).await.map_err(|e| format!("{}: {e}", local.display()))?;
+        let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
+        let got = c.get(&u.path, &mut out, |n, _| pb.set_position(n)).await;
+        pb.finish_and_clear();
+        return got.map(drop).map_err(|e| err(u, e));
+    }
     // Write beside the target and rename, so a failed download leaves no half file.
     let tmp = local.with_file_name(format!(
         ".{}.locus-partial",

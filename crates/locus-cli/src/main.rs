@@ -328,6 +328,9 @@ enum BenchCommand {
     Active(locus_bench::active::ActiveArgs),
     /// Figure 4 rows and an Andrew-like run on locus mount (Locus and Chirp drivers) beside local.
     Mount(locus_bench::mount::MountArgs),
+    /// A head, data nodes and clients in network namespaces on rate-limited links:
+    /// aggregate read throughput with third-party transfer on and off (needs root).
+    Cluster(locus_bench::cluster::ClusterArgs),
 }
 
 /// The agent's options from `locus run`'s flags.
@@ -390,6 +393,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Agent(args)) => locus_bench::agent::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Cluster(args)) => locus_bench::cluster::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),

@@ -302,3 +302,21 @@ fn logs_are_json_objects_with_locus_log_format_json() {
     assert_eq!(v["level"], "WARN");
     assert_eq!(v["fields"]["subject"], "admin");
 }
+
+/// `locus get URL /dev/null` (or a pipe) writes into it: such targets are never
+/// replaced by a regular file.
+#[test]
+fn get_into_a_pipe_writes_through_it() {
+    let s = TestServer::start();
+    let home = s.scratch().join("home");
+    s.put_local("f", b"through the pipe");
+    let fifo = s.scratch().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || std::fs::read(fifo).unwrap())
+    };
+    ok(&home, &["get", &s.url("/f"), fifo.to_str().unwrap()]);
+    assert_eq!(reader.join().unwrap(), b"through the pipe");
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::metadata(&fifo).unwrap().file_type()));
+}

@@ -150,7 +150,7 @@ impl Tx for SqliteTx<'_> {
 impl Engine for Sqlite {
     fn run(&self, body: &mut (dyn FnMut(&mut dyn Tx) -> Result<()> + Send)) -> Result<()> {
         let mut conn = self.conn.lock();
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(engine_error)?;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred).map_err(engine_error)?;
         body(&mut SqliteTx(&tx))?;
         tx.commit().map_err(engine_error)
     }

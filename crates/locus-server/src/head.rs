@@ -83,6 +83,9 @@ pub struct Head {
     /// Private copies of files open for writing and uploads in progress.
     staging: PathBuf,
     nodes: Mutex<(Option<Instant>, Vec<Node>)>,
+    /// Bytes this head placed on each node since the node last reported its free space,
+    /// so that writes between reports spread instead of piling on one node.
+    placed: Mutex<HashMap<u64, u64>>,
     /// Reads from nodes, as the head's own subject.
     reads: NodeReads,
     /// Connections to nodes for storing and dropping objects.
@@ -160,6 +163,7 @@ impl Head {
             objects,
             staging,
             nodes: Mutex::new((None, Vec::new())),
+            placed: Mutex::new(HashMap::new()),
             reads: NodeReads::default(),
             writers: tokio::sync::Mutex::new(HashMap::new()),
             io: Some(io),
@@ -264,7 +268,15 @@ impl Head {
         if all.is_empty() {
             return Ok(vec![Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX }]);
         }
-        let mut nodes: Vec<Node> = all.into_iter().filter(|n| n.free >= size).collect();
+        let placed = self.placed.lock();
+        let mut nodes: Vec<Node> = all
+            .into_iter()
+            .map(|mut n| {
+                n.free = n.free.saturating_sub(placed.get(&n.id).copied().unwrap_or(0));
+                n
+            })
+            .filter(|n| n.free >= size)
+            .collect();
         nodes.sort_by(|a, b| b.free.cmp(&a.free).then(a.id.cmp(&b.id)));
         Ok(nodes)
     }
@@ -307,7 +319,10 @@ impl Head {
                 return Ok(vec![LOCAL_NODE]);
             }
             match self.store_on(&node, staged, object, version, size).await {
-                Ok(()) => ids.push(node.id),
+                Ok(()) => {
+                    *self.placed.lock().entry(node.id).or_default() += size;
+                    ids.push(node.id);
+                }
                 Err(e) => failures.push(e.message),
             }
         }
@@ -1029,6 +1044,7 @@ impl Handler for HeadSession {
         self.need("/", Rights::ADMIN)?;
         let node = self.head.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
         self.head.forget_nodes();
+        self.head.placed.lock().remove(&node);
         tracing::info!(node, addr = %req.addr, free = req.free, "data node joined");
         Ok(NodeWelcome { node, key: self.head.key().to_vec() }.into())
     }
