@@ -207,7 +207,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
         let server = Server::new(config.clone(), tokens).map_err(|e| e.to_string())?;
         let scheme = if config.tls { "locus+tls" } else { "locus" };
-        eprintln!("Locus is serving {} at {scheme}://{addr}/", config.root.display());
+        match &config.head {
+            Some(head) => eprintln!("Locus cluster head at {scheme}://{addr}/ (namespace in {})", head.meta),
+            None => eprintln!("Locus is serving {} at {scheme}://{addr}/", config.root.display()),
+        }
         eprintln!("  state (tokens, TLS): {}", config.state_dir.display());
         match (&created, embedded) {
             (Some(_), true) => eprintln!("  admin token saved to {}", credentials_file().display()),
@@ -243,9 +246,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         if let Some(head) = head_options {
             eprintln!("  data node of {}, reached at {advertise}", head.addr);
             tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, http));
-        }
-        if let Some(head) = &config.head {
-            eprintln!("  cluster head; namespace in {}", head.meta);
         }
         let shared = server.shared().clone();
         tokio::spawn(async move {

@@ -274,6 +274,18 @@ impl Meta {
         })
     }
 
+    /// Every file under directory `dir`, at any depth, in path order.
+    pub fn files_under(&self, dir: &str) -> Result<Vec<Entry>> {
+        self.tx(|tx| {
+            let (lo, hi) = descendants(dir);
+            let rows = tx.query(
+                &format!("SELECT {COLUMNS} FROM entries WHERE path > $1 AND path < $2 AND kind = $3 ORDER BY path"),
+                &[Val::Text(lo), Val::Text(hi), Val::Int(Kind::File as i64)],
+            )?;
+            rows.iter().map(|r| entry_of(r)).collect()
+        })
+    }
+
     /// A new unique id, for objects and versions.
     pub fn next_id(&self) -> Result<u64> {
         self.tx(next_id)
@@ -633,6 +645,8 @@ mod tests {
         meta.rename("/a", "/c").unwrap();
         assert_eq!(names(&meta, "/"), ["/a.z", "/c"]);
         assert_eq!(names(&meta, "/c/b"), ["/c/b/f"]);
+        let under: Vec<String> = meta.files_under("/c").unwrap().into_iter().map(|e| e.path).collect();
+        assert_eq!(under, ["/c/b/f"]);
         assert_eq!(meta.rights("bob", "/c/b").unwrap(), Rights::READ);
         assert_eq!(meta.rights("bob", "/c").unwrap(), Rights(0));
         assert!(matches!(meta.rename("/c", "/c/b/z"), Err(MetaError::Invalid(_))));

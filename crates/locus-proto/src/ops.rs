@@ -138,6 +138,8 @@ macro_rules! operation_table {
             0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64 } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
+            /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`), read-only; replies stream as `storelet_run`'s.
+            0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)> } -> StoreletEvent;
         }
     };
 }

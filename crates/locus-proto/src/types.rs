@@ -130,6 +130,18 @@ pub struct Located {
     pub location: Option<Location>,
 }
 
+/// One file of a data node's share of a cluster-wide storelet run: where it appears in
+/// the run's directory, and its bytes (the object version the node holds, or inline).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewFile {
+    /// Relative to the run's directory, `/`-separated, no `..`.
+    pub path: String,
+    pub object: u64,
+    pub version: u64,
+    /// A small file's bytes, which live at the head, not on the node.
+    pub inline: Option<Vec<u8>>,
+}
+
 /// What a head tells a data node that joins it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeWelcome {

@@ -440,6 +440,88 @@ impl Head {
     }
 }
 
+/// Runs one share per node at once and hands their events on as they arrive: one
+/// `Started`, every node's output, then one `Finished` adding up the accounts (the
+/// highest exit code), or the first node's error.
+async fn merge_runs(
+    head: Arc<Head>,
+    subject: String,
+    shares: Vec<(Node, Vec<ViewFile>)>,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    module: Bytes,
+    tx: tokio::sync::mpsc::UnboundedSender<EventFrame>,
+) {
+    let frame = |kind: Kind, more: bool, meta: Vec<u8>, data: Bytes| EventFrame { kind, more, meta, data, mergeable: kind == Kind::Reply && more };
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let mut running = 0;
+    for (node, files) in shares {
+        let req = NodeRun { subject: subject.clone(), files, args: args.clone(), env: env.clone() };
+        let (head, module, events_tx) = (head.clone(), module.clone(), events_tx.clone());
+        running += 1;
+        tokio::spawn(async move {
+            let frames = match head.writer(&node).await {
+                Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| WireError::new(e.code(), e.to_string())),
+                Err(e) => Err(e),
+            };
+            match frames {
+                Ok(mut frames) => {
+                    while let Some(f) = frames.recv().await {
+                        let last = f.as_ref().map_or(true, |f| !f.header.more());
+                        let _ = events_tx.send(f.map_err(|e| WireError::new(e.code(), format!("data node {}: {e}", node.id))));
+                        if last {
+                            return;
+                        }
+                    }
+                    let _ = events_tx.send(Err(WireError::new(Code::IO, format!("data node {} went away", node.id))));
+                }
+                Err(e) => drop(events_tx.send(Err(e))),
+            }
+        });
+    }
+    drop(events_tx);
+    let mut total = StoreletResult::default();
+    let mut started = false;
+    while running > 0 {
+        let Some(event) = events.recv().await else { break };
+        let f = match event {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = tx.send(frame(Kind::Error, false, codec::encode(&e), Bytes::new()));
+                return;
+            }
+        };
+        match codec::decode::<StoreletEvent>(&f.meta) {
+            Ok(StoreletEvent::Started { module, .. }) if !started => {
+                started = true;
+                let _ = tx.send(frame(Kind::Reply, true, codec::encode(&StoreletEvent::Started { run: 0, module }), Bytes::new()));
+            }
+            Ok(StoreletEvent::Started { .. }) => {}
+            Ok(e @ (StoreletEvent::Stdout | StoreletEvent::Stderr)) => {
+                let _ = tx.send(frame(Kind::Reply, true, codec::encode(&e), f.data));
+            }
+            Ok(StoreletEvent::Finished(r)) => {
+                running -= 1;
+                total.module = r.module;
+                total.exit_code = total.exit_code.max(r.exit_code);
+                total.fuel += r.fuel;
+                total.cpu_us += r.cpu_us;
+                total.peak_memory = total.peak_memory.max(r.peak_memory);
+                total.wall_us = total.wall_us.max(r.wall_us);
+                total.output_bytes += r.output_bytes;
+                total.read_bytes += r.read_bytes;
+                total.write_bytes += r.write_bytes;
+                total.files_opened += r.files_opened;
+            }
+            Err(e) => {
+                let _ = tx.send(frame(Kind::Error, false, codec::encode(&WireError::from(e)), Bytes::new()));
+                return;
+            }
+        }
+    }
+    let _ = tx.send(frame(Kind::Reply, false, codec::encode(&StoreletEvent::Finished(total)), Bytes::new()));
+}
+
 /// The file name of an object version (on the head's own directory).
 fn object_name(object: u64, version: u64) -> String {
     format!("{object}.{version}")
@@ -985,8 +1067,47 @@ impl Handler for HeadSession {
         not_here("scripts")
     }
 
-    fn storelet_run(&mut self, _: StoreletRun, _: Bytes) -> Reply<StoreletEvent> {
-        not_here("storelets")
+    /// Runs the module on every data node over the files of `dir` that the node holds
+    /// (small files, which live at the head, go to the node with the fewest), and
+    /// streams the nodes' output back as it comes; the result adds up their accounts.
+    fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {
+        if req.write {
+            return not_here("a writable storelet run");
+        }
+        let dir = normalise(&req.dir).map_err(meta_err)?;
+        let who = self.need("/", Rights::EXECUTE)?;
+        self.need(&dir, Rights::READ.union(Rights::LIST))?;
+        if self.entry(&dir)?.kind != EntryKind::Dir {
+            return Err(MetaError::NotDir(dir).into());
+        }
+        let nodes = self.head.nodes()?;
+        if nodes.is_empty() {
+            return not_here("a storelet run without data nodes");
+        }
+        let mut shares: Vec<(Node, Vec<ViewFile>)> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
+        let prefix = if dir == "/" { 0 } else { dir.len() };
+        for e in self.head.meta.files_under(&dir).map_err(meta_err)? {
+            let path = e.path[prefix..].trim_start_matches('/').to_string();
+            let (at, inline) = match e.content {
+                Content::Nodes(ids) => match shares.iter().position(|(n, _)| ids.first() == Some(&n.id)) {
+                    Some(i) => (i, None),
+                    None => continue,
+                },
+                Content::Inline(bytes) => {
+                    let fewest = (0..shares.len()).min_by_key(|&i| shares[i].1.len()).expect("nodes exist");
+                    (fewest, Some(bytes))
+                }
+            };
+            shares[at].1.push(ViewFile { path, object: e.object, version: e.version, inline });
+        }
+        let head = self.head.clone();
+        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = EventStream { frames, queued };
+        self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, tx));
+        Ok(Answer::later(Box::pin(async move {
+            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
+        })))
     }
 
     fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
@@ -1038,6 +1159,10 @@ impl Handler for HeadSession {
             None => rel,
         }
         .into())
+    }
+
+    fn node_run(&mut self, _: NodeRun, _: Bytes) -> Reply<StoreletEvent> {
+        not_here("node_run (a data node's operation)")
     }
 
     fn node_join(&mut self, req: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {

@@ -25,6 +25,56 @@ pub fn object_path(object: u64, version: u64) -> String {
     format!("/{OBJECTS_DIR}/{object}.{version}")
 }
 
+/// Where a data node lays out the files of a cluster-wide run, under its export.
+pub const VIEWS_DIR: &str = "views";
+
+/// A directory of hard links to object versions (and copies of inline files) under
+/// their names in a cluster-wide run: what the node's share of the run sees. Removed
+/// when dropped.
+struct View {
+    /// The directory, relative to the export.
+    rel: String,
+    abs: std::path::PathBuf,
+}
+
+impl View {
+    fn make(root: &std::path::Path, files: &[ViewFile]) -> Result<View, WireError> {
+        let mut id = [0u8; 8];
+        getrandom::fill(&mut id).expect("the OS provides randomness");
+        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let abs = root.join(VIEWS_DIR).join(&name);
+        let io = |what: &str, e: std::io::Error| {
+            WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
+        };
+        std::fs::create_dir_all(&abs).map_err(|e| io("view", e))?;
+        let view = View { rel: format!("/{VIEWS_DIR}/{name}"), abs };
+        for f in files {
+            let parts: Vec<&str> = f.path.split('/').filter(|p| !p.is_empty()).collect();
+            if parts.is_empty() || parts.iter().any(|p| *p == "." || *p == ".." || p.contains('\0')) {
+                return Err(WireError::new(Code::INVAL, format!("{:?}: not a relative path", f.path)));
+            }
+            let to = parts.iter().fold(view.abs.clone(), |p, part| p.join(part));
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io(&f.path, e))?;
+            }
+            match &f.inline {
+                Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
+                None => {
+                    let from = root.join(OBJECTS_DIR).join(format!("{}.{}", f.object, f.version));
+                    std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?
+                }
+            }
+        }
+        Ok(view)
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.abs);
+    }
+}
+
 /// Directory entries per reply frame of `readdir`.
 const READDIR_PAGE: usize = 2048;
 
@@ -687,6 +737,44 @@ impl Handler for Session {
             Err(StoreError::Os { errno, .. }) if errno == rustix::io::Errno::NOENT => Ok(().into()),
             other => Ok(store(other)?.into()),
         }
+    }
+
+    fn node_run(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
+        self.node_key()?;
+        self.from_head()?;
+        let view = View::make(&self.shared.config.root, &req.files)?;
+        let dir = store(self.shared.store.open_workdir(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
+        let submission = crate::storelet_host::Submission {
+            subject: req.subject,
+            wasm: data,
+            args: req.args,
+            env: req.env,
+            dir,
+            write: false,
+            record_inputs: false,
+            native: None,
+        };
+        let (control, mut events) = self.shared.storelets.submit(submission)?;
+        self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
+        self.storelet_runs.push(control);
+        // The view goes once the run's last event has been handed on.
+        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+        let queued = events.queued.clone();
+        tokio::spawn(async move {
+            let mut view = Some(view);
+            while let Some(frame) = events.frames.recv().await {
+                if !frame.more {
+                    view.take();
+                }
+                if tx.send(frame).is_err() {
+                    break;
+                }
+            }
+        });
+        let stream = crate::transport::EventStream { frames, queued };
+        Ok(Answer::later(Box::pin(async move {
+            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
+        })))
     }
 
     fn share(&mut self, _: Share, _: Bytes) -> Reply<String> {

@@ -322,3 +322,45 @@ async fn curl_follows_the_heads_redirect_to_a_data_node() {
     // The old version's URL still serves the old bytes while its capability is valid.
     assert_eq!(curl(&[&redirect]), ("200".into(), big));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storelet_runs_on_every_node_over_the_files_it_holds() {
+    let head = TestServer::head(None, |_| {});
+    let nodes = [TestServer::data_node(&head), TestServer::data_node(&head)];
+    let admin = head.client("admin").await;
+    for d in ["/src", "/src/a", "/src/b", "/other"] {
+        admin.mkdir(d, 0o755).await.unwrap();
+    }
+    // Large files spread over both nodes; small ones live at the head.
+    let mut expected = Vec::new();
+    for i in 0..6 {
+        let path = format!("/src/{}/f{i}.go", if i % 2 == 0 { "a" } else { "b" });
+        admin.write_file(&path, 0o644, &pattern(100_000 + i, i as u8)).await.unwrap();
+        expected.push(path.trim_start_matches("/src").to_string());
+    }
+    admin.write_file("/src/small.go", 0o644, b"package small").await.unwrap();
+    expected.push("/small.go".into());
+    admin.write_file("/src/readme.txt", 0o644, b"not go").await.unwrap();
+    admin.write_file("/other/x.go", 0o644, b"outside").await.unwrap();
+    assert!(nodes.iter().all(|n| objects_on(n) > 0), "the large files are spread over both nodes");
+
+    let find = locus_testkit::build_storelet("find");
+    let args = ["/", "-name", "*.go"].map(String::from).to_vec();
+    let out = admin.storelet_run(&find, "/src", args, false).await.unwrap();
+    assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    expected.sort();
+    assert_eq!(lines, expected);
+    assert!(out.result.fuel > 0);
+    // Each node ran its share, and the views it made for them are gone.
+    for n in &nodes {
+        assert!(n.shared().storelets.stats("admin", true).recent.iter().any(|r| r.subject == "admin"));
+        let views = n.root().join(locus_server::session::VIEWS_DIR);
+        assert_eq!(std::fs::read_dir(views).map_or(0, |d| d.count()), 0);
+    }
+    // The x right at the root is needed, as on a single server.
+    let alice = head.client("alice").await;
+    let e = alice.storelet_run(&find, "/src", vec!["/".into()], false).await.unwrap_err();
+    assert_eq!(e.code(), Code::ACCES);
+}
