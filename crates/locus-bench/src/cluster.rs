@@ -30,6 +30,10 @@ pub struct ClusterArgs {
     /// Timed repeats of each configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Files of the distributed `find` (each just too large to live at the head), over
+    /// 4 data nodes and over 1; 0 skips it.
+    #[arg(long, default_value_t = 2000)]
+    pub find_files: usize,
 }
 
 const TOKEN: &str = "cluster-bench-token";
@@ -217,12 +221,15 @@ async fn stat_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool)
     median(times)
 }
 
-/// A head and `n` nodes and clients; each client reads its file `repeat` times.
-fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime::Runtime) -> Result<Outcome, BenchError> {
+/// A head, `nodes` data nodes and `clients` client namespaces, the nodes joined; answers
+/// the network and the head's process id.
+fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Net, u32), BenchError> {
     let mut net = Net::new()?;
     net.host("head", 1, args.rate_mbit)?;
-    for i in 1..=n {
+    for i in 1..=nodes {
         net.host(&format!("n{i}"), 10 + i as u8, args.rate_mbit)?;
+    }
+    for i in 1..=clients {
         net.host(&format!("c{i}"), 20 + i as u8, args.rate_mbit)?;
     }
     let head_url = format!("locus://10.77.0.1:{PORT}/");
@@ -234,7 +241,7 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
     );
     let head_pid = net.spawn(serve_head)?;
     std::thread::sleep(Duration::from_millis(500));
-    for i in 1..=n {
+    for i in 1..=nodes {
         let (root, state) = net.server_dirs(&format!("n{i}"))?;
         let c = net.locus(
             &format!("n{i}"),
@@ -244,15 +251,57 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
         net.spawn(c)?;
     }
     std::thread::sleep(Duration::from_millis(1500));
+    Ok((net, head_pid))
+}
 
-    let size = args.size_mb << 20;
+fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
     let opts = ConnectOptions {
         addr: format!("10.77.0.1:{PORT}"),
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
         tls_ca: None,
         tls_name: None,
     };
-    let client = rt.block_on(Client::connect(&opts)).map_err(|e| BenchError::Setup(format!("head: {e}")))?;
+    rt.block_on(Client::connect(&opts)).map_err(|e| BenchError::Setup(format!("head: {e}")))
+}
+
+/// A distributed `find` over `args.find_files` files spread on `nodes` nodes: the median
+/// time of the whole run as the client sees it, and the lines it printed.
+fn measure_find(args: &ClusterArgs, nodes: usize, module: &[u8], rt: &tokio::runtime::Runtime) -> Result<(f64, usize), BenchError> {
+    let (_net, _) = start_cluster(args, nodes, 0)?;
+    let client = connect_head(rt)?;
+    let body = vec![b'x'; (64 << 10) + 1];
+    rt.block_on(async {
+        client.mkdir("/tree", 0o755).await?;
+        for d in 0..20 {
+            client.mkdir(&format!("/tree/d{d}"), 0o755).await?;
+        }
+        for i in 0..args.find_files {
+            client.write_file(&format!("/tree/d{}/file{i}.dat", i % 20), 0o644, &body).await?;
+        }
+        Ok::<_, locus_client::ClientError>(())
+    })
+    .map_err(|e| BenchError::Setup(format!("making the tree: {e}")))?;
+    let mut times = Vec::new();
+    let mut lines = 0;
+    // The first run compiles the module on each node (kept in each node's cache).
+    for run in 0..=args.repeat {
+        let started = Instant::now();
+        let argv = ["/", "-name", "*7*"].map(String::from).to_vec();
+        let out = rt.block_on(client.storelet_run(module, "/tree", argv, false)).map_err(|e| BenchError::Setup(format!("find: {e}")))?;
+        if run > 0 {
+            times.push(started.elapsed().as_secs_f64());
+        }
+        lines = out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+    }
+    Ok((median(times), lines))
+}
+
+/// A head and `n` nodes and clients; each client reads its file `repeat` times.
+fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime::Runtime) -> Result<Outcome, BenchError> {
+    let (net, head_pid) = start_cluster(args, n, n)?;
+    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let size = args.size_mb << 20;
+    let client = connect_head(rt)?;
     let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
     for i in 0..n {
         rt.block_on(client.write_file(&format!("/f{i}"), 0o644, &data)).map_err(|e| BenchError::Setup(format!("put: {e}")))?;
@@ -355,6 +404,16 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
                 o.ping_loaded_us / o.ping_idle_us
             );
         }
+    }
+    if args.find_files > 0 {
+        let find = locus_storelet::build_shipped("find").map_err(BenchError::Setup)?;
+        println!("\nDistributed `find -name '*7*'` (the shipped Go storelet, compiled on each node before timing) over {} files in 20 directories:\n", args.find_files);
+        println!("| data nodes | seconds (median) | lines | x one node |");
+        println!("|---|---|---|---|");
+        let (one, lines) = measure_find(&args, 1, &find, &rt)?;
+        println!("| 1 | {one:.3} | {lines} | 1.00 |");
+        let (four, lines) = measure_find(&args, 4, &find, &rt)?;
+        println!("| 4 | {four:.3} | {lines} | {:.2} |", one / four);
     }
     Ok(())
 }
