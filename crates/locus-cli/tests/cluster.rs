@@ -1,6 +1,7 @@
 //! Unmodified programs on a cluster head: `locus mount`, `locus run` and `locus get`
 //! read a large file's bytes straight from its data node, not through the head.
 
+use locus_client::Client;
 use locus_mount::is_mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
@@ -68,4 +69,99 @@ fn mount_run_and_get_read_from_the_data_node() {
     // None of those bytes went through the head.
     assert_eq!(answered(&head, "pread"), 0);
     assert_eq!(answered(&head, "get"), 0);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `locus serve FLAGS` on `port` with its own directories and the test's admin token.
+fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Child {
+    let (root, state) = (dir.join(name).join("export"), dir.join(name).join("state"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::write(state.join("tokens"), "admin admin-token\n").unwrap();
+    let child = locus(&dir.join("home"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .arg("--root")
+        .arg(&root)
+        .arg("--state")
+        .arg(&state)
+        .args(flags)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_port(port);
+    child
+}
+
+/// Two `locus serve --head` processes on one PostgreSQL database: the first is killed
+/// (SIGKILL) while a client writes through it; every write it acknowledged is read back
+/// through the second, which goes on serving.
+#[test]
+fn killing_a_head_loses_no_acknowledged_write() {
+    let Some(pg) = locus_testkit::TestPostgres::start() else {
+        eprintln!("PostgreSQL is not installed here; skipping (CI installs it)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (pa, pb, pn) = (free_port(), free_port(), free_port());
+    let url = pg.url();
+    let mut a = serve(dir.path(), "a", pa, &["--head", "--meta", &url]);
+    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
+    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let connect = |port: u16| {
+        let opts = locus_client::ConnectOptions {
+            addr: format!("127.0.0.1:{port}"),
+            credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
+            tls_ca: None,
+            tls_name: None,
+        };
+        rt.block_on(Client::connect(&opts)).unwrap()
+    };
+    // Wait until the node has joined: a large file then lands on it.
+    let writer = connect(pa);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rt.block_on(writer.write_file("/probe", 0o644, &vec![1u8; 100_000])).is_err() {
+        assert!(Instant::now() < deadline, "the data node did not join");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writes = {
+        let acked = acked.clone();
+        rt.spawn(async move {
+            for i in 0u32.. {
+                let data: Vec<u8> = (0..if i % 2 == 0 { 150_000 } else { 300 }).map(|b: u32| (b ^ i) as u8).collect();
+                match writer.write_file(&format!("/w{i}"), 0o644, &data).await {
+                    Ok(_) => acked.lock().unwrap().push((i, data)),
+                    Err(_) => return,
+                }
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let _ = a.kill();
+    let _ = a.wait();
+    rt.block_on(writes).unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(acked.len() >= 5, "only {} writes before the kill", acked.len());
+    let reader = connect(pb);
+    for (i, data) in &acked {
+        assert_eq!(&rt.block_on(reader.read_file(&format!("/w{i}"))).unwrap(), data, "acknowledged write {i}");
+    }
+    rt.block_on(reader.write_file("/after", 0o644, b"still serving")).unwrap();
+    assert_eq!(rt.block_on(reader.read_file("/after")).unwrap(), b"still serving");
+    for c in [&mut b, &mut node] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }

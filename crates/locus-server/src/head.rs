@@ -237,10 +237,7 @@ impl Head {
     pub async fn read(self: Arc<Self>, e: Entry, offset: u64, len: u32) -> Result<Bytes, WireError> {
         let len = (len as u64).min(e.size.saturating_sub(offset)) as usize;
         match &e.content {
-            Content::Inline(bytes) => {
-                let start = (offset as usize).min(bytes.len());
-                Ok(Bytes::copy_from_slice(&bytes[start..(start + len).min(bytes.len())]))
-            }
+            Content::Inline(bytes) => Ok(slice(bytes, offset, len as u32)),
             Content::Nodes(ids) if ids.contains(&LOCAL_NODE) => {
                 let file = std::fs::File::open(self.objects.join(object_name(e.object, e.version)))
                     .map_err(|err| io_err(&e.path, err))?;
@@ -520,6 +517,12 @@ async fn merge_runs(
         }
     }
     let _ = tx.send(frame(Kind::Reply, false, codec::encode(&StoreletEvent::Finished(total)), Bytes::new()));
+}
+
+/// Up to `len` bytes of `bytes` from `offset`.
+fn slice(bytes: &[u8], offset: u64, len: u32) -> Bytes {
+    let start = (offset.min(bytes.len() as u64)) as usize;
+    Bytes::copy_from_slice(&bytes[start..start.saturating_add(len as usize).min(bytes.len())])
 }
 
 /// The file name of an object version (on the head's own directory).
@@ -856,9 +859,8 @@ impl Handler for HeadSession {
             buf.truncate(n);
             return Ok(Answer::with_body((), Body::Bytes(buf.into())));
         }
-        if let Content::Inline(_) = h.entry.content {
-            let data = self.head.block(self.head.clone().read(h.entry.clone(), req.offset, len))?;
-            return Ok(Answer::with_body((), Body::Bytes(data)));
+        if let Content::Inline(bytes) = &h.entry.content {
+            return Ok(Answer::with_body((), Body::Bytes(slice(bytes, req.offset, len))));
         }
         let (head, entry) = (self.head.clone(), h.entry.clone());
         later(&self.head, async move { Ok(Answer::with_body((), Body::Bytes(head.read(entry, req.offset, len).await?))) })

@@ -154,56 +154,9 @@ async fn a_head_without_data_nodes_keeps_contents_itself() {
     assert_eq!(admin.stat("/f").await.unwrap().size, data.len() as u64);
 }
 
-/// A throwaway PostgreSQL cluster, run as the `postgres` user, on a free port.
-struct Postgres {
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-impl Postgres {
-    /// None when PostgreSQL is not installed (`.ci/run` installs it).
-    fn start() -> Option<Postgres> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|d| d.path().join("bin")).max()?;
-        let dir = tempfile::tempdir().ok()?;
-        let data = dir.path().join("data");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
-        let as_postgres = |args: &[&str]| {
-            let ok = std::process::Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            assert!(ok, "postgres: {args:?} failed");
-        };
-        std::process::Command::new("chown").args(["postgres", dir.path().to_str()?]).status().ok()?;
-        let initdb = bin.join("initdb");
-        let pg_ctl = bin.join("pg_ctl");
-        as_postgres(&[initdb.to_str()?, "-D", data.to_str()?, "-A", "trust", "-U", "postgres"]);
-        let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
-        as_postgres(&[pg_ctl.to_str()?, "-D", data.to_str()?, "-o", &opts, "-w", "-l", data.join("log").to_str()?, "start"]);
-        Some(Postgres { dir, port })
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Postgres {
-    fn drop(&mut self) {
-        let data = self.dir.path().join("data");
-        let _ = std::process::Command::new("runuser")
-            .args(["-u", "postgres", "--", "sh", "-c"])
-            .arg(format!("$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_ctl -D {} -m immediate stop", data.display()))
-            .stdout(std::process::Stdio::null())
-            .status();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_heads_share_the_namespace_and_survive_a_head_dying() {
-    let Some(pg) = Postgres::start() else {
+    let Some(pg) = locus_testkit::TestPostgres::start() else {
         eprintln!("PostgreSQL is not installed here; skipping (CI installs it)");
         return;
     };

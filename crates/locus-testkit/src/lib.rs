@@ -164,6 +164,55 @@ pub const GATED_HANDLER: &str = r#"(module
       (i32.store (i32.const 0) (i32.const 200)) (i32.store (i32.const 4) (i32.const 7))
       (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
+/// A throwaway PostgreSQL cluster, run as the `postgres` user, on a free port, stopped
+/// when dropped.
+pub struct TestPostgres {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl TestPostgres {
+    /// Starts one; None when PostgreSQL is not installed (`.ci/run` installs it).
+    pub fn start() -> Option<TestPostgres> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|d| d.path().join("bin")).max()?;
+        let dir = tempfile::tempdir().ok()?;
+        let data = dir.path().join("data");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let as_postgres = |args: &[&str]| {
+            let ok = std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "postgres: {args:?} failed");
+        };
+        std::process::Command::new("chown").args(["postgres", dir.path().to_str()?]).status().ok()?;
+        let initdb = bin.join("initdb");
+        let pg_ctl = bin.join("pg_ctl");
+        as_postgres(&[initdb.to_str()?, "-D", data.to_str()?, "-A", "trust", "-U", "postgres"]);
+        let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
+        as_postgres(&[pg_ctl.to_str()?, "-D", data.to_str()?, "-o", &opts, "-w", "-l", data.join("log").to_str()?, "start"]);
+        Some(TestPostgres { dir, port })
+    }
+
+    /// The database's URL, for `--meta`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let _ = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--", "sh", "-c"])
+            .arg(format!("$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_ctl -D {} -m immediate stop", data.display()))
+            .stdout(std::process::Stdio::null())
+            .status();
+    }
+}
+
 /// Builds the storelet in `storelets/NAME` with Go's wasip1 port and returns the module.
 pub fn build_storelet(name: &str) -> Vec<u8> {
     locus_storelet::build_shipped(name).unwrap_or_else(|e| panic!("{e}"))
