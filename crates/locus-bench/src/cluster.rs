@@ -203,22 +203,29 @@ struct Outcome {
     head_bytes_share: f64,
     stat_idle_us: f64,
     stat_loaded_us: f64,
-    ping_idle_us: f64,
-    ping_loaded_us: f64,
+    locus_ping_idle_us: f64,
+    locus_ping_loaded_us: f64,
+    echo_idle_us: f64,
+    echo_loaded_us: f64,
 }
 
-/// Median `stat` latency (µs) at the head over `samples` calls, or until `until` is true.
-async fn stat_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool) -> f64 {
-    let mut times = Vec::new();
-    while times.len() < samples || (samples == 0 && !until()) {
+/// Median latencies (µs) at the head of `stat` (a namespace lookup) and of `ping` (no
+/// lookup: the server's request path alone), over `samples` calls each, or until
+/// `until` is true.
+async fn probe_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool) -> (f64, f64) {
+    let (mut stats, mut pings) = (Vec::new(), Vec::new());
+    while stats.len() < samples || (samples == 0 && !until()) {
         let t = Instant::now();
         let _ = client.stat("/f0").await;
-        times.push(t.elapsed().as_secs_f64() * 1e6);
+        stats.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        let _ = client.ping().await;
+        pings.push(t.elapsed().as_secs_f64() * 1e6);
         if samples == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    median(times)
+    (median(stats), median(pings))
 }
 
 /// A head, `nodes` data nodes and `clients` client namespaces, the nodes joined; answers
@@ -306,10 +313,10 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
     for i in 0..n {
         rt.block_on(client.write_file(&format!("/f{i}"), 0o644, &data)).map_err(|e| BenchError::Setup(format!("put: {e}")))?;
     }
-    let idle = rt.block_on(stat_latency(&client, 200, &|| true));
+    let (idle, ping_idle) = rt.block_on(probe_latency(&client, 200, &|| true));
     let mut echo = echo_at_head()?;
-    let ping_idle = echo_us(&mut echo, 200);
-    let mut pings = Vec::new();
+    let echo_idle = echo_us(&mut echo, 200);
+    let (mut echoes, mut pings) = (Vec::new(), Vec::new());
 
     let mut rates = Vec::new();
     let mut loaded = Vec::new();
@@ -326,8 +333,8 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
             .collect::<Result<_, _>>()?;
         let done = std::sync::atomic::AtomicBool::new(false);
         let latency = std::thread::scope(|s| {
-            let probe = s.spawn(|| rt.block_on(stat_latency(&client, 0, &|| done.load(std::sync::atomic::Ordering::Relaxed))));
-            let ping = s.spawn(|| {
+            let probe = s.spawn(|| rt.block_on(probe_latency(&client, 0, &|| done.load(std::sync::atomic::Ordering::Relaxed))));
+            let echo = s.spawn(|| {
                 let mut times = Vec::new();
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
                     times.push(echo_us(&mut echo, 20));
@@ -337,8 +344,8 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
             });
             let ok = readers.iter_mut().all(|r| r.wait().is_ok_and(|s| s.success()));
             done.store(true, std::sync::atomic::Ordering::Relaxed);
-            pings.push(ping.join().unwrap_or(0.0));
-            (ok, probe.join().unwrap_or(0.0))
+            echoes.push(echo.join().unwrap_or(0.0));
+            (ok, probe.join().unwrap_or((0.0, 0.0)))
         });
         if !latency.0 {
             let logs: String = (1..=n)
@@ -347,7 +354,8 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
             return Err(BenchError::Setup(format!("a client's locus get failed: {}", logs.trim())));
         }
         rates.push((n as u64 * size) as f64 / started.elapsed().as_secs_f64() / 1e6);
-        loaded.push(latency.1);
+        loaded.push(latency.1 .0);
+        pings.push(latency.1 .1);
     }
     let served_gb = (args.repeat as u64 * n as u64 * size) as f64 / 1e9;
     Ok(Outcome {
@@ -356,8 +364,10 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
         head_bytes_share: (head_tx_bytes() - tx0) as f64 / (served_gb * 1e9),
         stat_idle_us: idle,
         stat_loaded_us: median(loaded),
-        ping_idle_us: ping_idle,
-        ping_loaded_us: median(pings),
+        locus_ping_idle_us: ping_idle,
+        locus_ping_loaded_us: median(pings),
+        echo_idle_us: echo_idle,
+        echo_loaded_us: median(echoes),
     })
 }
 
@@ -380,8 +390,8 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
         args.size_mb,
         args.repeat
     );
-    println!("| data nodes = clients | third-party | aggregate MB/s | x one node (tp) | head CPU s/GB | head bytes / bytes served | stat µs idle | stat µs under load | ratio | bare TCP echo µs idle → under load (floor) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| data nodes = clients | third-party | aggregate MB/s | x one node (tp) | head CPU s/GB | head bytes / bytes served | stat µs idle | stat µs under load | ratio | Locus ping µs idle → under load | bare TCP echo µs idle → under load (floor) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut one = None;
     for &n in &args.nodes {
         for tp in [true, false] {
@@ -391,7 +401,7 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
             }
             let scale = one.map_or("-".to_string(), |b| format!("{:.2}", o.mb_s / b));
             println!(
-                "| {n} | {} | {:.1} | {scale} | {:.2} | {:.1}% | {:.0} | {:.0} | {:.2}x | {:.0} → {:.0} ({:.2}x) |",
+                "| {n} | {} | {:.1} | {scale} | {:.2} | {:.1}% | {:.0} | {:.0} | {:.2}x | {:.0} → {:.0} ({:.2}x) | {:.0} → {:.0} ({:.2}x) |",
                 if tp { "on" } else { "off" },
                 o.mb_s,
                 o.head_cpu_s_per_gb,
@@ -399,9 +409,12 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
                 o.stat_idle_us,
                 o.stat_loaded_us,
                 o.stat_loaded_us / o.stat_idle_us,
-                o.ping_idle_us,
-                o.ping_loaded_us,
-                o.ping_loaded_us / o.ping_idle_us
+                o.locus_ping_idle_us,
+                o.locus_ping_loaded_us,
+                o.locus_ping_loaded_us / o.locus_ping_idle_us,
+                o.echo_idle_us,
+                o.echo_loaded_us,
+                o.echo_loaded_us / o.echo_idle_us
             );
         }
     }

@@ -266,15 +266,19 @@ impl Head {
             return Ok(vec![Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX }]);
         }
         let placed = self.placed.lock();
+        let recent = |n: &Node| placed.get(&n.id).copied().unwrap_or(0);
         let mut nodes: Vec<Node> = all
             .into_iter()
             .map(|mut n| {
-                n.free = n.free.saturating_sub(placed.get(&n.id).copied().unwrap_or(0));
+                n.free = n.free.saturating_sub(recent(&n));
                 n
             })
             .filter(|n| n.free >= size)
             .collect();
-        nodes.sort_by(|a, b| b.free.cmp(&a.free).then(a.id.cmp(&b.id)));
+        // Free space decides in steps of 1% of the most free (at least 1 GiB): nodes
+        // within a step of each other take turns, the one given least lately first.
+        let step = (nodes.iter().map(|n| n.free).max().unwrap_or(0) / 100).max(1 << 30);
+        nodes.sort_by_key(|n| (std::cmp::Reverse(n.free / step), recent(n), n.id));
         Ok(nodes)
     }
 
