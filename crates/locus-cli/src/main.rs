@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a directory (by default ~/.locus/export, created on first start).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Create a token for a subject in a server's token file and print it.
     Token {
         /// The subject name.
@@ -383,7 +383,7 @@ fn main() -> ExitCode {
         };
     }
     let result = match cli.command {
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs } => {
             mount::run(&url, &mountpoint, attr_timeout_ms, Duration::from_secs(retry_secs))
         }

@@ -515,7 +515,7 @@ async fn merge_runs(
                 total.files_opened += r.files_opened;
             }
             Err(e) => {
-                let _ = tx.send(frame(Kind::Error, false, codec::encode(&WireError::from(e)), Bytes::new()));
+                let _ = tx.send(frame(Kind::Error, false, codec::encode(&e), Bytes::new()));
                 return;
             }
         }

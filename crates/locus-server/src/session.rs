@@ -221,7 +221,7 @@ impl Session {
     }
 
     /// Checks that the caller is the cluster's head.
-    fn from_head(&self) -> Result<(), WireError> {
+    fn check_from_head(&self) -> Result<(), WireError> {
         match self.who()? {
             locus_proto::capability::HEAD_SUBJECT => Ok(()),
             _ => Err(WireError::new(Code::ACCES, "only the cluster's head stores and drops objects")),
@@ -725,14 +725,14 @@ impl Handler for Session {
 
     fn object_put(&mut self, req: ObjectPut, data: Bytes) -> Reply<Attr> {
         self.node_key()?;
-        self.from_head()?;
+        self.check_from_head()?;
         let put = Put { path: object_path(req.object, req.version), mode: 0o600 };
         self.start_put(crate::config::ADMIN_SUBJECT, put, data)
     }
 
     fn object_drop(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {
         self.node_key()?;
-        self.from_head()?;
+        self.check_from_head()?;
         match self.shared.store.unlink(crate::config::ADMIN_SUBJECT, &object_path(req.object, req.version)) {
             Err(StoreError::Os { errno, .. }) if errno == rustix::io::Errno::NOENT => Ok(().into()),
             other => Ok(store(other)?.into()),
@@ -741,7 +741,7 @@ impl Handler for Session {
 
     fn node_run(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;
-        self.from_head()?;
+        self.check_from_head()?;
         let view = View::make(&self.shared.config.root, &req.files)?;
         let dir = store(self.shared.store.open_workdir(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
         let submission = crate::storelet_host::Submission {
