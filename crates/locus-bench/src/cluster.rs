@@ -61,7 +61,11 @@ impl Net {
         let _ = Command::new("ip").args(["netns", "del", "lc-sw"]).stderr(Stdio::null()).status();
         let _ = Command::new("ip").args(["link", "del", "lc-root"]).stderr(Stdio::null()).status();
         sh(&["ip", "netns", "add", "lc-sw"])?;
-        let net = Net { hosts: Vec::new(), children: Vec::new(), dir: tempfile::tempdir().map_err(|e| BenchError::io("temp", e))? };
+        let net = Net {
+            hosts: Vec::new(),
+            children: Vec::new(),
+            dir: tempfile::tempdir().map_err(|e| BenchError::io("temp", e))?,
+        };
         sh(&["ip", "-n", "lc-sw", "link", "add", "br0", "type", "bridge"])?;
         sh(&["ip", "-n", "lc-sw", "link", "set", "br0", "up"])?;
         sh(&["ip", "link", "add", "lc-root", "type", "veth", "peer", "name", "lc-root-b"])?;
@@ -87,7 +91,25 @@ impl Net {
         sh(&["ip", "-n", &ns, "addr", "add", &format!("10.77.0.{ip}/24"), "dev", "eth0"])?;
         sh(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
         sh(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
-        sh(&["ip", "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", &format!("{rate_mbit}mbit"), "burst", "256kb", "latency", "100ms"])?;
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "eth0",
+            "root",
+            "tbf",
+            "rate",
+            &format!("{rate_mbit}mbit"),
+            "burst",
+            "256kb",
+            "latency",
+            "100ms",
+        ])?;
         Ok(())
     }
 
@@ -106,7 +128,8 @@ impl Net {
         for (k, v) in env {
             c.env(k, v);
         }
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(format!("{name}.log")));
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(format!("{name}.log")));
         c.stdout(Stdio::null()).stderr(log.map_or(Stdio::null(), Stdio::from));
         c
     }
@@ -186,7 +209,9 @@ fn echo_at_head() -> Result<std::net::TcpStream, BenchError> {
             while s.read_exact(&mut b).is_ok() && s.write_all(&b).is_ok() {}
         }
     });
-    rx.recv().map_err(|_| BenchError::Setup("echo thread".into()))?.map_err(|e| BenchError::io("echo at the head", e))?;
+    rx.recv()
+        .map_err(|_| BenchError::Setup("echo thread".into()))?
+        .map_err(|e| BenchError::io("echo at the head", e))?;
     crate::pingpong::connect("10.77.0.1:7".parse().expect("address")).map_err(BenchError::Setup)
 }
 
@@ -244,7 +269,18 @@ fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Ne
     let serve_head = net.locus(
         "head",
         &[],
-        &["serve", "--head", "--listen", &format!("10.77.0.1:{PORT}"), "--root", path(&root), "--state", path(&state), "--threads", "2"],
+        &[
+            "serve",
+            "--head",
+            "--listen",
+            &format!("10.77.0.1:{PORT}"),
+            "--root",
+            path(&root),
+            "--state",
+            path(&state),
+            "--threads",
+            "2",
+        ],
     );
     let head_pid = net.spawn(serve_head)?;
     std::thread::sleep(Duration::from_millis(500));
@@ -253,7 +289,17 @@ fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Ne
         let c = net.locus(
             &format!("n{i}"),
             &[],
-            &["serve", "--data-node", &head_url, "--listen", &format!("10.77.0.{}:{PORT}", 10 + i), "--root", path(&root), "--state", path(&state)],
+            &[
+                "serve",
+                "--data-node",
+                &head_url,
+                "--listen",
+                &format!("10.77.0.{}:{PORT}", 10 + i),
+                "--root",
+                path(&root),
+                "--state",
+                path(&state),
+            ],
         );
         net.spawn(c)?;
     }
@@ -273,7 +319,12 @@ fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
 
 /// A distributed `find` over `args.find_files` files spread on `nodes` nodes: the median
 /// time of the whole run as the client sees it, and the lines it printed.
-fn measure_find(args: &ClusterArgs, nodes: usize, module: &[u8], rt: &tokio::runtime::Runtime) -> Result<(f64, usize), BenchError> {
+fn measure_find(
+    args: &ClusterArgs,
+    nodes: usize,
+    module: &[u8],
+    rt: &tokio::runtime::Runtime,
+) -> Result<(f64, usize), BenchError> {
     let (_net, _) = start_cluster(args, nodes, 0)?;
     let client = connect_head(rt)?;
     let body = vec![b'x'; (64 << 10) + 1];
@@ -294,7 +345,9 @@ fn measure_find(args: &ClusterArgs, nodes: usize, module: &[u8], rt: &tokio::run
     for run in 0..=args.repeat {
         let started = Instant::now();
         let argv = ["/", "-name", "*7*"].map(String::from).to_vec();
-        let out = rt.block_on(client.storelet_run(module, "/tree", argv, false)).map_err(|e| BenchError::Setup(format!("find: {e}")))?;
+        let out = rt
+            .block_on(client.storelet_run(module, "/tree", argv, false))
+            .map_err(|e| BenchError::Setup(format!("find: {e}")))?;
         if run > 0 {
             times.push(started.elapsed().as_secs_f64());
         }
@@ -304,14 +357,20 @@ fn measure_find(args: &ClusterArgs, nodes: usize, module: &[u8], rt: &tokio::run
 }
 
 /// A head and `n` nodes and clients; each client reads its file `repeat` times.
-fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime::Runtime) -> Result<Outcome, BenchError> {
+fn measure(
+    args: &ClusterArgs,
+    n: usize,
+    third_party: bool,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Outcome, BenchError> {
     let (net, head_pid) = start_cluster(args, n, n)?;
     let head_url = format!("locus://10.77.0.1:{PORT}/");
     let size = args.size_mb << 20;
     let client = connect_head(rt)?;
     let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
     for i in 0..n {
-        rt.block_on(client.write_file(&format!("/f{i}"), 0o644, &data)).map_err(|e| BenchError::Setup(format!("put: {e}")))?;
+        rt.block_on(client.write_file(&format!("/f{i}"), 0o644, &data))
+            .map_err(|e| BenchError::Setup(format!("put: {e}")))?;
     }
     let (idle, ping_idle) = rt.block_on(probe_latency(&client, 200, &|| true));
     let mut echo = echo_at_head()?;
@@ -326,14 +385,19 @@ fn measure(args: &ClusterArgs, n: usize, third_party: bool, rt: &tokio::runtime:
         let tp = if third_party { "1" } else { "0" };
         let mut readers: Vec<Child> = (0..n)
             .map(|i| {
-                net.locus(&format!("c{}", i + 1), &[("LOCUS_THIRD_PARTY", tp)], &["get", &format!("{head_url}f{i}"), "/dev/null"])
-                    .spawn()
-                    .map_err(|e| BenchError::io("locus get", e))
+                net.locus(
+                    &format!("c{}", i + 1),
+                    &[("LOCUS_THIRD_PARTY", tp)],
+                    &["get", &format!("{head_url}f{i}"), "/dev/null"],
+                )
+                .spawn()
+                .map_err(|e| BenchError::io("locus get", e))
             })
             .collect::<Result<_, _>>()?;
         let done = std::sync::atomic::AtomicBool::new(false);
         let latency = std::thread::scope(|s| {
-            let probe = s.spawn(|| rt.block_on(probe_latency(&client, 0, &|| done.load(std::sync::atomic::Ordering::Relaxed))));
+            let probe =
+                s.spawn(|| rt.block_on(probe_latency(&client, 0, &|| done.load(std::sync::atomic::Ordering::Relaxed))));
             let echo = s.spawn(|| {
                 let mut times = Vec::new();
                 while !done.load(std::sync::atomic::Ordering::Relaxed) {
@@ -382,7 +446,11 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
     }
     // The latency probe runs here: it too stands for a machine of its own.
     let _ = rustix::process::setpriority_process(None, -10);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| BenchError::io("runtime", e))?;
     println!(
         "Each host's link sends at {} Mbit/s ({:.1} MB/s); {} MiB per client; median of {} runs.\n",
         args.rate_mbit,

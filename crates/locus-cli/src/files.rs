@@ -299,7 +299,11 @@ async fn download(c: &Client, u: &LocusUrl, local: &Path) -> Result<(), String> 
     let pb = progress(attr.size, &u.path);
     // A device or a pipe (/dev/null, a FIFO) is written as it is: it cannot be replaced.
     if std::fs::metadata(local).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
-        let file = tokio::fs::OpenOptions::new().write(true).open(local).await.map_err(|e| format!("{}: {e}", local.display()))?;
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(local)
+            .await
+            .map_err(|e| format!("{}: {e}", local.display()))?;
         let mut out = tokio::io::BufWriter::with_capacity(1 << 20, file);
         let got = c.get(&u.path, &mut out, |n, _| pb.set_position(n)).await;
         pb.finish_and_clear();

@@ -66,7 +66,10 @@ impl NodeReads {
         }
         let opts = ConnectOptions {
             addr: addr.to_string(),
-            credentials: Credentials { subject: location.capability.subject.clone(), token: location.node_token.clone() },
+            credentials: Credentials {
+                subject: location.capability.subject.clone(),
+                token: location.node_token.clone(),
+            },
             tls_ca: None,
             tls_name: None,
         };
@@ -144,7 +147,10 @@ pub(crate) async fn get(
             }
         };
         if data.len() as u32 != len {
-            return Err(ClientError::Remote(locus_proto::Error::new(Code::IO, format!("{path}: short read from a data node"))));
+            return Err(ClientError::Remote(locus_proto::Error::new(
+                Code::IO,
+                format!("{path}: short read from a data node"),
+            )));
         }
         sink.write_all(&data).await?;
         done += data.len() as u64;

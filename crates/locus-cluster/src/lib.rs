@@ -238,7 +238,10 @@ impl Meta {
                     "INSERT INTO acls (path, subject, rights) VALUES ('/', $1, $2)",
                     &[Val::Text(admin.into()), Val::Int(Rights::ALL.0 as i64)],
                 )?;
-                tx.exec("INSERT INTO settings (name, value) VALUES ('next_id', '2') ON CONFLICT (name) DO NOTHING", &[])?;
+                tx.exec(
+                    "INSERT INTO settings (name, value) VALUES ('next_id', '2') ON CONFLICT (name) DO NOTHING",
+                    &[],
+                )?;
             }
             Ok(())
         })?;
@@ -268,8 +271,10 @@ impl Meta {
                 Some(e) if e.kind != Kind::Dir => return Err(MetaError::NotDir(dir.into())),
                 Some(_) => {}
             }
-            let rows =
-                tx.query(&format!("SELECT {COLUMNS} FROM entries WHERE parent = $1 ORDER BY name"), &[Val::Text(dir.into())])?;
+            let rows = tx.query(
+                &format!("SELECT {COLUMNS} FROM entries WHERE parent = $1 ORDER BY name"),
+                &[Val::Text(dir.into())],
+            )?;
             rows.iter().map(|r| entry_of(r)).collect()
         })
     }
@@ -330,7 +335,8 @@ impl Meta {
                     if path == "/" {
                         return Err(MetaError::Invalid("the root cannot be removed".into()));
                     }
-                    let children = tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(path.into())])?;
+                    let children =
+                        tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(path.into())])?;
                     if !children.is_empty() {
                         return Err(MetaError::NotEmpty(path.into()));
                     }
@@ -361,7 +367,8 @@ impl Meta {
                 (Some(r), Kind::File) if r.kind == Kind::Dir => return Err(MetaError::IsDir(to.into())),
                 (Some(r), Kind::Dir) if r.kind == Kind::File => return Err(MetaError::NotDir(to.into())),
                 (Some(r), Kind::Dir) => {
-                    let children = tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(r.path.clone())])?;
+                    let children =
+                        tx.query("SELECT path FROM entries WHERE parent = $1 LIMIT 1", &[Val::Text(r.path.clone())])?;
                     if !children.is_empty() {
                         return Err(MetaError::NotEmpty(to.into()));
                     }
@@ -389,7 +396,10 @@ impl Meta {
                 for r in acl_rows {
                     let (Some(p), Some(s)) = (r[0].text(), r[1].text()) else { continue };
                     let new = format!("{to}{}", &p[from.len()..]);
-                    tx.exec("DELETE FROM acls WHERE path = $1 AND subject = $2", &[Val::Text(p.into()), Val::Text(s.into())])?;
+                    tx.exec(
+                        "DELETE FROM acls WHERE path = $1 AND subject = $2",
+                        &[Val::Text(p.into()), Val::Text(s.into())],
+                    )?;
                     tx.exec(
                         "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
                         &[Val::Text(new), Val::Text(s.into()), r[2].clone()],
@@ -430,7 +440,10 @@ impl Meta {
     /// The rights `subject` holds in directory `dir`.
     pub fn rights(&self, subject: &str, dir: &str) -> Result<Rights> {
         let entries = self.acl(dir)?;
-        Ok(entries.iter().filter(|e| e.subject == subject || e.subject == "*").fold(Rights(0), |r, e| r.union(e.rights)))
+        Ok(entries
+            .iter()
+            .filter(|e| e.subject == subject || e.subject == "*")
+            .fold(Rights(0), |r, e| r.union(e.rights)))
     }
 
     /// Sets one subject's rights on directory `dir` (none removes them). A directory
@@ -451,7 +464,10 @@ impl Meta {
                     )?;
                 }
             }
-            tx.exec("DELETE FROM acls WHERE path = $1 AND subject = $2", &[Val::Text(dir.into()), Val::Text(subject.into())])?;
+            tx.exec(
+                "DELETE FROM acls WHERE path = $1 AND subject = $2",
+                &[Val::Text(dir.into()), Val::Text(subject.into())],
+            )?;
             if rights.0 != 0 {
                 tx.exec(
                     "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
@@ -468,7 +484,10 @@ impl Meta {
             let http = Val::Text(http.unwrap_or("").into());
             let known = tx.query("SELECT id FROM nodes WHERE addr = $1", &[Val::Text(addr.into())])?;
             if let Some(id) = known.first().and_then(|r| r[0].int()) {
-                tx.exec("UPDATE nodes SET http = $2, free = $3 WHERE id = $1", &[Val::Int(id), http, Val::Int(free as i64)])?;
+                tx.exec(
+                    "UPDATE nodes SET http = $2, free = $3 WHERE id = $1",
+                    &[Val::Int(id), http, Val::Int(free as i64)],
+                )?;
                 return Ok(id as u64);
             }
             let id = next_id(tx)?;
@@ -502,9 +521,13 @@ impl Meta {
     pub fn cluster_key(&self, fresh: &[u8]) -> Result<Vec<u8>> {
         self.tx(|tx| {
             let hex: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
-            tx.exec("INSERT INTO settings (name, value) VALUES ('cluster_key', $1) ON CONFLICT (name) DO NOTHING", &[Val::Text(hex)])?;
+            tx.exec(
+                "INSERT INTO settings (name, value) VALUES ('cluster_key', $1) ON CONFLICT (name) DO NOTHING",
+                &[Val::Text(hex)],
+            )?;
             let rows = tx.query("SELECT value FROM settings WHERE name = 'cluster_key'", &[])?;
-            let text = rows.first().and_then(|r| r[0].text()).ok_or_else(|| MetaError::Engine("no cluster key".into()))?;
+            let text =
+                rows.first().and_then(|r| r[0].text()).ok_or_else(|| MetaError::Engine("no cluster key".into()))?;
             (0..text.len() / 2)
                 .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
                 .collect::<std::result::Result<Vec<u8>, _>>()
@@ -522,7 +545,12 @@ impl Meta {
         self.tx(|tx| {
             tx.exec(
                 "INSERT INTO garbage (object, version, nodes, after) VALUES ($1, $2, $3, $4)",
-                &[Val::Int(entry.object as i64), Val::Int(entry.version as i64), Val::Text(nodes_text(nodes)), Val::Int(after as i64)],
+                &[
+                    Val::Int(entry.object as i64),
+                    Val::Int(entry.version as i64),
+                    Val::Text(nodes_text(nodes)),
+                    Val::Int(after as i64),
+                ],
             )
             .map(drop)
         })
@@ -531,7 +559,10 @@ impl Meta {
     /// Versions whose removal is due at `now`.
     pub fn due_garbage(&self, now: u64) -> Result<Vec<Garbage>> {
         self.tx(|tx| {
-            let rows = tx.query("SELECT object, version, nodes FROM garbage WHERE after <= $1 LIMIT 1000", &[Val::Int(now as i64)])?;
+            let rows = tx.query(
+                "SELECT object, version, nodes FROM garbage WHERE after <= $1 LIMIT 1000",
+                &[Val::Int(now as i64)],
+            )?;
             Ok(rows
                 .iter()
                 .filter_map(|r| {
@@ -548,8 +579,11 @@ impl Meta {
     /// Forgets a version whose bytes are gone.
     pub fn forget_garbage(&self, g: &Garbage) -> Result<()> {
         self.tx(|tx| {
-            tx.exec("DELETE FROM garbage WHERE object = $1 AND version = $2", &[Val::Int(g.object as i64), Val::Int(g.version as i64)])
-                .map(drop)
+            tx.exec(
+                "DELETE FROM garbage WHERE object = $1 AND version = $2",
+                &[Val::Int(g.object as i64), Val::Int(g.version as i64)],
+            )
+            .map(drop)
         })
     }
 }
@@ -587,7 +621,8 @@ fn next_id(tx: &mut dyn Tx) -> Result<u64> {
 fn acl(tx: &mut dyn Tx, dir: &str) -> Result<Vec<AclEntry>> {
     let mut at = dir.to_string();
     loop {
-        let rows = tx.query("SELECT subject, rights FROM acls WHERE path = $1 ORDER BY subject", &[Val::Text(at.clone())])?;
+        let rows =
+            tx.query("SELECT subject, rights FROM acls WHERE path = $1 ORDER BY subject", &[Val::Text(at.clone())])?;
         if !rows.is_empty() {
             return Ok(rows
                 .iter()
@@ -615,7 +650,13 @@ mod tests {
     }
 
     fn dir(path: &str) -> Entry {
-        Entry { kind: Kind::Dir, mode: 0o755, size: 0, content: Content::Nodes(Vec::new()), ..file(path, 0, Content::Inline(Vec::new())) }
+        Entry {
+            kind: Kind::Dir,
+            mode: 0o755,
+            size: 0,
+            content: Content::Nodes(Vec::new()),
+            ..file(path, 0, Content::Inline(Vec::new()))
+        }
     }
 
     fn names(meta: &Meta, d: &str) -> Vec<String> {

@@ -90,7 +90,8 @@ pub struct Sqlite {
 impl Sqlite {
     /// Opens or creates the database file and its tables.
     pub fn open(path: &std::path::Path) -> Result<Sqlite> {
-        let conn = rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
+        let conn =
+            rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
             .map_err(engine_error)?;
         conn.execute_batch(SQLITE_SCHEMA).map_err(engine_error)?;
@@ -210,7 +211,9 @@ struct PgTx<'a, 'b>(&'a mut postgres::Transaction<'b>);
 fn pg_error(e: postgres::Error) -> MetaError {
     use postgres::error::SqlState;
     match e.code() {
-        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => MetaError::Conflict,
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED => {
+            MetaError::Conflict
+        }
         Some(c) if *c == SqlState::UNIQUE_VIOLATION => MetaError::Conflict,
         _ => engine_error(e),
     }

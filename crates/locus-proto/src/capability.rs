@@ -71,8 +71,11 @@ pub fn verify(key: &[u8], c: &Capability, subject: &str, now: u64) -> Result<(),
 /// The signature of a URL through which anyone holding it may read `path` as `subject`
 /// until `expires` (seconds since the epoch): the head's HTTP endpoint checks it.
 pub fn url_signature(key: &[u8], subject: &str, path: &str, expires: u64) -> String {
-    String::from_utf8(hex_lower(&mac(key, &[b"locus url", subject.as_bytes(), path.as_bytes(), &expires.to_le_bytes()])))
-        .expect("hex is ASCII")
+    String::from_utf8(hex_lower(&mac(
+        key,
+        &[b"locus url", subject.as_bytes(), path.as_bytes(), &expires.to_le_bytes()],
+    )))
+    .expect("hex is ASCII")
 }
 
 /// The token `subject` authenticates with at the data nodes of a cluster.

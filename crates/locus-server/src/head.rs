@@ -204,7 +204,8 @@ impl Head {
     /// on data nodes.
     pub fn location(&self, subject: &str, e: &Entry) -> Result<Option<Location>, WireError> {
         let Content::Nodes(ids) = &e.content else { return Ok(None) };
-        if e.kind != EntryKind::File || e.size < self.config.tp_threshold || ids.is_empty() || ids.contains(&LOCAL_NODE) {
+        if e.kind != EntryKind::File || e.size < self.config.tp_threshold || ids.is_empty() || ids.contains(&LOCAL_NODE)
+        {
             return Ok(None);
         }
         self.location_for(subject, e, ids).map(Some)
@@ -253,7 +254,9 @@ impl Head {
                     .spawn(async move { head.reads.read(&location, offset, len as u32).await })
                     .await
                     .map_err(|_| WireError::new(Code::IO, "head I/O task failed"))?
-                    .map_err(|err| WireError::new(Code::IO, format!("{}: no data node holding it answers: {err}", e.path)))
+                    .map_err(|err| {
+                        WireError::new(Code::IO, format!("{}: no data node holding it answers: {err}", e.path))
+                    })
             }
         }
     }
@@ -306,7 +309,13 @@ impl Head {
     /// Stores the staged bytes as version `version` of `object` on
     /// [`HeadConfig::replication`] nodes (skipping nodes that fail); answers the nodes
     /// once every one has them on stable storage.
-    async fn store(&self, staged: &std::path::Path, object: u64, version: u64, size: u64) -> Result<Vec<u64>, WireError> {
+    async fn store(
+        &self,
+        staged: &std::path::Path,
+        object: u64,
+        version: u64,
+        size: u64,
+    ) -> Result<Vec<u64>, WireError> {
         let mut ids = Vec::new();
         let mut failures = Vec::new();
         for node in self.candidates(size)? {
@@ -341,7 +350,14 @@ impl Head {
         Ok(ids)
     }
 
-    async fn store_on(&self, node: &Node, staged: &std::path::Path, object: u64, version: u64, size: u64) -> Result<(), WireError> {
+    async fn store_on(
+        &self,
+        node: &Node,
+        staged: &std::path::Path,
+        object: u64,
+        version: u64,
+        size: u64,
+    ) -> Result<(), WireError> {
         let client = self.writer(node).await?;
         let mut file = tokio::fs::File::open(staged).await.map_err(|e| io_err("staged copy", e))?;
         let stored = client
@@ -349,7 +365,10 @@ impl Head {
             .await
             .map_err(|e| WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr)))?;
         if stored.size != size {
-            return Err(WireError::new(Code::IO, format!("data node {} stored {} of {size} bytes", node.id, stored.size)));
+            return Err(WireError::new(
+                Code::IO,
+                format!("data node {} stored {} of {size} bytes", node.id, stored.size),
+            ));
         }
         Ok(())
     }
@@ -453,7 +472,13 @@ async fn merge_runs(
     module: Bytes,
     tx: tokio::sync::mpsc::UnboundedSender<EventFrame>,
 ) {
-    let frame = |kind: Kind, more: bool, meta: Vec<u8>, data: Bytes| EventFrame { kind, more, meta, data, mergeable: kind == Kind::Reply && more };
+    let frame = |kind: Kind, more: bool, meta: Vec<u8>, data: Bytes| EventFrame {
+        kind,
+        more,
+        meta,
+        data,
+        mergeable: kind == Kind::Reply && more,
+    };
     let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
     let mut running = 0;
     for (node, files) in shares {
@@ -469,7 +494,8 @@ async fn merge_runs(
                 Ok(mut frames) => {
                     while let Some(f) = frames.recv().await {
                         let last = f.as_ref().map_or(true, |f| !f.header.more());
-                        let _ = events_tx.send(f.map_err(|e| WireError::new(e.code(), format!("data node {}: {e}", node.id))));
+                        let _ = events_tx
+                            .send(f.map_err(|e| WireError::new(e.code(), format!("data node {}: {e}", node.id))));
                         if last {
                             return;
                         }
@@ -495,7 +521,12 @@ async fn merge_runs(
         match codec::decode::<StoreletEvent>(&f.meta) {
             Ok(StoreletEvent::Started { module, .. }) if !started => {
                 started = true;
-                let _ = tx.send(frame(Kind::Reply, true, codec::encode(&StoreletEvent::Started { run: 0, module }), Bytes::new()));
+                let _ = tx.send(frame(
+                    Kind::Reply,
+                    true,
+                    codec::encode(&StoreletEvent::Started { run: 0, module }),
+                    Bytes::new(),
+                ));
             }
             Ok(StoreletEvent::Started { .. }) => {}
             Ok(e @ (StoreletEvent::Stdout | StoreletEvent::Stderr)) => {
@@ -594,7 +625,10 @@ impl HeadSession {
     }
 
     fn who(&self) -> Result<String, WireError> {
-        self.inner.subject().map(str::to_string).ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+        self.inner
+            .subject()
+            .map(str::to_string)
+            .ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
     }
 
     /// Checks that the subject holds `need` in directory `dir`.
@@ -639,14 +673,16 @@ impl HeadSession {
     }
 
     fn staged(&mut self, handle: u64) -> Result<&mut Staged, WireError> {
-        let h = self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
+        let h =
+            self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
         h.staged.as_mut().ok_or_else(|| WireError::new(Code::BADF, "the handle is not open for writing"))
     }
 
     /// Commits a handle's private copy now, waiting for it (fsync).
     fn commit_now(&mut self, handle: u64) -> Result<(), WireError> {
         let head = self.head.clone();
-        let h = self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
+        let h =
+            self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
         let Some(staged) = h.staged.take().filter(|s| s.dirty) else { return Ok(()) };
         let copy = Staged {
             path: staged.path.clone(),
@@ -684,7 +720,8 @@ fn later<T: serde::Serialize + Send + 'static>(
 fn stream_file(head: Arc<Head>, e: Entry) -> Reply<Attr> {
     let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
     let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let frame = |more: bool, meta: Vec<u8>, data: Bytes| EventFrame { kind: Kind::Reply, more, meta, data, mergeable: false };
+    let frame =
+        |more: bool, meta: Vec<u8>, data: Bytes| EventFrame { kind: Kind::Reply, more, meta, data, mergeable: false };
     let _ = tx.send(frame(true, codec::encode(&attr_of(&e)), Bytes::new()));
     let stream = EventStream { frames, queued: queued.clone() };
     let io = head.io().clone();
@@ -867,7 +904,10 @@ impl Handler for HeadSession {
             return Ok(Answer::with_body((), Body::Bytes(slice(bytes, req.offset, len))));
         }
         let (head, entry) = (self.head.clone(), h.entry.clone());
-        later(&self.head, async move { Ok(Answer::with_body((), Body::Bytes(head.read(entry, req.offset, len).await?))) })
+        later(
+            &self.head,
+            async move { Ok(Answer::with_body((), Body::Bytes(head.read(entry, req.offset, len).await?))) },
+        )
     }
 
     fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
@@ -1016,8 +1056,17 @@ impl Handler for HeadSession {
         self.who()?;
         let free: u64 = self.head.nodes()?.iter().map(|n| n.free).sum();
         let bsize = 4096;
-        Ok(StatFs { bsize, frsize: bsize, blocks: free / bsize, bfree: free / bsize, bavail: free / bsize, files: 0, ffree: 0, namemax: 255 }
-            .into())
+        Ok(StatFs {
+            bsize,
+            frsize: bsize,
+            blocks: free / bsize,
+            bfree: free / bsize,
+            bavail: free / bsize,
+            files: 0,
+            ffree: 0,
+            namemax: 255,
+        }
+        .into())
     }
 
     fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
@@ -1157,7 +1206,11 @@ impl Handler for HeadSession {
         self.entry(&path)?;
         let expires = now_secs().saturating_add(req.ttl_s);
         let sig = capability::url_signature(self.head.key(), &who, &path, expires);
-        let encoded: String = path.split('/').map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string()).collect::<Vec<_>>().join("/");
+        let encoded: String = path
+            .split('/')
+            .map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
+            .collect::<Vec<_>>()
+            .join("/");
         let subject = percent_encoding::utf8_percent_encode(&who, percent_encoding::NON_ALPHANUMERIC);
         let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
         Ok(match &self.head.config.http {

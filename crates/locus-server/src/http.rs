@@ -107,7 +107,8 @@ async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body:
     };
     let Ok(path) = normalise(&raw) else { return text(StatusCode::BAD_REQUEST, "bad path") };
     let Some(who) = subject(shared, head, req, &path) else {
-        let mut r = text(StatusCode::UNAUTHORIZED, "authenticate with 'Authorization: Bearer SUBJECT:TOKEN' or a shared URL");
+        let mut r =
+            text(StatusCode::UNAUTHORIZED, "authenticate with 'Authorization: Bearer SUBJECT:TOKEN' or a shared URL");
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"locus\""));
         return r;
     };
@@ -128,7 +129,11 @@ async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body:
             .iter()
             .map(|e| {
                 let name = locus_cluster::split(&e.path).map_or("", |(_, n)| n);
-                if e.kind == Kind::Dir { format!("{name}/") } else { name.to_string() }
+                if e.kind == Kind::Dir {
+                    format!("{name}/")
+                } else {
+                    name.to_string()
+                }
             })
             .collect();
         return text(StatusCode::OK, names.join("\n"));
@@ -201,7 +206,14 @@ where
                 let chunk = read(at, want).await;
                 let n = chunk.as_ref().map_or(0, |b| b.len() as u64);
                 let failed = chunk.is_err() || n == 0;
-                if tx.send(chunk.and_then(|b| if n == 0 { Err(std::io::ErrorKind::UnexpectedEof.into()) } else { Ok(b) })).await.is_err() || failed {
+                if tx
+                    .send(
+                        chunk.and_then(|b| if n == 0 { Err(std::io::ErrorKind::UnexpectedEof.into()) } else { Ok(b) }),
+                    )
+                    .await
+                    .is_err()
+                    || failed
+                {
                     return;
                 }
                 at += n;
@@ -240,7 +252,8 @@ fn decode_capability(hex: &str) -> Option<Capability> {
 fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
     let Some(key) = shared.node_key() else { return text(StatusCode::NOT_FOUND, "not a data node of a cluster") };
     let Some(name) = req.uri().path().strip_prefix("/o/") else { return text(StatusCode::NOT_FOUND, "no such object") };
-    let Some((object, version)) = name.split_once('.').and_then(|(o, v)| Some((o.parse::<u64>().ok()?, v.parse::<u64>().ok()?)))
+    let Some((object, version)) =
+        name.split_once('.').and_then(|(o, v)| Some((o.parse::<u64>().ok()?, v.parse::<u64>().ok()?)))
     else {
         return text(StatusCode::NOT_FOUND, "no such object");
     };

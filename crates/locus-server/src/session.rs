@@ -217,7 +217,9 @@ impl Session {
 
     /// The cluster key, on a data node that has joined its head.
     fn node_key(&self) -> Result<Arc<Vec<u8>>, WireError> {
-        self.shared.node_key().ok_or_else(|| WireError::new(Code::NOTSUP, "this server is not a data node that has joined a head"))
+        self.shared
+            .node_key()
+            .ok_or_else(|| WireError::new(Code::NOTSUP, "this server is not a data node that has joined a head"))
     }
 
     /// Checks that the caller is the cluster's head.
@@ -714,11 +716,28 @@ impl Handler for Session {
         let cap = &req.capability;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         if let Err(why) = locus_proto::capability::verify(&key, cap, self.who()?, now) {
-            tracing::warn!(subject = self.who()?, object = cap.object, version = cap.version, ?why, "capability refused");
+            tracing::warn!(
+                subject = self.who()?,
+                object = cap.object,
+                version = cap.version,
+                ?why,
+                "capability refused"
+            );
             return Err(WireError::new(Code::ACCES, format!("capability refused: {why:?}")));
         }
-        let file = store(self.shared.store.open(crate::config::ADMIN_SUBJECT, &object_path(cap.object, cap.version), open_flags::READ, 0))
-            .map_err(|e| if e.code == Code::NOENT { WireError::new(Code::NOENT, "that version is gone from this node") } else { e })?;
+        let file = store(self.shared.store.open(
+            crate::config::ADMIN_SUBJECT,
+            &object_path(cap.object, cap.version),
+            open_flags::READ,
+            0,
+        ))
+        .map_err(|e| {
+            if e.code == Code::NOENT {
+                WireError::new(Code::NOENT, "that version is gone from this node")
+            } else {
+                e
+            }
+        })?;
         let len = (req.len.min(self.shared.config.limits.max_data) as u64).min(cap.size.saturating_sub(req.offset));
         Ok(Answer::with_body((), Body::File { file: Arc::new(file), offset: req.offset, len }))
     }

@@ -217,7 +217,8 @@ async fn http_for(server: &TestServer) -> String {
 }
 
 fn curl(args: &[&str]) -> (String, Vec<u8>) {
-    let out = std::process::Command::new("curl").args(["-s", "-w", "\n%{http_code}"]).args(args).output().expect("curl");
+    let out =
+        std::process::Command::new("curl").args(["-s", "-w", "\n%{http_code}"]).args(args).output().expect("curl");
     let mut body = out.stdout;
     let split = body.iter().rposition(|&b| b == b'\n').unwrap();
     let status = String::from_utf8(body.split_off(split)).unwrap().trim().to_string();
@@ -226,7 +227,11 @@ fn curl(args: &[&str]) -> (String, Vec<u8>) {
 
 /// What curl's `--write-out FORMAT` says of a request.
 fn curl_write_out(args: &[&str], format: &str) -> String {
-    let out = std::process::Command::new("curl").args(["-s", "-o", "/dev/null", "-w", format]).args(args).output().expect("curl");
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", format])
+        .args(args)
+        .output()
+        .expect("curl");
     String::from_utf8(out.stdout).unwrap()
 }
 

@@ -192,7 +192,17 @@ impl TestPostgres {
         let pg_ctl = bin.join("pg_ctl");
         as_postgres(&[initdb.to_str()?, "-D", data.to_str()?, "-A", "trust", "-U", "postgres"]);
         let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
-        as_postgres(&[pg_ctl.to_str()?, "-D", data.to_str()?, "-o", &opts, "-w", "-l", data.join("log").to_str()?, "start"]);
+        as_postgres(&[
+            pg_ctl.to_str()?,
+            "-D",
+            data.to_str()?,
+            "-o",
+            &opts,
+            "-w",
+            "-l",
+            data.join("log").to_str()?,
+            "start",
+        ]);
         Some(TestPostgres { dir, port })
     }
 
