@@ -56,8 +56,9 @@ impl NodeReads {
         self.locations.lock().get(&handle).cloned()
     }
 
-    /// A connection to data node `addr`, made if needed.
-    async fn conn(&self, addr: &str, location: &Location) -> Result<Client> {
+    /// A connection to data node `addr` as `subject` (with its token at the nodes),
+    /// made if there is none open.
+    pub async fn connect(&self, addr: &str, subject: &str, token: &str) -> Result<Client> {
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(addr) {
             if !c.is_closed() {
@@ -66,16 +67,18 @@ impl NodeReads {
         }
         let opts = ConnectOptions {
             addr: addr.to_string(),
-            credentials: Credentials {
-                subject: location.capability.subject.clone(),
-                token: location.node_token.clone(),
-            },
+            credentials: Credentials { subject: subject.to_string(), token: token.to_string() },
             tls_ca: None,
             tls_name: None,
         };
         let c = Client::connect(&opts).await?;
         conns.insert(addr.to_string(), c.clone());
         Ok(c)
+    }
+
+    /// A connection to `addr` as the subject a location's capability names.
+    async fn conn(&self, addr: &str, location: &Location) -> Result<Client> {
+        self.connect(addr, &location.capability.subject, &location.node_token).await
     }
 
     /// Reads from the first node that answers; the last node's error if none does.

@@ -520,18 +520,14 @@ impl Meta {
     /// The cluster key, created by the first head to ask.
     pub fn cluster_key(&self, fresh: &[u8]) -> Result<Vec<u8>> {
         self.tx(|tx| {
-            let hex: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
             tx.exec(
                 "INSERT INTO settings (name, value) VALUES ('cluster_key', $1) ON CONFLICT (name) DO NOTHING",
-                &[Val::Text(hex)],
+                &[Val::Text(hex::encode(fresh))],
             )?;
             let rows = tx.query("SELECT value FROM settings WHERE name = 'cluster_key'", &[])?;
             let text =
                 rows.first().and_then(|r| r[0].text()).ok_or_else(|| MetaError::Engine("no cluster key".into()))?;
-            (0..text.len() / 2)
-                .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
-                .collect::<std::result::Result<Vec<u8>, _>>()
-                .map_err(|_| MetaError::Engine("malformed cluster key".into()))
+            hex::decode(text).map_err(|_| MetaError::Engine("malformed cluster key".into()))
         })
     }
 

@@ -71,21 +71,17 @@ pub fn verify(key: &[u8], c: &Capability, subject: &str, now: u64) -> Result<(),
 /// The signature of a URL through which anyone holding it may read `path` as `subject`
 /// until `expires` (seconds since the epoch): the head's HTTP endpoint checks it.
 pub fn url_signature(key: &[u8], subject: &str, path: &str, expires: u64) -> String {
-    String::from_utf8(hex_lower(&mac(
-        key,
-        &[b"locus url", subject.as_bytes(), path.as_bytes(), &expires.to_le_bytes()],
-    )))
-    .expect("hex is ASCII")
+    hex::encode(mac(key, &[b"locus url", subject.as_bytes(), path.as_bytes(), &expires.to_le_bytes()]))
 }
 
 /// The token `subject` authenticates with at the data nodes of a cluster.
-pub fn node_token(key: &[u8], subject: &str) -> Vec<u8> {
-    hex_lower(&mac(key, &[b"locus node token", subject.as_bytes()]))
+pub fn node_token(key: &[u8], subject: &str) -> String {
+    hex::encode(mac(key, &[b"locus node token", subject.as_bytes()]))
 }
 
-fn hex_lower(bytes: &[u8]) -> Vec<u8> {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    bytes.iter().flat_map(|b| [DIGITS[(b >> 4) as usize], DIGITS[(b & 15) as usize]]).collect()
+/// Now, in seconds since the epoch: the clock capabilities and signed URLs expire by.
+pub fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

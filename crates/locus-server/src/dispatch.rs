@@ -44,6 +44,14 @@ impl<T: Serialize> Answer<T> {
         Answer { pages: Vec::new(), body: Body::None, deferred: true, later: None }
     }
 
+    /// A reply streamed from frames produced elsewhere (a storelet's events, a file
+    /// read from data nodes), each sent as it arrives.
+    pub fn events(stream: crate::transport::EventStream) -> Self {
+        Answer::later(Box::pin(async move {
+            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
+        }))
+    }
+
     /// A reply that `later` will produce.
     pub fn later(later: Later) -> Self {
         Answer { pages: Vec::new(), body: Body::None, deferred: false, later: Some(later) }

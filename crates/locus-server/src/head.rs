@@ -33,7 +33,7 @@ use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 /// How a head serves its cluster.
 #[derive(Clone, Debug)]
@@ -86,10 +86,8 @@ pub struct Head {
     /// Bytes this head placed on each node since the node last reported its free space,
     /// so that writes between reports spread instead of piling on one node.
     placed: Mutex<HashMap<u64, u64>>,
-    /// Reads from nodes, as the head's own subject.
+    /// Connections to the data nodes, as the head's own subject.
     reads: NodeReads,
-    /// Connections to nodes for storing and dropping objects.
-    writers: tokio::sync::Mutex<HashMap<u64, Client>>,
     /// The runtime that talks to data nodes (connection threads are single-threaded and
     /// must not block on their own I/O).
     io: Option<tokio::runtime::Runtime>,
@@ -109,10 +107,6 @@ fn meta_err(e: MetaError) -> WireError {
 
 fn io_err(what: &str, e: std::io::Error) -> WireError {
     WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Attributes of a namespace entry, as `stat` gives them.
@@ -165,7 +159,6 @@ impl Head {
             nodes: Mutex::new((None, Vec::new())),
             placed: Mutex::new(HashMap::new()),
             reads: NodeReads::default(),
-            writers: tokio::sync::Mutex::new(HashMap::new()),
             io: Some(io),
         })
     }
@@ -225,11 +218,11 @@ impl Head {
         let nodes = self.nodes()?;
         let addrs: Vec<String> =
             ids.iter().filter_map(|id| nodes.iter().find(|n| n.id == *id)).map(|n| n.addr.clone()).collect();
-        let expires = now_secs() + self.config.capability_ttl.as_secs();
+        let expires = capability::now() + self.config.capability_ttl.as_secs();
         Ok(Location {
             nodes: addrs,
             capability: capability::sign(&self.key, subject, e.object, e.version, e.size, expires),
-            node_token: String::from_utf8(capability::node_token(&self.key, subject)).expect("hex"),
+            node_token: capability::node_token(&self.key, subject),
         })
     }
 
@@ -285,25 +278,13 @@ impl Head {
         Ok(nodes)
     }
 
+    /// The head's connection to a data node (for storing, dropping and running).
     async fn writer(&self, node: &Node) -> Result<Client, WireError> {
-        let mut writers = self.writers.lock().await;
-        if let Some(c) = writers.get(&node.id).filter(|c| !c.is_closed()) {
-            return Ok(c.clone());
-        }
-        let opts = locus_client::ConnectOptions {
-            addr: node.addr.clone(),
-            credentials: locus_client::credentials::Credentials {
-                subject: HEAD_SUBJECT.into(),
-                token: String::from_utf8(capability::node_token(&self.key, HEAD_SUBJECT)).expect("hex"),
-            },
-            tls_ca: None,
-            tls_name: None,
-        };
-        let c = Client::connect(&opts)
+        let token = capability::node_token(&self.key, HEAD_SUBJECT);
+        self.reads
+            .connect(&node.addr, HEAD_SUBJECT, &token)
             .await
-            .map_err(|e| WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr)))?;
-        writers.insert(node.id, c.clone());
-        Ok(c)
+            .map_err(|e| WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr)))
     }
 
     /// Stores the staged bytes as version `version` of `object` on
@@ -416,13 +397,13 @@ impl Head {
     /// Queues a replaced or removed version's bytes for removal once no capability for
     /// it can still be valid.
     fn retire(&self, old: &Entry) -> Result<(), WireError> {
-        let after = now_secs() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
+        let after = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
         self.meta.add_garbage(old, after).map_err(meta_err)
     }
 
     /// Drops versions whose time has come from their nodes; answers how many.
     pub async fn collect_garbage(&self) -> usize {
-        let Ok(due) = self.meta.due_garbage(now_secs()) else { return 0 };
+        let Ok(due) = self.meta.due_garbage(capability::now()) else { return 0 };
         let nodes = self.nodes().unwrap_or_default();
         let mut dropped = 0;
         for g in due {
@@ -648,7 +629,7 @@ impl HeadSession {
     fn stage(&self, path: &str, mode: u32, base: Option<Entry>, copy: bool) -> Result<Staged, WireError> {
         let mut name = [0u8; 12];
         getrandom::fill(&mut name).expect("the OS provides randomness");
-        let tmp = self.head.staging.join(name.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let tmp = self.head.staging.join(hex::encode(name));
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -756,9 +737,7 @@ fn stream_file(head: Arc<Head>, e: Entry) -> Reply<Attr> {
         }
         let _ = tx.send(frame(false, Vec::new(), Bytes::new()));
     });
-    Ok(Answer::later(Box::pin(async move {
-        Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
-    })))
+    Ok(Answer::events(stream))
 }
 
 impl Connection for HeadSession {
@@ -956,11 +935,7 @@ impl Handler for HeadSession {
             .iter()
             .map(|e| DirEntry { name: split(&e.path).map_or("", |(_, n)| n).to_string(), attr: attr_of(e) })
             .collect();
-        let mut pages: Vec<Vec<DirEntry>> = entries.chunks(2048).map(<[DirEntry]>::to_vec).collect();
-        if pages.is_empty() {
-            pages.push(Vec::new());
-        }
-        Ok(Answer::paged(pages))
+        Ok(crate::session::listing(&entries))
     }
 
     fn mkdir(&mut self, req: Mkdir, _: Bytes) -> Reply<()> {
@@ -1160,9 +1135,7 @@ impl Handler for HeadSession {
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stream = EventStream { frames, queued };
         self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, tx));
-        Ok(Answer::later(Box::pin(async move {
-            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
-        })))
+        Ok(Answer::events(stream))
     }
 
     fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
@@ -1204,7 +1177,7 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         let who = self.need(governing(&path, false), Rights::READ)?;
         self.entry(&path)?;
-        let expires = now_secs().saturating_add(req.ttl_s);
+        let expires = capability::now().saturating_add(req.ttl_s);
         let sig = capability::url_signature(self.head.key(), &who, &path, expires);
         let encoded: String = path
             .split('/')

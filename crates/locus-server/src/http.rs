@@ -94,11 +94,8 @@ fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, p
     let (who, expires, sig) = (query(req, "s")?, query(req, "e")?.parse::<u64>().ok()?, query(req, "sig")?);
     let who = percent_encoding::percent_decode_str(who).decode_utf8().ok()?;
     let good = capability::url_signature(head.key(), &who, path, expires);
-    (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && now() <= expires).then(|| who.into_owned())
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && capability::now() <= expires)
+        .then(|| who.into_owned())
 }
 
 async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
@@ -240,13 +237,11 @@ where
 
 /// Encodes a capability for a data node's URL.
 pub fn encode_capability(c: &Capability) -> String {
-    locus_proto::codec::encode(c).iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(locus_proto::codec::encode(c))
 }
 
-fn decode_capability(hex: &str) -> Option<Capability> {
-    let bytes: Option<Vec<u8>> =
-        (0..hex.len() / 2).map(|i| hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
-    locus_proto::codec::decode(&bytes?).ok()
+fn decode_capability(text: &str) -> Option<Capability> {
+    locus_proto::codec::decode(&hex::decode(text).ok()?).ok()
 }
 
 fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
@@ -260,7 +255,7 @@ fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<
     let Some(cap) = query(req, "c").and_then(decode_capability) else {
         return text(StatusCode::FORBIDDEN, "a capability (c=...) is needed");
     };
-    if let Err(why) = capability::verify(&key, &cap, &cap.subject, now()) {
+    if let Err(why) = capability::verify(&key, &cap, &cap.subject, capability::now()) {
         return text(StatusCode::FORBIDDEN, format!("capability refused: {why:?}"));
     }
     if (cap.object, cap.version) != (object, version) {

@@ -25,6 +25,16 @@ pub fn object_path(object: u64, version: u64) -> String {
     format!("/{OBJECTS_DIR}/{object}.{version}")
 }
 
+/// A `readdir` answer: the entries in pages of [`READDIR_PAGE`] (one empty page for an
+/// empty directory).
+pub(crate) fn listing(entries: &[DirEntry]) -> Answer<Vec<DirEntry>> {
+    let mut pages: Vec<Vec<DirEntry>> = entries.chunks(READDIR_PAGE).map(<[DirEntry]>::to_vec).collect();
+    if pages.is_empty() {
+        pages.push(Vec::new());
+    }
+    Answer::paged(pages)
+}
+
 /// Where a data node lays out the files of a cluster-wide run, under its export.
 pub const VIEWS_DIR: &str = "views";
 
@@ -41,7 +51,7 @@ impl View {
     fn make(root: &std::path::Path, files: &[ViewFile]) -> Result<View, WireError> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).expect("the OS provides randomness");
-        let name: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        let name = hex::encode(id);
         let abs = root.join(VIEWS_DIR).join(&name);
         let io = |what: &str, e: std::io::Error| {
             WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
@@ -271,9 +281,7 @@ impl Session {
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stream = crate::transport::EventStream { frames, queued: queued.clone() };
         tokio::spawn(follow_run(file, run, attr, tx, queued));
-        Ok(Answer::later(Box::pin(async move {
-            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
-        })))
+        Ok(Answer::events(stream))
     }
 }
 
@@ -384,7 +392,8 @@ impl Handler for Session {
         // A data node knows its own subjects, and every subject of its cluster by the
         // token the cluster key derives for it.
         let own = self.shared.tokens.get(&req.subject).map(<[u8]>::to_vec);
-        let derived = self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject));
+        let derived =
+            self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject).into_bytes());
         let token = [own, derived]
             .into_iter()
             .flatten()
@@ -525,12 +534,7 @@ impl Handler for Session {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
-        let entries = store(self.shared.store.readdir(self.who()?, &req.path))?;
-        let mut pages: Vec<Vec<DirEntry>> = entries.chunks(READDIR_PAGE).map(<[DirEntry]>::to_vec).collect();
-        if pages.is_empty() {
-            pages.push(Vec::new());
-        }
-        Ok(Answer::paged(pages))
+        Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))
     }
 
     fn mkdir(&mut self, req: Mkdir, _: Bytes) -> Reply<()> {
@@ -657,9 +661,7 @@ impl Handler for Session {
         // Forget finished runs: only this list still holds their controls.
         self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
         self.storelet_runs.push(control);
-        Ok(Answer::later(Box::pin(async move {
-            Ok(Encoded { metas: Vec::new(), body: Body::Events(events), deferred: false, later: None })
-        })))
+        Ok(Answer::events(events))
     }
 
     fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
@@ -714,8 +716,7 @@ impl Handler for Session {
     fn object_read(&mut self, req: ObjectRead, _: Bytes) -> Reply<()> {
         let key = self.node_key()?;
         let cap = &req.capability;
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        if let Err(why) = locus_proto::capability::verify(&key, cap, self.who()?, now) {
+        if let Err(why) = locus_proto::capability::verify(&key, cap, self.who()?, locus_proto::capability::now()) {
             tracing::warn!(
                 subject = self.who()?,
                 object = cap.object,
@@ -791,9 +792,7 @@ impl Handler for Session {
             }
         });
         let stream = crate::transport::EventStream { frames, queued };
-        Ok(Answer::later(Box::pin(async move {
-            Ok(Encoded { metas: Vec::new(), body: Body::Events(stream), deferred: false, later: None })
-        })))
+        Ok(Answer::events(stream))
     }
 
     fn share(&mut self, _: Share, _: Bytes) -> Reply<String> {
