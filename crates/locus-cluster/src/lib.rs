@@ -98,6 +98,18 @@ pub struct Entry {
     pub content: Content,
 }
 
+impl Entry {
+    /// A new, empty file or directory named `path`, modified now: a file's first version
+    /// is its object id, with no bytes.
+    pub fn empty(path: String, kind: Kind, mode: u32, object: u64) -> Entry {
+        let (version, content) = match kind {
+            Kind::File => (object, Content::Inline(Vec::new())),
+            Kind::Dir => (0, Content::Nodes(Vec::new())),
+        };
+        Entry { path, kind, mode: mode & 0o7777, size: 0, mtime_ns: now_ns(), object, version, content }
+    }
+}
+
 /// A data node known to the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Node {
@@ -215,17 +227,7 @@ impl Meta {
         };
         let meta = Meta { engine };
         meta.tx(|tx| {
-            let now = now_ns();
-            let root = Entry {
-                path: "/".into(),
-                kind: Kind::Dir,
-                mode: 0o755,
-                size: 0,
-                mtime_ns: now,
-                object: 1,
-                version: 0,
-                content: Content::Nodes(Vec::new()),
-            };
+            let root = Entry::empty("/".into(), Kind::Dir, 0o755, 1);
             let mut params = entry_params(&root);
             params[1] = Val::Text(String::new());
             let added = tx.exec(

@@ -105,7 +105,8 @@ fn meta_err(e: MetaError) -> WireError {
     e.into()
 }
 
-fn io_err(what: &str, e: std::io::Error) -> WireError {
+/// An I/O error as a wire error with its errno, saying what failed.
+pub(crate) fn io_err(what: &str, e: std::io::Error) -> WireError {
     WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
 }
 
@@ -356,7 +357,7 @@ impl Head {
 
     /// Makes the staged copy the new version of its file and queues the old version's
     /// bytes for removal. Acknowledged (returns) only once both are durable.
-    async fn commit(self: Arc<Self>, staged: Staged) -> Result<Entry, WireError> {
+    async fn commit(self: Arc<Self>, staged: &Staged) -> Result<Entry, WireError> {
         let size = staged.file.metadata().map_err(|e| io_err(&staged.path, e))?.len();
         let version = self.meta.next_id().map_err(meta_err)?;
         let object = match &staged.base {
@@ -556,15 +557,11 @@ struct Staged {
     base: Option<Entry>,
     /// Changed since it was made or last committed.
     dirty: bool,
-    /// Removes its file when dropped (a copy committed by `fsync` leaves it to the handle).
-    owned: bool,
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        if self.owned {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -636,7 +633,7 @@ impl HeadSession {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| io_err("staging", e))?;
-        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy, owned: true };
+        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy };
         if let (true, Some(base)) = (copy, staged.base.clone()) {
             let head = self.head.clone();
             let mut at = 0u64;
@@ -659,30 +656,34 @@ impl HeadSession {
         h.staged.as_mut().ok_or_else(|| WireError::new(Code::BADF, "the handle is not open for writing"))
     }
 
+    /// Appends a frame of upload `id` to its staged copy; after the last one, the copy
+    /// becomes the file's new version.
+    fn upload(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
+        let staged = self.puts.get_mut(&id).expect("the upload was started");
+        let at = staged.file.metadata().map_err(|e| io_err("staging", e))?.len();
+        if let Err(e) = staged.file.write_all_at(data, at) {
+            self.puts.remove(&id);
+            return Err(io_err("staging", e));
+        }
+        if more {
+            return Ok(Answer::deferred());
+        }
+        let staged = self.puts.remove(&id).expect("present");
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(attr_of(&head.commit(&staged).await?).into()) })
+    }
+
     /// Commits a handle's private copy now, waiting for it (fsync).
     fn commit_now(&mut self, handle: u64) -> Result<(), WireError> {
         let head = self.head.clone();
         let h =
             self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
-        let Some(staged) = h.staged.take().filter(|s| s.dirty) else { return Ok(()) };
-        let copy = Staged {
-            path: staged.path.clone(),
-            tmp: staged.tmp.clone(),
-            file: staged.file.try_clone().map_err(|e| io_err("staging", e))?,
-            mode: staged.mode,
-            base: staged.base.clone(),
-            dirty: true,
-            owned: false,
-        };
-        let committed = head.block(head.clone().commit(copy));
-        let mut staged = staged;
+        let Some(staged) = h.staged.as_mut().filter(|s| s.dirty) else { return Ok(()) };
+        let committed = head.block(head.clone().commit(staged))?;
         staged.dirty = false;
-        if let Ok(e) = &committed {
-            staged.base = Some(e.clone());
-            h.entry = e.clone();
-        }
-        h.staged = Some(staged);
-        committed.map(drop)
+        staged.base = Some(committed.clone());
+        h.entry = committed;
+        Ok(())
     }
 }
 
@@ -754,18 +755,7 @@ impl Connection for HeadSession {
     }
 
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
-        let staged = self.puts.get_mut(&id).expect("caller checked is_uploading");
-        let at = staged.file.metadata().map_err(|e| io_err("staging", e))?.len();
-        if let Err(e) = staged.file.write_all_at(data, at) {
-            self.puts.remove(&id);
-            return Err(io_err("staging", e));
-        }
-        if more {
-            return Ok(Answer::<Attr>::deferred().encode());
-        }
-        let staged = self.puts.remove(&id).expect("present");
-        let head = self.head.clone();
-        later(&self.head, async move { Ok(attr_of(&head.commit(staged).await?).into()) }).map(Answer::encode)
+        self.upload(id, data, more).map(Answer::encode)
     }
 }
 
@@ -824,16 +814,7 @@ impl Handler for HeadSession {
             Some(e) => e,
             None if req.flags & open_flags::CREATE != 0 => {
                 let id = self.head.meta.next_id().map_err(meta_err)?;
-                let e = Entry {
-                    path: path.clone(),
-                    kind: EntryKind::File,
-                    mode: req.mode & 0o7777,
-                    size: 0,
-                    mtime_ns: locus_cluster::now_ns(),
-                    object: id,
-                    version: id,
-                    content: Content::Inline(Vec::new()),
-                };
+                let e = Entry::empty(path.clone(), EntryKind::File, req.mode, id);
                 match self.head.meta.create(&e) {
                     Ok(()) => e,
                     Err(MetaError::Exists(_)) => self.entry(&path)?,
@@ -861,7 +842,7 @@ impl Handler for HeadSession {
         match h.staged.filter(|s| s.dirty) {
             Some(staged) => {
                 let head = self.head.clone();
-                later(&self.head, async move { head.commit(staged).await.map(|_| ().into()) })
+                later(&self.head, async move { head.commit(&staged).await.map(|_| ().into()) })
             }
             None => Ok(().into()),
         }
@@ -916,12 +897,7 @@ impl Handler for HeadSession {
         let staged = self.stage(&path, req.mode & 0o7777, base, false)?;
         let id = self.current.0;
         self.puts.insert(id, staged);
-        self.put_more(id, &data, self.current.1).map(|enc| Answer {
-            pages: Vec::new(),
-            body: enc.body,
-            deferred: enc.deferred,
-            later: enc.later,
-        })
+        self.upload(id, &data, self.current.1)
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
@@ -942,16 +918,7 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::WRITE)?;
         let id = self.head.meta.next_id().map_err(meta_err)?;
-        let e = Entry {
-            path,
-            kind: EntryKind::Dir,
-            mode: req.mode & 0o7777,
-            size: 0,
-            mtime_ns: locus_cluster::now_ns(),
-            object: id,
-            version: 0,
-            content: Content::Nodes(Vec::new()),
-        };
+        let e = Entry::empty(path, EntryKind::Dir, req.mode, id);
         Ok(self.head.meta.create(&e).map_err(meta_err)?.into())
     }
 
@@ -1002,7 +969,7 @@ impl Handler for HeadSession {
         }
         let staged = self.stage(&path, e.mode, Some(e), req.size > 0)?;
         staged.file.set_len(req.size).map_err(|err| io_err(&path, err))?;
-        self.head.block(self.head.clone().commit(staged))?;
+        self.head.block(self.head.clone().commit(&staged))?;
         Ok(().into())
     }
 

@@ -53,9 +53,7 @@ impl View {
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let name = hex::encode(id);
         let abs = root.join(VIEWS_DIR).join(&name);
-        let io = |what: &str, e: std::io::Error| {
-            WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
-        };
+        let io = crate::head::io_err;
         std::fs::create_dir_all(&abs).map_err(|e| io("view", e))?;
         let view = View { rel: format!("/{VIEWS_DIR}/{name}"), abs };
         for f in files {

@@ -169,6 +169,8 @@ pub const GATED_HANDLER: &str = r#"(module
 pub struct TestPostgres {
     dir: tempfile::TempDir,
     port: u16,
+    /// `pg_ctl` of the PostgreSQL that runs it.
+    pg_ctl: PathBuf,
 }
 
 impl TestPostgres {
@@ -203,7 +205,7 @@ impl TestPostgres {
             data.join("log").to_str()?,
             "start",
         ]);
-        Some(TestPostgres { dir, port })
+        Some(TestPostgres { dir, port, pg_ctl })
     }
 
     /// The database's URL, for `--meta`.
@@ -216,8 +218,11 @@ impl Drop for TestPostgres {
     fn drop(&mut self) {
         let data = self.dir.path().join("data");
         let _ = std::process::Command::new("runuser")
-            .args(["-u", "postgres", "--", "sh", "-c"])
-            .arg(format!("$(ls -d /usr/lib/postgresql/*/bin | tail -1)/pg_ctl -D {} -m immediate stop", data.display()))
+            .args(["-u", "postgres", "--"])
+            .arg(&self.pg_ctl)
+            .arg("-D")
+            .arg(&data)
+            .args(["-m", "immediate", "stop"])
             .stdout(std::process::Stdio::null())
             .status();
     }
