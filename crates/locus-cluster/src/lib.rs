@@ -441,11 +441,13 @@ impl Meta {
 
     /// The rights `subject` holds in directory `dir`.
     pub fn rights(&self, subject: &str, dir: &str) -> Result<Rights> {
-        let entries = self.acl(dir)?;
-        Ok(entries
-            .iter()
-            .filter(|e| e.subject == subject || e.subject == "*")
-            .fold(Rights(0), |r, e| r.union(e.rights)))
+        self.tx(|tx| rights(tx, subject, dir))
+    }
+
+    /// The rights `subject` holds in directory `dir` and the entry at `path`, read in
+    /// one transaction (the check and the lookup of most operations).
+    pub fn rights_and_get(&self, subject: &str, dir: &str, path: &str) -> Result<(Rights, Option<Entry>)> {
+        self.tx(|tx| Ok((rights(tx, subject, dir)?, get(tx, path)?)))
     }
 
     /// Sets one subject's rights on directory `dir` (none removes them). A directory
@@ -614,6 +616,11 @@ fn next_id(tx: &mut dyn Tx) -> Result<u64> {
     let id: u64 = rows.first().and_then(|r| r[0].text()).and_then(|t| t.parse().ok()).unwrap_or(2);
     tx.exec("UPDATE settings SET value = $1 WHERE name = 'next_id'", &[Val::Text((id + 1).to_string())])?;
     Ok(id)
+}
+
+fn rights(tx: &mut dyn Tx, subject: &str, dir: &str) -> Result<Rights> {
+    let entries = acl(tx, dir)?;
+    Ok(entries.iter().filter(|e| e.subject == subject || e.subject == "*").fold(Rights(0), |r, e| r.union(e.rights)))
 }
 
 fn acl(tx: &mut dyn Tx, dir: &str) -> Result<Vec<AclEntry>> {

@@ -588,6 +588,14 @@ fn not_here<T>(what: &str) -> Reply<T> {
     Err(WireError::new(Code::NOTSUP, format!("{what} is not available on a cluster head yet")))
 }
 
+/// Refuses unless `rights` (in directory `dir`) include `need`.
+fn check(rights: Rights, need: Rights, dir: &str) -> Result<(), WireError> {
+    match rights.contains(need) {
+        true => Ok(()),
+        false => Err(WireError::new(Code::ACCES, format!("{dir}: permission denied (needs '{need}' right)"))),
+    }
+}
+
 /// The directory whose ACL governs `path`: itself for a directory, else its parent.
 fn governing(path: &str, is_dir: bool) -> &str {
     if is_dir {
@@ -612,10 +620,18 @@ impl HeadSession {
     /// Checks that the subject holds `need` in directory `dir`.
     fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
         let who = self.who()?;
-        if !self.head.meta.rights(&who, dir).map_err(meta_err)?.contains(need) {
-            return Err(WireError::new(Code::ACCES, format!("{dir}: permission denied (needs '{need}' right)")));
-        }
+        check(self.head.meta.rights(&who, dir).map_err(meta_err)?, need, dir)?;
         Ok(who)
+    }
+
+    /// Checks that the subject holds `need` in the directory of `path`, and answers the
+    /// subject and the entry at `path` (one transaction).
+    fn need_entry(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
+        let who = self.who()?;
+        let dir = governing(path, false);
+        let (rights, entry) = self.head.meta.rights_and_get(&who, dir, path).map_err(meta_err)?;
+        check(rights, need, dir)?;
+        Ok((who, entry.ok_or_else(|| MetaError::NotFound(path.into()))?))
     }
 
     fn entry(&self, path: &str) -> Result<Entry, WireError> {
@@ -780,8 +796,7 @@ impl Handler for HeadSession {
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        self.need(governing(&path, false), Rights::LIST)?;
-        Ok(attr_of(&self.entry(&path)?).into())
+        Ok(attr_of(&self.need_entry(&path, Rights::LIST)?.1).into())
     }
 
     fn lstat(&mut self, req: Lstat, data: Bytes) -> Reply<Attr> {
@@ -879,8 +894,7 @@ impl Handler for HeadSession {
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        self.need(governing(&path, false), Rights::READ)?;
-        let e = self.entry(&path)?;
+        let (_, e) = self.need_entry(&path, Rights::READ)?;
         if e.kind == EntryKind::Dir {
             return Err(MetaError::IsDir(path).into());
         }
@@ -962,8 +976,7 @@ impl Handler for HeadSession {
 
     fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        self.need(governing(&path, false), Rights::WRITE)?;
-        let e = self.entry(&path)?;
+        let (_, e) = self.need_entry(&path, Rights::WRITE)?;
         if e.kind == EntryKind::Dir {
             return Err(MetaError::IsDir(path).into());
         }
@@ -1123,8 +1136,7 @@ impl Handler for HeadSession {
 
     fn locate(&mut self, req: Locate, _: Bytes) -> Reply<Located> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        let who = self.need(governing(&path, false), Rights::READ)?;
-        let e = self.entry(&path)?;
+        let (who, e) = self.need_entry(&path, Rights::READ)?;
         Ok(Located { attr: attr_of(&e), location: self.head.location(&who, &e)? }.into())
     }
 
@@ -1142,8 +1154,7 @@ impl Handler for HeadSession {
 
     fn share(&mut self, req: Share, _: Bytes) -> Reply<String> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        let who = self.need(governing(&path, false), Rights::READ)?;
-        self.entry(&path)?;
+        let (who, _) = self.need_entry(&path, Rights::READ)?;
         let expires = capability::now().saturating_add(req.ttl_s);
         let sig = capability::url_signature(self.head.key(), &who, &path, expires);
         let encoded: String = path
