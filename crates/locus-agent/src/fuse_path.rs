@@ -217,7 +217,7 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
     let on_abort = Box::new(move || kill_descendants(agent));
     let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
-    let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout });
+    let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout, ..Default::default() });
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
     let _ = notifier.set(session.notifier());

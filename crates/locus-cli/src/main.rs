@@ -156,12 +156,15 @@ enum Command {
         url: String,
         /// An existing, empty directory.
         mountpoint: PathBuf,
-        /// How long (ms) attributes, names, listings and cached pages of unchanged files are trusted before asking the server again.
+        /// How long (ms) attributes, names, listings and cached pages of unchanged files are trusted before asking the server again, where no callback covers them (`--consistency nfs`, or a server without callbacks).
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
         /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
         #[arg(long, default_value_t = 30)]
         retry_secs: u64,
+        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (never stale once a change is answered); writes go through as they are made. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
+        #[arg(long, default_value = "sprite", value_parser = ["sprite", "nfs"])]
+        consistency: String,
     },
     /// Unmount a `locus mount`.
     Umount {
@@ -384,8 +387,17 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs } => {
-            mount::run(&url, &mountpoint, attr_timeout_ms, Duration::from_secs(retry_secs))
+        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs, consistency } => {
+            let consistency = match consistency.as_str() {
+                "nfs" => locus_mount::Consistency::Nfs,
+                _ => locus_mount::Consistency::Sprite,
+            };
+            let options = locus_mount::MountOptions {
+                attr_timeout: Duration::from_millis(attr_timeout_ms),
+                consistency,
+                ..Default::default()
+            };
+            mount::run(&url, &mountpoint, options, Duration::from_secs(retry_secs))
         }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 /// Mounts `url` (`locus://`, `chirp://`, `http(s)://`) on `mountpoint` and serves it
 /// until it is unmounted or a signal comes.
-pub fn run(url: &str, mountpoint: &Path, attr_timeout_ms: u64, retry: Duration) -> Result<(), String> {
+pub fn run(url: &str, mountpoint: &Path, options: MountOptions, retry: Duration) -> Result<(), String> {
     let (mut driver, path) = locus_drivers::connect(url).map_err(|e| format!("{url}: {e}"))?;
     driver.set_retry(retry);
     let attr = driver.lstat(&path).map_err(|e| format!("{url}: {e}"))?;
     if attr.mode & locus_client::types::S_IFMT != locus_client::types::S_IFDIR {
         return Err(format!("{url}: not a directory"));
     }
-    let fs = LocusFs::new(driver, &path, MountOptions { attr_timeout: Duration::from_millis(attr_timeout_ms) });
+    let fs = LocusFs::new(driver, &path, options);
     let options = [fuser::MountOption::FSName(url.to_string()), fuser::MountOption::Subtype("locus".into())];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let notifier = fs.notifier_slot();

@@ -278,13 +278,13 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
 }
 
 #[test]
-fn changes_by_others_show_within_the_attribute_timeout_and_our_own_at_once() {
+fn nfs_mode_shows_changes_by_others_within_the_attribute_timeout_and_our_own_at_once() {
     if !fuse_available() {
         return;
     }
     let s = TestServer::start();
     s.put_local("d/old.txt", b"old");
-    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300"]);
+    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300", "--consistency", "nfs"]);
     let mnt = m.mnt.clone();
     // The mount's own changes show at once, through its listings and attribute cache.
     sh(&mnt, "ls >/dev/null && echo hello > mine.txt && test \"$(cat mine.txt)\" = hello && rm old.txt");
@@ -313,7 +313,7 @@ fn what_a_program_writes_it_reads_back_exactly_and_without_asking_the_server() {
     }
     let s = TestServer::start();
     s.put_local("d/keep.txt", b"x");
-    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300"]);
+    let m = mount_with(&s.url("/d"), s.scratch(), "admin-token", &["--attr-timeout-ms", "300", "--consistency", "nfs"]);
     let preads = || {
         let report = s.shared().store.stats("admin", 0).unwrap();
         report.ops.iter().find(|o| o.op == "pread").map_or(0, |o| o.count)
@@ -398,4 +398,107 @@ fn opening_an_invocation_on_the_mount_runs_the_handler() {
     s.put_local("data/gate", b"");
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), b"second\n");
     assert!(cat.wait().unwrap().success());
+}
+
+/// `mount_with` on `SCRATCH/NAME` rather than `SCRATCH/mnt`, for a second mount.
+fn mount_at(url: &str, scratch: &Path, name: &str, flags: &[&str]) -> Mount {
+    let dir = scratch.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    mount_with(url, &dir, "admin-token", flags)
+}
+
+/// Retries `check` for up to `limit`: a break travels one way on its own connection.
+fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"one");
+    s.put_local("d/sub/g.txt", b"gee");
+    // A long attribute timeout: only callbacks can make changes show.
+    let flags = ["--attr-timeout-ms", "600000"];
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &flags);
+    let b = mount_at(&s.url("/d"), s.scratch(), "b", &flags);
+    let read = |m: &Mount, p: &str| std::fs::read_to_string(m.mnt.join(p)).unwrap_or_else(|e| format!("error: {e}"));
+    let names = |m: &Mount, p: &str| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(m.mnt.join(p)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v.join(" ")
+    };
+    // Both cache the file, its attributes and the listings.
+    assert_eq!(read(&a, "f.txt"), "one");
+    assert_eq!(read(&b, "f.txt"), "one");
+    assert_eq!(names(&b, "."), "f.txt sub");
+    assert_eq!(names(&b, "sub"), "g.txt");
+    let held = s.shared().callbacks.held();
+    assert!(held >= 4, "the server holds the mounts' promises ({held})");
+
+    // A writes through its mount: B's kernel cache is invalidated and B reads the new
+    // bytes, with the new size.
+    std::fs::write(a.mnt.join("f.txt"), "two, longer").unwrap();
+    assert!(
+        within(Duration::from_secs(2), || read(&b, "f.txt") == "two, longer"),
+        "B still reads {:?}",
+        read(&b, "f.txt")
+    );
+    assert_eq!(std::fs::metadata(b.mnt.join("f.txt")).unwrap().len(), 11);
+    // Names made, renamed and removed by A show in B's listings and lookups.
+    std::fs::write(a.mnt.join("sub/new.txt"), "new").unwrap();
+    assert!(within(Duration::from_secs(2), || names(&b, "sub") == "g.txt new.txt"), "B lists {}", names(&b, "sub"));
+    std::fs::rename(a.mnt.join("sub/g.txt"), a.mnt.join("g2.txt")).unwrap();
+    assert!(within(Duration::from_secs(2), || names(&b, "sub") == "new.txt" && names(&b, ".") == "f.txt g2.txt sub"));
+    assert_eq!(read(&b, "g2.txt"), "gee");
+    assert!(!b.mnt.join("sub/g.txt").exists());
+    std::fs::remove_file(a.mnt.join("f.txt")).unwrap();
+    assert!(within(Duration::from_secs(2), || !b.mnt.join("f.txt").exists()));
+    // A name B looked up and did not find appears once A makes it.
+    assert!(!b.mnt.join("later.txt").exists());
+    std::fs::write(a.mnt.join("later.txt"), "late").unwrap();
+    assert!(within(Duration::from_secs(2), || read(&b, "later.txt") == "late"));
+    // A client through the protocol (the CLI) breaks the mounts' callbacks too.
+    let local = s.scratch().join("from-cli.txt");
+    std::fs::write(&local, "from the cli").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .arg("put")
+        .arg(&local)
+        .arg(s.url("/d/later.txt"))
+        .env("LOCUS_HOME", s.scratch().join("home"))
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(within(Duration::from_secs(2), || read(&a, "later.txt") == "from the cli"
+        && read(&b, "later.txt") == "from the cli"));
+
+    // So does a change made beside the server, in the export itself.
+    std::fs::write(s.local("d/later.txt"), "edited on the server").unwrap();
+    std::fs::write(s.local("d/sub/local.txt"), "made on the server").unwrap();
+    let seen = |m: &Mount| read(m, "later.txt") == "edited on the server" && names(m, "sub") == "local.txt new.txt";
+    assert!(
+        within(Duration::from_secs(2), || seen(&a) && seen(&b)),
+        "{} / {}",
+        read(&a, "later.txt"),
+        names(&b, "sub")
+    );
+
+    // A mount's promises go with its connection.
+    drop(b);
+    let before = s.shared().callbacks.held();
+    drop(a);
+    assert!(within(Duration::from_secs(5), || s.shared().callbacks.held() == 0), "{before} promises left");
 }

@@ -302,6 +302,13 @@ impl Client {
         Ok(rx)
     }
 
+    /// Turns callbacks on for this connection (at most `max` promises): the server then
+    /// tells the connection whose id is `to` (0: this one), in `PUSH_BREAK` pushes, when
+    /// a path this connection asked about changes. Answers the number of promises granted.
+    pub async fn callbacks(&self, max: u32, to: u64) -> Result<u32> {
+        self.call(Callbacks { max, to }).await
+    }
+
     /// Round trip of the protocol itself.
     pub async fn ping(&self) -> Result<()> {
         self.call(Ping {}).await
@@ -820,6 +827,8 @@ async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner:
             Ok(f) => f,
             Err(_) => {
                 *inner.closed.lock() = true;
+                // Subscribers see the end of their pushes.
+                inner.pushes.lock().take();
                 for (_, w) in inner.waiters.lock().drain() {
                     match w {
                         Waiter::One(tx) => drop(tx.send(Err(ClientError::Closed))),

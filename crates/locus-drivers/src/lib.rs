@@ -77,6 +77,17 @@ impl std::fmt::Display for DriverError {
 
 impl std::error::Error for DriverError {}
 
+/// What a server's callback breaks tell a cache (see [`Driver::callbacks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Break {
+    /// These paths changed (content, attributes or existence), and so did their
+    /// directories' listings.
+    Paths(Vec<String>),
+    /// The promises are gone (the connection that held them or heard them was lost):
+    /// nothing cached under them can be trusted.
+    All,
+}
+
 /// Result of a driver call.
 pub type Result<T> = std::result::Result<T, DriverError>;
 
@@ -173,6 +184,17 @@ pub trait Driver: Send {
     /// run`, where any `HOST:PORT` connects) says no, so that no absence is cached there.
     fn lists_all(&self, _path: &str) -> bool {
         true
+    }
+    /// Turns callbacks on, with at most `max` promises: from now on the server tells,
+    /// through the returned channel, when a path this driver asked about changes. None
+    /// where the protocol has no callbacks.
+    fn callbacks(&mut self, _max: u32) -> Option<std::sync::mpsc::Receiver<Break>> {
+        None
+    }
+    /// True while the server holds this driver's promises: what it answers now may be
+    /// cached until a [`Break`] says otherwise.
+    fn callbacks_held(&self) -> bool {
+        false
     }
     /// File-system statistics; zeros where the protocol has none.
     fn statfs(&mut self, _path: &str) -> Result<StatFs> {

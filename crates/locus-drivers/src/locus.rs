@@ -6,9 +6,11 @@
 //! upper bits, so a handle from before a reconnection answers `EBADF` instead of naming
 //! whatever the new session numbered the same.
 
-use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
+use crate::{Attr, Break, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
 use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 /// How long calls keep retrying a lost server by default.
@@ -25,6 +27,52 @@ pub struct LocusDriver {
     behind: HashMap<u64, Vec<Behind>>,
     /// Reads sent ahead of a sequential reader, by handle.
     ahead: HashMap<u64, ReadAhead>,
+    /// Callback promises, once turned on.
+    callbacks: Option<Callbacks>,
+}
+
+/// The driver's side of callbacks. Breaks arrive on a second connection of the same
+/// subject, read by a thread of its own: the blocking client reads its connection only
+/// while a call runs, and a break must reach the mount while it is idle.
+struct Callbacks {
+    max: u32,
+    /// The listening connection's id at the server; 0 while it is down.
+    listener: Arc<AtomicU64>,
+    /// The connection generation and listener the server was last asked to use.
+    enabled: (u64, u64),
+    breaks: mpsc::Sender<Break>,
+}
+
+/// Keeps a connection open on which the server's breaks arrive, forwarding them; when it
+/// is lost, says so ([`Break::All`]) and connects again.
+fn listen(options: ConnectOptions, listener: Arc<AtomicU64>, breaks: mpsc::Sender<Break>) {
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+    rt.block_on(async move {
+        loop {
+            let client = match locus_client::Client::connect(&options).await {
+                Ok(c) => c,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let mut pushes = client.subscribe();
+            listener.store(client.client_id(), Ordering::SeqCst);
+            while let Some(push) = pushes.recv().await {
+                if push.topic != locus_proto::frame::PUSH_BREAK {
+                    continue;
+                }
+                let Ok(paths) = locus_proto::codec::decode::<Vec<String>>(&push.meta) else { continue };
+                if breaks.send(Break::Paths(paths)).is_err() {
+                    return;
+                }
+            }
+            listener.store(0, Ordering::SeqCst);
+            if breaks.send(Break::All).is_err() {
+                return;
+            }
+        }
+    })
 }
 
 /// A sequential reader's reads sent before it asks, so that several are in flight and a
@@ -88,6 +136,7 @@ impl LocusDriver {
             retry: DEFAULT_RETRY,
             behind: HashMap::new(),
             ahead: HashMap::new(),
+            callbacks: None,
         })
     }
 
@@ -100,12 +149,33 @@ impl LocusDriver {
                 self.client = Some(Client::connect(&self.options).map_err(err)?);
                 self.generation += 1;
             }
+            self.keep_promises()?;
             self.call_on(&f)
         })
         .map_err(|e| match e.is_transient() {
             true => DriverError::transient(format!("server unreachable for {window:?}: {}", e.message)),
             false => e,
         })
+    }
+
+    /// With callbacks on, makes sure the current connection has them, with its breaks
+    /// going to the current listener (both may have been replaced since). A new
+    /// connection holds none of the old one's promises: everything cached is stale.
+    fn keep_promises(&mut self) -> Result<()> {
+        let Some(cb) = &self.callbacks else { return Ok(()) };
+        let now = (self.generation, cb.listener.load(Ordering::SeqCst));
+        if cb.enabled == now || now.1 == 0 {
+            return Ok(());
+        }
+        if cb.enabled.0 != now.0 && cb.enabled.0 != 0 {
+            let _ = cb.breaks.send(Break::All);
+        }
+        let max = cb.max;
+        self.call_on(|c| c.run(|c| c.callbacks(max, now.1)))?;
+        if let Some(cb) = &mut self.callbacks {
+            cb.enabled = now;
+        }
+        Ok(())
     }
 
     /// Runs `f` on the current connection without reconnecting: for calls on handles,
@@ -149,6 +219,32 @@ impl Driver for LocusDriver {
     }
     fn set_retry(&mut self, window: Duration) {
         self.retry = window;
+    }
+    fn callbacks(&mut self, max: u32) -> Option<mpsc::Receiver<Break>> {
+        // Asked first with breaks to this connection: a server without callbacks (a
+        // cluster head, an older server) refuses, and no listener is started.
+        if let Err(e) = self.call(|c| c.run(|c| c.callbacks(max, 0))) {
+            tracing::info!("the server does not promise callbacks: {e}");
+            return None;
+        }
+        let (tx, rx) = mpsc::channel();
+        let listener = Arc::new(AtomicU64::new(0));
+        let (options, id, breaks) = (self.options.clone(), listener.clone(), tx.clone());
+        let thread = std::thread::Builder::new().name("locus-callbacks".into());
+        thread.spawn(move || listen(options, id, breaks)).ok()?;
+        // Wait briefly for the listener, so that the first answers are already promised.
+        let started = std::time::Instant::now();
+        while listener.load(Ordering::SeqCst) == 0 && started.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.callbacks = Some(Callbacks { max, listener, enabled: (0, 0), breaks: tx });
+        self.keep_promises().ok()?;
+        Some(rx)
+    }
+    fn callbacks_held(&self) -> bool {
+        self.callbacks.as_ref().is_some_and(|cb| {
+            self.client.is_some() && cb.enabled == (self.generation, cb.listener.load(Ordering::SeqCst))
+        })
     }
     fn lstat(&mut self, path: &str) -> Result<Attr> {
         self.call(|c| c.run(|c| c.lstat(path)))

@@ -5,7 +5,9 @@
 //! kernel forgets it as often as it looked it up. A rename moves the path of the entry
 //! and of everything beneath it, so open directories and files keep working.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Joins a directory path and a name.
 pub fn join(dir: &str, name: &str) -> String {
@@ -24,19 +26,27 @@ struct Node {
 /// What ends the path kept for a removed file (no real path contains a NUL).
 const REMOVED: &str = "\0removed";
 
+/// The inode of each path the kernel knows, shared with the thread that tells the kernel
+/// of callback breaks (which come by path).
+pub type PathIndex = Arc<Mutex<HashMap<String, u64>>>;
+
 /// The inode table of one mount.
 pub struct Inodes {
     by_ino: HashMap<u64, Node>,
-    by_path: HashMap<String, u64>,
+    by_path: PathIndex,
     next: u64,
 }
 
 impl Inodes {
     /// A table whose root (inode 1) is `base`.
     pub fn new(base: &str) -> Inodes {
-        let base = if base.is_empty() { "/".to_string() } else { base.to_string() };
-        let mut t = Inodes { by_ino: HashMap::new(), by_path: HashMap::new(), next: 2 };
-        t.by_path.insert(base.clone(), 1);
+        // The server's form of a path (`/a/b`), which callback breaks name.
+        let base = match base.trim_end_matches('/') {
+            "" => "/".to_string(),
+            b => b.to_string(),
+        };
+        let mut t = Inodes { by_ino: HashMap::new(), by_path: PathIndex::default(), next: 2 };
+        t.by_path.lock().insert(base.clone(), 1);
         t.by_ino.insert(1, Node { path: base, lookups: 1 });
         t
     }
@@ -48,18 +58,24 @@ impl Inodes {
 
     /// The inode of a path, if it has one, without counting a lookup.
     pub fn peek(&self, path: &str) -> Option<u64> {
-        self.by_path.get(path).copied()
+        self.by_path.lock().get(path).copied()
+    }
+
+    /// The path-to-inode map, for the thread that tells the kernel of breaks.
+    pub fn index(&self) -> PathIndex {
+        self.by_path.clone()
     }
 
     /// The inode of a path, numbered now if new; counts one kernel lookup.
     pub fn lookup(&mut self, path: String) -> u64 {
-        if let Some(&ino) = self.by_path.get(&path) {
+        let mut by_path = self.by_path.lock();
+        if let Some(&ino) = by_path.get(&path) {
             self.by_ino.get_mut(&ino).expect("both maps agree").lookups += 1;
             return ino;
         }
         let ino = self.next;
         self.next += 1;
-        self.by_path.insert(path.clone(), ino);
+        by_path.insert(path.clone(), ino);
         self.by_ino.insert(ino, Node { path, lookups: 1 });
         ino
     }
@@ -73,8 +89,9 @@ impl Inodes {
             node.lookups = node.lookups.saturating_sub(n);
             if node.lookups == 0 {
                 let node = self.by_ino.remove(&ino).expect("present");
-                if self.by_path.get(&node.path) == Some(&ino) {
-                    self.by_path.remove(&node.path);
+                let mut by_path = self.by_path.lock();
+                if by_path.get(&node.path) == Some(&ino) {
+                    by_path.remove(&node.path);
                 }
             }
         }
@@ -97,7 +114,8 @@ impl Inodes {
     /// `path` was removed: its inode lives on (open files) but no longer has a name,
     /// and a new file made under that name gets a new inode.
     pub fn unlinked(&mut self, path: &str) {
-        if let Some(ino) = self.by_path.remove(path) {
+        let removed = self.by_path.lock().remove(path);
+        if let Some(ino) = removed {
             if let Some(n) = self.by_ino.get_mut(&ino) {
                 n.path = format!("{path}{REMOVED}");
             }
@@ -108,16 +126,16 @@ impl Inodes {
     pub fn rename(&mut self, from: &str, to: &str) {
         self.unlinked(to);
         let prefix = format!("{from}/");
-        let moved: Vec<(String, u64)> = self
-            .by_path
+        let mut by_path = self.by_path.lock();
+        let moved: Vec<(String, u64)> = by_path
             .iter()
             .filter(|(p, _)| p.as_str() == from || p.starts_with(&prefix))
             .map(|(p, &i)| (p.clone(), i))
             .collect();
         for (old, ino) in moved {
             let new = format!("{to}{}", &old[from.len()..]);
-            self.by_path.remove(&old);
-            self.by_path.insert(new.clone(), ino);
+            by_path.remove(&old);
+            by_path.insert(new.clone(), ino);
             if let Some(n) = self.by_ino.get_mut(&ino) {
                 n.path = new;
             }

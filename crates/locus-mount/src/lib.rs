@@ -42,16 +42,100 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// How a mount keeps what it caches consistent with the server and its other clients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consistency {
+    /// Attributes, names, listings and pages are trusted for the attribute timeout, then
+    /// asked for again: another client's change may stay unseen that long.
+    Nfs,
+    /// The server promises a callback for everything the mount asks about, and breaks
+    /// it when another client changes the path; until then the kernel and the mount
+    /// trust what they have indefinitely. Writes go through to the server as they are
+    /// made (behind, as always), so other clients never read stale data once a write
+    /// is answered and its break has arrived. Where the driver has no callbacks, it is
+    /// [`Consistency::Nfs`].
+    #[default]
+    Sprite,
+}
+
 /// How a mount behaves.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
-    /// How long the kernel may trust attributes and names without asking again.
+    /// How long the kernel may trust attributes and names without asking again, when
+    /// no callback covers them.
     pub attr_timeout: Duration,
+    pub consistency: Consistency,
+    /// The most callback promises the server keeps for the mount (the oldest are
+    /// broken to make room).
+    pub max_promises: u32,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        MountOptions { attr_timeout: Duration::from_secs(1) }
+        MountOptions {
+            attr_timeout: Duration::from_secs(1),
+            consistency: Consistency::default(),
+            max_promises: 1 << 18,
+        }
+    }
+}
+
+/// How long the kernel and the mount trust what a held callback covers: until a break,
+/// in practice.
+const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Breaks that arrived and that the mount's own caches have not taken in yet.
+#[derive(Default)]
+struct Broken {
+    paths: Vec<String>,
+    /// Every promise is gone.
+    all: bool,
+}
+
+/// The directory and name of a path (`/` for a name at the root).
+fn split_path(path: &str) -> Option<(&str, &str)> {
+    let (dir, name) = path.rsplit_once('/')?;
+    Some((if dir.is_empty() { "/" } else { dir }, name))
+}
+
+/// Takes the server's callback breaks as they come: records them for the mount's own
+/// caches, then tells the kernel to drop the attributes, pages, names and listings they
+/// cover. It runs on a thread of its own, since a notification may wait for a request
+/// the mount's thread is answering.
+fn take_breaks(
+    breaks: std::sync::mpsc::Receiver<locus_drivers::Break>,
+    index: inodes::PathIndex,
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+    broken: Arc<parking_lot::Mutex<Broken>>,
+) {
+    use locus_drivers::Break;
+    for b in breaks {
+        let paths = match b {
+            Break::Paths(paths) => {
+                broken.lock().paths.extend(paths.iter().cloned());
+                paths
+            }
+            Break::All => {
+                broken.lock().all = true;
+                index.lock().keys().cloned().collect()
+            }
+        };
+        let Some(notifier) = notifier.get() else { continue };
+        for path in paths {
+            let (ino, parent) = {
+                let index = index.lock();
+                let parent = split_path(&path).and_then(|(dir, name)| Some((*index.get(dir)?, name.to_string())));
+                (index.get(&path).copied(), parent)
+            };
+            // Errors say the kernel has nothing cached there: nothing to drop.
+            if let Some(ino) = ino {
+                let _ = notifier.inval_inode(ino, 0, 0);
+            }
+            if let Some((dir, name)) = parent {
+                let _ = notifier.inval_entry(dir, OsStr::new(&name));
+                let _ = notifier.inval_inode(dir, 0, 0);
+            }
+        }
     }
 }
 
@@ -95,6 +179,10 @@ pub struct LocusFs {
     known: HashMap<u64, Vec<u8>>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Whether the server promised callbacks (they may be lost for a while since).
+    callbacks: bool,
+    /// Breaks not yet taken in by the mount's own caches.
+    broken: Arc<parking_lot::Mutex<Broken>>,
 }
 
 /// The most content kept per handle in [`LocusFs::known`].
@@ -183,10 +271,25 @@ fn locus_flags(flags: i32) -> u32 {
 
 impl LocusFs {
     /// A file system showing `base` (a directory path on the server) through `driver`.
-    pub fn new(driver: Box<dyn Driver>, base: &str, options: MountOptions) -> LocusFs {
+    pub fn new(mut driver: Box<dyn Driver>, base: &str, options: MountOptions) -> LocusFs {
+        let breaks = match options.consistency {
+            Consistency::Sprite => driver.callbacks(options.max_promises),
+            Consistency::Nfs => None,
+        };
+        let inodes = Inodes::new(base);
+        let notifier = Arc::new(OnceLock::new());
+        let broken = Arc::new(parking_lot::Mutex::new(Broken::default()));
+        if let Some(breaks) = breaks {
+            let (index, n, b) = (inodes.index(), notifier.clone(), broken.clone());
+            let taker = std::thread::Builder::new().name("locus-breaks".into());
+            if let Err(e) = taker.spawn(move || take_breaks(breaks, index, n, b)) {
+                tracing::warn!("no thread for callback breaks: {e}");
+            }
+        }
         LocusFs {
+            callbacks: driver.callbacks_held(),
             driver,
-            inodes: Inodes::new(base),
+            inodes,
             listings: Listings::new(options.attr_timeout),
             options,
             seen: HashMap::new(),
@@ -196,8 +299,45 @@ impl LocusFs {
             next_lazy: FIRST_LAZY,
             written: HashSet::new(),
             known: HashMap::new(),
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
+            broken,
         }
+    }
+
+    /// How long what the server answers now may be trusted: until a break while the
+    /// server holds this mount's callbacks, else the attribute timeout.
+    fn ttl(&self) -> Duration {
+        if self.callbacks && self.driver.callbacks_held() {
+            CALLBACK_TTL
+        } else {
+            self.options.attr_timeout
+        }
+    }
+
+    /// Drops from the mount's own caches what breaks since the last call cover.
+    fn absorb(&mut self) {
+        if !self.callbacks {
+            return;
+        }
+        let broken = std::mem::take(&mut *self.broken.lock());
+        if broken.all {
+            self.attrs.clear();
+            self.seen.clear();
+            self.listings.clear();
+        }
+        for path in &broken.paths {
+            if let Some(ino) = self.inodes.peek(path) {
+                self.attrs.remove(&ino);
+                self.seen.remove(&ino);
+                self.listings.forget(ino);
+            }
+            if let Some(dir) = split_path(path).and_then(|(dir, _)| self.inodes.peek(dir)) {
+                self.attrs.remove(&dir);
+                self.listings.forget(dir);
+            }
+        }
+        let ttl = self.ttl();
+        self.listings.set_ttl(ttl);
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):
@@ -255,9 +395,10 @@ impl LocusFs {
         self.attrs.insert(ino, (attr.clone(), Instant::now()));
     }
 
-    /// Attributes of `ino` answered by the server less than `attr_timeout` ago.
+    /// Attributes of `ino` answered by the server recently enough to trust (see [`Self::ttl`]).
     fn fresh(&self, ino: u64) -> Option<&Attr> {
-        self.attrs.get(&ino).filter(|(_, at)| at.elapsed() < self.options.attr_timeout).map(|(a, _)| a)
+        let ttl = self.ttl();
+        self.attrs.get(&ino).filter(|(_, at)| at.elapsed() < ttl).map(|(a, _)| a)
     }
 
     /// Forgets what was known of a directory whose entries changed (its times and link
@@ -326,7 +467,7 @@ impl LocusFs {
             reply.entry(&Duration::ZERO, &file_attr(ino, attr), 0);
         } else {
             self.remember(ino, attr);
-            reply.entry(&self.options.attr_timeout, &file_attr(ino, attr), 0);
+            reply.entry(&self.ttl(), &file_attr(ino, attr), 0);
         }
         ino
     }
@@ -364,6 +505,7 @@ impl Filesystem for LocusFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+        self.absorb();
         let path = ok_or_reply!(self.child(parent, name), reply);
         let name = name.to_str().unwrap_or_default();
         if self.listings.worth_relisting(parent) {
@@ -392,7 +534,7 @@ impl Filesystem for LocusFs {
             // by being named.
             Err(libc::ENOENT) => {
                 let lists_all = self.inodes.path(parent).is_some_and(|dir| self.driver.lists_all(dir));
-                let ttl = if lists_all { self.options.attr_timeout } else { Duration::ZERO };
+                let ttl = if lists_all { self.ttl() } else { Duration::ZERO };
                 reply.entry(&ttl, &file_attr(0, &Attr::default()), 0)
             }
             Err(code) => reply.error(code),
@@ -408,9 +550,10 @@ impl Filesystem for LocusFs {
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
+        self.absorb();
         let active = self.active(ino);
         if let Some(attr) = self.fresh(ino).filter(|_| !active) {
-            return reply.attr(&self.options.attr_timeout, &file_attr(ino, attr));
+            return reply.attr(&self.ttl(), &file_attr(ino, attr));
         }
         let fh = fh.and_then(|h| self.opened(h));
         let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
@@ -423,7 +566,7 @@ impl Filesystem for LocusFs {
             return reply.attr(&Duration::ZERO, &file_attr(ino, &attr));
         }
         self.remember(ino, &attr);
-        reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+        reply.attr(&self.ttl(), &file_attr(ino, &attr));
     }
 
     fn setattr(
@@ -462,7 +605,7 @@ impl Filesystem for LocusFs {
             // A removed file has no name to set times by; the kernel sends them as it
             // drops the inode of a file written before its removal.
             return match self.attrs.get(&ino) {
-                Some((attr, _)) => reply.attr(&self.options.attr_timeout, &file_attr(ino, attr)),
+                Some((attr, _)) => reply.attr(&self.ttl(), &file_attr(ino, attr)),
                 None => reply.error(libc::ENOENT),
             };
         }
@@ -485,7 +628,7 @@ impl Filesystem for LocusFs {
             attr.mtime = at(mtime, attr.mtime);
             self.seen.remove(&ino);
             self.written.insert(h);
-            return reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+            return reply.attr(&self.ttl(), &file_attr(ino, &attr));
         }
         let result = (|| -> Result<Attr, DriverError> {
             if let Some(mode) = mode {
@@ -514,7 +657,7 @@ impl Filesystem for LocusFs {
         })();
         let attr = ok_or_reply!(result.map_err(errno), reply);
         self.remember(ino, &attr);
-        reply.attr(&self.options.attr_timeout, &file_attr(ino, &attr));
+        reply.attr(&self.ttl(), &file_attr(ino, &attr));
     }
 
     fn readlink(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyData) {
@@ -604,6 +747,7 @@ impl Filesystem for LocusFs {
     }
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
+        self.absorb();
         let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
         if read_only && self.active(ino) {
             // Read past the size the kernel knows: the output may still be growing, and
@@ -657,7 +801,7 @@ impl Filesystem for LocusFs {
         if opened.attr.size == 0 {
             self.known.insert(opened.handle, Vec::new());
         }
-        reply.created(&self.options.attr_timeout, &file_attr(ino, &opened.attr), 0, opened.handle, 0);
+        reply.created(&self.ttl(), &file_attr(ino, &opened.attr), 0, opened.handle, 0);
     }
 
     fn read(
@@ -778,7 +922,17 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
+    fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
+        self.absorb();
+        // While callbacks hold, the kernel keeps listings between opens: a break of the
+        // directory drops them.
+        let cache_dir = 1 << 3; // FOPEN_CACHE_DIR (ABI 7.28), honoured by any kernel since 4.20
+        let flags = if self.ttl() == CALLBACK_TTL { cache_dir | fuser::consts::FOPEN_KEEP_CACHE } else { 0 };
+        reply.opened(0, flags);
+    }
+
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
+        self.absorb();
         let path = ok_or_reply!(self.path(ino), reply);
         let entries = ok_or_reply!(self.list(ino), reply);
         let parent = self.inodes.parent_of(ino);

@@ -43,6 +43,16 @@ impl Listings {
         Listings { by_dir: HashMap::new(), ttl }
     }
 
+    /// From now on, listings are trusted for `ttl` (long while callbacks hold).
+    pub fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl = ttl;
+    }
+
+    /// Forgets every listing (the callbacks that covered them are gone).
+    pub fn clear(&mut self) {
+        self.by_dir.clear();
+    }
+
     /// Keeps the server's listing of `dir`.
     pub fn store(&mut self, dir: u64, entries: impl IntoIterator<Item = (String, Attr)>) {
         let names = entries.into_iter().map(|(n, a)| (n, Some(a))).collect();

@@ -20,6 +20,11 @@ pub const VERSION: u16 = 1;
 /// sending client's id (u64), its data the message.
 pub const PUSH_MESSAGE: u16 = 1;
 
+/// Push topic of a callback break (see the `callbacks` operation); the push's metadata
+/// is the changed paths (`Vec<String>`): a path's content, attributes or existence
+/// changed, and so did its directory's listing.
+pub const PUSH_BREAK: u16 = 2;
+
 /// Set on every frame of a multi-frame message except the last.
 pub const FLAG_MORE: u8 = 1;
 

@@ -102,6 +102,12 @@ macro_rules! operation_table {
             0x26 Access access Unary { path: String, mode: u32 } -> ();
             /// Sets the size of an open file.
             0x27 Ftruncate ftruncate Unary { handle: u64, size: u64 } -> ();
+            /// Turns callbacks on for this connection: from now on every path it asks about
+            /// is promised a break message (push topic 2), sent to connection `to` of the
+            /// same subject (0: this one), when another client changes it or a name in it;
+            /// at most `max` promises are kept (the oldest is broken first). Answers the
+            /// number the server grants.
+            0x28 Callbacks callbacks Unary { max: u32, to: u64 } -> u32;
             /// The access-control list that governs a directory.
             0x30 AclGet acl_get Unary { path: String } -> Vec<AclEntry>;
             /// Sets (or, with no rights, removes) one subject's rights on a directory.

@@ -1045,6 +1045,11 @@ impl Handler for HeadSession {
         Ok(().into())
     }
 
+    fn callbacks(&mut self, _: Callbacks, _: Bytes) -> Reply<u32> {
+        // Several heads share a namespace in the database; none sees another's changes.
+        Err(WireError::new(Code::NOTSUP, "a cluster head does not promise callbacks"))
+    }
+
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.who()?;

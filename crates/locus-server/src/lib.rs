@@ -2,6 +2,7 @@
 //! signal, so the `locus serve` binary and the tests start it the same way.
 //!
 //! - [`active`]: active files, whose lookup runs a registered handler.
+//! - [`callbacks`]: promises to tell a client when what it cached changes (AFS).
 //! - [`config`]: [`ServerConfig`], the token file and the TLS identity.
 //! - [`dispatch`]: the [`dispatch::Handler`] trait and dispatch, generated from the
 //!   operation table in `locus-proto`.
@@ -14,6 +15,7 @@
 //! - [`http`]: the HTTP endpoint of heads and data nodes (`GET` with `Range`, `HEAD`,
 //!   redirects to data nodes).
 //! - [`node`]: a data node, an ordinary server that has joined a head.
+//! - [`export_watch`]: inotify on the export, so changes made beside the server break callbacks.
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client
@@ -21,9 +23,11 @@
 //! connection goes on; only a broken frame (bad header, oversized) closes it.
 
 pub mod active;
+pub mod callbacks;
 pub mod config;
 pub mod dispatch;
 pub mod error;
+pub mod export_watch;
 pub mod head;
 pub mod http;
 pub mod metrics;
@@ -67,6 +71,8 @@ pub struct Push {
 pub struct Registry {
     next: AtomicU64,
     clients: Mutex<HashMap<u64, PushQueue>>,
+    /// The subject each connection authenticated as.
+    subjects: Mutex<HashMap<u64, Arc<str>>>,
 }
 
 /// The way to one client's pusher task, and how many messages wait in it (a reply sent
@@ -86,6 +92,17 @@ impl Registry {
 
     fn remove(&self, id: u64) {
         self.clients.lock().remove(&id);
+        self.subjects.lock().remove(&id);
+    }
+
+    /// Connection `id` authenticated as `subject`.
+    pub fn authenticated(&self, id: u64, subject: &str) {
+        self.subjects.lock().insert(id, subject.into());
+    }
+
+    /// The subject connection `id` authenticated as, if it is connected and did.
+    pub fn subject(&self, id: u64) -> Option<Arc<str>> {
+        self.subjects.lock().get(&id).cloned()
     }
 
     /// Clients connected now.
@@ -112,6 +129,8 @@ pub struct Shared {
     pub store: Store,
     pub tokens: Tokens,
     pub registry: Registry,
+    /// Promises of callback breaks to clients that cache.
+    pub callbacks: callbacks::Callbacks,
     /// Registered scripts and the interpreter pool that runs them.
     pub scripts: locus_script::Engine,
     /// Queues, runs and accounts for storelets.
@@ -141,6 +160,8 @@ pub trait Connection: dispatch::Handler {
     fn direct_write_target(&self, _meta: &[u8]) -> Option<(Arc<locus_store::OpenFile>, u64)> {
         None
     }
+    /// A `pwrite` went straight into `file`: other clients' promises on it break.
+    fn wrote_directly(&self, _file: &locus_store::OpenFile) {}
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -199,6 +220,7 @@ impl Server {
             store,
             tokens,
             registry: Registry::default(),
+            callbacks: callbacks::Callbacks::default(),
             scripts,
             storelets,
             active,
@@ -547,7 +569,10 @@ async fn frame_loop<S: Connection>(
         .flatten();
         let outcome = if let Some((file, offset)) = direct {
             match splice::receive_into_file(reader, &mut pipe, &file, offset, header.data_len as u64).await? {
-                Ok(n) => Ok(dispatch::Answer::from(n).encode()),
+                Ok(n) => {
+                    session.wrote_directly(&file);
+                    Ok(dispatch::Answer::from(n).encode())
+                }
                 Err(errno) => Err(locus_store::StoreError::Os { op: "write", path: file.rel.clone(), errno }.into()),
             }
         } else {

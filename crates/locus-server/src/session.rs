@@ -94,7 +94,8 @@ pub struct Session {
     server_nonce: Option<Vec<u8>>,
     handles: HashMap<u64, Arc<OpenFile>>,
     next_handle: u64,
-    puts: HashMap<u32, PutFile>,
+    /// Uploads in progress, by request id, with their paths.
+    puts: HashMap<u32, (PutFile, String)>,
     /// Id and MORE flag of the request frame being handled (for streamed uploads).
     current: (u32, bool),
     /// Storelet runs this connection started: cancelled if it goes away first.
@@ -109,6 +110,9 @@ impl Drop for Session {
     fn drop(&mut self) {
         for run in &self.storelet_runs {
             run.cancel();
+        }
+        if self.outbox.is_some() {
+            self.shared.callbacks.drop_client(self.client_id);
         }
     }
 }
@@ -186,7 +190,7 @@ impl Session {
 
     /// Handles a continuation frame of an upload: appends, and finishes on the last.
     pub fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
-        let put = self.puts.get_mut(&id).expect("caller checked is_uploading");
+        let (put, _) = self.puts.get_mut(&id).expect("caller checked is_uploading");
         if let Err(e) = put.write(data) {
             self.puts.remove(&id);
             return Err(e.into());
@@ -194,8 +198,8 @@ impl Session {
         if more {
             return Ok(Answer::deferred());
         }
-        let put = self.puts.remove(&id).expect("present");
-        Ok(store(put.finish())?.into())
+        let (put, path) = self.puts.remove(&id).expect("present");
+        Ok(self.naming(&[&path], put.finish())?.into())
     }
 
     /// For a `pwrite` whose data may go straight from the socket into the file: the open
@@ -217,10 +221,10 @@ impl Session {
         let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
         store(put.write(&data))?;
         if more {
-            self.puts.insert(id, put);
+            self.puts.insert(id, (put, req.path));
             return Ok(Answer::deferred());
         }
-        Ok(store(put.finish())?.into())
+        Ok(self.naming(&[&req.path], put.finish())?.into())
     }
 
     /// The cluster key, on a data node that has joined its head.
@@ -236,6 +240,31 @@ impl Session {
             locus_proto::capability::HEAD_SUBJECT => Ok(()),
             _ => Err(WireError::new(Code::ACCES, "only the cluster's head stores and drops objects")),
         }
+    }
+
+    /// Promises this client a break when `path` changes (if it turned callbacks on).
+    fn promise(&self, path: &str) {
+        self.shared.callbacks.promise(&self.shared.registry, self.client_id, path, false);
+    }
+
+    /// This session changed `paths` (with `names`: made or removed them): other
+    /// clients' promises on them break.
+    pub(crate) fn changed(&self, paths: &[&str], names: bool) {
+        self.shared.callbacks.changed(&self.shared.registry, self.client_id, paths, names);
+    }
+
+    /// `r`, after telling other clients that `paths` changed if it succeeded.
+    fn changing<T>(&self, paths: &[&str], r: Result<T, StoreError>) -> Result<T, WireError> {
+        let r = store(r)?;
+        self.changed(paths, false);
+        Ok(r)
+    }
+
+    /// `r`, after telling other clients that names were made or removed if it succeeded.
+    fn naming<T>(&self, paths: &[&str], r: Result<T, StoreError>) -> Result<T, WireError> {
+        let r = store(r)?;
+        self.changed(paths, true);
+        Ok(r)
     }
 
     fn who(&self) -> Result<&str, WireError> {
@@ -366,6 +395,10 @@ impl crate::Connection for Session {
     fn direct_write_target(&self, meta: &[u8]) -> Option<(Arc<OpenFile>, u64)> {
         Session::direct_write_target(self, meta)
     }
+
+    fn wrote_directly(&self, file: &OpenFile) {
+        self.changed(&[&file.rel], false);
+    }
 }
 
 impl Handler for Session {
@@ -403,6 +436,9 @@ impl Handler for Session {
         let token = &token[..];
         let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
         self.subject = Some(req.subject.clone());
+        if self.outbox.is_some() {
+            self.shared.registry.authenticated(self.client_id, &req.subject);
+        }
         Ok(Welcome { client_id: self.client_id, subject: req.subject, proof, head: false }.into())
     }
 
@@ -415,6 +451,7 @@ impl Handler for Session {
     }
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
+        self.promise(&req.path);
         match self.shared.store.stat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -422,6 +459,7 @@ impl Handler for Session {
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
+        self.promise(&req.path);
         match self.shared.store.lstat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -430,6 +468,7 @@ impl Handler for Session {
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let file = self.handle(req.handle)?.clone();
+        self.promise(&file.rel);
         match self.growing.get(&req.handle) {
             Some(run) => Ok(growing_attr(&file, run)?.into()),
             None => Ok(store(file.stat())?.into()),
@@ -441,8 +480,12 @@ impl Handler for Session {
             return Err(WireError::new(Code(24), "too many open handles on this connection"));
             // EMFILE
         }
+        self.promise(&req.path);
         let (file, attr, run) = match self.shared.store.open(self.who()?, &req.path, req.flags, req.mode) {
             Ok(file) => {
+                if req.flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0 {
+                    self.changed(&[&req.path], req.flags & open_flags::CREATE != 0);
+                }
                 let attr = store(file.stat())?;
                 (file, attr, None)
             }
@@ -503,10 +546,12 @@ impl Handler for Session {
     }
 
     fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
-        Ok(store(self.handle(req.handle)?.pwrite(req.offset, &data))?.into())
+        let file = self.handle(req.handle)?;
+        Ok(self.changing(&[&file.rel], file.pwrite(req.offset, &data))?.into())
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
+        self.promise(&req.path);
         let (file, attr) = match self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0) {
             Ok(file) => {
                 let attr = store(file.stat())?;
@@ -532,47 +577,49 @@ impl Handler for Session {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
+        self.shared.callbacks.promise(&self.shared.registry, self.client_id, &req.path, true);
         Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))
     }
 
     fn mkdir(&mut self, req: Mkdir, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.mkdir(self.who()?, &req.path, req.mode))?.into())
+        Ok(self.naming(&[&req.path], self.shared.store.mkdir(self.who()?, &req.path, req.mode))?.into())
     }
 
     fn rmdir(&mut self, req: Rmdir, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.rmdir(self.who()?, &req.path))?.into())
+        Ok(self.naming(&[&req.path], self.shared.store.rmdir(self.who()?, &req.path))?.into())
     }
 
     fn unlink(&mut self, req: Unlink, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.unlink(self.who()?, &req.path))?.into())
+        Ok(self.naming(&[&req.path], self.shared.store.unlink(self.who()?, &req.path))?.into())
     }
 
     fn rename(&mut self, req: Rename, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.rename(self.who()?, &req.from, &req.to))?.into())
+        Ok(self.naming(&[&req.from, &req.to], self.shared.store.rename(self.who()?, &req.from, &req.to))?.into())
     }
 
     fn symlink(&mut self, req: Symlink, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.symlink(self.who()?, &req.target, &req.path))?.into())
+        Ok(self.naming(&[&req.path], self.shared.store.symlink(self.who()?, &req.target, &req.path))?.into())
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
+        self.promise(&req.path);
         Ok(store(self.shared.store.readlink(self.who()?, &req.path))?.into())
     }
 
     fn link(&mut self, req: Link, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.link(self.who()?, &req.from, &req.to))?.into())
+        Ok(self.naming(&[&req.from, &req.to], self.shared.store.link(self.who()?, &req.from, &req.to))?.into())
     }
 
     fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.truncate(self.who()?, &req.path, req.size))?.into())
+        Ok(self.changing(&[&req.path], self.shared.store.truncate(self.who()?, &req.path, req.size))?.into())
     }
 
     fn chmod(&mut self, req: Chmod, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.chmod(self.who()?, &req.path, req.mode))?.into())
+        Ok(self.changing(&[&req.path], self.shared.store.chmod(self.who()?, &req.path, req.mode))?.into())
     }
 
     fn utimes(&mut self, req: Utimes, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.utimes(self.who()?, &req.path, req.atime, req.mtime))?.into())
+        Ok(self.changing(&[&req.path], self.shared.store.utimes(self.who()?, &req.path, req.atime, req.mtime))?.into())
     }
 
     fn fsync(&mut self, req: Fsync, _: Bytes) -> Reply<()> {
@@ -598,7 +645,22 @@ impl Handler for Session {
     }
 
     fn ftruncate(&mut self, req: Ftruncate, _: Bytes) -> Reply<()> {
-        Ok(store(self.handle(req.handle)?.ftruncate(req.size))?.into())
+        let file = self.handle(req.handle)?;
+        Ok(self.changing(&[&file.rel], file.ftruncate(req.size))?.into())
+    }
+
+    fn callbacks(&mut self, req: Callbacks, _: Bytes) -> Reply<u32> {
+        self.who()?;
+        if self.outbox.is_none() {
+            return Err(WireError::new(Code::NOTSUP, "scripts do not hold callbacks"));
+        }
+        let to = match req.to {
+            0 => self.client_id,
+            to if self.shared.registry.subject(to).as_deref() == Some(self.who()?) => to,
+            to => return Err(WireError::new(Code::ACCES, format!("connection {to} is not one of this subject's"))),
+        };
+        self.shared.callbacks.watch_export(&self.shared);
+        Ok(self.shared.callbacks.enable(self.client_id, req.max, to).into())
     }
 
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
@@ -606,7 +668,9 @@ impl Handler for Session {
     }
 
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
-        Ok(store(self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?.into())
+        Ok(self
+            .changing(&[&req.path], self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?
+            .into())
     }
 
     fn script_register(&mut self, req: ScriptRegister, _: Bytes) -> Reply<String> {

@@ -1,0 +1,137 @@
+//! Changes to the export made by anything but this server's clients (an editor on the
+//! server machine, a storelet writing beside the data, a restore from backup) break
+//! callbacks too: each directory that holds a promised path, or whose listing is
+//! promised, is watched with inotify, and a thread turns its events into breaks.
+//!
+//! A directory stays watched until it goes away; at the kernel's limit on watches
+//! (`fs.inotify.max_user_watches`) no more are added, and changes made beside the server
+//! in directories that could not be watched are not seen (a warning says so, once).
+
+use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The directories being watched.
+pub struct Watcher {
+    fd: OwnedFd,
+    /// The export's directory on each device: a directory of the namespace may be on any.
+    roots: Vec<PathBuf>,
+    watches: parking_lot::Mutex<Watches>,
+    warned: AtomicBool,
+}
+
+#[derive(Default)]
+struct Watches {
+    /// The canonical path of each watch's directory.
+    by_wd: HashMap<i32, String>,
+    /// Watches per directory (one per device it is on).
+    by_dir: HashMap<String, usize>,
+}
+
+/// A change the watcher saw: the path, and whether names were made or removed.
+pub struct LocalChange {
+    pub path: String,
+    pub names: bool,
+}
+
+impl Watcher {
+    /// A watcher over the export's directories on each device.
+    pub fn new(roots: Vec<PathBuf>) -> std::io::Result<Watcher> {
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC)?;
+        Ok(Watcher { fd, roots, watches: Default::default(), warned: AtomicBool::new(false) })
+    }
+
+    /// Watches the directory `dir` (canonical, `/a/b`) if it is not watched yet.
+    pub fn watch(&self, dir: &str) {
+        let mut w = self.watches.lock();
+        if w.by_dir.contains_key(dir) {
+            return;
+        }
+        let flags = WatchFlags::MODIFY
+            | WatchFlags::ATTRIB
+            | WatchFlags::CLOSE_WRITE
+            | WatchFlags::CREATE
+            | WatchFlags::DELETE
+            | WatchFlags::MOVED_FROM
+            | WatchFlags::MOVED_TO
+            | WatchFlags::DELETE_SELF
+            | WatchFlags::MOVE_SELF
+            | WatchFlags::ONLYDIR
+            | WatchFlags::DONT_FOLLOW
+            | WatchFlags::EXCL_UNLINK;
+        let mut added = 0;
+        for root in &self.roots {
+            let at = root.join(dir.trim_start_matches('/'));
+            match inotify::add_watch(&self.fd, &at, flags) {
+                Ok(wd) => {
+                    w.by_wd.insert(wd, dir.to_string());
+                    added += 1;
+                }
+                Err(rustix::io::Errno::NOSPC) => {
+                    if !self.warned.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "fs.inotify.max_user_watches reached: changes made beside the server in \
+                             directories not yet watched will not break callbacks"
+                        );
+                    }
+                }
+                // Not on this device, or not a directory: nothing to watch there.
+                Err(_) => {}
+            }
+        }
+        // Counted even when nothing was added, so that it is not tried on every promise.
+        w.by_dir.insert(dir.to_string(), added);
+    }
+
+    /// Reads events until the descriptor fails, handing each change to `changed`.
+    pub fn run(&self, changed: impl Fn(LocalChange)) {
+        let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 << 10];
+        let mut reader = inotify::Reader::new(&self.fd, &mut buf);
+        loop {
+            let event = match reader.next() {
+                Ok(e) => e,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    tracing::warn!("inotify: {e}");
+                    return;
+                }
+            };
+            let flags = event.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                // Events were lost: everything watched may have changed.
+                let dirs: Vec<String> = self.watches.lock().by_dir.keys().cloned().collect();
+                for d in dirs {
+                    changed(LocalChange { path: d, names: true });
+                }
+                continue;
+            }
+            let Some(dir) = self.watches.lock().by_wd.get(&event.wd()).cloned() else { continue };
+            if flags.contains(ReadFlags::IGNORED) {
+                let mut w = self.watches.lock();
+                w.by_wd.remove(&event.wd());
+                if let Some(n) = w.by_dir.get_mut(&dir) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        w.by_dir.remove(&dir);
+                    }
+                }
+                continue;
+            }
+            let names = flags.intersects(
+                ReadFlags::CREATE
+                    | ReadFlags::DELETE
+                    | ReadFlags::MOVED_FROM
+                    | ReadFlags::MOVED_TO
+                    | ReadFlags::DELETE_SELF
+                    | ReadFlags::MOVE_SELF,
+            );
+            let path = match event.file_name().map(|n| n.to_string_lossy()) {
+                Some(name) if !name.is_empty() => crate::callbacks::canonical(&format!("{dir}/{name}")),
+                _ => dir,
+            };
+            changed(LocalChange { path, names });
+        }
+    }
+}
