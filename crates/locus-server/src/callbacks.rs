@@ -18,14 +18,14 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime};
 
 /// The most promises a client may hold, whatever it asks for.
 pub const MAX_PROMISES: u32 = 1 << 20;
 
-/// How long after a client's change the watcher's report of it is taken for its echo
-/// (the change already broke what it had to).
-const ECHO: Duration = Duration::from_millis(200);
+/// How long after a client's change the watcher's report of the path may be its echo
+/// (the change already broke what it had to), if the path has not changed since.
+const ECHO: Duration = Duration::from_millis(500);
 
 /// Every client's promises.
 #[derive(Default)]
@@ -36,8 +36,10 @@ pub struct Callbacks {
     /// The export's watcher, started when the first client turns callbacks on (none if
     /// inotify is unavailable).
     watcher: OnceLock<Option<Arc<Watcher>>>,
-    /// Paths clients changed lately, and when.
-    recent: Mutex<HashMap<String, Instant>>,
+    /// Paths clients changed lately, and when (by the wall clock, as file times are).
+    recent: Mutex<HashMap<String, SystemTime>>,
+    /// The export's directory on each device, where the watcher looks at changed paths.
+    roots: OnceLock<Vec<std::path::PathBuf>>,
 }
 
 #[derive(Default)]
@@ -98,7 +100,8 @@ impl Callbacks {
     /// Starts watching the export for changes made beside the server, once.
     pub fn watch_export(&self, shared: &Arc<Shared>) {
         self.watcher.get_or_init(|| {
-            let roots = std::iter::once(&shared.config.root).chain(&shared.config.devices).cloned().collect();
+            let roots: Vec<_> = std::iter::once(&shared.config.root).chain(&shared.config.devices).cloned().collect();
+            let _ = self.roots.set(roots.clone());
             let watcher = match Watcher::new(roots) {
                 Ok(w) => Arc::new(w),
                 Err(e) => {
@@ -122,10 +125,24 @@ impl Callbacks {
     /// The watcher saw a change: unless it is the echo of a client's, it breaks every
     /// promise on the path.
     fn changed_beside(&self, registry: &Registry, change: LocalChange) {
-        if self.recent.lock().get(&change.path).is_some_and(|at| at.elapsed() < ECHO) {
+        let by_client = self.recent.lock().get(&change.path).copied();
+        if by_client.is_some_and(|at| at.elapsed().is_ok_and(|e| e < ECHO) && !self.changed_since(&change.path, at)) {
             return;
         }
         self.changed(registry, 0, &[&change.path], change.names);
+    }
+
+    /// Whether the file at `path` changed after `at` (its ctime is later): then a report
+    /// shortly after a client's change is not only that change's echo. A path that is
+    /// gone is taken for the echo of its removal. (File times are kept at the kernel's
+    /// tick, so a change within a few milliseconds of a client's may pass for its echo.)
+    fn changed_since(&self, path: &str, at: SystemTime) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let roots = self.roots.get().map(Vec::as_slice).unwrap_or_default();
+        roots.iter().filter_map(|r| std::fs::symlink_metadata(r.join(path.trim_start_matches('/'))).ok()).any(|m| {
+            let ctime = std::time::UNIX_EPOCH + Duration::new(m.ctime().max(0) as u64, m.ctime_nsec() as u32);
+            ctime > at
+        })
     }
 
     /// Promises `client` a break when `path` changes, if it has callbacks on (with
@@ -198,9 +215,9 @@ impl Callbacks {
         if by != 0 && matches!(self.watcher.get(), Some(Some(_))) {
             let mut recent = self.recent.lock();
             if recent.len() > 4096 {
-                recent.retain(|_, at| at.elapsed() < ECHO);
+                recent.retain(|_, at| at.elapsed().is_ok_and(|e| e < ECHO));
             }
-            let now = Instant::now();
+            let now = SystemTime::now();
             for p in &paths {
                 recent.insert(p.clone(), now);
             }
