@@ -18,7 +18,11 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant};
+
+/// What a path is, as far as telling one change from another goes: on each device,
+/// its inode, size, and modification and change times (absent: none).
+type Stamp = Vec<Option<(u64, u64, i64, i64, i64, i64)>>;
 
 /// The most promises a client may hold, whatever it asks for.
 pub const MAX_PROMISES: u32 = 1 << 20;
@@ -36,8 +40,8 @@ pub struct Callbacks {
     /// The export's watcher, started when the first client turns callbacks on (none if
     /// inotify is unavailable).
     watcher: OnceLock<Option<Arc<Watcher>>>,
-    /// Paths clients changed lately, and when (by the wall clock, as file times are).
-    recent: Mutex<HashMap<String, SystemTime>>,
+    /// Paths clients changed lately: when, and what the path was right after.
+    recent: Mutex<HashMap<String, (Instant, Stamp)>>,
     /// The export's directory on each device, where the watcher looks at changed paths.
     roots: OnceLock<Vec<std::path::PathBuf>>,
 }
@@ -125,24 +129,25 @@ impl Callbacks {
     /// The watcher saw a change: unless it is the echo of a client's, it breaks every
     /// promise on the path.
     fn changed_beside(&self, registry: &Registry, change: LocalChange) {
-        let by_client = self.recent.lock().get(&change.path).copied();
-        if by_client.is_some_and(|at| at.elapsed().is_ok_and(|e| e < ECHO) && !self.changed_since(&change.path, at)) {
+        let by_client = self.recent.lock().get(&change.path).cloned();
+        if by_client.is_some_and(|(at, stamp)| at.elapsed() < ECHO && self.stamp(&change.path) == stamp) {
             return;
         }
         self.changed(registry, 0, &[&change.path], change.names);
     }
 
-    /// Whether the file at `path` changed after `at` (its ctime is later): then a report
-    /// shortly after a client's change is not only that change's echo. A path that is
-    /// gone is taken for the echo of its removal. (File times are kept at the kernel's
-    /// tick, so a change within a few milliseconds of a client's may pass for its echo.)
-    fn changed_since(&self, path: &str, at: SystemTime) -> bool {
+    /// What `path` is now (see [`Stamp`]): a report shortly after a client's change is
+    /// that change's echo only if the path is still as the change left it. (File times
+    /// move at the kernel's tick: a change of the same size within a few milliseconds
+    /// of a client's may pass for its echo.)
+    fn stamp(&self, path: &str) -> Stamp {
         use std::os::unix::fs::MetadataExt;
         let roots = self.roots.get().map(Vec::as_slice).unwrap_or_default();
-        roots.iter().filter_map(|r| std::fs::symlink_metadata(r.join(path.trim_start_matches('/'))).ok()).any(|m| {
-            let ctime = std::time::UNIX_EPOCH + Duration::new(m.ctime().max(0) as u64, m.ctime_nsec() as u32);
-            ctime > at
-        })
+        let rel = path.trim_start_matches('/');
+        let of = |m: std::fs::Metadata| {
+            (m.dev(), m.ino(), m.size() as i64, m.mtime_nsec() + m.mtime() * 1_000_000_000, m.ctime(), m.ctime_nsec())
+        };
+        roots.iter().map(|r| std::fs::symlink_metadata(r.join(rel)).ok().map(of)).collect()
     }
 
     /// Promises `client` a break when `path` changes, if it has callbacks on (with
@@ -215,11 +220,11 @@ impl Callbacks {
         if by != 0 && matches!(self.watcher.get(), Some(Some(_))) {
             let mut recent = self.recent.lock();
             if recent.len() > 4096 {
-                recent.retain(|_, at| at.elapsed().is_ok_and(|e| e < ECHO));
+                recent.retain(|_, (at, _)| at.elapsed() < ECHO);
             }
-            let now = SystemTime::now();
+            let now = Instant::now();
             for p in &paths {
-                recent.insert(p.clone(), now);
+                recent.insert(p.clone(), (now, self.stamp(p)));
             }
         }
         let mut tell: HashMap<u64, Vec<String>> = HashMap::new();
