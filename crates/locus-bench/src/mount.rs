@@ -10,6 +10,9 @@
 //!   timed per stage, in one shell per target; also through `locus run` (its FUSE path
 //!   and traced) against the same servers.
 //! - PostMark (Debian's `postmark`) on each target.
+//! - `find` over a large tree (Go's standard library sources), on a fresh mount and
+//!   again on the same mount, with the mount's callbacks (`--consistency sprite`, the
+//!   default) and without (`nfs`).
 //!
 //! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
 //! configuration and keys in the work directory) is measured beside the others.
@@ -45,6 +48,10 @@ pub struct MountArgs {
     /// The Locus server's `--poll-us` (default: the server's own default).
     #[arg(long)]
     pub poll_us: Option<u64>,
+    /// A large tree for the `find` rows, cold (a fresh mount) and warm (default: Go's
+    /// standard library sources, `$(go env GOROOT)/src`, if Go is installed).
+    #[arg(long)]
+    pub find_tree: Option<PathBuf>,
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
@@ -151,11 +158,31 @@ fn mount_sshfs(sshd: &Sshd, port: u16, remote: &Path, dir: &Path) -> Result<Moun
     Ok(Mounted { child: None, dir })
 }
 
+/// Go's standard library sources, if Go is installed.
+fn go_sources() -> Option<PathBuf> {
+    let out = Command::new("go").args(["env", "GOROOT"]).output().ok()?;
+    let src = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("src");
+    src.is_dir().then_some(src)
+}
+
+/// Seconds `find DIR` takes (its output counted, not printed).
+fn find(dir: &Path) -> Result<f64, String> {
+    let t = Instant::now();
+    let out = Command::new("find").arg(dir).output().map_err(|e| e.to_string())?;
+    if !out.status.success() || out.stdout.is_empty() {
+        return Err(format!("find {} failed", dir.display()));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
 /// PostMark in `dir`: its own transactions per second and our wall time of the run.
 fn postmark(dir: &Path, work: &Path) -> Result<(f64, f64), String> {
     let cfg = work.join("postmark.cfg");
-    std::fs::write(&cfg, format!("set location {}\nset number 500\nset transactions 5000\nrun\nquit\n", dir.display()))
-        .map_err(|e| e.to_string())?;
+    std::fs::write(
+        &cfg,
+        format!("set location {}\nset number 2000\nset transactions 5000\nrun\nquit\n", dir.display()),
+    )
+    .map_err(|e| e.to_string())?;
     let t = Instant::now();
     let out = Command::new("postmark").arg(&cfg).output().map_err(|e| e.to_string())?;
     let secs = t.elapsed().as_secs_f64();
@@ -172,10 +199,16 @@ fn postmark(dir: &Path, work: &Path) -> Result<(f64, f64), String> {
 
 /// `locus mount URL DIR` as admin, once mounted.
 pub(crate) fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mounted, BenchError> {
+    mount_with(exe, url, dir, token, &[])
+}
+
+/// `locus mount FLAGS URL DIR` as admin, once mounted.
+fn mount_with(exe: &Path, url: &str, dir: &Path, token: &str, flags: &[&str]) -> Result<Mounted, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::io("mkdir", e))?;
     let dir = dir.canonicalize().map_err(|e| BenchError::io("mount point", e))?;
     let child = Command::new(exe)
         .args(["mount", url])
+        .args(flags)
         .arg(&dir)
         .env("LOCUS_TOKEN", format!("admin:{token}"))
         .env("LOCUS_LOG", "warn")
@@ -353,7 +386,31 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     let ssh_root = work.path().join("ssh-root");
     std::fs::create_dir_all(&ssh_root).map_err(|e| BenchError::io("mkdir", e))?;
     let sshd = start_sshd(work.path()).map_err(|e| eprintln!("sshfs not measured: {e}")).ok();
-    let mut postmark_out = String::from("\n### bench mount: PostMark (500 files, 5000 transactions)\n\n| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
+    // The find tree, in each server's export and in the local directory.
+    let find_tree = args.find_tree.clone().or_else(go_sources);
+    if let Some(t) = &find_tree {
+        for root in [&local, &export, &ssh_root] {
+            let copied = Command::new("cp").arg("-r").arg(t).arg(root.join("findtree")).status();
+            if !copied.is_ok_and(|s| s.success()) {
+                return Err(setup(format!("cannot copy {}", t.display())));
+            }
+        }
+    }
+    let mut find_out = format!(
+        "\n### bench mount: find over {} (median of {} runs, seconds; cold: a fresh mount, warm: the same mount again)\n\n| RTT ms | target | cold | warm | cold ÷ local | warm ÷ local |\n|---|---|---|---|---|---|\n",
+        find_tree.as_ref().map_or("(no tree)".into(), |t| t.display().to_string()),
+        args.repeat
+    );
+    let mut local_find = (0.0, 0.0);
+    if find_tree.is_some() {
+        let (cold, warm) =
+            (find(&local.join("findtree")).map_err(setup)?, find(&local.join("findtree")).map_err(setup)?);
+        let runs: Vec<f64> =
+            (0..args.repeat).map(|_| find(&local.join("findtree"))).collect::<Result<_, _>>().map_err(setup)?;
+        local_find = (cold.min(median(runs.clone())), warm.min(median(runs)));
+        find_out.push_str(&format!("| 0 | local | {:.3} | {:.3} | 1.00x | 1.00x |\n", local_find.0, local_find.1));
+    }
+    let mut postmark_out = String::from("\n### bench mount: PostMark (2000 files, 5000 transactions)\n\n| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
 
     let mut out = format!(
         "\n### bench mount: Figure 4 rows (p50 µs; {} calls each) and sequential read of {} MiB\n",
@@ -456,6 +513,40 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                 total / local_total
             ));
         }
+        if find_tree.is_some() {
+            // Each run on fresh mounts: the first find is cold, the second warm.
+            let mut kinds: Vec<(&str, Box<dyn Fn(&Path) -> Result<Mounted, BenchError>>)> = vec![
+                (
+                    "locus mount (callbacks)",
+                    Box::new(|d: &Path| mount_with(&exe, &format!("locus://{}/", lp.addr), d, &token, &[])),
+                ),
+                (
+                    "locus mount --consistency nfs",
+                    Box::new(|d: &Path| {
+                        mount_with(&exe, &format!("locus://{}/", lp.addr), d, &token, &["--consistency", "nfs"])
+                    }),
+                ),
+            ];
+            if let (Some(s), Some(sp)) = (&sshd, &sp) {
+                let root = ssh_root.clone();
+                kinds.push(("sshfs", Box::new(move |d: &Path| mount_sshfs(s, sp.addr.port(), &root, d))));
+            }
+            for (name, make) in &kinds {
+                let mut cold = Vec::new();
+                let mut warm = Vec::new();
+                for i in 0..args.repeat {
+                    let m = make(&work.path().join(format!("m-find-{rtt}-{i}-{}", name.len())))?;
+                    cold.push(find(&m.dir.join("findtree")).map_err(setup)?);
+                    warm.push(find(&m.dir.join("findtree")).map_err(setup)?);
+                }
+                let (c, w) = (median(cold), median(warm));
+                find_out.push_str(&format!(
+                    "| {rtt} | {name} | {c:.3} | {w:.3} | {:.1}x | {:.1}x |\n",
+                    c / local_find.0,
+                    w / local_find.1
+                ));
+            }
+        }
         for (name, dir, _) in &targets {
             if rtt > 0.0 && name == "local" {
                 continue;
@@ -471,6 +562,6 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         eprintln!("rtt {rtt} ms done");
     }
     out.push_str("\nThe kernel's page cache serves repeated reads of the same bytes on the mounts (files are reopened only when unchanged); writes go to the server every time.\n");
-    print!("{out}{andrew_out}{postmark_out}");
+    print!("{out}{andrew_out}{postmark_out}{find_out}");
     Ok(())
 }
