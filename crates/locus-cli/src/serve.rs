@@ -127,7 +127,6 @@ pub struct ServeArgs {
 /// Starts a server and runs it until SIGINT or SIGTERM.
 pub fn run(args: ServeArgs) -> Result<(), String> {
     let home = locus_home();
-    let embedded = args.root.is_none() && args.state.is_none() && args.data_node.is_none();
     let mut config = ServerConfig::embedded(&home);
     if args.data_node.is_some() {
         let port = args.listen.rsplit(':').next().unwrap_or("0");
@@ -191,11 +190,12 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     };
     config.prepare().map_err(|e| e.to_string())?;
     let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
-    if let Some(token) = &created {
-        if embedded {
-            remember_admin_token(token)?;
-        }
-    }
+    // A new server's admin token becomes the user's default credentials (a data node's
+    // stays its own: its clients are its head).
+    let saved = match &created {
+        Some(token) if args.data_node.is_none() => remember_admin_token(token)?,
+        _ => false,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -212,7 +212,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             None => eprintln!("Locus is serving {} at {scheme}://{addr}/", config.root.display()),
         }
         eprintln!("  state (tokens, TLS): {}", config.state_dir.display());
-        match (&created, embedded) {
+        match (&created, saved) {
             (Some(_), true) => eprintln!("  admin token saved to {}", credentials_file().display()),
             (Some(token), false) => {
                 eprintln!("  new admin token: {token} (use LOCUS_TOKEN=admin:{token})")
@@ -271,12 +271,12 @@ async fn shutdown_signal() {
     }
 }
 
-/// Saves the embedded server's admin token as the client's default credentials, unless
-/// the user already keeps credentials there.
-fn remember_admin_token(token: &str) -> Result<(), String> {
+/// Saves a new server's admin token as the client's default credentials, unless the user
+/// already keeps credentials there; answers whether it did.
+fn remember_admin_token(token: &str) -> Result<bool, String> {
     let path = credentials_file();
     if path.exists() {
-        return Ok(());
+        return Ok(false);
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -285,7 +285,8 @@ fn remember_admin_token(token: &str) -> Result<(), String> {
         .open(&path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     writeln!(f, "# HOST:PORT SUBJECT TOKEN; * matches any server\n* {} {token}", config::ADMIN_SUBJECT)
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(true)
 }
 
 /// `locus token SUBJECT`: appends a new token to the server's token file.

@@ -101,10 +101,29 @@ fn errors_are_one_line_with_a_nonzero_exit() {
 #[test]
 fn serve_with_embedded_defaults_then_use_it() {
     let home = tempfile::tempdir().unwrap();
-    let port_file = home.path().join("port");
+    serve_then_use_it(home.path(), &[]);
+    assert!(home.path().join("export/hello").is_dir());
+}
+
+/// The same with an export and state of the user's choosing: the new admin token is
+/// saved as the default credentials too.
+#[test]
+fn serve_with_a_root_of_ones_own_then_use_it() {
+    let home = tempfile::tempdir().unwrap();
+    let (root, state) = (home.path().join("mine"), home.path().join("state"));
+    std::fs::create_dir_all(&root).unwrap();
+    serve_then_use_it(home.path(), &["--root", root.to_str().unwrap(), "--state", state.to_str().unwrap()]);
+    assert!(root.join("hello").is_dir());
+}
+
+/// Starts `locus serve FLAGS` with `home` as LOCUS_HOME, makes a directory `hello` and
+/// lists it with the CLI and no token given, then stops the server with SIGTERM.
+fn serve_then_use_it(home: &Path, flags: &[&str]) {
+    let port_file = home.join("port");
     let mut server = Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(["serve", "--listen", "127.0.0.1:0", "--port-file", port_file.to_str().unwrap()])
-        .env("LOCUS_HOME", home.path())
+        .args(flags)
+        .env("LOCUS_HOME", home)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -116,12 +135,11 @@ fn serve_with_embedded_defaults_then_use_it() {
         assert!(Instant::now() < deadline, "server did not start");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert!(home.path().join("export").is_dir());
     let url = format!("locus://127.0.0.1:{port}/");
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_locus"))
             .args(args)
-            .env("LOCUS_HOME", home.path())
+            .env("LOCUS_HOME", home)
             .env_remove("LOCUS_TOKEN")
             .output()
             .unwrap()
