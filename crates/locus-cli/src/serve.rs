@@ -278,6 +278,9 @@ fn remember_admin_token(token: &str) -> Result<bool, String> {
     if path.exists() {
         return Ok(false);
     }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

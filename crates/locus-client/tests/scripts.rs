@@ -497,3 +497,27 @@ async fn a_handle_to_a_removed_file_cannot_attach_state_to_its_successor() {
     assert_eq!(v[2], Value::Int(2));
     assert_eq!(srv.shared().scripts.object_states().len(), 1);
 }
+
+#[tokio::test]
+async fn short_lookups_answer_at_once_and_anything_more_runs_once_with_its_own_limits() {
+    let srv = TestServer::start();
+    srv.put_local("f", b"abc");
+    let c = srv.client("admin").await;
+    // A lookup, answered on the connection's thread.
+    assert_eq!(run(&c, "return fs.stat('/f').size", vec![]).await.unwrap(), vec![Value::Int(3)]);
+    assert_eq!(run(&c, "local a, e, code = fs.stat('/nope') return code", vec![]).await.unwrap(), vec![s("ENOENT")]);
+    // A lookup and then a change: the call moves to an interpreter before the change, so
+    // the change is made once (made twice, the second mkdir would fail).
+    for n in 1..=3 {
+        let src = "fs.stat('/f') local ok = fs.mkdir('/d' .. select(1, ...), 493) return ok, state.incr('n', 1)";
+        let got = run(&c, src, vec![Value::Int(n)]).await.unwrap();
+        assert_eq!(got, vec![Value::Bool(true), Value::Int(n)], "call {n}");
+    }
+    // Longer than the inline budget, within the call's own limits: it completes.
+    let src = "local s = 0 for i = 1, 200000 do s = s + i end return s";
+    assert_eq!(run(&c, src, vec![]).await.unwrap(), vec![Value::Int(20_000_100_000)]);
+    // A script error is the same error either way.
+    let (got, msg) = code(run(&c, "error('plain')", vec![]).await);
+    assert_eq!(got, Code::SCRIPT_ERROR, "{msg}");
+    assert!(msg.contains("plain"), "{msg}");
+}

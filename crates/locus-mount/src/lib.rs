@@ -112,6 +112,7 @@ fn take_breaks(
     for b in breaks {
         let paths = match b {
             Break::Paths(paths) => {
+                tracing::debug!(?paths, "callback broken");
                 broken.lock().paths.extend(paths.iter().cloned());
                 paths
             }

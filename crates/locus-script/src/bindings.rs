@@ -20,6 +20,20 @@ fn bindable(code: u16) -> bool {
     (0x10..0x40).contains(&code) || code == 0x04
 }
 
+/// Operations that only look, answer at once and change nothing: the ones a call on the
+/// connection's thread may make (see [`CallCtx::speculative`]).
+fn looks_only(code: u16) -> bool {
+    use locus_proto::Operation;
+    [
+        ops::Whoami::INFO.code,
+        ops::Stat::INFO.code,
+        ops::Lstat::INFO.code,
+        ops::Readlink::INFO.code,
+        ops::Access::INFO.code,
+    ]
+    .contains(&code)
+}
+
 /// Converts a reply's pages to one Lua value (pages of lists are concatenated).
 fn pages_to_lua<T: serde::Serialize>(lua: &Lua, pages: Vec<T>) -> mlua::Result<LuaValue> {
     let mut values = Vec::with_capacity(pages.len());
@@ -115,6 +129,9 @@ macro_rules! define_bindings {
                         let outcome = {
                             let mut ctx = lua.app_data_mut::<CallCtx>()
                                 .ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
+                            if ctx.speculative && !looks_only($code) {
+                                return Err(ctx.trip("inline", format!("fs.{} may wait or change state", stringify!($method))));
+                            }
                             ctx.host.call($code, &codec::encode(&req), &data)
                         };
                         let (metas, out) = match outcome {

@@ -38,6 +38,22 @@ impl Default for Limits {
     }
 }
 
+/// Instructions a call may run on its connection's thread before it moves to an
+/// interpreter thread (see [`Engine::try_inline`]).
+pub const INLINE_INSTRUCTIONS: u64 = 20_000;
+
+thread_local! {
+    /// This thread's interpreter for calls run inline, made at its first such call.
+    static INLINE: std::cell::RefCell<Option<Interpreter>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A sandboxed Lua state with the global table's metatable and its compiled scripts.
+struct Interpreter {
+    lua: Lua,
+    env_meta: Table,
+    compiled: HashMap<String, Compiled>,
+}
+
 /// How often (in VM instructions) the limit hook runs.
 pub const HOOK_STEP: u32 = 1000;
 /// Largest script source accepted.
@@ -258,6 +274,12 @@ impl Engine {
     /// the interpreter thread when the call ends.
     pub fn call(&self, call: CallRequest, reply: ReplyFn) -> Result<(), ScriptError> {
         let CallRequest { id, source, args, input, limits, host } = call;
+        let (id, source) = self.resolve(id, source)?;
+        self.dispatch(Job { id, source, args, input, limits, host, reply: Replier(Some(reply)) })
+    }
+
+    /// The id and source of a call's script, registering the source first if given.
+    fn resolve(&self, id: String, source: Option<String>) -> Result<(String, Arc<str>), ScriptError> {
         let id = match source {
             Some(src) => {
                 let real = self.register(&src)?;
@@ -269,7 +291,42 @@ impl Engine {
             None => id,
         };
         let source = self.sources.lock().by_id.get(&id).cloned().ok_or_else(|| ScriptError::NoScript(id.clone()))?;
-        self.dispatch(Job { id, source, args, input, limits, host, reply: Replier(Some(reply)) })
+        Ok((id, source))
+    }
+
+    /// Runs a call on this thread, as far as it goes within [`INLINE_INSTRUCTIONS`] and
+    /// without calling anything that may wait or change state (locks, state, messages,
+    /// file operations other than `stat`, `lstat`, `readlink`, `access` and `whoami`).
+    /// Answers its outcome; `None` when it went further, having changed nothing: the
+    /// caller then hands the same call to [`Engine::call`], where its own limits apply.
+    /// A short script that looks something up thus costs no hand-off to an interpreter
+    /// thread and back.
+    pub fn try_inline(&self, call: CallRequest) -> Option<Result<CallOutcome, ScriptError>> {
+        let CallRequest { id, source, args, input, mut limits, host } = call;
+        let (id, source) = match self.resolve(id, source) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        limits.instructions = limits.instructions.min(INLINE_INSTRUCTIONS);
+        let outcome = INLINE.with(|cell| {
+            // Busy (a call within a call cannot happen, but then it is not inline).
+            let mut slot = cell.try_borrow_mut().ok()?;
+            if slot.is_none() {
+                let (lua, env_meta) =
+                    sandbox(self.shared.clone(), true).map_err(|e| tracing::warn!("inline sandbox: {e}")).ok()?;
+                *slot = Some(Interpreter { lua, env_meta, compiled: HashMap::new() });
+            }
+            let i = slot.as_mut()?;
+            let run =
+                run(&i.lua, &self.shared, &i.env_meta, &mut i.compiled, &id, &source, args, input, limits, host, true);
+            Some(run)
+        })?;
+        match outcome {
+            // A limit: the inline budget, a call that must go to the pool, or one of the
+            // call's own limits, which the pool applies again with its full budget.
+            Err(ScriptError::Limit { .. }) => None,
+            other => Some(other),
+        }
     }
 }
 
@@ -289,7 +346,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
     }
-    let (lua, env_meta) = match sandbox(shared.clone()) {
+    let (lua, env_meta) = match sandbox(shared.clone(), false) {
         Ok(s) => s,
         Err(e) => return tracing::error!("script sandbox: {e}"),
     };
@@ -303,15 +360,16 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         idle.fetch_sub(1, Ordering::Relaxed);
         let Ok(job) = job else { return };
         let Job { id, source, args, input, limits, host, reply } = job;
-        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
+        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host, false);
         reply.send(result);
     }
 }
 
 /// Builds a sandboxed interpreter: only the string, table, math and utf8 libraries; no
 /// way to load code or bytecode, touch files or the process; library tables read-only.
-/// Returns it with the metatable that each call's fresh global table gets.
-fn sandbox(shared: Arc<Shared>) -> mlua::Result<(Lua, Table)> {
+/// Returns it with the metatable that each call's fresh global table gets. In an
+/// `inline` one (see [`Engine::try_inline`]), `state`, `lock` and `msg` end the call.
+fn sandbox(shared: Arc<Shared>, inline: bool) -> mlua::Result<(Lua, Table)> {
     let lua = Lua::new_with(StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8, LuaOptions::new())?;
     let g = lua.globals();
     for name in ["dofile", "loadfile", "load", "require", "collectgarbage", "print", "rawset"] {
@@ -322,6 +380,20 @@ fn sandbox(shared: Arc<Shared>) -> mlua::Result<(Lua, Table)> {
     g.raw_set("xpcall", lua.create_function(protected_call_with_handler)?)?;
     bindings::install(&lua, &g)?;
     stdlib::install(&lua, &g, shared)?;
+    if inline {
+        let moves = lua.create_function(|lua, _: MultiValue| -> mlua::Result<()> {
+            let mut ctx = lua.app_data_mut::<CallCtx>().ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
+            Err(ctx.trip("inline", "a call that may wait or change state".into()))
+        })?;
+        for library in ["state", "lock", "msg"] {
+            let t = g.get::<Table>(library)?;
+            let names: Vec<String> =
+                t.pairs::<String, LuaValue>().map(|kv| kv.map(|(k, _)| k)).collect::<mlua::Result<_>>()?;
+            for name in names {
+                t.raw_set(name, moves.clone())?;
+            }
+        }
+    }
     lua.load(
         r#"
         local setmetatable, error = setmetatable, error
@@ -429,6 +501,7 @@ fn run(
     input: Vec<u8>,
     limits: Limits,
     host: Box<dyn Host>,
+    speculative: bool,
 ) -> Result<CallOutcome, ScriptError> {
     if !compiled.contains_key(id) {
         let compile = || -> mlua::Result<Compiled> {
@@ -474,6 +547,7 @@ fn run(
         handles: Vec::new(),
         buffer_bytes: 0,
         token,
+        speculative,
     });
     let _ = lua.set_memory_limit(lua.used_memory().saturating_add(limits.memory));
     let result = f.call::<MultiValue>(lua_args);

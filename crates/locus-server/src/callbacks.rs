@@ -27,9 +27,15 @@ type Stamp = Vec<Option<(u64, u64, i64, i64, i64, i64)>>;
 /// The most promises a client may hold, whatever it asks for.
 pub const MAX_PROMISES: u32 = 1 << 20;
 
-/// How long after a client's change the watcher's report of the path may be its echo
-/// (the change already broke what it had to), if the path has not changed since.
+/// How long the paths clients changed, and what each change left, are remembered: a
+/// report of the watcher that finds a path as a client's change left it is that
+/// change's echo (which already broke what it had to).
 const ECHO: Duration = Duration::from_millis(500);
+/// How long a report waits for the client's change it may echo to be recorded (the
+/// watcher may see a change before the session that made it is done with it).
+const GRACE: Duration = Duration::from_millis(5);
+/// Stamps remembered per path.
+const STAMPS_PER_PATH: usize = 8;
 
 /// Every client's promises.
 #[derive(Default)]
@@ -41,7 +47,10 @@ pub struct Callbacks {
     /// inotify is unavailable).
     watcher: OnceLock<Option<Arc<Watcher>>>,
     /// Paths clients changed lately: when, and what the path was right after.
-    recent: Mutex<HashMap<String, (Instant, Stamp)>>,
+    recent: Mutex<HashMap<String, VecDeque<(Instant, Stamp)>>>,
+    /// Reports of the watcher not yet told apart from echoes: when, what, and what the
+    /// path was when the report was read.
+    pending: Mutex<VecDeque<(Instant, LocalChange, Stamp)>>,
     /// The export's directory on each device, where the watcher looks at changed paths.
     roots: OnceLock<Vec<std::path::PathBuf>>,
 }
@@ -115,10 +124,9 @@ impl Callbacks {
             };
             let (w, shared) = (watcher.clone(), Arc::downgrade(shared));
             let thread = std::thread::Builder::new().name("locus-watch".into()).spawn(move || {
-                w.run(|change| {
-                    if let Some(shared) = shared.upgrade() {
-                        shared.callbacks.changed_beside(&shared.registry, change);
-                    }
+                w.run(|change| match shared.upgrade() {
+                    Some(shared) => shared.callbacks.changed_beside(&shared.registry, change),
+                    None => false,
                 })
             });
             thread.map_err(|e| tracing::warn!("no watcher thread: {e}")).ok()?;
@@ -126,14 +134,34 @@ impl Callbacks {
         });
     }
 
-    /// The watcher saw a change: unless it is the echo of a client's, it breaks every
-    /// promise on the path.
-    fn changed_beside(&self, registry: &Registry, change: LocalChange) {
-        let by_client = self.recent.lock().get(&change.path).cloned();
-        if by_client.is_some_and(|(at, stamp)| at.elapsed() < ECHO && self.stamp(&change.path) == stamp) {
-            return;
+    /// The watcher saw a change (or, with `None`, time passed): a report that finds the
+    /// path as a client's recent change left it is that change's echo; any other breaks
+    /// every promise on the path once [`GRACE`] has passed (the watcher may read a
+    /// client's change before its session has recorded it). Answers whether reports wait.
+    fn changed_beside(&self, registry: &Registry, change: Option<LocalChange>) -> bool {
+        let mut real = Vec::new();
+        let waiting = {
+            let mut pending = self.pending.lock();
+            if let Some(change) = change {
+                pending.push_back((Instant::now(), change.clone(), self.stamp(&change.path)));
+            }
+            let recent = self.recent.lock();
+            pending.retain(|(at, change, stamp)| {
+                if recent.get(&change.path).is_some_and(|stamps| stamps.iter().any(|(_, s)| s == stamp)) {
+                    return false;
+                }
+                if at.elapsed() >= GRACE {
+                    real.push(change.clone());
+                    return false;
+                }
+                true
+            });
+            !pending.is_empty()
+        };
+        for change in real {
+            self.changed(registry, 0, &[&change.path], change.names);
         }
-        self.changed(registry, 0, &[&change.path], change.names);
+        waiting
     }
 
     /// What `path` is now (see [`Stamp`]): a report shortly after a client's change is
@@ -220,11 +248,15 @@ impl Callbacks {
         if by != 0 && matches!(self.watcher.get(), Some(Some(_))) {
             let mut recent = self.recent.lock();
             if recent.len() > 4096 {
-                recent.retain(|_, (at, _)| at.elapsed() < ECHO);
+                recent.retain(|_, stamps| stamps.back().is_some_and(|(at, _)| at.elapsed() < ECHO));
             }
             let now = Instant::now();
             for p in &paths {
-                recent.insert(p.clone(), (now, self.stamp(p)));
+                let stamps = recent.entry(p.clone()).or_default();
+                while stamps.len() >= STAMPS_PER_PATH || stamps.front().is_some_and(|(at, _)| at.elapsed() >= ECHO) {
+                    stamps.pop_front();
+                }
+                stamps.push_back((now, self.stamp(p)));
             }
         }
         let mut tell: HashMap<u64, Vec<String>> = HashMap::new();

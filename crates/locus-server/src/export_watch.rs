@@ -30,7 +30,11 @@ struct Watches {
     by_dir: HashMap<String, usize>,
 }
 
+/// How often reports waiting for a decision are looked at again.
+pub const TICK: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// A change the watcher saw: the path, and whether names were made or removed.
+#[derive(Clone)]
 pub struct LocalChange {
     pub path: String,
     pub names: bool,
@@ -39,7 +43,7 @@ pub struct LocalChange {
 impl Watcher {
     /// A watcher over the export's directories on each device.
     pub fn new(roots: Vec<PathBuf>) -> std::io::Result<Watcher> {
-        let fd = inotify::init(inotify::CreateFlags::CLOEXEC)?;
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
         Ok(Watcher { fd, roots, watches: Default::default(), warned: AtomicBool::new(false) })
     }
 
@@ -85,25 +89,34 @@ impl Watcher {
         w.by_dir.insert(dir.to_string(), added);
     }
 
-    /// Reads events until the descriptor fails, handing each change to `changed`.
-    pub fn run(&self, changed: impl Fn(LocalChange)) {
+    /// Reads events until the descriptor fails, handing each change to `on`, and `None`
+    /// every [`TICK`] while `on` answers that it has reports waiting for a decision.
+    pub fn run(&self, mut on: impl FnMut(Option<LocalChange>) -> bool) {
         let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 << 10];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
+        let mut waiting = false;
         loop {
             let event = match reader.next() {
                 Ok(e) => e,
                 Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => {
-                    tracing::warn!("inotify: {e}");
-                    return;
+                Err(rustix::io::Errno::AGAIN) => {
+                    let mut fds = [rustix::event::PollFd::new(&self.fd, rustix::event::PollFlags::IN)];
+                    let tick = rustix::time::Timespec { tv_sec: 0, tv_nsec: TICK.as_nanos() as _ };
+                    match rustix::event::poll(&mut fds, waiting.then_some(&tick)) {
+                        Ok(0) => waiting = on(None),
+                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Err(e) => return tracing::warn!("inotify: {e}"),
+                    }
+                    continue;
                 }
+                Err(e) => return tracing::warn!("inotify: {e}"),
             };
             let flags = event.events();
             if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
                 // Events were lost: everything watched may have changed.
                 let dirs: Vec<String> = self.watches.lock().by_dir.keys().cloned().collect();
                 for d in dirs {
-                    changed(LocalChange { path: d, names: true });
+                    waiting = on(Some(LocalChange { path: d, names: true }));
                 }
                 continue;
             }
@@ -131,7 +144,7 @@ impl Watcher {
                 Some(name) if !name.is_empty() => crate::callbacks::canonical(&format!("{dir}/{name}")),
                 _ => dir,
             };
-            changed(LocalChange { path, names });
+            waiting = on(Some(LocalChange { path, names }));
         }
     }
 }

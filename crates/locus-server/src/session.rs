@@ -685,7 +685,20 @@ impl Handler for Session {
         };
         let limits =
             self.shared.config.script_limits_by_subject.get(&who).copied().unwrap_or(self.shared.config.script_limits);
-        let host = crate::script_host::ScriptHost::new(self.shared.clone(), &who, self.client_id);
+        let host = |s: &Session| Box::new(crate::script_host::ScriptHost::new(s.shared.clone(), &who, s.client_id));
+        // First on this thread: a short lookup is answered here (see `Engine::try_inline`).
+        let inline = locus_script::CallRequest {
+            id: req.id.clone(),
+            source: req.source.clone(),
+            args: req.args.clone(),
+            input: data.to_vec(),
+            limits,
+            host: host(self),
+        };
+        if let Some(outcome) = self.shared.scripts.try_inline(inline) {
+            let out = outcome?;
+            return Ok(Answer::with_body(out.values, Body::Bytes(out.output.into())));
+        }
         let (op, id) = (ScriptCall::INFO.code, self.current.0);
         // The interpreter thread that runs the call sends its reply.
         let reply = Box::new(move |result: Result<locus_script::CallOutcome, locus_script::ScriptError>| {
@@ -700,7 +713,7 @@ impl Handler for Session {
             args: req.args,
             input: data.to_vec(),
             limits,
-            host: Box::new(host),
+            host: host(self),
         };
         self.shared.scripts.call(call, reply)?;
         Ok(Answer::deferred())
