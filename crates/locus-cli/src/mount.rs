@@ -14,7 +14,11 @@ pub fn run(url: &str, mountpoint: &Path, options: MountOptions, retry: Duration)
         return Err(format!("{url}: not a directory"));
     }
     let fs = LocusFs::new(driver, &path, options);
-    let options = [fuser::MountOption::FSName(url.to_string()), fuser::MountOption::Subtype("locus".into())];
+    let options = [
+        fuser::MountOption::FSName(url.to_string()),
+        fuser::MountOption::Subtype("locus".into()),
+        fuser::MountOption::NoAtime,
+    ];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let notifier = fs.notifier_slot();
     let session =

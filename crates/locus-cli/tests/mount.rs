@@ -256,6 +256,9 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     // step reads a file not read before: the kernel's cache would answer for f.txt.)
     server.kill().unwrap();
     server.wait().unwrap();
+    // What the lost connection's callbacks covered is dropped: a change made while the
+    // server was down shows once it is back.
+    std::fs::write(root.join("f.txt"), "changed while down\n").unwrap();
     let restarter = {
         let (root, state) = (root.clone(), state.clone());
         std::thread::spawn(move || {
@@ -267,6 +270,7 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     assert_eq!(std::fs::read_to_string(mnt.join("g.txt")).unwrap(), "still here\n");
     assert!(started.elapsed() >= Duration::from_millis(500), "the read waited for the server");
     let mut server = restarter.join().unwrap();
+    assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "changed while down\n");
 
     // Down for longer than the window: the call fails with EIO, after about the window.
     server.kill().unwrap();

@@ -159,15 +159,16 @@ impl LocusDriver {
     }
 
     /// With callbacks on, makes sure the current connection has them, with its breaks
-    /// going to the current listener (both may have been replaced since). A new
-    /// connection holds none of the old one's promises: everything cached is stale.
+    /// going to the current listener (both may have been replaced since). Then nothing
+    /// cached before can be trusted: a new connection holds none of the old one's
+    /// promises, and breaks sent to a lost listener are gone.
     fn keep_promises(&mut self) -> Result<()> {
         let Some(cb) = &self.callbacks else { return Ok(()) };
         let now = (self.generation, cb.listener.load(Ordering::SeqCst));
         if cb.enabled == now || now.1 == 0 {
             return Ok(());
         }
-        if cb.enabled.0 != now.0 && cb.enabled.0 != 0 {
+        if cb.enabled != (0, 0) {
             let _ = cb.breaks.send(Break::All);
         }
         let max = cb.max;

@@ -184,6 +184,9 @@ pub struct LocusFs {
     callbacks: bool,
     /// Breaks not yet taken in by the mount's own caches.
     broken: Arc<parking_lot::Mutex<Broken>>,
+    /// The file-system statistics last answered, and when: `find` asks for each
+    /// directory it enters.
+    statfs: Option<(locus_drivers::StatFs, Instant)>,
 }
 
 /// The most content kept per handle in [`LocusFs::known`].
@@ -302,6 +305,7 @@ impl LocusFs {
             known: HashMap::new(),
             notifier,
             broken,
+            statfs: None,
         }
     }
 
@@ -440,11 +444,11 @@ impl LocusFs {
     }
 
     /// Lists `dir` from the server into the listings, and answers the entries.
-    fn list(&mut self, dir: u64) -> Result<Vec<locus_drivers::DirEntry>, i32> {
+    fn list(&mut self, dir: u64) -> Result<Arc<Vec<locus_drivers::DirEntry>>, i32> {
         let path = self.path(dir)?;
-        let entries = self.driver.readdir(&path).map_err(errno)?;
+        let entries = Arc::new(self.driver.readdir(&path).map_err(errno)?);
         if self.driver.lists_all(&path) {
-            self.listings.store(dir, entries.iter().map(|e| (e.name.clone(), e.attr.clone())));
+            self.listings.store(dir, &entries);
         }
         Ok(entries)
     }
@@ -939,18 +943,23 @@ impl Filesystem for LocusFs {
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
         self.absorb();
         let path = ok_or_reply!(self.path(ino), reply);
-        let entries = ok_or_reply!(self.list(ino), reply);
+        // A fresh listing answers (a large directory takes several requests to read,
+        // and `find` reads each directory twice); else the server is asked.
+        let entries = match self.listings.entries(ino) {
+            Some(entries) => entries,
+            None => ok_or_reply!(self.list(ino), reply),
+        };
         let parent = self.inodes.parent_of(ino);
         let dots = [(ino, FileType::Directory, ".".to_string()), (parent, FileType::Directory, "..".to_string())];
         // Entries get inode numbers only when looked up; until then a stable stand-in.
-        let rest = entries.into_iter().map(|e| {
+        let rest = entries.iter().map(|e| {
             let kind = file_attr(0, &e.attr).kind;
             let child = inodes::join(&path, &e.name);
-            (self.inodes.peek(&child).unwrap_or(e.attr.ino | 1 << 63), kind, e.name)
+            (self.inodes.peek(&child).unwrap_or(e.attr.ino | 1 << 63), kind, e.name.clone())
         });
         let all: Vec<_> = dots.into_iter().chain(rest).collect();
-        for (i, (ino, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(ino, (i + 1) as i64, kind, name) {
+        for (i, (child, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(child, (i + 1) as i64, kind, name) {
                 break;
             }
         }
@@ -987,8 +996,16 @@ impl Filesystem for LocusFs {
     }
 
     fn statfs(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyStatfs) {
-        let path = ok_or_reply!(self.path(ino), reply);
-        let s = ok_or_reply!(self.driver.statfs(&path).map_err(errno), reply);
+        // Counts of free space a second old are as good as new to anyone asking.
+        let s = match &self.statfs {
+            Some((s, at)) if at.elapsed() < Duration::from_secs(1) => s.clone(),
+            _ => {
+                let path = ok_or_reply!(self.path(ino), reply);
+                let s = ok_or_reply!(self.driver.statfs(&path).map_err(errno), reply);
+                self.statfs = Some((s.clone(), Instant::now()));
+                s
+            }
+        };
         reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize as u32, s.namemax as u32, s.frsize as u32);
     }
 

@@ -6,8 +6,9 @@
 //! mount's own changes keep it up to date; changes by others show once it is older than
 //! the attribute timeout, the same bound as the kernel's own cache of names.
 
-use locus_drivers::Attr;
+use locus_drivers::{Attr, DirEntry};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Directories with more entries than this are not listed again to answer a lookup
@@ -28,6 +29,9 @@ pub enum Known {
 struct Listing {
     /// Each name, with its attributes unless they changed since (a write, a chmod).
     names: HashMap<String, Option<Attr>>,
+    /// The entries in the server's order, while no name was made or removed since: what
+    /// the kernel's reads of the directory are answered from.
+    order: Option<Arc<Vec<DirEntry>>>,
     at: Instant,
 }
 
@@ -54,14 +58,19 @@ impl Listings {
     }
 
     /// Keeps the server's listing of `dir`.
-    pub fn store(&mut self, dir: u64, entries: impl IntoIterator<Item = (String, Attr)>) {
-        let names = entries.into_iter().map(|(n, a)| (n, Some(a))).collect();
-        self.by_dir.insert(dir, Listing { names, at: Instant::now() });
+    pub fn store(&mut self, dir: u64, entries: &Arc<Vec<DirEntry>>) {
+        let names = entries.iter().map(|e| (e.name.clone(), Some(e.attr.clone()))).collect();
+        self.by_dir.insert(dir, Listing { names, order: Some(entries.clone()), at: Instant::now() });
     }
 
     /// `dir` was just made: it is empty.
     pub fn made(&mut self, dir: u64) {
-        self.store(dir, []);
+        self.store(dir, &Arc::default());
+    }
+
+    /// The fresh listing of `dir` in the server's order, unless names changed since.
+    pub fn entries(&self, dir: u64) -> Option<Arc<Vec<DirEntry>>> {
+        self.by_dir.get(&dir).filter(|l| l.at.elapsed() < self.ttl).and_then(|l| l.order.clone())
     }
 
     /// What the fresh listing of `dir`, if any, says of `name`.
@@ -94,12 +103,15 @@ impl Listings {
     pub fn added(&mut self, dir: u64, name: &str, attr: Option<Attr>) {
         if let Some(l) = self.by_dir.get_mut(&dir) {
             l.names.insert(name.to_string(), attr);
+            l.order = None;
         }
     }
 
     /// `name` no longer exists in `dir`; answers its attributes if they were known.
     pub fn removed(&mut self, dir: u64, name: &str) -> Option<Attr> {
-        self.by_dir.get_mut(&dir).and_then(|l| l.names.remove(name)).flatten()
+        let l = self.by_dir.get_mut(&dir)?;
+        l.order = None;
+        l.names.remove(name).flatten()
     }
 
     /// The attributes of `name` in `dir` changed.
@@ -124,10 +136,12 @@ mod tests {
         let mut l = Listings::new(Duration::from_millis(200));
         let file = Attr { size: 3, ..Default::default() };
         assert_eq!(l.find(1, "a"), Known::Unknown, "never listed");
-        l.store(1, [("a".to_string(), file.clone())]);
+        l.store(1, &Arc::new(vec![DirEntry { name: "a".into(), attr: file.clone() }]));
         assert_eq!(l.find(1, "a"), Known::Present(file.clone()));
         assert_eq!(l.find(1, "b"), Known::Absent);
+        assert_eq!(l.entries(1).map(|e| e.len()), Some(1), "in order, for the kernel's reads");
         l.added(1, "b", None);
+        assert!(l.entries(1).is_none(), "names changed: listed again for the kernel");
         assert_eq!(l.find(1, "b"), Known::Unknown, "exists, attributes unknown");
         l.changed(1, "a");
         assert_eq!(l.find(1, "a"), Known::Unknown);

@@ -69,6 +69,19 @@ fn main() {
             }
             println!("{src} (round {round}): {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
         }
+        let t = Instant::now();
+        for _ in 0..n {
+            let call = CallRequest {
+                id: id.clone(),
+                source: None,
+                args: vec![Value::Str("/big".into())],
+                input: Vec::new(),
+                limits: locus_script::Limits::default(),
+                host: Box::new(ScriptHost::new(shared.clone(), "admin", 0)),
+            };
+            shared.scripts.try_inline(call).expect("runs inline").unwrap();
+        }
+        println!("{src} (inline): {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
 }
 
