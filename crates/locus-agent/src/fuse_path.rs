@@ -178,7 +178,13 @@ pub enum NotRun {
 }
 
 /// Runs `argv` with `ns` shown through FUSE; answers the program's exit status.
-pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) -> Result<i32, NotRun> {
+pub fn run(
+    argv: &[CString],
+    ns: Namespace,
+    plan: Plan,
+    attr_timeout: Duration,
+    consistency: locus_mount::Consistency,
+) -> Result<i32, NotRun> {
     let unavailable = |e: &dyn std::fmt::Display| NotRun::Unavailable(e.to_string());
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -217,7 +223,7 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, attr_timeout: Duration) 
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
     let on_abort = Box::new(move || kill_descendants(agent));
     let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
-    let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout, ..Default::default() });
+    let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout, consistency, ..Default::default() });
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
     let _ = notifier.set(session.notifier());

@@ -78,8 +78,12 @@ pub struct RunOptions {
     pub mounts: Vec<(String, String)>,
     /// How long a server may stay unreachable before the program is stopped.
     pub retry: Duration,
-    /// How long attributes and listings are trusted before asking the server again.
+    /// How long attributes and listings are trusted before asking the server again,
+    /// where no callback covers them.
     pub attr_timeout: Duration,
+    /// On the FUSE path, whether servers' callbacks let the kernel cache until a change
+    /// (see [`locus_mount::Consistency`]); the traced path uses `attr_timeout` alone.
+    pub consistency: locus_mount::Consistency,
     /// How the program is given its namespace.
     pub interposition: Interposition,
 }
@@ -166,7 +170,7 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
         let unavailable = match fuse_path::plan(&options.mounts) {
             Ok(plan) => {
                 let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
-                match fuse_path::run(&argv, ns, plan, options.attr_timeout) {
+                match fuse_path::run(&argv, ns, plan, options.attr_timeout, options.consistency) {
                     Ok(status) => return Ok(status),
                     Err(fuse_path::NotRun::Stopped(abort)) => return Err(abort),
                     Err(fuse_path::NotRun::Unavailable(why)) => why,

@@ -9,6 +9,10 @@
 //! owners mean nothing on this machine (and in a user namespace, a file whose owner has
 //! no mapping there cannot be written at all).
 //!
+//! Callbacks, when the mount asks for them, are turned on for every mount whose driver
+//! has them (now, and as `/locus/HOST:PORT` mounts connect), and their breaks come back
+//! as the program's paths. They hold only while every mount holds them.
+//!
 //! An error that no errno describes honestly (a server unreachable beyond the retry
 //! window, or a request the driver can never satisfy) is also kept as the run's
 //! [`Abort`], the first one only: the agent then stops the program, as the traced path does.
@@ -16,10 +20,10 @@
 use crate::names::{beneath, Namespace, Place};
 use crate::tracer::Abort;
 use crate::Fail;
-use locus_drivers::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
+use locus_drivers::{Attr, Break, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
 use locus_proto::types::S_IFDIR;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The mount table behind one driver.
@@ -33,6 +37,10 @@ pub struct NamespaceDriver {
     on_abort: Box<dyn Fn() + Send>,
     /// Attributes of the virtual directories.
     virtual_attr: Attr,
+    /// Once the mount asked for callbacks: their bound and where breaks go.
+    callbacks: Option<(u32, mpsc::Sender<Break>)>,
+    /// Mounts whose drivers hold callbacks.
+    covered: HashSet<usize>,
 }
 
 /// Where a path goes: a mount and the path there, or a virtual directory.
@@ -60,7 +68,16 @@ impl NamespaceDriver {
             ctime: now,
             ..Default::default()
         };
-        let mut driver = NamespaceDriver { ns, handles: HashMap::new(), next_handle: 1, abort, on_abort, virtual_attr };
+        let mut driver = NamespaceDriver {
+            ns,
+            handles: HashMap::new(),
+            next_handle: 1,
+            abort,
+            on_abort,
+            virtual_attr,
+            callbacks: None,
+            covered: HashSet::new(),
+        };
         let window = driver.ns.retry;
         for m in &mut driver.ns.mounts {
             m.driver.set_retry(window);
@@ -79,6 +96,7 @@ impl NamespaceDriver {
                     // A `/locus/HOST:PORT` connected just now: its calls retry as the others.
                     let window = self.ns.retry;
                     self.ns.mounts[mount].driver.set_retry(window);
+                    self.cover(mount);
                 }
                 Ok(Target::Mount(mount, self.ns.remote(mount, &logical)))
             }
@@ -97,6 +115,35 @@ impl NamespaceDriver {
                 Err(DriverError::errno(libc::EROFS, format!("{path}: leads to mounts only")))
             }
             other => other,
+        }
+    }
+
+    /// Turns callbacks on for `mount`, if the mount asked for them and its driver has
+    /// them; a thread forwards its breaks with the paths made the program's.
+    fn cover(&mut self, mount: usize) {
+        let Some((max, tx)) = self.callbacks.clone() else { return };
+        let m = &mut self.ns.mounts[mount];
+        let Some(breaks) = m.driver.callbacks(max) else { return };
+        let (logical, base) = (m.logical.clone(), m.base.trim_end_matches('/').to_string());
+        let forward = move || {
+            for b in breaks {
+                let b = match b {
+                    Break::All => Break::All,
+                    Break::Paths(paths) => Break::Paths(
+                        paths
+                            .iter()
+                            .filter(|p| base.is_empty() || beneath(p, &base))
+                            .map(|p| format!("{logical}{}", &p[base.len()..]).trim_end_matches('/').to_string())
+                            .collect(),
+                    ),
+                };
+                if tx.send(b).is_err() {
+                    return;
+                }
+            }
+        };
+        if std::thread::Builder::new().name("locus-ns-breaks".into()).spawn(forward).is_ok() {
+            self.covered.insert(mount);
         }
     }
 
@@ -298,6 +345,18 @@ impl Driver for NamespaceDriver {
     }
     fn lists_all(&self, path: &str) -> bool {
         path != "/locus"
+    }
+    fn callbacks(&mut self, max: u32) -> Option<mpsc::Receiver<Break>> {
+        let (tx, rx) = mpsc::channel();
+        self.callbacks = Some((max, tx));
+        for mount in 0..self.ns.mounts.len() {
+            self.cover(mount);
+        }
+        Some(rx)
+    }
+    fn callbacks_held(&self) -> bool {
+        self.callbacks.is_some()
+            && self.ns.mounts.iter().enumerate().all(|(i, m)| self.covered.contains(&i) && m.driver.callbacks_held())
     }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         match self.target(path)? {

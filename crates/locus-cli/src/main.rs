@@ -190,9 +190,12 @@ enum Command {
         /// Seconds to keep retrying an unreachable server before stopping the program.
         #[arg(long, default_value_t = 30)]
         retry_secs: u64,
-        /// How long (ms) attributes and listings are trusted before asking the server again.
+        /// How long (ms) attributes and listings are trusted before asking the server again, where no callback covers them.
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
+        /// As `locus mount --consistency`, on the FUSE path: `sprite` (servers' callbacks let the kernel cache until another client changes a path; only while every mounted server has them) or `nfs` (--attr-timeout-ms).
+        #[arg(long, default_value = "sprite", value_parser = ["sprite", "nfs"])]
+        consistency: String,
         /// How the program sees the namespace: `fuse` (a private mount namespace with a
         /// FUSE file system; fails if the kernel refuses), `trace` (ptrace and seccomp), or
         /// `auto` (fuse where possible, else trace; LOCUS_LOG=debug says why).
@@ -342,6 +345,7 @@ fn agent_options(
     mount_list: Option<&std::path::Path>,
     retry_secs: u64,
     attr_timeout_ms: u64,
+    consistency: locus_mount::Consistency,
     interposition: locus_agent::Interposition,
 ) -> Result<locus_agent::RunOptions, String> {
     let mut all = Vec::new();
@@ -357,8 +361,17 @@ fn agent_options(
         mounts: all,
         retry: Duration::from_secs(retry_secs),
         attr_timeout: Duration::from_millis(attr_timeout_ms),
+        consistency,
         interposition,
     })
+}
+
+/// `--consistency NAME` (clap has checked the name).
+fn consistency_named(name: &str) -> locus_mount::Consistency {
+    match name {
+        "nfs" => locus_mount::Consistency::Nfs,
+        _ => locus_mount::Consistency::Sprite,
+    }
 }
 
 fn main() -> ExitCode {
@@ -374,10 +387,14 @@ fn main() -> ExitCode {
     } else {
         logs.init();
     }
-    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, interpose, command } = cli.command {
+    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, consistency, interpose, command } =
+        cli.command
+    {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.
-        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, interpose) {
+        let consistency = consistency_named(&consistency);
+        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, consistency, interpose)
+        {
             Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
             Err(msg) => {
                 eprintln!("locus: {msg}");
@@ -388,13 +405,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
         Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs, consistency } => {
-            let consistency = match consistency.as_str() {
-                "nfs" => locus_mount::Consistency::Nfs,
-                _ => locus_mount::Consistency::Sprite,
-            };
             let options = locus_mount::MountOptions {
                 attr_timeout: Duration::from_millis(attr_timeout_ms),
-                consistency,
+                consistency: consistency_named(&consistency),
                 ..Default::default()
             };
             mount::run(&url, &mountpoint, options, Duration::from_secs(retry_secs))

@@ -426,3 +426,32 @@ fn the_fuse_path_runs_unprivileged_and_auto_falls_back_to_tracing_where_it_canno
     assert!(String::from_utf8_lossy(&out.stderr).contains("no directory to mount it on"));
     assert_eq!(run_ok("auto", &["--mount", &flag], &script, &home), "remote\n");
 }
+
+#[test]
+fn on_the_fuse_path_callbacks_show_another_clients_change_however_long_the_timeout() {
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"one");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    // Cached (read, listed), then changed by another client through the protocol while
+    // the program waits; a ten-minute timeout leaves the callback alone to show it.
+    let script = format!(
+        "cd {r} && cat f.txt && ls && while [ ! -e {dir}/go ]; do sleep 0.05; done \
+         && for i in $(seq 100); do [ \"$(cat f.txt)\" = two ] && [ -e g.txt ] && break; sleep 0.02; done \
+         && echo && cat f.txt && ls",
+        dir = s.scratch().display()
+    );
+    let runner = {
+        let home = home.clone();
+        std::thread::spawn(move || run_ok("fuse", &["--attr-timeout-ms", "600000"], &script, &home))
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = s.client("admin").await;
+        c.write_file("/d/f.txt", 0o644, b"two").await.unwrap();
+        c.write_file("/d/g.txt", 0o644, b"new").await.unwrap();
+    });
+    std::fs::write(s.scratch().join("go"), b"").unwrap();
+    assert_eq!(runner.join().unwrap(), "onef.txt\n\ntwof.txt\ng.txt\n");
+}

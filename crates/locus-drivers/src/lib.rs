@@ -196,6 +196,11 @@ pub trait Driver: Send {
     fn callbacks_held(&self) -> bool {
         false
     }
+    /// True when, once callbacks are on, they cover every path this driver will ever
+    /// serve (one server), so that a cache may be told so for good.
+    fn callbacks_cover_all(&self) -> bool {
+        false
+    }
     /// File-system statistics; zeros where the protocol has none.
     fn statfs(&mut self, _path: &str) -> Result<StatFs> {
         Ok(StatFs { bsize: 4096, frsize: 4096, namemax: 255, ..Default::default() })

@@ -242,6 +242,9 @@ impl Driver for LocusDriver {
         self.keep_promises().ok()?;
         Some(rx)
     }
+    fn callbacks_cover_all(&self) -> bool {
+        true
+    }
     fn callbacks_held(&self) -> bool {
         self.callbacks.as_ref().is_some_and(|cb| {
             self.client.is_some() && cb.enabled == (self.generation, cb.listener.load(Ordering::SeqCst))

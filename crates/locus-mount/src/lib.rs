@@ -928,16 +928,20 @@ impl Filesystem for LocusFs {
     }
 
     fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
-        if self.callbacks {
+        if self.callbacks && self.driver.callbacks_cover_all() {
             // With callbacks, the kernel may keep listings between opens (a break of the
             // directory drops them). Saying that opening directories is not implemented
             // does that and more: the kernel stops sending opens and releases of
             // directories (two requests per directory a `find` walks), and caches what
-            // `readdir` answers. Only said when the server promised callbacks: it holds
-            // for the life of the mount.
+            // `readdir` answers. Only said when the one server behind the mount promised
+            // callbacks: it holds for the life of the mount.
             return reply.error(libc::ENOSYS);
         }
-        reply.opened(0, 0);
+        self.absorb();
+        // Else the kernel keeps this directory's listing only while callbacks hold.
+        let cache_dir = 1 << 3; // FOPEN_CACHE_DIR (ABI 7.28), honoured by kernels since 4.20
+        let flags = if self.ttl() == CALLBACK_TTL { cache_dir | fuser::consts::FOPEN_KEEP_CACHE } else { 0 };
+        reply.opened(0, flags);
     }
 
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory) {
