@@ -456,3 +456,50 @@ async fn large_reads_arrive_intact_by_sendfile_and_through_memory() {
         assert_eq!(&got[..], &want[1_000_003..1_200_003], "{mode:?}: a large pread inside the file");
     }
 }
+
+/// The next callback break pushed to `pushes`, within a second.
+async fn next_break(
+    pushes: &mut tokio::sync::mpsc::UnboundedReceiver<locus_client::PushMessage>,
+) -> Option<Vec<String>> {
+    loop {
+        let push = tokio::time::timeout(Duration::from_secs(1), pushes.recv()).await.ok()??;
+        if push.topic == locus_proto::frame::PUSH_BREAK {
+            return locus_proto::codec::decode(&push.meta).ok();
+        }
+    }
+}
+
+#[tokio::test]
+async fn callbacks_break_once_per_promise_and_go_only_to_the_same_subjects_connections() {
+    let srv = TestServer::start();
+    srv.put_local("d/f", b"one");
+    let (holder, listener, writer) = (srv.client("admin").await, srv.client("admin").await, srv.client("bob").await);
+    srv.shared().store.acl_set("admin", "/d", "bob", Rights::parse("rwld").unwrap()).unwrap();
+    let mut pushes = listener.subscribe();
+    // Breaks may go to another connection of the same subject, not to another subject's.
+    let bobs = srv.client("bob").await;
+    assert_eq!(code(holder.callbacks(100, bobs.client_id()).await.unwrap_err()), Code::ACCES);
+    assert_eq!(holder.callbacks(100, listener.client_id()).await.unwrap(), 100);
+    holder.stat("/d/f").await.unwrap();
+    holder.readdir("/d").await.unwrap();
+    // Another client's write breaks the promises on the file and on its directory: one
+    // push naming what changed.
+    writer.write_file("/d/f", 0o644, b"two").await.unwrap();
+    assert_eq!(next_break(&mut pushes).await, Some(vec!["/d/f".to_string()]));
+    assert_eq!(srv.shared().callbacks.held(), 0);
+    // Broken once: a second change tells nothing until the holder asks again.
+    writer.write_file("/d/f", 0o644, b"three").await.unwrap();
+    assert_eq!(next_break(&mut pushes).await, None);
+    holder.stat("/d/f").await.unwrap();
+    // The holder's own change breaks no promise of its own.
+    holder.write_file("/d/f", 0o644, b"mine").await.unwrap();
+    assert_eq!(next_break(&mut pushes).await, None);
+    writer.unlink("/d/f").await.unwrap();
+    assert_eq!(next_break(&mut pushes).await, Some(vec!["/d/f".to_string()]));
+    // Gone with the holder's connection.
+    holder.stat("/d").await.unwrap();
+    assert_eq!(srv.shared().callbacks.held(), 1);
+    drop(holder);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(srv.shared().callbacks.held(), 0);
+}

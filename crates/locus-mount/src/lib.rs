@@ -6,9 +6,11 @@
 //! are local: each path the kernel looks up gets one ([`inodes::Inodes`]), and renames
 //! move the paths beneath. Open files are server handles, which bind to the object as
 //! POSIX does: a file removed or renamed while open stays readable and writable.
-//! Attributes and names (present or absent) are cached by the kernel for `attr_timeout`
-//! (an NFS-like attribute cache); file data by the kernel's page cache, dropped on open
-//! when the file's size or modification time changed. The mount keeps the attributes
+//! Attributes and names (present or absent) are cached by the kernel: with
+//! [`Consistency::Sprite`] (the default) until the server's callback break says they
+//! changed, else (or while the promises are not held) for `attr_timeout`, an NFS-like
+//! attribute cache; file data by the kernel's page cache, dropped on open when the
+//! file's size or modification time changed, or by a break. The mount keeps the attributes
 //! the server answered too, for `attr_timeout`, so that a kernel question right after
 //! an open costs no round trip, and directory listings ([`listings`]), so that looking up
 //! a name, present or absent, in a recently listed directory costs none either. A file
@@ -180,7 +182,8 @@ pub struct LocusFs {
     known: HashMap<u64, Vec<u8>>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
     notifier: Arc<OnceLock<fuser::Notifier>>,
-    /// Whether the server promised callbacks (they may be lost for a while since).
+    /// Whether the driver turned callbacks on (they hold only while
+    /// `Driver::callbacks_held` says so).
     callbacks: bool,
     /// Breaks not yet taken in by the mount's own caches.
     broken: Arc<parking_lot::Mutex<Broken>>,
@@ -283,6 +286,7 @@ impl LocusFs {
         let inodes = Inodes::new(base);
         let notifier = Arc::new(OnceLock::new());
         let broken = Arc::new(parking_lot::Mutex::new(Broken::default()));
+        let callbacks = breaks.is_some();
         if let Some(breaks) = breaks {
             let (index, n, b) = (inodes.index(), notifier.clone(), broken.clone());
             let taker = std::thread::Builder::new().name("locus-breaks".into());
@@ -291,7 +295,7 @@ impl LocusFs {
             }
         }
         LocusFs {
-            callbacks: driver.callbacks_held(),
+            callbacks,
             driver,
             inodes,
             listings: Listings::new(options.attr_timeout),
