@@ -514,28 +514,25 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             ));
         }
         if find_tree.is_some() {
-            // Each run on fresh mounts: the first find is cold, the second warm.
-            let mut kinds: Vec<(&str, Box<dyn Fn(&Path) -> Result<Mounted, BenchError>>)> = vec![
-                (
-                    "locus mount (callbacks)",
-                    Box::new(|d: &Path| mount_with(&exe, &format!("locus://{}/", lp.addr), d, &token, &[])),
-                ),
-                (
-                    "locus mount --consistency nfs",
-                    Box::new(|d: &Path| {
-                        mount_with(&exe, &format!("locus://{}/", lp.addr), d, &token, &["--consistency", "nfs"])
-                    }),
-                ),
+            // Each run on fresh mounts: the first find is cold, the second warm. `locus
+            // mount` with these flags, or sshfs (no flags).
+            let mut kinds: Vec<(&str, Option<&[&str]>)> = vec![
+                ("locus mount (callbacks)", Some(&[])),
+                ("locus mount --consistency nfs", Some(&["--consistency", "nfs"])),
             ];
-            if let (Some(s), Some(sp)) = (&sshd, &sp) {
-                let root = ssh_root.clone();
-                kinds.push(("sshfs", Box::new(move |d: &Path| mount_sshfs(s, sp.addr.port(), &root, d))));
+            if sshd.is_some() && sp.is_some() {
+                kinds.push(("sshfs", None));
             }
-            for (name, make) in &kinds {
+            for (i, (name, flags)) in kinds.iter().enumerate() {
                 let mut cold = Vec::new();
                 let mut warm = Vec::new();
-                for i in 0..args.repeat {
-                    let m = make(&work.path().join(format!("m-find-{rtt}-{i}-{}", name.len())))?;
+                for run in 0..args.repeat {
+                    let dir = work.path().join(format!("m-find-{rtt}-{i}-{run}"));
+                    let m = match (flags, &sshd, &sp) {
+                        (Some(flags), _, _) => mount_with(&exe, &format!("locus://{}/", lp.addr), &dir, &token, flags)?,
+                        (None, Some(s), Some(sp)) => mount_sshfs(s, sp.addr.port(), &ssh_root, &dir)?,
+                        (None, _, _) => continue,
+                    };
                     cold.push(find(&m.dir.join("findtree")).map_err(setup)?);
                     warm.push(find(&m.dir.join("findtree")).map_err(setup)?);
                 }
