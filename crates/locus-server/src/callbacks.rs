@@ -72,17 +72,21 @@ struct Promises {
     order: VecDeque<Arc<str>>,
 }
 
-/// The canonical form of a path for promises: `/a/b`, whatever slashes it came with.
-pub fn canonical(path: &str) -> String {
+/// The canonical form of a path for promises: `/a/b`, whatever slashes it came with;
+/// none for a path with `..` (the store refuses those, so nothing is promised on them).
+pub fn canonical(path: &str) -> Option<String> {
     let mut out = String::with_capacity(path.len() + 1);
     for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if part == ".." {
+            return None;
+        }
         out.push('/');
         out.push_str(part);
     }
     if out.is_empty() {
         out.push('/');
     }
-    out
+    Some(out)
 }
 
 /// The directory of a canonical path (`/` is its own).
@@ -185,7 +189,7 @@ impl Callbacks {
         if self.clients.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let path = canonical(path);
+        let Some(path) = canonical(path) else { return };
         if let Some(Some(watcher)) = self.watcher.get() {
             watcher.watch(parent(&path));
             if listing {
@@ -236,7 +240,7 @@ impl Callbacks {
         if self.clients.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let mut paths: Vec<String> = paths.iter().map(|p| canonical(p)).collect();
+        let mut paths: Vec<String> = paths.iter().filter_map(|p| canonical(p)).collect();
         if names {
             let dirs: Vec<String> = paths.iter().map(|p| parent(p).to_string()).collect();
             for d in dirs {
@@ -320,10 +324,11 @@ mod tests {
 
     #[test]
     fn canonical_paths() {
-        assert_eq!(canonical("a//b/"), "/a/b");
-        assert_eq!(canonical("/"), "/");
-        assert_eq!(canonical(""), "/");
-        assert_eq!(canonical("/./x"), "/x");
+        assert_eq!(canonical("a//b/").as_deref(), Some("/a/b"));
+        assert_eq!(canonical("/").as_deref(), Some("/"));
+        assert_eq!(canonical("").as_deref(), Some("/"));
+        assert_eq!(canonical("/./x").as_deref(), Some("/x"));
+        assert_eq!(canonical("/a/../../etc"), None);
         assert_eq!(parent("/a/b"), "/a");
         assert_eq!(parent("/a"), "/");
     }

@@ -8,7 +8,9 @@
 //! in directories that could not be watched are not seen (a warning says so, once).
 
 use rustix::fs::inotify::{self, ReadFlags, WatchFlags};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,8 +18,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The directories being watched.
 pub struct Watcher {
     fd: OwnedFd,
-    /// The export's directory on each device: a directory of the namespace may be on any.
-    roots: Vec<PathBuf>,
+    /// The export's directory on each device (a directory of the namespace may be on
+    /// any), opened once: directories to watch are found beneath them as the store finds
+    /// them, never outside.
+    roots: Vec<OwnedFd>,
     watches: parking_lot::Mutex<Watches>,
     warned: AtomicBool,
 }
@@ -44,6 +48,8 @@ impl Watcher {
     /// A watcher over the export's directories on each device.
     pub fn new(roots: Vec<PathBuf>) -> std::io::Result<Watcher> {
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
+        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let roots = roots.iter().map(|r| rustix::fs::open(r, flags, Mode::empty())).collect::<Result<_, _>>()?;
         Ok(Watcher { fd, roots, watches: Default::default(), warned: AtomicBool::new(false) })
     }
 
@@ -63,12 +69,20 @@ impl Watcher {
             | WatchFlags::DELETE_SELF
             | WatchFlags::MOVE_SELF
             | WatchFlags::ONLYDIR
-            | WatchFlags::DONT_FOLLOW
             | WatchFlags::EXCL_UNLINK;
         let mut added = 0;
+        let rel = match dir.trim_start_matches('/') {
+            "" => ".",
+            rel => rel,
+        };
         for root in &self.roots {
-            let at = root.join(dir.trim_start_matches('/'));
-            match inotify::add_watch(&self.fd, &at, flags) {
+            // Resolved beneath the root (no `..` out, no symbolic link), then watched
+            // through its descriptor's name in /proc.
+            let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+            let open = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            let Ok(found) = rustix::fs::openat2(root, rel, open, Mode::empty(), resolve) else { continue };
+            let at = format!("/proc/self/fd/{}", found.as_raw_fd());
+            match inotify::add_watch(&self.fd, at.as_str(), flags) {
                 Ok(wd) => {
                     w.by_wd.insert(wd, dir.to_string());
                     added += 1;
@@ -142,8 +156,9 @@ impl Watcher {
             );
             let path = match event.file_name().map(|n| n.to_string_lossy()) {
                 Some(name) if !name.is_empty() => crate::callbacks::canonical(&format!("{dir}/{name}")),
-                _ => dir,
+                _ => Some(dir),
             };
+            let Some(path) = path else { continue };
             waiting = on(Some(LocalChange { path, names }));
         }
     }
