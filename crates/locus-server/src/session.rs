@@ -104,6 +104,8 @@ pub struct Session {
     outbox: Option<Outbox>,
     /// Handles on active files whose run is still going, and the run.
     growing: HashMap<u64, Arc<Run>>,
+    /// This connection turned callbacks on: what it asks about is promised.
+    callbacks_on: bool,
 }
 
 impl Drop for Session {
@@ -111,7 +113,7 @@ impl Drop for Session {
         for run in &self.storelet_runs {
             run.cancel();
         }
-        if self.outbox.is_some() {
+        if self.callbacks_on {
             self.shared.callbacks.drop_client(self.client_id);
         }
     }
@@ -138,6 +140,7 @@ impl Session {
             storelet_runs: Vec::new(),
             outbox,
             growing: HashMap::new(),
+            callbacks_on: false,
         }
     }
 
@@ -242,9 +245,12 @@ impl Session {
         }
     }
 
-    /// Promises this client a break when `path` changes (if it turned callbacks on).
-    fn promise(&self, path: &str) {
-        self.shared.callbacks.promise(&self.shared.registry, self.client_id, path, false);
+    /// Promises this client a break when `path` (with `listing`, a directory being
+    /// listed) changes, if it turned callbacks on.
+    fn promise(&self, path: &str, listing: bool) {
+        if self.callbacks_on {
+            self.shared.callbacks.promise(&self.shared.registry, self.client_id, path, listing);
+        }
     }
 
     /// This session changed `paths` (with `names`: made or removed them): other
@@ -451,7 +457,7 @@ impl Handler for Session {
     }
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path);
+        self.promise(&req.path, false);
         match self.shared.store.stat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -459,7 +465,7 @@ impl Handler for Session {
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path);
+        self.promise(&req.path, false);
         match self.shared.store.lstat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -468,7 +474,7 @@ impl Handler for Session {
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let file = self.handle(req.handle)?.clone();
-        self.promise(&file.rel);
+        self.promise(&file.rel, false);
         match self.growing.get(&req.handle) {
             Some(run) => Ok(growing_attr(&file, run)?.into()),
             None => Ok(store(file.stat())?.into()),
@@ -480,7 +486,7 @@ impl Handler for Session {
             return Err(WireError::new(Code(24), "too many open handles on this connection"));
             // EMFILE
         }
-        self.promise(&req.path);
+        self.promise(&req.path, false);
         let (file, attr, run) = match self.shared.store.open(self.who()?, &req.path, req.flags, req.mode) {
             Ok(file) => {
                 if req.flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0 {
@@ -551,7 +557,7 @@ impl Handler for Session {
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path);
+        self.promise(&req.path, false);
         let (file, attr) = match self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0) {
             Ok(file) => {
                 let attr = store(file.stat())?;
@@ -577,7 +583,7 @@ impl Handler for Session {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
-        self.shared.callbacks.promise(&self.shared.registry, self.client_id, &req.path, true);
+        self.promise(&req.path, true);
         Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))
     }
 
@@ -602,7 +608,7 @@ impl Handler for Session {
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
-        self.promise(&req.path);
+        self.promise(&req.path, false);
         Ok(store(self.shared.store.readlink(self.who()?, &req.path))?.into())
     }
 
@@ -660,6 +666,7 @@ impl Handler for Session {
             to => return Err(WireError::new(Code::ACCES, format!("connection {to} is not one of this subject's"))),
         };
         self.shared.callbacks.watch_export(&self.shared);
+        self.callbacks_on = true;
         Ok(self.shared.callbacks.enable(self.client_id, req.max, to).into())
     }
 
