@@ -162,7 +162,7 @@ enum Command {
         /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
         #[arg(long, default_value_t = 30)]
         retry_secs: u64,
-        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (never stale once a change is answered); writes go through as they are made. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
+        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (a change shows once its break has arrived, a one-way trip after the change is answered); writes go through as they are made. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
         #[arg(long, default_value = "sprite", value_parser = ["sprite", "nfs"])]
         consistency: String,
     },
