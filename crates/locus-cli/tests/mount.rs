@@ -513,3 +513,21 @@ fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
     drop(a);
     assert!(within(Duration::from_secs(5), || s.shared().callbacks.held() == 0), "{before} promises left");
 }
+
+#[test]
+fn a_directory_made_beside_the_server_is_watched_once_the_mount_lists_it() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"f");
+    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
+    let shows = |p: &str| within(Duration::from_secs(2), || m.mnt.join(p).exists());
+    // Looked up while missing, then made beside the server, listed, then filled there.
+    assert!(!m.mnt.join("new/inside.txt").exists());
+    std::fs::create_dir(s.local("d/new")).unwrap();
+    assert!(shows("new"), "the new directory never showed");
+    assert_eq!(std::fs::read_dir(m.mnt.join("new")).unwrap().count(), 0);
+    std::fs::write(s.local("d/new/inside.txt"), b"x").unwrap();
+    assert!(shows("new/inside.txt"), "a file made in it beside the server never showed");
+}

@@ -503,3 +503,21 @@ async fn callbacks_break_once_per_promise_and_go_only_to_the_same_subjects_conne
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(srv.shared().callbacks.held(), 0);
 }
+
+#[tokio::test]
+async fn a_change_beside_the_server_breaks_a_promise_made_before_its_directory_existed() {
+    let srv = TestServer::start();
+    srv.put_local("d/f", b"one");
+    let (holder, listener) = (srv.client("admin").await, srv.client("admin").await);
+    let mut pushes = listener.subscribe();
+    holder.callbacks(100, listener.client_id()).await.unwrap();
+    // Asked about while its directory does not exist yet.
+    assert!(holder.stat("/d/new/f").await.is_err());
+    std::fs::create_dir(srv.local("d/new")).unwrap();
+    // Its making breaks the promise beneath it (its nearest ancestor was watched)...
+    assert_eq!(next_break(&mut pushes).await, Some(vec!["/d/new/f".to_string()]));
+    holder.stat("/d/new/f").await.unwrap_err();
+    // ...and, asked about again, a file made in it beside the server breaks that one.
+    std::fs::write(srv.local("d/new/f"), b"made here").unwrap();
+    assert_eq!(next_break(&mut pushes).await, Some(vec!["/d/new/f".to_string()]));
+}

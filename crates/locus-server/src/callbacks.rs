@@ -15,7 +15,7 @@ use crate::export_watch::{LocalChange, Watcher};
 use crate::{Push, Registry, Shared};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -57,8 +57,9 @@ pub struct Callbacks {
 
 #[derive(Default)]
 struct State {
-    /// The clients holding a promise on each path.
-    holders: HashMap<Arc<str>, Vec<u64>>,
+    /// The clients holding a promise on each path, in order, so that the promises
+    /// beneath a directory are found together.
+    holders: BTreeMap<Arc<str>, Vec<u64>>,
     by_client: HashMap<u64, Promises>,
 }
 
@@ -235,12 +236,14 @@ impl Callbacks {
     /// `by` changed `paths` (their content, attributes or existence): breaks every other
     /// client's promises on them and on their directories, telling each which paths
     /// changed. With `names`, names were made or removed: the directories changed too
-    /// (their times and link counts), which their own directories' holders learn.
+    /// (their times and link counts), which their own directories' holders learn, and
+    /// so did every path beneath them (a directory made, removed or renamed).
     pub fn changed(&self, registry: &Registry, by: u64, paths: &[&str], names: bool) {
         if self.clients.load(Ordering::SeqCst) == 0 {
             return;
         }
         let mut paths: Vec<String> = paths.iter().filter_map(|p| canonical(p)).collect();
+        let named = if names { paths.clone() } else { Vec::new() };
         if names {
             let dirs: Vec<String> = paths.iter().map(|p| parent(p).to_string()).collect();
             for d in dirs {
@@ -267,21 +270,32 @@ impl Callbacks {
         {
             let mut guard = self.state.lock();
             let state = &mut *guard;
+            // Each promise to break, with the changed path its holder is told.
+            let mut broken: Vec<(String, String)> = Vec::new();
             for path in &paths {
-                for key in [path.as_str(), parent(path)] {
-                    let Some((key, holders)) = state.holders.remove_entry(key) else { continue };
-                    let (mine, others): (Vec<u64>, Vec<u64>) = holders.into_iter().partition(|&c| c == by);
-                    for client in others {
-                        let Some(p) = state.by_client.get_mut(&client) else { continue };
-                        p.held.remove(&key);
-                        let told = tell.entry(p.to).or_default();
-                        if !told.contains(path) {
-                            told.push(path.clone());
-                        }
+                broken.push((path.clone(), path.clone()));
+                broken.push((parent(path).to_string(), path.clone()));
+            }
+            for path in &named {
+                let beneath = state.holders.range::<str, _>((
+                    std::ops::Bound::Excluded(format!("{path}/").as_str()),
+                    std::ops::Bound::Excluded(format!("{path}0").as_str()),
+                ));
+                broken.extend(beneath.map(|(key, _)| (key.to_string(), key.to_string())));
+            }
+            for (key, path) in broken {
+                let Some((key, holders)) = state.holders.remove_entry(key.as_str()) else { continue };
+                let (mine, others): (Vec<u64>, Vec<u64>) = holders.into_iter().partition(|&c| c == by);
+                for client in others {
+                    let Some(p) = state.by_client.get_mut(&client) else { continue };
+                    p.held.remove(&key);
+                    let told = tell.entry(p.to).or_default();
+                    if !told.contains(&path) {
+                        told.push(path.clone());
                     }
-                    if !mine.is_empty() {
-                        state.holders.insert(key, mine);
-                    }
+                }
+                if !mine.is_empty() {
+                    state.holders.insert(key, mine);
                 }
             }
         }

@@ -53,11 +53,23 @@ impl Watcher {
         Ok(Watcher { fd, roots, watches: Default::default(), warned: AtomicBool::new(false) })
     }
 
-    /// Watches the directory `dir` (canonical, `/a/b`) if it is not watched yet.
+    /// Watches the directory `dir` (canonical, `/a/b`) if it is not watched yet; while it
+    /// does not exist, its nearest existing ancestor, where its making will show.
     pub fn watch(&self, dir: &str) {
+        let mut dir = dir;
+        while !self.watch_one(dir) && dir != "/" {
+            dir = match dir.rfind('/') {
+                Some(0) | None => "/",
+                Some(i) => &dir[..i],
+            };
+        }
+    }
+
+    /// Watches `dir` on every device where it exists; false if it exists on none.
+    fn watch_one(&self, dir: &str) -> bool {
         let mut w = self.watches.lock();
         if w.by_dir.contains_key(dir) {
-            return;
+            return true;
         }
         let flags = WatchFlags::MODIFY
             | WatchFlags::ATTRIB
@@ -70,7 +82,7 @@ impl Watcher {
             | WatchFlags::MOVE_SELF
             | WatchFlags::ONLYDIR
             | WatchFlags::EXCL_UNLINK;
-        let mut added = 0;
+        let (mut added, mut found_any) = (0, false);
         let rel = match dir.trim_start_matches('/') {
             "" => ".",
             rel => rel,
@@ -81,6 +93,7 @@ impl Watcher {
             let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
             let open = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
             let Ok(found) = rustix::fs::openat2(root, rel, open, Mode::empty(), resolve) else { continue };
+            found_any = true;
             let at = format!("/proc/self/fd/{}", found.as_raw_fd());
             match inotify::add_watch(&self.fd, at.as_str(), flags) {
                 Ok(wd) => {
@@ -99,8 +112,11 @@ impl Watcher {
                 Err(_) => {}
             }
         }
-        // Counted even when nothing was added, so that it is not tried on every promise.
-        w.by_dir.insert(dir.to_string(), added);
+        // A directory that is not there yet is tried again at its next promise.
+        if added > 0 {
+            w.by_dir.insert(dir.to_string(), added);
+        }
+        found_any
     }
 
     /// Reads events until the descriptor fails, handing each change to `on`, and `None`
