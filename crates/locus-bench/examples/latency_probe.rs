@@ -1,5 +1,8 @@
 //! Where does a small request's time go? Times `ping` three ways against a server given
 //! as ADDR and TOKEN. Run: cargo run --release -p locus-bench --example latency_probe -- 127.0.0.1:9610 TOKEN
+//! With `scripts` after the token, times instead a plain `stat` beside scripts that
+//! return a constant, a stat, a constant table like a stat's, and a stat they drop.
+use locus_client::types::Value;
 use locus_client::{blocking, Client, ConnectOptions, Credentials};
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,9 @@ fn main() {
         tls_name: None,
     };
     let b = blocking::Client::connect(&opts).unwrap();
+    if args.get(3).is_some_and(|a| a == "scripts") {
+        return scripts(&b);
+    }
     for round in 0..3 {
         let mut v = Vec::new();
         for _ in 0..2000 {
@@ -38,6 +44,44 @@ fn main() {
         });
         let raw = raw_blocking_ping(&args[1], &args[2]);
         println!("round {round}: blocking facade {facade:.1} µs, one block_on loop {in_loop:.1} µs, raw blocking socket {raw:.1} µs (p50)");
+    }
+}
+
+/// p50 of 2000 calls of `f`, in µs.
+fn timed(mut f: impl FnMut()) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..2000 {
+        let t = Instant::now();
+        f();
+        v.push(t.elapsed());
+    }
+    p50(v)
+}
+
+/// A plain `stat` beside scripted lookups whose replies or work differ, three rounds.
+fn scripts(b: &blocking::Client) {
+    b.run(|c| c.write_file("/probe", 0o644, b"x")).unwrap();
+    let scripts = [
+        "return 1",
+        "return fs.stat(...)",
+        "local a = fs.stat(...) return 1",
+        "return {size=1,mode=2,uid=3,gid=4,nlink=5,mtime={sec=6,nsec=7},atime={sec=6,nsec=7},ctime={sec=6,nsec=7},ino=9,dev=10,rdev=0,blksize=4096,blocks=8}",
+    ];
+    for round in 0..3 {
+        let mut line = format!(
+            "round {round}: stat {:.1}",
+            timed(|| {
+                b.run(|c| c.stat("/probe")).unwrap();
+            })
+        );
+        for src in scripts {
+            let args = || vec![Value::Str("/probe".into())];
+            let p = timed(|| {
+                b.run(|c| c.script_call(src, args(), &[])).unwrap();
+            });
+            line.push_str(&format!(" | {src:.30}: {p:.1}"));
+        }
+        println!("{line}");
     }
 }
 

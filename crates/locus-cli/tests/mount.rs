@@ -377,11 +377,8 @@ fn opening_an_invocation_on_the_mount_runs_the_handler() {
     std::fs::write(s.local("data/Makefile"), "total.txt: csv@sales.csv,-sum,price\n\tcp $< $@\n").unwrap();
     // Written beside the server: it shows once the server's watcher has broken the
     // mount's callback on the directory.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !m.mnt.join("Makefile").exists() {
-        assert!(Instant::now() < deadline, "the Makefile written beside the server never showed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let shown = within(Duration::from_secs(2), || m.mnt.join("Makefile").exists());
+    assert!(shown, "the Makefile written beside the server never showed");
     sh(&m.mnt, "make -s");
     assert_eq!(std::fs::read_to_string(s.local("data/total.txt")).unwrap(), "22\n");
     let missing = Command::new("cat").arg(m.mnt.join("nothing@sales.csv")).output().unwrap();

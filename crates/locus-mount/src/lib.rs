@@ -298,7 +298,7 @@ impl LocusFs {
             callbacks,
             driver,
             inodes,
-            listings: Listings::new(options.attr_timeout),
+            listings: Listings::default(),
             options,
             seen: HashMap::new(),
             open: HashMap::new(),
@@ -345,8 +345,6 @@ impl LocusFs {
                 self.listings.forget(dir);
             }
         }
-        let ttl = self.ttl();
-        self.listings.set_ttl(ttl);
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):
@@ -436,10 +434,8 @@ impl LocusFs {
 
     /// The directory inode and name under which `ino` was looked up.
     fn entry_of(&self, ino: u64) -> Option<(u64, String)> {
-        let path = self.inodes.path(ino)?;
-        let (dir, name) = path.rsplit_once('/')?;
-        let parent = self.inodes.peek(if dir.is_empty() { "/" } else { dir })?;
-        Some((parent, name.to_string()))
+        let (dir, name) = split_path(self.inodes.path(ino)?)?;
+        Some((self.inodes.peek(dir)?, name.to_string()))
     }
 
     /// `name` was made in `parent` with `attr`.
@@ -517,11 +513,11 @@ impl Filesystem for LocusFs {
         self.absorb();
         let path = ok_or_reply!(self.child(parent, name), reply);
         let name = name.to_str().unwrap_or_default();
-        if self.listings.worth_relisting(parent) {
+        if self.listings.worth_relisting(parent, self.ttl()) {
             // One round trip either way; listing again answers the next lookups too.
             let _ = self.list(parent);
         }
-        let found = match self.listings.find(parent, name) {
+        let found = match self.listings.find(parent, name, self.ttl()) {
             Known::Present(attr) => Ok(attr),
             // A name that invokes an active-file handler is not in listings: ask.
             Known::Absent if !locus_proto::active::may_invoke(name) => Err(libc::ENOENT),
@@ -953,7 +949,7 @@ impl Filesystem for LocusFs {
         let path = ok_or_reply!(self.path(ino), reply);
         // A fresh listing answers (a large directory takes several requests to read,
         // and `find` reads each directory twice); else the server is asked.
-        let entries = match self.listings.entries(ino) {
+        let entries = match self.listings.entries(ino, self.ttl()) {
             Some(entries) => entries,
             None => ok_or_reply!(self.list(ino), reply),
         };

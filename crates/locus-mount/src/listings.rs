@@ -35,23 +35,14 @@ struct Listing {
     at: Instant,
 }
 
-/// Listings by directory inode.
+/// Listings by directory inode. A listing is fresh for the `ttl` its reader passes: the
+/// mount's, long while callbacks hold.
+#[derive(Default)]
 pub struct Listings {
     by_dir: HashMap<u64, Listing>,
-    ttl: Duration,
 }
 
 impl Listings {
-    /// Listings trusted for `ttl`.
-    pub fn new(ttl: Duration) -> Listings {
-        Listings { by_dir: HashMap::new(), ttl }
-    }
-
-    /// From now on, listings are trusted for `ttl` (long while callbacks hold).
-    pub fn set_ttl(&mut self, ttl: Duration) {
-        self.ttl = ttl;
-    }
-
     /// Forgets every listing (the callbacks that covered them are gone).
     pub fn clear(&mut self) {
         self.by_dir.clear();
@@ -69,14 +60,14 @@ impl Listings {
     }
 
     /// The fresh listing of `dir` in the server's order, unless names changed since.
-    pub fn entries(&self, dir: u64) -> Option<Arc<Vec<DirEntry>>> {
-        self.by_dir.get(&dir).filter(|l| l.at.elapsed() < self.ttl).and_then(|l| l.order.clone())
+    pub fn entries(&self, dir: u64, ttl: Duration) -> Option<Arc<Vec<DirEntry>>> {
+        self.by_dir.get(&dir).filter(|l| l.at.elapsed() < ttl).and_then(|l| l.order.clone())
     }
 
     /// What the fresh listing of `dir`, if any, says of `name`.
-    pub fn find(&self, dir: u64, name: &str) -> Known {
+    pub fn find(&self, dir: u64, name: &str, ttl: Duration) -> Known {
         match self.by_dir.get(&dir) {
-            Some(l) if l.at.elapsed() < self.ttl => match l.names.get(name) {
+            Some(l) if l.at.elapsed() < ttl => match l.names.get(name) {
                 None => Known::Absent,
                 Some(Some(attr)) => Known::Present(attr.clone()),
                 Some(None) => Known::Unknown,
@@ -87,8 +78,8 @@ impl Listings {
 
     /// True when `dir` was listed before, the listing has expired, and it is small enough
     /// to list again instead of asking for one name.
-    pub fn worth_relisting(&self, dir: u64) -> bool {
-        self.by_dir.get(&dir).is_some_and(|l| l.at.elapsed() >= self.ttl && l.names.len() <= RELIST_MAX)
+    pub fn worth_relisting(&self, dir: u64, ttl: Duration) -> bool {
+        self.by_dir.get(&dir).is_some_and(|l| l.at.elapsed() >= ttl && l.names.len() <= RELIST_MAX)
     }
 
     /// The server just answered `attr` for `name` in `dir`: a listing that holds the
@@ -133,25 +124,25 @@ mod tests {
 
     #[test]
     fn listings_answer_while_fresh_and_follow_changes() {
-        let mut l = Listings::new(Duration::from_millis(200));
+        let (mut l, ttl) = (Listings::default(), Duration::from_millis(200));
         let file = Attr { size: 3, ..Default::default() };
-        assert_eq!(l.find(1, "a"), Known::Unknown, "never listed");
+        assert_eq!(l.find(1, "a", ttl), Known::Unknown, "never listed");
         l.store(1, &Arc::new(vec![DirEntry { name: "a".into(), attr: file.clone() }]));
-        assert_eq!(l.find(1, "a"), Known::Present(file.clone()));
-        assert_eq!(l.find(1, "b"), Known::Absent);
-        assert_eq!(l.entries(1).map(|e| e.len()), Some(1), "in order, for the kernel's reads");
+        assert_eq!(l.find(1, "a", ttl), Known::Present(file.clone()));
+        assert_eq!(l.find(1, "b", ttl), Known::Absent);
+        assert_eq!(l.entries(1, ttl).map(|e| e.len()), Some(1), "in order, for the kernel's reads");
         l.added(1, "b", None);
-        assert!(l.entries(1).is_none(), "names changed: listed again for the kernel");
-        assert_eq!(l.find(1, "b"), Known::Unknown, "exists, attributes unknown");
+        assert!(l.entries(1, ttl).is_none(), "names changed: listed again for the kernel");
+        assert_eq!(l.find(1, "b", ttl), Known::Unknown, "exists, attributes unknown");
         l.changed(1, "a");
-        assert_eq!(l.find(1, "a"), Known::Unknown);
+        assert_eq!(l.find(1, "a", ttl), Known::Unknown);
         assert_eq!(l.removed(1, "b"), None);
-        assert_eq!(l.find(1, "b"), Known::Absent);
-        assert!(!l.worth_relisting(1));
+        assert_eq!(l.find(1, "b", ttl), Known::Absent);
+        assert!(!l.worth_relisting(1, ttl));
         std::thread::sleep(Duration::from_millis(250));
-        assert_eq!(l.find(1, "b"), Known::Unknown, "expired");
-        assert!(l.worth_relisting(1));
+        assert_eq!(l.find(1, "b", ttl), Known::Unknown, "expired");
+        assert!(l.worth_relisting(1, ttl));
         l.forget(1);
-        assert!(!l.worth_relisting(1));
+        assert!(!l.worth_relisting(1, ttl));
     }
 }

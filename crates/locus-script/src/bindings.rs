@@ -21,8 +21,8 @@ fn bindable(code: u16) -> bool {
 }
 
 /// Operations that only look, answer at once and change nothing: the ones a call on the
-/// connection's thread may make (see [`CallCtx::speculative`]).
-fn looks_only(code: u16) -> bool {
+/// connection's thread may make (see `Engine::try_inline`).
+pub(crate) fn looks_only(code: u16) -> bool {
     use locus_proto::Operation;
     [
         ops::Whoami::INFO.code,
@@ -129,9 +129,6 @@ macro_rules! define_bindings {
                         let outcome = {
                             let mut ctx = lua.app_data_mut::<CallCtx>()
                                 .ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
-                            if ctx.speculative && !looks_only($code) {
-                                return Err(ctx.trip("inline", format!("fs.{} may wait or change state", stringify!($method))));
-                            }
                             ctx.host.call($code, &codec::encode(&req), &data)
                         };
                         let (metas, out) = match outcome {

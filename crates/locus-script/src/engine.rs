@@ -317,8 +317,7 @@ impl Engine {
                 *slot = Some(Interpreter { lua, env_meta, compiled: HashMap::new() });
             }
             let i = slot.as_mut()?;
-            let run =
-                run(&i.lua, &self.shared, &i.env_meta, &mut i.compiled, &id, &source, args, input, limits, host, true);
+            let run = run(&i.lua, &self.shared, &i.env_meta, &mut i.compiled, &id, &source, args, input, limits, host);
             Some(run)
         })?;
         match outcome {
@@ -360,7 +359,7 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         idle.fetch_sub(1, Ordering::Relaxed);
         let Ok(job) = job else { return };
         let Job { id, source, args, input, limits, host, reply } = job;
-        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host, false);
+        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
         reply.send(result);
     }
 }
@@ -368,7 +367,8 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
 /// Builds a sandboxed interpreter: only the string, table, math and utf8 libraries; no
 /// way to load code or bytecode, touch files or the process; library tables read-only.
 /// Returns it with the metatable that each call's fresh global table gets. In an
-/// `inline` one (see [`Engine::try_inline`]), `state`, `lock` and `msg` end the call.
+/// `inline` one (see [`Engine::try_inline`]), `state`, `lock`, `msg` and every `fs` call
+/// but a lookup end the call.
 fn sandbox(shared: Arc<Shared>, inline: bool) -> mlua::Result<(Lua, Table)> {
     let lua = Lua::new_with(StdLib::STRING | StdLib::TABLE | StdLib::MATH | StdLib::UTF8, LuaOptions::new())?;
     let g = lua.globals();
@@ -385,11 +385,14 @@ fn sandbox(shared: Arc<Shared>, inline: bool) -> mlua::Result<(Lua, Table)> {
             let mut ctx = lua.app_data_mut::<CallCtx>().ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
             Err(ctx.trip("inline", "a call that may wait or change state".into()))
         })?;
-        for library in ["state", "lock", "msg"] {
+        for library in ["state", "lock", "msg", "fs"] {
             let t = g.get::<Table>(library)?;
             let names: Vec<String> =
                 t.pairs::<String, LuaValue>().map(|kv| kv.map(|(k, _)| k)).collect::<mlua::Result<_>>()?;
-            for name in names {
+            let lookup = |name: &str| {
+                library == "fs" && locus_proto::ops::by_name(name).is_some_and(|op| bindings::looks_only(op.code))
+            };
+            for name in names.into_iter().filter(|n| !lookup(n)) {
                 t.raw_set(name, moves.clone())?;
             }
         }
@@ -501,7 +504,6 @@ fn run(
     input: Vec<u8>,
     limits: Limits,
     host: Box<dyn Host>,
-    speculative: bool,
 ) -> Result<CallOutcome, ScriptError> {
     if !compiled.contains_key(id) {
         let compile = || -> mlua::Result<Compiled> {
@@ -547,7 +549,6 @@ fn run(
         handles: Vec::new(),
         buffer_bytes: 0,
         token,
-        speculative,
     });
     let _ = lua.set_memory_limit(lua.used_memory().saturating_add(limits.memory));
     let result = f.call::<MultiValue>(lua_args);

@@ -39,10 +39,6 @@ pub struct CallCtx {
     pub buffer_bytes: usize,
     /// Distinguishes this call as a lock owner.
     pub token: u64,
-    /// The call runs on the caller's connection thread ([`crate::Engine::try_inline`]):
-    /// anything that could wait or change state ends it (the `inline` limit), and it
-    /// runs again on an interpreter thread.
-    pub speculative: bool,
 }
 
 impl CallCtx {

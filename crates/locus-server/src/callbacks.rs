@@ -252,13 +252,19 @@ impl Callbacks {
                 }
             }
         }
-        if by != 0 && matches!(self.watcher.get(), Some(Some(_))) {
+        // What a client's change left, for telling the watcher's report of it from a
+        // change beside the server; only where the watcher looks (a stat per path).
+        let watched: Vec<&String> = match self.watcher.get() {
+            Some(Some(w)) if by != 0 => paths.iter().filter(|p| w.watching(parent(p)) || w.watching(p)).collect(),
+            _ => Vec::new(),
+        };
+        if !watched.is_empty() {
             let mut recent = self.recent.lock();
             if recent.len() > 4096 {
                 recent.retain(|_, stamps| stamps.back().is_some_and(|(at, _)| at.elapsed() < ECHO));
             }
             let now = Instant::now();
-            for p in &paths {
+            for p in watched {
                 let stamps = recent.entry(p.clone()).or_default();
                 while stamps.len() >= STAMPS_PER_PATH || stamps.front().is_some_and(|(at, _)| at.elapsed() >= ECHO) {
                     stamps.pop_front();

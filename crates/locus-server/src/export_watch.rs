@@ -65,6 +65,11 @@ impl Watcher {
         }
     }
 
+    /// True when `dir` is watched: changes of the names in it are reported.
+    pub fn watching(&self, dir: &str) -> bool {
+        self.watches.lock().by_dir.contains_key(dir)
+    }
+
     /// Watches `dir` on every device where it exists; false if it exists on none.
     fn watch_one(&self, dir: &str) -> bool {
         let mut w = self.watches.lock();
