@@ -465,6 +465,10 @@ impl Store {
         let _names = (flags & open_flags::CREATE != 0).then(|| self.namespace.lock());
         let entry = io.entry().clone();
         let _moves = entry.shared();
+        // Where the name was before the lock may not be where it is now: a move can have
+        // switched it since, so it is looked up again.
+        let mut t = t;
+        t.stat = None;
         let found = self.find_home(&t)?;
         let exists = found.is_some();
         let (mut alt, mut device) = found.unwrap_or((None, 0));
