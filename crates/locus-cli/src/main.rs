@@ -162,9 +162,15 @@ enum Command {
         /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
         #[arg(long, default_value_t = 30)]
         retry_secs: u64,
-        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (a change shows once its break has arrived, a one-way trip after the change is answered); writes go through as they are made. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
-        #[arg(long, default_value = "sprite", value_parser = ["sprite", "nfs"])]
+        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (a change shows once its break has arrived, a one-way trip after the change is answered); writes go through as they are made. `afs`: as `sprite` for reads, and a file opened for writing is written in a local copy (under --cache-dir) and stored at the server when closed or synced, in one round trip: others see it after close, and a failed store shows as an error of close or fsync. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
+        #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
         consistency: String,
+        /// Where `--consistency afs` keeps local copies of files being written (default: $XDG_CACHE_HOME/locus/writeback or ~/.cache/locus/writeback).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// The most MiB of local copies under `--consistency afs`; a file larger than an eighth of it is written through.
+        #[arg(long, default_value_t = 1024)]
+        cache_mb: u64,
     },
     /// Unmount a `locus mount`.
     Umount {
@@ -193,8 +199,8 @@ enum Command {
         /// How long (ms) attributes and listings are trusted before asking the server again, where no callback covers them.
         #[arg(long, default_value_t = 1000)]
         attr_timeout_ms: u64,
-        /// As `locus mount --consistency`, on the FUSE path: `sprite` (servers' callbacks let the kernel cache until another client changes a path; only while every mounted server has them) or `nfs` (--attr-timeout-ms).
-        #[arg(long, default_value = "sprite", value_parser = ["sprite", "nfs"])]
+        /// As `locus mount --consistency`, on the FUSE path: `sprite` (servers' callbacks let the kernel cache until another client changes a path; only while every mounted server has them), `afs` (as sprite, and files written are stored at close from a local copy) or `nfs` (--attr-timeout-ms).
+        #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
         consistency: String,
         /// How the program sees the namespace: `fuse` (a private mount namespace with a
         /// FUSE file system; fails if the kernel refuses), `trace` (ptrace and seccomp), or
@@ -370,6 +376,7 @@ fn agent_options(
 fn consistency_named(name: &str) -> locus_mount::Consistency {
     match name {
         "nfs" => locus_mount::Consistency::Nfs,
+        "afs" => locus_mount::Consistency::Afs,
         _ => locus_mount::Consistency::Sprite,
     }
 }
@@ -404,11 +411,14 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs, consistency } => {
+        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs, consistency, cache_dir, cache_mb } => {
+            let defaults = locus_mount::MountOptions::default();
             let options = locus_mount::MountOptions {
                 attr_timeout: Duration::from_millis(attr_timeout_ms),
                 consistency: consistency_named(&consistency),
-                ..Default::default()
+                cache_dir: cache_dir.unwrap_or(defaults.cache_dir),
+                cache_limit: cache_mb.saturating_mul(1 << 20),
+                ..defaults
             };
             mount::run(&url, &mountpoint, options, Duration::from_secs(retry_secs))
         }

@@ -528,3 +528,160 @@ fn a_directory_made_beside_the_server_is_watched_once_the_mount_lists_it() {
     std::fs::write(s.local("d/new/inside.txt"), b"x").unwrap();
     assert!(shows("new/inside.txt"), "a file made in it beside the server never showed");
 }
+
+/// Runs Python's `code` in `dir`; answers whether it succeeded, and its stderr.
+fn python(dir: &Path, code: &str) -> (bool, String) {
+    let out = Command::new("python3").arg("-c").arg(code).current_dir(dir).output().expect("python3");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/old.txt", b"old");
+    let cache = s.scratch().join("cache");
+    let afs = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &afs);
+    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| format!("error: {e}"));
+    // The first file made goes to the server: it says the mount may write there.
+    std::fs::write(a.mnt.join("first.txt"), "first").unwrap();
+    assert_eq!(read(&s.local("d/first.txt")), "first");
+
+    // An existing file opened for writing is written locally and stored at close.
+    let mut f = std::fs::OpenOptions::new().write(true).truncate(true).open(a.mnt.join("old.txt")).unwrap();
+    std::io::Write::write_all(&mut f, b"new content").unwrap();
+    assert_eq!(read(&s.local("d/old.txt")), "old", "stored before close");
+    assert_eq!(read(&a.mnt.join("old.txt")), "new content", "the writer's mount reads its own writes");
+    assert_eq!(read(&b.mnt.join("old.txt")), "old");
+    drop(f);
+    assert_eq!(read(&s.local("d/old.txt")), "new content");
+    assert!(
+        within(Duration::from_secs(2), || read(&b.mnt.join("old.txt")) == "new content"),
+        "B is never stale after close"
+    );
+
+    // A new file is made at the server by its first store; fsync stores.
+    let _ = std::fs::read_dir(&a.mnt).unwrap().count();
+    let mut f = std::fs::File::create(a.mnt.join("made.txt")).unwrap();
+    std::io::Write::write_all(&mut f, b"made here").unwrap();
+    assert!(!s.local("d/made.txt").exists());
+    assert_eq!(std::fs::metadata(a.mnt.join("made.txt")).unwrap().len(), 9);
+    let listed: Vec<_> = std::fs::read_dir(&a.mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(listed.iter().any(|n| n == "made.txt"), "{listed:?}");
+    f.sync_all().unwrap();
+    assert_eq!(read(&s.local("d/made.txt")), "made here", "fsync stored it");
+    std::io::Write::write_all(&mut f, b", then more").unwrap();
+    drop(f);
+    assert_eq!(read(&s.local("d/made.txt")), "made here, then more");
+    // Renamed and removed, as any file.
+    std::fs::rename(a.mnt.join("made.txt"), a.mnt.join("moved.txt")).unwrap();
+    assert_eq!(read(&s.local("d/moved.txt")), "made here, then more");
+    let (ok, err) =
+        python(&a.mnt, "f = open('gone.txt', 'w'); f.write('x'); import os; os.remove('gone.txt'); f.close()");
+    assert!(ok, "{err}");
+    assert!(!s.local("d/gone.txt").exists() && !a.mnt.join("gone.txt").exists());
+
+    // A store that fails shows as an error of close, and the name does not stay.
+    std::fs::create_dir(a.mnt.join("sub")).unwrap();
+    std::fs::write(a.mnt.join("sub/x.txt"), "x").unwrap();
+    let code = "import sys\nf = open('sub/doomed.txt', 'w')\nf.write('doomed')\nf.flush()\nsys.stdin.read()\n\
+        try:\n    f.close()\nexcept OSError as e:\n    print(e.errno)\n    sys.exit(3)\n";
+    let mut writer = Command::new("python3")
+        .arg("-c")
+        .arg(code)
+        .current_dir(&a.mnt)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(within(Duration::from_secs(5), || a.mnt.join("sub/doomed.txt").exists()));
+    assert!(!s.local("d/sub/doomed.txt").exists());
+    std::fs::remove_dir_all(s.local("d/sub")).unwrap();
+    drop(writer.stdin.take());
+    let out = writer.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "close reported no error");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "2", "ENOENT from close");
+    assert!(within(Duration::from_secs(2), || !a.mnt.join("sub").exists()));
+}
+
+#[test]
+fn afs_write_back_survives_a_server_restart() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (root, state) = (work.path().join("root"), work.path().join("state"));
+    std::fs::create_dir_all(&root).unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = serve(&root, &state, port);
+    let token = admin_token(&state);
+    let cache = work.path().join("cache");
+    let flags = ["--retry-secs", "5", "--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
+    let m = mount_with(&format!("locus://127.0.0.1:{port}/"), work.path(), &token, &flags);
+    // The server's second run is started (waiting for a stamp) before the file is open:
+    // a process forked while a store waits would wait too, as its exec closes the file.
+    let stamp = work.path().join("restart");
+    let mut restarted = Command::new("sh")
+        .arg("-c")
+        .arg(r#"while [ ! -e "$0" ]; do sleep 0.05; done; sleep 0.8; exec "$@" 2>/dev/null"#)
+        .arg(&stamp)
+        .arg(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--root"])
+        .arg(&root)
+        .arg("--state")
+        .arg(&state)
+        .spawn()
+        .unwrap();
+    std::fs::write(m.mnt.join("a.txt"), "a").unwrap();
+    let _ = std::fs::read_dir(&m.mnt).unwrap().count();
+    let mut f = std::fs::File::create(m.mnt.join("b.txt")).unwrap();
+    std::io::Write::write_all(&mut f, b"written while the server restarts").unwrap();
+    assert!(!root.join("b.txt").exists(), "written back, not through");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    std::fs::write(&stamp, "").unwrap();
+    // The fsync waits for the server and stores.
+    let stored = f.sync_all();
+    drop(f);
+    let content = std::fs::read_to_string(root.join("b.txt"));
+    let _ = restarted.kill();
+    let _ = restarted.wait();
+    stored.unwrap();
+    assert_eq!(content.unwrap(), "written while the server restarts");
+}
+
+#[test]
+fn reads_through_the_mount_return_exact_bytes_sequentially_and_at_random() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    // 9 MiB and a bit of bytes that differ at every offset.
+    let data: Vec<u8> = (0..9 * 1024 * 1024 + 4321u64).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    s.put_local("big.bin", &data);
+    let m = mount(&s, "/");
+    assert!(std::fs::read(m.mnt.join("big.bin")).unwrap() == data, "sequential read differs");
+    let f = std::fs::File::open(m.mnt.join("big.bin")).unwrap();
+    let mut seed = 12345u64;
+    for _ in 0..300 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let offset = (seed >> 20) % (data.len() as u64 + 100);
+        let len = ((seed >> 8) % 300_000) as usize;
+        let mut buf = vec![0; len];
+        let mut got = 0;
+        while got < len {
+            let n = std::os::unix::fs::FileExt::read_at(&f, &mut buf[got..], offset + got as u64).unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        let start = (offset as usize).min(data.len());
+        let end = (start + len).min(data.len());
+        assert!(buf[..got] == data[start..end], "bytes at {offset}+{len}");
+    }
+}

@@ -29,6 +29,7 @@
 
 mod inodes;
 mod listings;
+mod writeback;
 
 use fuser::{
     FileAttr, FileType, Filesystem, KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
@@ -37,12 +38,13 @@ use fuser::{
 use inodes::Inodes;
 use listings::{Known, Listings};
 use locus_drivers::{Attr, Driver, DriverError, SetTime, Time};
-use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT};
+use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use writeback::{Copies, Refused};
 
 /// How a mount keeps what it caches consistent with the server and its other clients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,6 +60,15 @@ pub enum Consistency {
     /// [`Consistency::Nfs`].
     #[default]
     Sprite,
+    /// As [`Consistency::Sprite`] for what the mount reads, and files opened for writing
+    /// are written back: into a whole-file copy on local disk ([`writeback`]), stored at
+    /// the server in one round trip when closed or synced. Other clients see a file's
+    /// new content once it is closed (AFS's close-to-open), and errors of the store show
+    /// at `close` or `fsync`. A file made where the mount's callbacks say the name is
+    /// free, in a directory the server let it write in within the attribute timeout, is
+    /// made at the server by that store: creating, writing and closing a small file is
+    /// one round trip.
+    Afs,
 }
 
 /// How a mount behaves.
@@ -70,6 +81,11 @@ pub struct MountOptions {
     /// The most callback promises the server keeps for the mount (the oldest are
     /// broken to make room).
     pub max_promises: u32,
+    /// Where [`Consistency::Afs`] keeps its local copies.
+    pub cache_dir: std::path::PathBuf,
+    /// The most bytes of local copies (a file larger than an eighth of it is written
+    /// through instead).
+    pub cache_limit: u64,
 }
 
 impl Default for MountOptions {
@@ -78,6 +94,8 @@ impl Default for MountOptions {
             attr_timeout: Duration::from_secs(1),
             consistency: Consistency::default(),
             max_promises: 1 << 18,
+            cache_dir: writeback::default_dir(),
+            cache_limit: 1 << 30,
         }
     }
 }
@@ -190,6 +208,13 @@ pub struct LocusFs {
     /// The file-system statistics last answered, and when: `find` asks for each
     /// directory it enters.
     statfs: Option<(locus_drivers::StatFs, Instant)>,
+    /// Local copies of files written back (`--consistency afs`; `None` otherwise).
+    copies: Option<Copies>,
+    /// Handles given to the kernel on local copies: the inode and the Locus open flags.
+    copy_handles: HashMap<u64, (u64, u32)>,
+    /// Directories the server let the mount write in, and when it last did: where files
+    /// may be made and written locally before the server has a say.
+    writable: HashMap<u64, Instant>,
 }
 
 /// The most content kept per handle in [`LocusFs::known`].
@@ -280,7 +305,7 @@ impl LocusFs {
     /// A file system showing `base` (a directory path on the server) through `driver`.
     pub fn new(mut driver: Box<dyn Driver>, base: &str, options: MountOptions) -> LocusFs {
         let breaks = match options.consistency {
-            Consistency::Sprite => driver.callbacks(options.max_promises),
+            Consistency::Sprite | Consistency::Afs => driver.callbacks(options.max_promises),
             Consistency::Nfs => None,
         };
         let inodes = Inodes::new(base);
@@ -294,8 +319,17 @@ impl LocusFs {
                 tracing::warn!("no thread for callback breaks: {e}");
             }
         }
+        let copies = match options.consistency {
+            Consistency::Afs => Copies::new(&options.cache_dir, options.cache_limit)
+                .map_err(|e| tracing::warn!("{}: {e}; files are written through", options.cache_dir.display()))
+                .ok(),
+            _ => None,
+        };
         LocusFs {
             callbacks,
+            copies,
+            copy_handles: HashMap::new(),
+            writable: HashMap::new(),
             driver,
             inodes,
             listings: Listings::default(),
@@ -372,6 +406,9 @@ impl LocusFs {
     /// The server handle behind a handle given to the kernel, if the file is open at
     /// the server.
     fn opened(&self, fh: u64) -> Option<u64> {
+        if self.copy_handles.contains_key(&fh) {
+            return None;
+        }
         match self.lazy.get(&fh) {
             Some(&(_, real)) => real,
             None => Some(fh),
@@ -445,6 +482,7 @@ impl LocusFs {
 
     /// Lists `dir` from the server into the listings, and answers the entries.
     fn list(&mut self, dir: u64) -> Result<Arc<Vec<locus_drivers::DirEntry>>, i32> {
+        self.store_new_in(dir);
         let path = self.path(dir)?;
         let entries = Arc::new(self.driver.readdir(&path).map_err(errno)?);
         if self.driver.lists_all(&path) {
@@ -485,6 +523,208 @@ impl LocusFs {
     fn lstat(&mut self, path: &str) -> Result<Attr, i32> {
         self.driver.lstat(path).map_err(errno)
     }
+
+    /// The server let the mount write in the directory of `ino` just now.
+    fn wrote_in(&mut self, ino: u64) {
+        if self.copies.is_some() {
+            if let Some((dir, _)) = self.entry_of(ino) {
+                self.writable.insert(dir, Instant::now());
+            }
+        }
+    }
+
+    /// True when the server let the mount write in `dir` within the attribute timeout:
+    /// a file may then be made or written there locally, its store checked at close.
+    fn may_write_in(&self, dir: u64) -> bool {
+        self.writable.get(&dir).is_some_and(|at| at.elapsed() < self.ttl())
+    }
+
+    /// What a file written back is now, while the server does not know it yet.
+    fn unstored(&self, ino: u64) -> Option<Attr> {
+        self.copies.as_ref()?.dirty(ino).map(|c| c.attr.clone())
+    }
+
+    /// A handle on the local copy of `ino`, for `open(2)` flags `flags`.
+    fn copy_handle(&mut self, ino: u64, flags: i32) -> u64 {
+        let fh = self.next_lazy;
+        self.next_lazy += 1;
+        self.copy_handles.insert(fh, (ino, locus_flags(flags)));
+        if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
+            copy.handles += 1;
+        }
+        fh
+    }
+
+    /// Opens `ino` on its local copy, made now if it has none (fetched whole, unless
+    /// truncated by the open), or `None` where the file is opened at the server: not
+    /// writing back, an active file, not a plain file, a file with other names or too
+    /// large, or a directory the mount has not been let write in lately.
+    fn open_copy(&mut self, ino: u64, flags: i32) -> Option<(u64, bool)> {
+        let truncate = flags & libc::O_TRUNC != 0;
+        let fresh = self.fresh(ino).cloned();
+        let copies = self.copies.as_mut()?;
+        let file_max = copies.file_max();
+        let kept =
+            copies.get(ino).is_some_and(|c| c.dirty || !c.at_server || fresh.as_ref().is_some_and(|a| c.current(a)));
+        if !kept {
+            let attr = fresh?;
+            let writable = attr.mode & 0o222 != 0 && self.entry_of(ino).is_some_and(|(dir, _)| self.may_write_in(dir));
+            if self.active(ino) || !attr.is_file() || attr.nlink > 1 || attr.size > file_max || !writable {
+                return None;
+            }
+            let path = self.path(ino).ok()?;
+            let (content, attr) = if truncate { (Vec::new(), attr) } else { self.driver.read_file(&path).ok()? };
+            let started = self.copies.as_mut()?.start(ino, &content, attr, true);
+            if let Err(e) = started {
+                tracing::warn!("local copy: {e}");
+                return None;
+            }
+        }
+        if truncate && self.copies.as_mut()?.truncate(ino, 0).is_err() {
+            return None;
+        }
+        Some((self.copy_handle(ino, flags), kept))
+    }
+
+    /// Stores the local copy of `ino` at the server if it has writes the server lacks;
+    /// the pages it now holds go to the kernel's cache.
+    fn store(&mut self, ino: u64) -> Result<(), i32> {
+        let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return Ok(()) };
+        if !copy.dirty || copy.unlinked {
+            return Ok(());
+        }
+        let content = copy.contents().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let mode = copy.attr.mode & 0o7777;
+        let path = self.path(ino)?;
+        let attr = self.driver.write_file(&path, mode, &content).map_err(errno)?;
+        if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
+            copy.stored(attr.clone());
+        }
+        self.wrote_in(ino);
+        self.remember(ino, &attr);
+        self.seen.insert(ino, (attr.size, attr.mtime));
+        self.file_known(ino, attr);
+        if let (true, Some(notifier)) = (content.len() <= KNOWN_MAX, self.notifier.get()) {
+            if let Err(e) = notifier.store(ino, 0, &content) {
+                tracing::debug!("notify store: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves `ino` off its local copy: stores it, then opens each of its handles at the
+    /// server, where their next requests go (a file grown past what a copy may hold, or
+    /// changed in a way only the server can make).
+    fn spill(&mut self, ino: u64) -> Result<(), i32> {
+        self.store(ino)?;
+        let handles: Vec<(u64, u32)> =
+            self.copy_handles.iter().filter(|(_, &(i, _))| i == ino).map(|(&fh, &(_, flags))| (fh, flags)).collect();
+        let path = self.path(ino)?;
+        for (fh, flags) in handles {
+            let flags = flags & !(open_flags::CREATE | open_flags::EXCLUSIVE | open_flags::TRUNCATE);
+            let opened = self.driver.open(&path, flags, 0).map_err(errno)?;
+            self.copy_handles.remove(&fh);
+            self.lazy.insert(fh, (ino, Some(opened.handle)));
+            self.open.entry(ino).or_default().push(opened.handle);
+        }
+        self.copies.as_mut().map(|c| c.remove(ino));
+        Ok(())
+    }
+
+    /// Stores the files made in `dir` that the server does not have yet, before the
+    /// server is asked what `dir` holds (an error shows again at their close).
+    fn store_new_in(&mut self, dir: u64) {
+        let Some(copies) = &self.copies else { return };
+        for ino in copies.unstored_names() {
+            if self.entry_of(ino).is_some_and(|(parent, _)| parent == dir) {
+                if let Err(e) = self.store(ino) {
+                    tracing::debug!("storing a new file before listing: errno {e}");
+                }
+            }
+        }
+    }
+
+    /// Makes `name` in `parent` as a local copy only, where the mount knows the name is
+    /// free and the server let it write there lately (see [`Consistency::Afs`]); the
+    /// store at close makes it at the server. Answers its inode and attributes.
+    fn create_locally(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32) -> Option<(u64, Attr)> {
+        let name_str = name.to_str()?;
+        let free = self.listings.find(parent, name_str, self.ttl()) == Known::Absent;
+        if self.copies.is_none() || self.ttl() != CALLBACK_TTL || !free || !self.may_write_in(parent) {
+            return None;
+        }
+        let path = self.child(parent, name).ok()?;
+        if is_active(&path) {
+            return None;
+        }
+        let (uid, gid) = self.fresh(parent).map_or((req.uid(), req.gid()), |a| (a.uid, a.gid));
+        let now = writeback::now();
+        let attr = Attr {
+            mode: S_IFREG | (mode & 0o7777),
+            nlink: 1,
+            uid,
+            gid,
+            blksize: 4096,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            ..Attr::default()
+        };
+        let ino = self.inodes.lookup(path);
+        if let Err(e) = self.copies.as_mut()?.start(ino, &[], attr.clone(), false) {
+            tracing::warn!("local copy: {e}");
+            return None;
+        }
+        self.changed(parent, None);
+        self.added(parent, name, &attr);
+        self.remember(ino, &attr);
+        Some((ino, attr))
+    }
+
+    /// A handle on the copy of `ino` was closed. With the last, the copy is stored if it
+    /// still has to be (its flush said whether that worked), and dropped if it no longer
+    /// stands for a file: removed, or never made at the server because its store failed.
+    fn release_copy(&mut self, ino: u64) {
+        let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
+        copy.handles -= 1;
+        if copy.handles > 0 {
+            return;
+        }
+        let stored = self.store(ino);
+        if let Err(e) = stored {
+            tracing::warn!(
+                "{}: not stored (errno {e}); the local writes are dropped",
+                self.path(ino).unwrap_or_default()
+            );
+        }
+        let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
+        let never_made = !copy.at_server && !copy.unlinked;
+        if stored.is_ok() && !copy.unlinked {
+            // Kept: it answers the next open of the file while callbacks say it is current.
+            return;
+        }
+        self.copies.as_mut().map(|c| c.remove(ino));
+        if never_made {
+            if let (Some((parent, name)), Ok(path)) = (self.entry_of(ino), self.path(ino)) {
+                self.listings.removed(parent, &name);
+                self.changed(parent, Some(&path));
+                self.inodes.unlinked(&path);
+            }
+        }
+    }
+
+    /// The name of `ino` is gone: its local copy is not stored again, and is dropped
+    /// once no handle uses it. Answers whether the name existed only here.
+    fn copy_unlinked(&mut self, ino: Option<u64>) -> bool {
+        let Some((ino, copies)) = ino.zip(self.copies.as_mut()) else { return false };
+        let Some(copy) = copies.get(ino) else { return false };
+        let local_only = !copy.at_server;
+        copy.unlinked = true;
+        if copy.handles == 0 {
+            copies.remove(ino);
+        }
+        local_only
+    }
 }
 
 macro_rules! ok_or_reply {
@@ -512,6 +752,10 @@ impl Filesystem for LocusFs {
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
         self.absorb();
         let path = ok_or_reply!(self.child(parent, name), reply);
+        if let Some(attr) = self.inodes.peek(&path).and_then(|ino| self.unstored(ino)) {
+            self.entry(path, &attr, reply);
+            return;
+        }
         let name = name.to_str().unwrap_or_default();
         if self.listings.worth_relisting(parent, self.ttl()) {
             // One round trip either way; listing again answers the next lookups too.
@@ -551,11 +795,19 @@ impl Filesystem for LocusFs {
         if self.inodes.path(ino).is_none() {
             self.attrs.remove(&ino);
             self.listings.forget(ino);
+            if let Some(copies) = &mut self.copies {
+                if copies.get(ino).is_some_and(|c| c.handles == 0) {
+                    copies.remove(ino);
+                }
+            }
         }
     }
 
     fn getattr(&mut self, _req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr) {
         self.absorb();
+        if let Some(attr) = self.unstored(ino) {
+            return reply.attr(&self.ttl(), &file_attr(ino, &attr));
+        }
         let active = self.active(ino);
         if let Some(attr) = self.fresh(ino).filter(|_| !active) {
             return reply.attr(&self.ttl(), &file_attr(ino, attr));
@@ -592,6 +844,23 @@ impl Filesystem for LocusFs {
         _flags: Option<u32>,
         reply: ReplyAttr,
     ) {
+        let copied = self.copies.as_mut().and_then(|c| c.get(ino)).map(|c| c.handles > 0 || c.dirty);
+        if let (Some(true), Some(size), None, None, None, None, None) = (copied, size, mode, uid, gid, atime, mtime) {
+            // A size set on a file being written back is set in its copy.
+            match self.copies.as_mut().map(|c| c.truncate(ino, size)) {
+                Some(Ok(())) => {
+                    self.file_changed(ino);
+                    let attr = self.unstored(ino).unwrap_or_default();
+                    return reply.attr(&self.ttl(), &file_attr(ino, &attr));
+                }
+                Some(Err(Refused::Io(e))) => return reply.error(e.raw_os_error().unwrap_or(libc::EIO)),
+                _ => {}
+            }
+        }
+        if copied.is_some() {
+            // Anything else only the server can do: the file leaves its copy first.
+            ok_or_reply!(self.spill(ino), reply);
+        }
         let path = ok_or_reply!(self.path(ino), reply);
         let fh = match fh {
             Some(h) => Some(ok_or_reply!(self.real(h), reply)),
@@ -684,7 +953,9 @@ impl Filesystem for LocusFs {
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         self.pin(self.inodes.peek(&path));
-        ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
+        if !self.copy_unlinked(self.inodes.peek(&path)) {
+            ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
+        }
         self.changed(parent, Some(&path));
         self.listings.removed(parent, name.to_str().unwrap_or_default());
         self.inodes.unlinked(&path);
@@ -693,6 +964,9 @@ impl Filesystem for LocusFs {
 
     fn rmdir(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
+        if let Some(dir) = self.inodes.peek(&path) {
+            self.store_new_in(dir);
+        }
         ok_or_reply!(self.driver.rmdir(&path).map_err(errno), reply);
         self.changed(parent, Some(&path));
         self.listings.removed(parent, name.to_str().unwrap_or_default());
@@ -730,7 +1004,14 @@ impl Filesystem for LocusFs {
         let from = ok_or_reply!(self.child(parent, name), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
         self.pin(self.inodes.peek(&to));
+        if let Some(ino) =
+            self.inodes.peek(&from).filter(|&ino| self.copies.as_ref().is_some_and(|c| c.dirty(ino).is_some()))
+        {
+            // A file made here is made at the server before it is renamed there.
+            ok_or_reply!(self.store(ino), reply);
+        }
         ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
+        self.copy_unlinked(self.inodes.peek(&to));
         self.changed(parent, Some(&to));
         self.changed(newparent, Some(&from));
         let attr = self.listings.removed(parent, name.to_str().unwrap_or_default());
@@ -743,6 +1024,10 @@ impl Filesystem for LocusFs {
     fn link(&mut self, _req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry) {
         let from = ok_or_reply!(self.path(ino), reply);
         let to = ok_or_reply!(self.child(newparent, newname), reply);
+        if self.copies.as_mut().is_some_and(|c| c.get(ino).is_some()) {
+            // A file with two names is written through (a copy is stored by one name).
+            ok_or_reply!(self.spill(ino), reply);
+        }
         ok_or_reply!(self.driver.link(&from, &to).map_err(errno), reply);
         self.changed(newparent, Some(&from));
         self.file_changed(ino);
@@ -761,6 +1046,11 @@ impl Filesystem for LocusFs {
             let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
             self.open.entry(ino).or_default().push(opened.handle);
             return reply.opened(opened.handle, fuser::consts::FOPEN_DIRECT_IO);
+        }
+        if !read_only || self.unstored(ino).is_some() {
+            if let Some((fh, kept)) = self.open_copy(ino, flags) {
+                return reply.opened(fh, if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+            }
         }
         let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
         if read_only && cached.is_some() && self.seen.get(&ino) == cached.as_ref() {
@@ -781,12 +1071,15 @@ impl Filesystem for LocusFs {
         if !read_only && opened.attr.size == 0 && opened.attr.is_file() {
             self.known.insert(opened.handle, Vec::new());
         }
+        if !read_only {
+            self.wrote_in(ino);
+        }
         reply.opened(opened.handle, if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
     }
 
     fn create(
         &mut self,
-        _req: &Request<'_>,
+        req: &Request<'_>,
         parent: u64,
         name: &OsStr,
         mode: u32,
@@ -794,6 +1087,10 @@ impl Filesystem for LocusFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if let Some((ino, attr)) = self.create_locally(req, parent, name, mode & !umask) {
+            let fh = self.copy_handle(ino, flags);
+            return reply.created(&self.ttl(), &file_attr(ino, &attr), 0, fh, 0);
+        }
         let path = ok_or_reply!(self.child(parent, name), reply);
         let flags = locus_flags(flags) | open_flags::CREATE;
         let opened = ok_or_reply!(self.driver.open(&path, flags, mode & !umask & 0o7777).map_err(errno), reply);
@@ -806,6 +1103,7 @@ impl Filesystem for LocusFs {
         if opened.attr.size == 0 {
             self.known.insert(opened.handle, Vec::new());
         }
+        self.wrote_in(ino);
         reply.created(&self.ttl(), &file_attr(ino, &opened.attr), 0, opened.handle, 0);
     }
 
@@ -820,6 +1118,13 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
+        if let Some(&(ino, _)) = self.copy_handles.get(&fh) {
+            let copy = self.copies.as_mut().and_then(|c| c.get(ino));
+            let data =
+                copy.map(|c| c.read(offset as u64, size)).unwrap_or_else(|| Err(std::io::Error::other("no copy")));
+            let data = ok_or_reply!(data.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)), reply);
+            return reply.data(&data);
+        }
         if let Some(content) = self.known.get(&fh) {
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
             let end = start.saturating_add(size as usize).min(content.len());
@@ -842,6 +1147,18 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
+        if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
+            let append = flags & open_flags::APPEND != 0;
+            match self.copies.as_mut().map(|c| c.write(ino, offset as u64, data, append)) {
+                Some(Ok(_)) => {
+                    self.file_changed(ino);
+                    return reply.written(data.len() as u32);
+                }
+                Some(Err(Refused::Io(e))) => return reply.error(e.raw_os_error().unwrap_or(libc::EIO)),
+                // Grown past what a copy holds: written through from here on.
+                Some(Err(Refused::TooLarge)) | None => ok_or_reply!(self.spill(ino), reply),
+            }
+        }
         // Written behind: an error shows at the flush (close) or fsync of the file.
         let fh = ok_or_reply!(self.real(fh), reply);
         ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
@@ -870,6 +1187,13 @@ impl Filesystem for LocusFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
+        if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
+            // Closing a file opened for writing stores it: its errors show here.
+            if flags & open_flags::WRITE != 0 {
+                ok_or_reply!(self.store(ino), reply);
+            }
+            return reply.ok();
+        }
         // A deferred open that was never needed has nothing to flush.
         let Some(fh) = self.opened(fh) else { return reply.ok() };
         if !self.written.remove(&fh) {
@@ -903,6 +1227,10 @@ impl Filesystem for LocusFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.copy_handles.remove(&fh).is_some() {
+            self.release_copy(ino);
+            return reply.ok();
+        }
         let fh = match self.lazy.remove(&fh) {
             Some((_, Some(real))) => real,
             Some((_, None)) => return reply.ok(),
@@ -920,7 +1248,11 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
-    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        if self.copy_handles.contains_key(&fh) {
+            ok_or_reply!(self.store(ino), reply);
+            return reply.ok();
+        }
         let Some(fh) = self.opened(fh) else { return reply.ok() };
         ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         ok_or_reply!(self.driver.fsync(fh).map_err(errno), reply);
