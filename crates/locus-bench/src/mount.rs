@@ -10,6 +10,7 @@
 //!   timed per stage, in one shell per target; also through `locus run` (its FUSE path
 //!   and traced) against the same servers.
 //! - PostMark (Debian's `postmark`) on each target.
+//! - Each row also on `locus mount --consistency afs` (files written back at close).
 //! - `find` over a large tree (Go's standard library sources), on a fresh mount and
 //!   again on the same mount, with the mount's callbacks (`--consistency sprite`, the
 //!   default) and without (`nfs`).
@@ -430,6 +431,10 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         let mut targets: Vec<(String, PathBuf, Option<Mounted>)> = vec![("local".into(), local.clone(), None)];
         let m = mount(&exe, &format!("locus://{}/", lp.addr), &work.path().join(format!("m-locus-{rtt}")), &token)?;
         targets.push(("locus mount".into(), m.dir.clone(), Some(m)));
+        let cache = work.path().join(format!("afs-cache-{rtt}"));
+        let afs = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap_or_default()];
+        let m = mount_with(&exe, &format!("locus://{}/", lp.addr), &work.path().join(format!("m-afs-{rtt}")), &token, &afs)?;
+        targets.push(("locus mount --consistency afs".into(), m.dir.clone(), Some(m)));
         let cp = match &chirp {
             Some(c) => Some(DelayProxy::start(c.addr, one_way).map_err(|e| BenchError::io("proxy", e))?),
             None => None,

@@ -567,6 +567,11 @@ impl LocusFs {
         let kept =
             copies.get(ino).is_some_and(|c| c.dirty || !c.at_server || fresh.as_ref().is_some_and(|a| c.current(a)));
         if !kept {
+            // A file also open at the server is written there: a copy stored later
+            // would undo those writes.
+            if self.open.contains_key(&ino) {
+                return None;
+            }
             let attr = fresh?;
             let writable = attr.mode & 0o222 != 0 && self.entry_of(ino).is_some_and(|(dir, _)| self.may_write_in(dir));
             if self.active(ino) || !attr.is_file() || attr.nlink > 1 || attr.size > file_max || !writable {
@@ -1346,6 +1351,10 @@ impl Filesystem for LocusFs {
     }
 
     fn access(&mut self, _req: &Request<'_>, ino: u64, mask: i32, reply: ReplyEmpty) {
+        if self.copies.as_ref().and_then(|c| c.dirty(ino)).is_some_and(|c| !c.at_server) {
+            // Made here and not stored yet: the server does not know it, its maker may.
+            return reply.ok();
+        }
         let path = ok_or_reply!(self.path(ino), reply);
         ok_or_reply!(self.driver.access(&path, mask as u32).map_err(errno), reply);
         reply.ok();

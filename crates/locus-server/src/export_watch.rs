@@ -175,7 +175,13 @@ impl Watcher {
                     | ReadFlags::DELETE_SELF
                     | ReadFlags::MOVE_SELF,
             );
-            let path = match event.file_name().map(|n| n.to_string_lossy()) {
+            let name = event.file_name().map(|n| n.to_string_lossy());
+            if name.as_ref().is_some_and(|n| n.starts_with(locus_store::acl::RESERVED_PREFIX)) {
+                // The store's own files (a put's temporary, an ACL): no client names them,
+                // and their coming and going changes no listing a client sees.
+                continue;
+            }
+            let path = match name {
                 Some(name) if !name.is_empty() => crate::callbacks::canonical(&format!("{dir}/{name}")),
                 _ => Some(dir),
             };
