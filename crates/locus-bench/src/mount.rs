@@ -433,7 +433,13 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         targets.push(("locus mount".into(), m.dir.clone(), Some(m)));
         let cache = work.path().join(format!("afs-cache-{rtt}"));
         let afs = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap_or_default()];
-        let m = mount_with(&exe, &format!("locus://{}/", lp.addr), &work.path().join(format!("m-afs-{rtt}")), &token, &afs)?;
+        let m = mount_with(
+            &exe,
+            &format!("locus://{}/", lp.addr),
+            &work.path().join(format!("m-afs-{rtt}")),
+            &token,
+            &afs,
+        )?;
         targets.push(("locus mount --consistency afs".into(), m.dir.clone(), Some(m)));
         let cp = match &chirp {
             Some(c) => Some(DelayProxy::start(c.addr, one_way).map_err(|e| BenchError::io("proxy", e))?),

@@ -502,6 +502,12 @@ impl Client {
         self.put(path, mode, &mut &data[..], |_| {}).await
     }
 
+    /// Writes a whole file from memory without the server waiting for its disk
+    /// (`put_cached`): what a close stores, where only `fsync` promises durability.
+    pub async fn write_file_cached(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        self.upload(PutCached { path: path.into(), mode }, &mut &data[..], |_| {}).await
+    }
+
     /// Creates a directory.
     pub async fn mkdir(&self, path: &str, mode: u32) -> Result<()> {
         self.call(Mkdir { path: path.into(), mode }).await

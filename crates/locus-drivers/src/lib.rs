@@ -223,6 +223,11 @@ pub trait Driver: Send {
         let _ = self.close(opened.handle);
         read.map(|()| (data, opened.attr))
     }
+    /// As [`Driver::write_file`], where the server need not have it on disk before it
+    /// answers (a file stored at close; `fsync` is what asks for the disk).
+    fn store_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        self.write_file(path, mode, data)
+    }
     /// Replaces a whole file (created with `mode` if missing); answers its new attributes.
     fn write_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
         let flags = open_flags::WRITE | open_flags::CREATE | open_flags::TRUNCATE;

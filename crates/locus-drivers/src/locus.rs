@@ -436,4 +436,7 @@ impl Driver for LocusDriver {
     fn write_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
         self.call(|c| c.run(|c| c.write_file(path, mode, data)))
     }
+    fn store_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        self.call(|c| c.run(|c| c.write_file_cached(path, mode, data)))
+    }
 }

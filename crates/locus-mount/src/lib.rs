@@ -591,19 +591,24 @@ impl LocusFs {
         Some((self.copy_handle(ino, flags), kept))
     }
 
-    /// Stores the local copy of `ino` at the server if it has writes the server lacks;
-    /// the pages it now holds go to the kernel's cache.
-    fn store(&mut self, ino: u64) -> Result<(), i32> {
+    /// Stores the local copy of `ino` at the server if it has writes the server lacks
+    /// (with `durable`, also if the server may not have them on disk yet, and asking that
+    /// it has before it answers); the pages it now holds go to the kernel's cache.
+    fn store(&mut self, ino: u64, durable: bool) -> Result<(), i32> {
         let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return Ok(()) };
-        if !copy.dirty || copy.unlinked {
+        if copy.unlinked || !(copy.dirty || durable && !copy.durable) {
             return Ok(());
         }
         let content = copy.contents().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         let mode = copy.attr.mode & 0o7777;
         let path = self.path(ino)?;
-        let attr = self.driver.write_file(&path, mode, &content).map_err(errno)?;
+        let attr = match durable {
+            true => self.driver.write_file(&path, mode, &content),
+            false => self.driver.store_file(&path, mode, &content),
+        };
+        let attr = attr.map_err(errno)?;
         if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
-            copy.stored(attr.clone());
+            copy.stored(attr.clone(), durable);
         }
         self.wrote_in(ino);
         self.remember(ino, &attr);
@@ -621,7 +626,7 @@ impl LocusFs {
     /// server, where their next requests go (a file grown past what a copy may hold, or
     /// changed in a way only the server can make).
     fn spill(&mut self, ino: u64) -> Result<(), i32> {
-        self.store(ino)?;
+        self.store(ino, false)?;
         let handles: Vec<(u64, u32)> =
             self.copy_handles.iter().filter(|(_, &(i, _))| i == ino).map(|(&fh, &(_, flags))| (fh, flags)).collect();
         let path = self.path(ino)?;
@@ -642,7 +647,7 @@ impl LocusFs {
         let Some(copies) = &self.copies else { return };
         for ino in copies.unstored_names() {
             if self.entry_of(ino).is_some_and(|(parent, _)| parent == dir) {
-                if let Err(e) = self.store(ino) {
+                if let Err(e) = self.store(ino, false) {
                     tracing::debug!("storing a new file before listing: errno {e}");
                 }
             }
@@ -695,7 +700,7 @@ impl LocusFs {
         if copy.handles > 0 {
             return;
         }
-        let stored = self.store(ino);
+        let stored = self.store(ino, false);
         if let Err(e) = stored {
             tracing::warn!(
                 "{}: not stored (errno {e}); the local writes are dropped",
@@ -1013,7 +1018,7 @@ impl Filesystem for LocusFs {
             self.inodes.peek(&from).filter(|&ino| self.copies.as_ref().is_some_and(|c| c.dirty(ino).is_some()))
         {
             // A file made here is made at the server before it is renamed there.
-            ok_or_reply!(self.store(ino), reply);
+            ok_or_reply!(self.store(ino, false), reply);
         }
         ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
         self.copy_unlinked(self.inodes.peek(&to));
@@ -1195,7 +1200,7 @@ impl Filesystem for LocusFs {
         if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
             // Closing a file opened for writing stores it: its errors show here.
             if flags & open_flags::WRITE != 0 {
-                ok_or_reply!(self.store(ino), reply);
+                ok_or_reply!(self.store(ino, false), reply);
             }
             return reply.ok();
         }
@@ -1255,7 +1260,8 @@ impl Filesystem for LocusFs {
 
     fn fsync(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
         if self.copy_handles.contains_key(&fh) {
-            ok_or_reply!(self.store(ino), reply);
+            // What fsync acknowledges is on the server's disk.
+            ok_or_reply!(self.store(ino, true), reply);
             return reply.ok();
         }
         let Some(fh) = self.opened(fh) else { return reply.ok() };

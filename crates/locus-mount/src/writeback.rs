@@ -3,8 +3,10 @@
 //! synced; a copy stored and not changed since answers later opens of the file without
 //! fetching it again, while the server's callback says it is current.
 //!
-//! Copies are unnamed files in the cache directory (created and unlinked at once, so a
-//! crash leaves nothing behind), bounded in total size: clean copies no handle uses go
+//! A copy of up to [`IN_MEMORY`] bytes is kept in memory (making a file costs more than a
+//! small file's whole round trip on some disks); a larger one is an unnamed file in the
+//! cache directory (created and unlinked at once, so a crash leaves nothing behind).
+//! Copies are bounded in total size: clean copies no handle uses go
 //! first, least recently used first. A file that would outgrow [`Copies::file_max`]
 //! leaves the cache and is written through (the mount "spills" it).
 
@@ -12,12 +14,21 @@ use locus_drivers::{Attr, Time};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+/// The largest copy kept in memory rather than in the cache directory.
+pub const IN_MEMORY: u64 = 256 << 10;
+
+/// Where a copy's bytes are.
+enum Bytes {
+    Memory(Vec<u8>),
+    Disk(File),
+}
 
 /// One file's local copy.
 pub struct LocalCopy {
-    file: File,
+    bytes: Bytes,
     /// What the file is: the server's attributes when fetched or stored, with the size
     /// and modification time of the local writes since.
     pub attr: Attr,
@@ -25,6 +36,9 @@ pub struct LocalCopy {
     pub dirty: bool,
     /// The name exists at the server (false for a create not stored yet).
     pub at_server: bool,
+    /// The server has what the copy holds on its disk (stored with `fsync`'s promise,
+    /// or fetched), not only in its memory.
+    pub durable: bool,
     /// The name was removed while the copy was open: nothing is stored again.
     pub unlinked: bool,
     /// Handles the kernel holds on it.
@@ -37,9 +51,15 @@ impl LocalCopy {
     /// Reads up to `len` bytes at `offset`.
     pub fn read(&self, offset: u64, len: u32) -> io::Result<Vec<u8>> {
         let end = offset.saturating_add(len as u64).min(self.attr.size);
-        let mut buf = vec![0; end.saturating_sub(offset) as usize];
-        self.file.read_exact_at(&mut buf, offset)?;
-        Ok(buf)
+        let range = offset.min(end) as usize..end as usize;
+        match &self.bytes {
+            Bytes::Memory(data) => Ok(data.get(range).unwrap_or_default().to_vec()),
+            Bytes::Disk(file) => {
+                let mut buf = vec![0; range.len()];
+                file.read_exact_at(&mut buf, offset)?;
+                Ok(buf)
+            }
+        }
     }
 
     /// The whole content, to store it.
@@ -53,11 +73,13 @@ impl LocalCopy {
         })
     }
 
-    /// The server now holds exactly this copy, whose attributes are `attr`.
-    pub fn stored(&mut self, attr: Attr) {
+    /// The server now holds exactly this copy, whose attributes are `attr`, on its disk
+    /// if `durable`.
+    pub fn stored(&mut self, attr: Attr, durable: bool) {
         self.attr = attr;
         self.dirty = false;
         self.at_server = true;
+        self.durable = durable;
     }
 
     /// True when the copy is what the server has, by its size and modification time.
@@ -113,10 +135,7 @@ impl Copies {
     pub fn get(&mut self, ino: u64) -> Option<&mut LocalCopy> {
         self.clock += 1;
         let clock = self.clock;
-        self.copies.get_mut(&ino).map(|c| {
-            c.used = clock;
-            c
-        })
+        self.copies.get_mut(&ino).inspect(|c| c.used = clock)
     }
 
     /// The copy of `ino`, if it has one and the local writes are not yet stored (what
@@ -127,17 +146,24 @@ impl Copies {
 
     /// Starts a copy of `ino` holding `content`, described by `attr`.
     pub fn start(&mut self, ino: u64, content: &[u8], attr: Attr, at_server: bool) -> io::Result<&mut LocalCopy> {
-        // Unique among the mounts of every process (several share a directory).
-        static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = self.dir.join(format!("{}-{made}", std::process::id()));
-        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        std::fs::remove_file(&path)?;
-        file.write_all_at(content, 0)?;
-        let copy = LocalCopy { file, attr, dirty: !at_server, at_server, unlinked: false, handles: 0, used: 0 };
+        let bytes = match content.len() as u64 <= IN_MEMORY {
+            true => Bytes::Memory(content.to_vec()),
+            false => Bytes::Disk(disk_file(&self.dir, content)?),
+        };
+        self.clock += 1;
+        let copy = LocalCopy {
+            bytes,
+            attr,
+            dirty: !at_server,
+            at_server,
+            durable: at_server,
+            unlinked: false,
+            handles: 0,
+            used: self.clock,
+        };
         self.copies.insert(ino, copy);
-        self.make_room();
-        Ok(self.get(ino).expect("just inserted"))
+        self.make_room(ino);
+        Ok(self.copies.get_mut(&ino).expect("make_room keeps it"))
     }
 
     /// Writes `data` at `offset` (at the end for `append`); answers the new size.
@@ -146,10 +172,22 @@ impl Copies {
         let copy = self.copies.get_mut(&ino).ok_or(Refused::Io(io::Error::other("no copy")))?;
         let at = if append { copy.attr.size } else { offset };
         let end = at.checked_add(data.len() as u64).filter(|&end| end <= max).ok_or(Refused::TooLarge)?;
-        copy.file.write_all_at(data, at).map_err(Refused::Io)?;
+        if let (true, Bytes::Memory(held)) = (end > IN_MEMORY, &copy.bytes) {
+            copy.bytes = Bytes::Disk(disk_file(&self.dir, held).map_err(Refused::Io)?);
+        }
+        match &mut copy.bytes {
+            Bytes::Memory(held) => {
+                let (at, end) = (at as usize, end as usize);
+                if held.len() < end {
+                    held.resize(end, 0);
+                }
+                held[at..end].copy_from_slice(data);
+            }
+            Bytes::Disk(file) => file.write_all_at(data, at).map_err(Refused::Io)?,
+        }
         let size = copy.attr.size.max(end);
         copy.touched(size);
-        self.make_room();
+        self.make_room(ino);
         Ok(size)
     }
 
@@ -160,7 +198,15 @@ impl Copies {
         if size > max {
             return Err(Refused::TooLarge);
         }
-        copy.file.set_len(size).map_err(Refused::Io)?;
+        match &mut copy.bytes {
+            Bytes::Memory(held) if size <= IN_MEMORY => held.resize(size as usize, 0),
+            Bytes::Memory(held) => {
+                let moved = disk_file(&self.dir, held).map_err(Refused::Io)?;
+                moved.set_len(size).map_err(Refused::Io)?;
+                copy.bytes = Bytes::Disk(moved);
+            }
+            Bytes::Disk(file) => file.set_len(size).map_err(Refused::Io)?,
+        }
         copy.touched(size);
         Ok(())
     }
@@ -175,9 +221,10 @@ impl Copies {
         self.copies.remove(&ino)
     }
 
-    /// Drops clean copies no handle uses, least recently used first, until the copies
-    /// fit the limit (copies being written stay: they leave by being stored).
-    fn make_room(&mut self) {
+    /// Drops clean copies no handle uses other than `keep`'s, least recently used first,
+    /// until the copies fit the limit (copies being written stay: they leave by being
+    /// stored).
+    fn make_room(&mut self, keep: u64) {
         let mut total: u64 = self.copies.values().map(|c| c.attr.size).sum();
         if total <= self.limit {
             return;
@@ -185,7 +232,7 @@ impl Copies {
         let mut idle: Vec<(u64, u64, u64)> = self
             .copies
             .iter()
-            .filter(|(_, c)| c.handles == 0 && !c.dirty && c.at_server)
+            .filter(|(&ino, c)| ino != keep && c.handles == 0 && !c.dirty && c.at_server)
             .map(|(&ino, c)| (c.used, ino, c.attr.size))
             .collect();
         idle.sort_unstable();
@@ -199,6 +246,18 @@ impl Copies {
     }
 }
 
+/// A file in `dir` holding `content`, with no name.
+fn disk_file(dir: &Path, content: &[u8]) -> io::Result<File> {
+    // Unique among the mounts of every process (several share a directory).
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("{}-{made}", std::process::id()));
+    let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
+    std::fs::remove_file(&path)?;
+    file.write_all_at(content, 0)?;
+    Ok(file)
+}
+
 /// Where a mount keeps its copies by default: `$XDG_CACHE_HOME/locus/writeback`, else
 /// `~/.cache/locus/writeback`, else a directory of the user's in the system's temporary
 /// directory.
@@ -210,5 +269,60 @@ pub fn default_dir() -> PathBuf {
     match base {
         Some(base) => base.join("locus").join("writeback"),
         None => std::env::temp_dir().join(format!("locus-writeback-{}", unsafe { libc::getuid() })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr(size: u64) -> Attr {
+        Attr { mode: locus_proto::types::S_IFREG | 0o644, nlink: 1, size, ..Attr::default() }
+    }
+
+    #[test]
+    fn writes_read_back_and_a_copy_never_outgrows_its_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut copies = Copies::new(dir.path(), 800).unwrap();
+        copies.start(1, b"hello", attr(5), true).unwrap();
+        assert!(copies.dirty(1).is_none(), "a fetched copy is clean");
+        assert_eq!(copies.write(1, 5, b" world", false).ok(), Some(11));
+        assert_eq!(copies.write(1, 0, b"!", true).ok(), Some(12), "append goes to the end");
+        let copy = copies.dirty(1).expect("written");
+        assert_eq!(copy.contents().unwrap(), b"hello world!");
+        assert_eq!(copy.read(6, 100).unwrap(), b"world!");
+        assert!(matches!(copies.write(1, 100, b"x", false), Err(Refused::TooLarge)), "an eighth of 800 is 100");
+        copies.truncate(1, 4).ok().unwrap();
+        assert_eq!(copies.get(1).unwrap().contents().unwrap(), b"hell");
+        // Past IN_MEMORY a copy moves to an unnamed file in the directory.
+        let mut big = Copies::new(dir.path(), 64 * IN_MEMORY).unwrap();
+        big.start(2, b"head", attr(4), true).unwrap();
+        let far = IN_MEMORY + 10;
+        assert_eq!(big.write(2, far, b"tail", false).ok(), Some(far + 4));
+        let all = big.get(2).unwrap().contents().unwrap();
+        assert_eq!((&all[..4], &all[far as usize..]), (&b"head"[..], &b"tail"[..]));
+        assert!(all[4..far as usize].iter().all(|&b| b == 0));
+        assert!(matches!(big.get(2).unwrap().bytes, Bytes::Disk(_)));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "copies are unnamed");
+    }
+
+    #[test]
+    fn clean_idle_copies_make_room_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut copies = Copies::new(dir.path(), 800).unwrap();
+        for ino in 1..=3 {
+            copies.start(ino, &[0; 100], attr(100), true).unwrap();
+        }
+        copies.start(4, &[0; 100], attr(100), false).unwrap(); // made here: dirty
+        copies.get(1).unwrap().handles = 1; // in use
+        copies.get(2); // 3 is now the least recently used
+        for ino in 5..=9 {
+            copies.start(ino, &[0; 100], attr(100), true).unwrap();
+        }
+        // 900 bytes asked for: one clean idle copy went, the least recently used.
+        assert!(copies.get(3).is_none());
+        for kept in [1, 2, 4, 5, 6, 7, 8, 9] {
+            assert!(copies.get(kept).is_some(), "copy {kept}");
+        }
     }
 }

@@ -108,6 +108,10 @@ macro_rules! operation_table {
             /// at most `max` promises are kept (the oldest is broken first). Answers the
             /// number the server grants.
             0x28 Callbacks callbacks Unary { max: u32, to: u64 } -> u32;
+            /// As `put`, without waiting for the disk before replacing the target: seen at
+            /// once, durable once the server's disk has it (a crash of its machine may lose
+            /// it; `put` or `fsync` does not). What `locus mount` stores at close.
+            0x29 PutCached put_cached StreamIn { path: String, mode: u32 } -> Attr;
             /// The access-control list that governs a directory.
             0x30 AclGet acl_get Unary { path: String } -> Vec<AclEntry>;
             /// Sets (or, with no rights, removes) one subject's rights on a directory.

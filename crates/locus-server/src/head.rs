@@ -901,6 +901,11 @@ impl Handler for HeadSession {
         stream_file(self.head.clone(), e)
     }
 
+    fn put_cached(&mut self, req: PutCached, data: Bytes) -> Reply<Attr> {
+        // Data nodes store objects durably either way.
+        self.put(Put { path: req.path, mode: req.mode }, data)
+    }
+
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::WRITE)?;

@@ -215,13 +215,14 @@ impl Session {
     }
 
     /// Starts (or, for a one-frame upload, does) a `put` as `who`.
-    fn start_put(&mut self, who: &str, req: Put, data: Bytes) -> Reply<Attr> {
+    fn start_put(&mut self, who: &str, req: Put, data: Bytes, durable: bool) -> Reply<Attr> {
         let (id, more) = self.current;
         if more && self.puts.len() >= self.shared.config.max_handles {
             return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
             // EMFILE
         }
         let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
+        put.durable = durable;
         store(put.write(&data))?;
         if more {
             self.puts.insert(id, (put, req.path));
@@ -579,7 +580,12 @@ impl Handler for Session {
 
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
         let who = self.who()?.to_string();
-        self.start_put(&who, req, data)
+        self.start_put(&who, req, data, true)
+    }
+
+    fn put_cached(&mut self, req: PutCached, data: Bytes) -> Reply<Attr> {
+        let who = self.who()?.to_string();
+        self.start_put(&who, Put { path: req.path, mode: req.mode }, data, false)
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
@@ -829,7 +835,7 @@ impl Handler for Session {
         self.node_key()?;
         self.check_from_head()?;
         let put = Put { path: object_path(req.object, req.version), mode: 0o600 };
-        self.start_put(crate::config::ADMIN_SUBJECT, put, data)
+        self.start_put(crate::config::ADMIN_SUBJECT, put, data, true)
     }
 
     fn object_drop(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {

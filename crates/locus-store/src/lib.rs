@@ -142,6 +142,8 @@ pub struct PutFile {
     name: String,
     mode: u32,
     done: bool,
+    /// Whether `finish` waits for the disk before the rename (the default).
+    pub durable: bool,
     pub io: FileIo,
     removals: Option<Arc<dyn RemovalObserver>>,
     /// The device it goes to, and, with several devices, the namespace lock and the
@@ -823,6 +825,7 @@ impl Store {
             tmp,
             name: t.name,
             mode: mode & 0o7777,
+            durable: true,
             done: false,
             io: self.counters.file_on(&t.rel, device),
             removals: self.removals.get().cloned(),
@@ -959,7 +962,9 @@ impl PutFile {
     pub fn finish(mut self) -> Result<Attr> {
         let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
         rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
-        rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
+        if self.durable {
+            rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
+        }
         let replaced = last_link(self.removals.as_ref(), dir, &self.name);
         let _names = self.namespace.as_ref().map(|n| n.lock());
         rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
