@@ -134,8 +134,9 @@ impl Copies {
     /// The copy of `ino`, marked as used now.
     pub fn get(&mut self, ino: u64) -> Option<&mut LocalCopy> {
         self.clock += 1;
-        let clock = self.clock;
-        self.copies.get_mut(&ino).inspect(|c| c.used = clock)
+        let copy = self.copies.get_mut(&ino)?;
+        copy.used = self.clock;
+        Some(copy)
     }
 
     /// The copy of `ino`, if it has one and the local writes are not yet stored (what
