@@ -87,6 +87,14 @@ impl LocalCopy {
         !self.dirty && self.at_server && (self.attr.size, self.attr.mtime) == (attr.size, attr.mtime)
     }
 
+    /// The bytes it takes: in all, and in memory.
+    fn weight(&self) -> (u64, u64) {
+        match &self.bytes {
+            Bytes::Memory(held) => (self.attr.size, held.len() as u64),
+            Bytes::Disk(_) => (self.attr.size, 0),
+        }
+    }
+
     /// A local change: the copy is now `size` bytes, modified now.
     fn touched(&mut self, size: u64) {
         self.attr.size = size;
@@ -109,7 +117,14 @@ pub struct Copies {
     limit: u64,
     copies: HashMap<u64, LocalCopy>,
     clock: u64,
+    /// The copies' bytes in all, and those held in memory.
+    total: u64,
+    in_memory: u64,
 }
+
+/// The most bytes of copies held in memory (the mount's own memory): beyond, clean idle
+/// copies are dropped as when the cache is full.
+pub const MEMORY_LIMIT: u64 = 64 << 20;
 
 /// Why a write did not go into the local copy.
 pub enum Refused {
@@ -122,7 +137,7 @@ impl Copies {
     /// Copies in `dir` (made if missing), at most `limit` bytes in all.
     pub fn new(dir: &Path, limit: u64) -> io::Result<Copies> {
         std::fs::create_dir_all(dir)?;
-        Ok(Copies { dir: dir.to_path_buf(), limit, copies: HashMap::new(), clock: 0 })
+        Ok(Copies { dir: dir.to_path_buf(), limit, copies: HashMap::new(), clock: 0, total: 0, in_memory: 0 })
     }
 
     /// The largest file kept as a copy: an eighth of the cache, so that a few open
@@ -162,6 +177,8 @@ impl Copies {
             handles: 0,
             used: self.clock,
         };
+        self.remove(ino);
+        self.reweigh((0, 0), copy.weight());
         self.copies.insert(ino, copy);
         self.make_room(ino);
         Ok(self.copies.get_mut(&ino).expect("make_room keeps it"))
@@ -171,23 +188,11 @@ impl Copies {
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8], append: bool) -> Result<u64, Refused> {
         let max = self.file_max();
         let copy = self.copies.get_mut(&ino).ok_or(Refused::Io(io::Error::other("no copy")))?;
-        let at = if append { copy.attr.size } else { offset };
-        let end = at.checked_add(data.len() as u64).filter(|&end| end <= max).ok_or(Refused::TooLarge)?;
-        if let (true, Bytes::Memory(held)) = (end > IN_MEMORY, &copy.bytes) {
-            copy.bytes = Bytes::Disk(disk_file(&self.dir, held).map_err(Refused::Io)?);
-        }
-        match &mut copy.bytes {
-            Bytes::Memory(held) => {
-                let (at, end) = (at as usize, end as usize);
-                if held.len() < end {
-                    held.resize(end, 0);
-                }
-                held[at..end].copy_from_slice(data);
-            }
-            Bytes::Disk(file) => file.write_all_at(data, at).map_err(Refused::Io)?,
-        }
-        let size = copy.attr.size.max(end);
-        copy.touched(size);
+        let before = copy.weight();
+        let written = write_into(&self.dir, copy, offset, data, append, max);
+        let (size, after) = (copy.attr.size, copy.weight());
+        self.reweigh(before, after);
+        written?;
         self.make_room(ino);
         Ok(size)
     }
@@ -199,17 +204,22 @@ impl Copies {
         if size > max {
             return Err(Refused::TooLarge);
         }
-        match &mut copy.bytes {
-            Bytes::Memory(held) if size <= IN_MEMORY => held.resize(size as usize, 0),
-            Bytes::Memory(held) => {
-                let moved = disk_file(&self.dir, held).map_err(Refused::Io)?;
-                moved.set_len(size).map_err(Refused::Io)?;
+        let before = copy.weight();
+        let result = match &mut copy.bytes {
+            Bytes::Memory(held) if size <= IN_MEMORY => Ok(held.resize(size as usize, 0)),
+            Bytes::Memory(held) => disk_file(&self.dir, held).and_then(|moved| {
+                moved.set_len(size)?;
                 copy.bytes = Bytes::Disk(moved);
-            }
-            Bytes::Disk(file) => file.set_len(size).map_err(Refused::Io)?,
+                Ok(())
+            }),
+            Bytes::Disk(file) => file.set_len(size),
+        };
+        if result.is_ok() {
+            copy.touched(size);
         }
-        copy.touched(size);
-        Ok(())
+        let after = copy.weight();
+        self.reweigh(before, after);
+        result.map_err(Refused::Io)
     }
 
     /// The files made here that the server does not have yet.
@@ -219,32 +229,68 @@ impl Copies {
 
     /// Forgets the copy of `ino`.
     pub fn remove(&mut self, ino: u64) -> Option<LocalCopy> {
-        self.copies.remove(&ino)
+        let copy = self.copies.remove(&ino)?;
+        self.reweigh(copy.weight(), (0, 0));
+        Some(copy)
+    }
+
+    /// A copy's weight went from `before` to `after` (bytes in all, bytes in memory).
+    fn reweigh(&mut self, before: (u64, u64), after: (u64, u64)) {
+        self.total = self.total - before.0 + after.0;
+        self.in_memory = self.in_memory - before.1 + after.1;
     }
 
     /// Drops clean copies no handle uses other than `keep`'s, least recently used first,
     /// until the copies fit the limit (copies being written stay: they leave by being
     /// stored).
     fn make_room(&mut self, keep: u64) {
-        let mut total: u64 = self.copies.values().map(|c| c.attr.size).sum();
-        if total <= self.limit {
+        let full = |c: &Copies| c.total > c.limit || c.in_memory > MEMORY_LIMIT;
+        if !full(self) {
             return;
         }
-        let mut idle: Vec<(u64, u64, u64)> = self
+        let mut idle: Vec<(u64, u64)> = self
             .copies
             .iter()
             .filter(|(&ino, c)| ino != keep && c.handles == 0 && !c.dirty && c.at_server)
-            .map(|(&ino, c)| (c.used, ino, c.attr.size))
+            .map(|(&ino, c)| (c.used, ino))
             .collect();
         idle.sort_unstable();
-        for (_, ino, size) in idle {
-            if total <= self.limit {
+        for (_, ino) in idle {
+            if !full(self) {
                 break;
             }
-            self.copies.remove(&ino);
-            total -= size;
+            self.remove(ino);
         }
     }
+}
+
+/// Writes `data` into `copy` at `offset` (at its end for `append`), moving it to a file
+/// in `dir` once it outgrows [`IN_MEMORY`]; a copy may be at most `max` bytes.
+fn write_into(
+    dir: &Path,
+    copy: &mut LocalCopy,
+    offset: u64,
+    data: &[u8],
+    append: bool,
+    max: u64,
+) -> Result<(), Refused> {
+    let at = if append { copy.attr.size } else { offset };
+    let end = at.checked_add(data.len() as u64).filter(|&end| end <= max).ok_or(Refused::TooLarge)?;
+    if let (true, Bytes::Memory(held)) = (end > IN_MEMORY, &copy.bytes) {
+        copy.bytes = Bytes::Disk(disk_file(dir, held).map_err(Refused::Io)?);
+    }
+    match &mut copy.bytes {
+        Bytes::Memory(held) => {
+            let (at, end) = (at as usize, end as usize);
+            if held.len() < end {
+                held.resize(end, 0);
+            }
+            held[at..end].copy_from_slice(data);
+        }
+        Bytes::Disk(file) => file.write_all_at(data, at).map_err(Refused::Io)?,
+    }
+    copy.touched(copy.attr.size.max(end));
+    Ok(())
 }
 
 /// A file in `dir` holding `content`, with no name.
@@ -305,6 +351,26 @@ mod tests {
         assert!(all[4..far as usize].iter().all(|&b| b == 0));
         assert!(matches!(big.get(2).unwrap().bytes, Bytes::Disk(_)));
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "copies are unnamed");
+    }
+
+    #[test]
+    fn copies_in_memory_stay_under_their_own_limit_and_are_counted_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut copies = Copies::new(dir.path(), 1 << 40).unwrap();
+        let chunk = vec![7u8; IN_MEMORY as usize];
+        for ino in 0..300 {
+            copies.start(ino, &chunk, attr(IN_MEMORY), true).unwrap();
+        }
+        assert!(copies.in_memory <= MEMORY_LIMIT, "{} bytes in memory", copies.in_memory);
+        assert_eq!(copies.in_memory, copies.copies.len() as u64 * IN_MEMORY);
+        // Grown past IN_MEMORY, shrunk, removed: the counts follow.
+        let ino = *copies.copies.keys().next().unwrap();
+        copies.write(ino, IN_MEMORY, b"more", false).ok().unwrap();
+        assert_eq!(copies.total, copies.copies.values().map(|c| c.attr.size).sum::<u64>());
+        copies.truncate(ino, 10).ok().unwrap();
+        copies.remove(ino);
+        assert_eq!(copies.total, copies.copies.values().map(|c| c.attr.size).sum::<u64>());
+        assert_eq!(copies.in_memory, copies.copies.len() as u64 * IN_MEMORY);
     }
 
     #[test]
