@@ -206,7 +206,10 @@ impl Copies {
         }
         let before = copy.weight();
         let result = match &mut copy.bytes {
-            Bytes::Memory(held) if size <= IN_MEMORY => Ok(held.resize(size as usize, 0)),
+            Bytes::Memory(held) if size <= IN_MEMORY => {
+                held.resize(size as usize, 0);
+                Ok(())
+            }
             Bytes::Memory(held) => disk_file(&self.dir, held).and_then(|moved| {
                 moved.set_len(size)?;
                 copy.bytes = Bytes::Disk(moved);
