@@ -63,7 +63,12 @@ CREATE TABLE IF NOT EXISTS garbage (object INTEGER NOT NULL, version INTEGER NOT
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 ";
 
+/// Heads starting together would race in `CREATE TABLE IF NOT EXISTS` (PostgreSQL may
+/// then fail one with a duplicate catalog row): the schema is made in one transaction
+/// holding an advisory lock, so the second head waits and finds the tables there.
 const POSTGRES_SCHEMA: &str = r#"
+BEGIN;
+SELECT pg_advisory_xact_lock(7432001);
 CREATE TABLE IF NOT EXISTS entries (
     path TEXT COLLATE "C" PRIMARY KEY, parent TEXT COLLATE "C" NOT NULL, name TEXT COLLATE "C" NOT NULL,
     kind BIGINT NOT NULL, mode BIGINT NOT NULL, size BIGINT NOT NULL, mtime BIGINT NOT NULL,
@@ -76,6 +81,7 @@ CREATE TABLE IF NOT EXISTS nodes (id BIGINT PRIMARY KEY, addr TEXT UNIQUE NOT NU
 CREATE TABLE IF NOT EXISTS garbage (object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL,
     after BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+COMMIT;
 "#;
 
 fn engine_error(e: impl std::fmt::Display) -> MetaError {
