@@ -899,13 +899,9 @@ impl Filesystem for LocusFs {
             // Times set on an open file (`cp -p`, `tar`) go behind its writes, and the
             // attributes the mount knows, with the new times, answer.
             ok_or_reply!(self.driver.utimes_behind(&path, set_time(atime), set_time(mtime), h).map_err(errno), reply);
-            let now = || {
-                let d = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-                Time { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
-            };
             let at = |t: Option<TimeOrNow>, old: Time| match set_time(t) {
                 SetTime::Omit => old,
-                SetTime::Now => now(),
+                SetTime::Now => writeback::now(),
                 SetTime::At(t) => t,
             };
             attr.atime = at(atime, attr.atime);
