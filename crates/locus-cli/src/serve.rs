@@ -118,10 +118,30 @@ pub struct ServeArgs {
     /// address).
     #[arg(long, value_name = "HOST:PORT", requires = "data_node")]
     advertise: Option<String>,
+    /// Also speak the Chirp protocol (CCTools' `chirp`, `parrot_run`) on this port, at the
+    /// listen address. Chirp clients are the subjects METHOD:NAME (`unix:alice`,
+    /// `hostname:HOST`, `address:IP`) and hold what ACLs grant those names: nothing by
+    /// default.
+    #[arg(long, value_name = "PORT", conflicts_with = "head")]
+    chirp_port: Option<u16>,
+    /// The Chirp authentication methods offered, comma-separated.
+    #[arg(long, value_name = "METHODS", default_value = "unix,hostname,address", requires = "chirp_port",
+          value_delimiter = ',', value_parser = parse_chirp_method)]
+    chirp_auth: Vec<locus_server::chirp::AuthMethod>,
+    /// Where Chirp's `unix` method asks clients to create their challenge file (a
+    /// directory both sides see, as on one host).
+    #[arg(long, value_name = "DIR", default_value = "/tmp", requires = "chirp_port")]
+    chirp_challenge_dir: PathBuf,
     /// On a head or a data node, also serve HTTP on this port (same address as
     /// --listen): GET with Range and HEAD; a head redirects large reads to a data node.
     #[arg(long)]
     http_port: Option<u16>,
+}
+
+/// Parses a Chirp authentication method's name.
+fn parse_chirp_method(name: &str) -> Result<locus_server::chirp::AuthMethod, String> {
+    locus_server::chirp::AuthMethod::parse(name.trim())
+        .ok_or_else(|| format!("{name}: not a Chirp method Locus offers (unix, hostname, address)"))
 }
 
 /// Starts a server and runs it until SIGINT or SIGTERM.
@@ -229,6 +249,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             let at = metrics.local_addr().map_err(|e| e.to_string())?;
             eprintln!("  metrics: http://{at}/metrics");
             tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
+        }
+        if let Some(port) = args.chirp_port {
+            let at = std::net::SocketAddr::new(addr.ip(), port);
+            let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("Chirp on {at}: {e}"))?;
+            let at = listener.local_addr().map_err(|e| e.to_string())?;
+            let methods: Vec<&str> = args.chirp_auth.iter().map(|m| m.name()).collect();
+            eprintln!("  Chirp: {at} (auth: {})", methods.join(", "));
+            let config = locus_server::chirp::ChirpConfig {
+                methods: args.chirp_auth.clone(),
+                challenge_dir: args.chirp_challenge_dir.clone(),
+                ..Default::default()
+            };
+            tokio::spawn(locus_server::chirp::serve(listener, server.shared().clone(), config));
         }
         let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
         let http = match args.http_port {

@@ -17,7 +17,8 @@
 //! not exceed what was asked for, and listings are bounded; a server that breaks these
 //! gets `EPROTO` and its connection is dropped.
 
-use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
+use crate::{Attr, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
+use locus_proto::chirp;
 use locus_proto::types::open_flags;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,7 +26,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// Longest line accepted from a server (a result, a stat line, a name in a listing).
-const MAX_LINE: u64 = 64 * 1024;
+const MAX_LINE: u64 = chirp::MAX_LINE as u64;
 /// Most entries accepted in one directory listing.
 const MAX_ENTRIES: usize = 1 << 20;
 
@@ -205,70 +206,19 @@ impl ChirpClient {
     }
 }
 
-/// The errno for a Chirp result code (CCTools' `chirp_protocol.h`).
+/// The error for a negative Chirp result code: its errno, or a transient error when the
+/// server says it is offline or disconnected.
 fn chirp_error(code: i64, cmd: &str) -> DriverError {
-    let errno = match code {
-        -1 | -2 => libc::EACCES,
-        -3 => libc::ENOENT,
-        -4 => libc::EEXIST,
-        -5 => libc::EFBIG,
-        -6 => libc::ENOSPC,
-        -7 => libc::ENOMEM,
-        -8 => libc::EINVAL,
-        -9 => libc::EMFILE,
-        -10 => libc::EBUSY,
-        -11 => libc::EAGAIN,
-        -12 => libc::EBADF,
-        -13 => libc::EISDIR,
-        -14 => libc::ENOTDIR,
-        -15 => libc::ENOTEMPTY,
-        -16 => libc::EXDEV,
-        -17 | -19 => return DriverError::transient(format!("{cmd}: chirp server offline ({code})")),
-        -18 => libc::ETIMEDOUT,
-        -21 => libc::ESRCH,
-        -22 => libc::ESPIPE,
-        -23 => libc::EOPNOTSUPP,
-        -24 => libc::ENAMETOOLONG,
-        _ => libc::EIO,
-    };
-    DriverError::errno(errno, format!("{cmd}: chirp error {code}"))
+    match chirp::errno_of_code(code) {
+        Some(errno) => DriverError::errno(errno, format!("{cmd}: chirp error {code}")),
+        None => DriverError::transient(format!("{cmd}: chirp server offline ({code})")),
+    }
 }
 
-/// A Chirp stat line: dev ino mode nlink uid gid rdev size blksize blocks atime mtime ctime.
+/// A Chirp stat line as attributes.
 fn parse_attr(line: &str) -> Result<Attr> {
-    let f: Vec<i64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    if f.len() < 13 {
-        return Err(DriverError::errno(libc::EPROTO, format!("chirp: bad stat line {line:?}")));
-    }
-    let t = |s: i64| Time { sec: s, nsec: 0 };
-    Ok(Attr {
-        dev: f[0] as u64,
-        ino: f[1] as u64,
-        mode: f[2] as u32,
-        nlink: f[3] as u64,
-        uid: f[4] as u32,
-        gid: f[5] as u32,
-        rdev: f[6] as u64,
-        size: f[7] as u64,
-        blksize: f[8] as u32,
-        blocks: f[9] as u64,
-        atime: t(f[10]),
-        mtime: t(f[11]),
-        ctime: t(f[12]),
-    })
-}
-
-/// Chirp separates words with spaces: escape what would break a command line.
-fn enc(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for b in path.bytes() {
-        if b.is_ascii_graphic() && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    chirp::parse_stat_line(line)
+        .ok_or_else(|| DriverError::errno(libc::EPROTO, format!("chirp: bad stat line {line:?}")))
 }
 
 /// A chirp_server behind the [`Driver`] trait.
@@ -392,7 +342,7 @@ impl ChirpDriver {
             return Ok(fd);
         }
         let c = self.conn.as_mut().expect("connected");
-        let fd = match c.call(&format!("open {} {} {}\n", enc(&file.path), file.reopen, file.mode)) {
+        let fd = match c.call(&format!("open {} {} {}\n", chirp::encode_path(&file.path), file.reopen, file.mode)) {
             Ok(fd) => fd,
             Err(e) if c.lost => return Err(e),
             Err(e) => {
@@ -429,14 +379,14 @@ impl Driver for ChirpDriver {
 
     fn lstat(&mut self, path: &str) -> Result<Attr> {
         self.with(Redo::Always, |c| {
-            c.call(&format!("lstat {}\n", enc(path)))?;
+            c.call(&format!("lstat {}\n", chirp::encode_path(path)))?;
             parse_attr(&c.data_line()?)
         })
     }
 
     fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
         self.with(Redo::Always, |c| {
-            c.call(&format!("getlongdir {}\n", enc(path)))?;
+            c.call(&format!("getlongdir {}\n", chirp::encode_path(path)))?;
             let mut out = Vec::new();
             loop {
                 let name = c.data_line()?;
@@ -474,7 +424,7 @@ impl Driver for ChirpDriver {
                 }
             }
         }
-        let cmd = format!("open {} {letters} {mode}\n", enc(path));
+        let cmd = format!("open {} {letters} {mode}\n", chirp::encode_path(path));
         // An exclusive create must not run twice: the second would find the file there.
         let redo = if flags & open_flags::EXCLUSIVE != 0 { Redo::AfterPause } else { Redo::Always };
         let (fd, attr) = self.with(redo, |c| {
@@ -536,73 +486,61 @@ impl Driver for ChirpDriver {
     }
 
     fn mkdir(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("mkdir {} {mode}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("mkdir {} {mode}\n", chirp::encode_path(path)))
     }
 
     fn rmdir(&mut self, path: &str) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("rmdir {}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("rmdir {}\n", chirp::encode_path(path)))
     }
 
     fn unlink(&mut self, path: &str) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("unlink {}\n", enc(path)))
+        self.simple(Redo::AfterPause, format!("unlink {}\n", chirp::encode_path(path)))
     }
 
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("rename {} {}\n", enc(from), enc(to)))
+        self.simple(Redo::AfterPause, format!("rename {} {}\n", chirp::encode_path(from), chirp::encode_path(to)))
     }
 
     fn symlink(&mut self, target: &str, path: &str) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("symlink {} {}\n", enc(target), enc(path)))
+        self.simple(Redo::AfterPause, format!("symlink {} {}\n", chirp::encode_path(target), chirp::encode_path(path)))
     }
 
     fn readlink(&mut self, path: &str) -> Result<String> {
         self.with(Redo::Always, |c| {
-            let n = c.call(&format!("readlink {} 4096\n", enc(path)))?;
+            let n = c.call(&format!("readlink {} 4096\n", chirp::encode_path(path)))?;
             let n = c.within(n, 4096)?;
             String::from_utf8(c.bytes(n)?).map_err(|_| DriverError::errno(libc::EILSEQ, "link target is not UTF-8"))
         })
     }
 
     fn link(&mut self, from: &str, to: &str) -> Result<()> {
-        self.simple(Redo::AfterPause, format!("link {} {}\n", enc(from), enc(to)))
+        self.simple(Redo::AfterPause, format!("link {} {}\n", chirp::encode_path(from), chirp::encode_path(to)))
     }
 
     fn truncate(&mut self, path: &str, size: u64) -> Result<()> {
-        self.simple(Redo::Always, format!("truncate {} {size}\n", enc(path)))
+        self.simple(Redo::Always, format!("truncate {} {size}\n", chirp::encode_path(path)))
     }
 
     fn chmod(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(Redo::Always, format!("chmod {} {mode}\n", enc(path)))
+        self.simple(Redo::Always, format!("chmod {} {mode}\n", chirp::encode_path(path)))
     }
 
     fn utimes(&mut self, path: &str, atime: SetTime, mtime: SetTime) -> Result<()> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
         let (a, m) = (unix_time(atime, now), unix_time(mtime, now));
-        self.simple(Redo::Always, format!("utime {} {a} {m}\n", enc(path)))
+        self.simple(Redo::Always, format!("utime {} {a} {m}\n", chirp::encode_path(path)))
     }
 
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         self.with(Redo::Always, |c| {
-            c.call(&format!("statfs {}\n", enc(path)))?;
+            c.call(&format!("statfs {}\n", chirp::encode_path(path)))?;
             let line = c.data_line()?;
-            let f: Vec<u64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-            if f.len() < 7 {
-                return Err(DriverError::errno(libc::EPROTO, format!("chirp: bad statfs line {line:?}")));
-            }
-            Ok(StatFs {
-                bsize: f[1],
-                frsize: f[1],
-                blocks: f[2],
-                bfree: f[3],
-                bavail: f[4],
-                files: f[5],
-                ffree: f[6],
-                namemax: 255,
-            })
+            chirp::parse_statfs_line(&line)
+                .ok_or_else(|| DriverError::errno(libc::EPROTO, format!("chirp: bad statfs line {line:?}")))
         })
     }
 
     fn access(&mut self, path: &str, mode: u32) -> Result<()> {
-        self.simple(Redo::Always, format!("access {} {mode}\n", enc(path)))
+        self.simple(Redo::Always, format!("access {} {mode}\n", chirp::encode_path(path)))
     }
 }

@@ -25,7 +25,7 @@ macro_rules! decode_all_requests {
 crate::operation_table!(decode_all_requests);
 
 /// Runs every decoder on `data`: as a stream of frames, as a preamble, as metadata of
-/// every operation and as an error body. Must never panic.
+/// every operation, as an error body and as Chirp text lines. Must never panic.
 pub fn decode_everything(data: &[u8]) {
     if let Some(p) = data.get(..8) {
         let _ = parse_preamble(p.try_into().expect("8 bytes"));
@@ -40,6 +40,12 @@ pub fn decode_everything(data: &[u8]) {
         decode_op(op.code, data);
     }
     let _ = decode::<Vec<DirEntry>>(data);
+    // A Chirp endpoint reads lines of text.
+    for line in String::from_utf8_lossy(data).lines() {
+        let _ = crate::chirp::parse_command(line);
+        let _ = crate::chirp::parse_stat_line(line);
+        let _ = crate::chirp::rights_of_text(line);
+    }
 }
 
 #[cfg(test)]

@@ -12,10 +12,13 @@
 //! - [`active`]: the file names that invoke active-file handlers.
 //! - [`capability`]: the signed, expiring capabilities of third-party reads in a cluster.
 //! - [`codec`]: encoding and decoding of frame metadata.
+//! - [`chirp`]: the text of the Chirp protocol, which the server also speaks and a driver
+//!   reaches.
 
 pub mod active;
 pub mod auth;
 pub mod capability;
+pub mod chirp;
 pub mod codec;
 pub mod error;
 pub mod frame;

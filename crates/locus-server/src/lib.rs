@@ -2,6 +2,7 @@
 //! signal, so the `locus serve` binary and the tests start it the same way.
 //!
 //! - [`active`]: active files, whose lookup runs a registered handler.
+//! - [`chirp`]: the Chirp endpoint, for CCTools' clients (`locus serve --chirp-port`).
 //! - [`callbacks`]: promises to tell a client when what it cached changes (AFS).
 //! - [`config`]: [`ServerConfig`], the token file and the TLS identity.
 //! - [`dispatch`]: the [`dispatch::Handler`] trait and dispatch, generated from the
@@ -24,6 +25,7 @@
 
 pub mod active;
 pub mod callbacks;
+pub mod chirp;
 pub mod config;
 pub mod dispatch;
 pub mod error;

@@ -23,7 +23,7 @@ pub struct ScriptHost {
 impl ScriptHost {
     /// A host acting as `subject` for the client `caller`.
     pub fn new(shared: Arc<Shared>, subject: &str, caller: u64) -> Self {
-        ScriptHost { session: Session::for_script(shared.clone(), subject), shared, caller }
+        ScriptHost { session: Session::acting_as(shared.clone(), subject), shared, caller }
     }
 }
 

@@ -144,8 +144,10 @@ impl Session {
         }
     }
 
-    /// A session for a script call, already acting as `subject` (it has no connection).
-    pub fn for_script(shared: Arc<Shared>, subject: &str) -> Self {
+    /// A session already acting as `subject`, with no push channel of its own: a script
+    /// call's, or a Chirp client's. Such sessions do not run active-file handlers (they
+    /// cannot wait for a run) and do not hold callbacks.
+    pub fn acting_as(shared: Arc<Shared>, subject: &str) -> Self {
         let mut s = Session::new(shared, 0, None);
         s.subject = Some(subject.to_string());
         s
