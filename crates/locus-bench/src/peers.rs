@@ -32,7 +32,7 @@ fn wait_for_port_file(path: &Path, child: &mut Child, what: &str) -> Result<u16,
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if let Ok(s) = std::fs::read_to_string(path) {
-            if let Ok(p) = s.trim().parse() {
+            if let Some(Ok(p)) = s.lines().next().map(|l| l.trim().parse()) {
                 return Ok(p);
             }
         }
@@ -113,6 +113,25 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
         .ok_or_else(|| BenchError::Setup("no admin token".into()))?
         .to_string();
     Ok((Peer { name: "locus", addr: ([127, 0, 0, 1], port).into(), child }, token))
+}
+
+/// `locus serve` with a Chirp endpoint too (`--chirp-port 0` and `flags`); returns the
+/// server, its admin token and the Chirp endpoint's address.
+pub fn start_locus_chirp(
+    exe: &Path,
+    work: &Path,
+    root: &Path,
+    flags: &[String],
+) -> Result<(Peer, String, SocketAddr), BenchError> {
+    let mut all = vec!["--chirp-port".to_string(), "0".to_string()];
+    all.extend_from_slice(flags);
+    let (peer, token) = start_locus_with(exe, work, root, &all)?;
+    let ports = std::fs::read_to_string(work.join("locus.port")).map_err(|e| BenchError::io("read port file", e))?;
+    let port = ports
+        .lines()
+        .find_map(|l| l.strip_prefix("chirp ")?.trim().parse::<u16>().ok())
+        .ok_or_else(|| BenchError::Setup("locus serve did not report its Chirp port".into()))?;
+    Ok((peer, token, ([127, 0, 0, 1], port).into()))
 }
 
 /// CCTools' chirp_server exporting `root`, accepting address authentication from loopback.

@@ -27,7 +27,8 @@ pub struct ServeArgs {
     /// Serve TLS with the certificate in the state directory (self-signed on first use).
     #[arg(long)]
     tls: bool,
-    /// Write the port actually bound to this file (useful with port 0).
+    /// Write the port actually bound to this file (useful with port 0); with
+    /// --chirp-port, a second line `chirp PORT` gives the Chirp endpoint's.
     #[arg(long)]
     port_file: Option<PathBuf>,
     /// Connections served at once.
@@ -132,6 +133,10 @@ pub struct ServeArgs {
     /// directory both sides see, as on one host).
     #[arg(long, value_name = "DIR", default_value = "/tmp", requires = "chirp_port")]
     chirp_challenge_dir: PathBuf,
+    /// Seconds a Chirp client may stay silent before its connection is closed (Chirp
+    /// clients connect again when they need to).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "chirp_port")]
+    chirp_idle_s: u64,
     /// On a head or a data node, also serve HTTP on this port (same address as
     /// --listen): GET with Range and HEAD; a head redirects large reads to a data node.
     #[arg(long)]
@@ -222,9 +227,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        if let Some(p) = &args.port_file {
-            std::fs::write(p, format!("{}\n", addr.port())).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
         let server = Server::new(config.clone(), tokens).map_err(|e| e.to_string())?;
         let scheme = if config.tls { "locus+tls" } else { "locus" };
         match &config.head {
@@ -250,18 +252,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             eprintln!("  metrics: http://{at}/metrics");
             tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
         }
+        let mut ports = format!("{}\n", addr.port());
         if let Some(port) = args.chirp_port {
             let at = std::net::SocketAddr::new(addr.ip(), port);
             let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("Chirp on {at}: {e}"))?;
             let at = listener.local_addr().map_err(|e| e.to_string())?;
+            ports.push_str(&format!("chirp {}\n", at.port()));
             let methods: Vec<&str> = args.chirp_auth.iter().map(|m| m.name()).collect();
             eprintln!("  Chirp: {at} (auth: {})", methods.join(", "));
             let config = locus_server::chirp::ChirpConfig {
                 methods: args.chirp_auth.clone(),
                 challenge_dir: args.chirp_challenge_dir.clone(),
-                ..Default::default()
+                idle: std::time::Duration::from_secs(args.chirp_idle_s),
             };
             tokio::spawn(locus_server::chirp::serve(listener, server.shared().clone(), config));
+        }
+        if let Some(p) = &args.port_file {
+            std::fs::write(p, ports).map_err(|e| format!("{}: {e}", p.display()))?;
         }
         let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
         let http = match args.http_port {

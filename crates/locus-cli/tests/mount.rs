@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{admin_token, serve, start_chirp, wait_for_port};
+use common::{admin_token, serve, start_chirp, start_locus_chirp, wait_for_port};
 use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
@@ -157,7 +157,24 @@ fn the_chirp_driver_mounts_a_chirp_server() {
     }
     let work = tempfile::tempdir().unwrap();
     let (root, chirp) = start_chirp(work.path());
-    let m = mount_url(&format!("chirp://{}/", chirp.addr), work.path());
+    mount_chirp_and_work(chirp.addr, &root, work.path());
+}
+
+#[test]
+fn the_chirp_driver_mounts_locus_own_chirp_endpoint() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (server, addr) = start_locus_chirp();
+    mount_chirp_and_work(addr, &server.root(), work.path());
+}
+
+/// Mounts the Chirp server at `addr` (exporting `root`, which holds docs/readme.txt) and
+/// works on it as a user would: lists, reads after an idle drop, copies a source tree in
+/// and out, renames, links and removes.
+fn mount_chirp_and_work(addr: std::net::SocketAddr, root: &Path, work: &Path) {
+    let m = mount_url(&format!("chirp://{addr}/"), work);
     let mnt = m.mnt.clone();
     let out = sh(&mnt, "ls -la docs && cat docs/readme.txt");
     assert!(String::from_utf8_lossy(&out.stdout).contains("chirp says hi"));
@@ -174,7 +191,7 @@ fn the_chirp_driver_mounts_a_chirp_server() {
     let there = sh(&mnt.join("src/proto"), "find . -name '*.rs' | sort");
     assert_eq!(here.stdout, there.stdout, "find sees what cp wrote");
     assert!(root.join("src/proto/src/lib.rs").is_file(), "the copy is on the chirp server");
-    let tarball = work.path().join("src.tar");
+    let tarball = work.join("src.tar");
     sh(
         &mnt,
         &format!(

@@ -1,22 +1,46 @@
-//! The Chirp driver against CCTools' chirp_server (Debian's `coop-computing-tools`), which
-//! here drops clients idle for a second: open files outlive the connection they were
-//! opened on.
+//! The Chirp driver against CCTools' chirp_server (Debian's `coop-computing-tools`) and
+//! against Locus' own Chirp endpoint, each dropping clients idle for a second: open files
+//! outlive the connection they were opened on.
 
 use locus_drivers::chirp::ChirpDriver;
 use locus_drivers::{open_flags as of, Driver};
+use std::path::Path;
 use std::time::Duration;
 
-/// Longer than the server's idle limit (`-t 1`), so the connection is gone afterwards.
+/// Longer than the servers' idle limit (1 s), so the connection is gone afterwards.
 const IDLE: Duration = Duration::from_millis(1600);
 
 #[test]
-fn open_files_survive_the_server_dropping_an_idle_connection() {
+fn open_files_survive_chirp_server_dropping_an_idle_connection() {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
     let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
         .expect("chirp_server (coop-computing-tools) runs");
-    let (mut d, _) = ChirpDriver::connect(&format!("chirp://{}/", chirp.addr)).unwrap();
+    open_files_survive_a_dropped_connection(chirp.addr, &root);
+}
+
+/// Locus' endpoint, with the rights chirp_server's test ACL gives the loopback address.
+fn locus_chirp(idle: Duration) -> (locus_testkit::TestServer, std::net::SocketAddr) {
+    let server = locus_testkit::TestServer::start();
+    let rights = locus_proto::Rights::parse("rwld").unwrap();
+    server.shared().store.acl_set("admin", "/", "address:127.0.0.1", rights).unwrap();
+    let config = locus_server::chirp::ChirpConfig { idle, ..Default::default() };
+    let addr = server.chirp(config);
+    (server, addr)
+}
+
+#[test]
+fn open_files_survive_locus_dropping_an_idle_connection() {
+    let (server, addr) = locus_chirp(Duration::from_secs(1));
+    open_files_survive_a_dropped_connection(addr, &server.root());
+    // Chirp requests count in the metrics under the native operations' names.
+    let metrics = server.shared().metrics.render(server.shared());
+    assert!(metrics.contains(r#"locus_operations_total{op="pwrite",result="ok"} 2"#), "{metrics}");
+}
+
+fn open_files_survive_a_dropped_connection(addr: std::net::SocketAddr, root: &Path) {
+    let (mut d, _) = ChirpDriver::connect(&format!("chirp://{addr}/")).unwrap();
 
     let flags = of::READ | of::WRITE | of::CREATE | of::TRUNCATE;
     let h = d.open("/f", flags, 0o666).unwrap().handle;

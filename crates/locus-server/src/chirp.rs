@@ -195,13 +195,13 @@ impl Conn {
                 AuthMethod::Hostname => dns_lookup::lookup_addr(&peer.ip()).ok(),
                 AuthMethod::Unix => self.unix_challenge(config)?,
             };
-            let subject = name.map(|n| format!("{}:{}", method.name(), sanitize(&n)));
-            match subject.filter(|s| locus_store::Acl::valid_subject(s)) {
-                Some(subject) => {
-                    // The method's own "yes", then the handshake's verdict with the identity.
-                    self.send(&format!("yes\nyes\n{}\n{subject}\n", method.name()))?;
+            let name = name.map(|n| sanitize(&n));
+            match name.filter(|n| locus_store::Acl::valid_subject(&format!("{}:{n}", method.name()))) {
+                Some(name) => {
+                    // The method's own "yes", then the handshake's verdict: method and name.
+                    self.send(&format!("yes\nyes\n{}\n{name}\n", method.name()))?;
                     self.writer.flush()?;
-                    return Ok(Some(subject));
+                    return Ok(Some(format!("{}:{name}", method.name())));
                 }
                 None => {
                     self.send("no\n")?;

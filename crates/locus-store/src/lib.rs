@@ -457,7 +457,11 @@ impl Store {
         let follow = flags & open_flags::NOFOLLOW == 0;
         let t = self.locate_checked(who, path, follow, need)?;
         let io = self.counters.file(&t.rel);
-        let mode = Mode::from_raw_mode(mode & 0o7777);
+        // openat2 refuses a mode without O_CREAT (EINVAL); clients may send one anyway.
+        let mode = match flags & open_flags::CREATE {
+            0 => Mode::empty(),
+            _ => Mode::from_raw_mode(mode & 0o7777),
+        };
         if !self.multi() {
             let fd = rustix::fs::openat2(t.dir(self), t.name.as_str(), o, mode, resolve_flags()).ctx("open", path)?;
             return Ok(OpenFile::new(File::from(fd), readable, writable, flags & open_flags::APPEND != 0, io, t.rel));

@@ -17,6 +17,8 @@ pub struct TestServer {
     shared: Arc<locus_server::Shared>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The server's runtime, for endpoints started beside it.
+    runtime: tokio::runtime::Handle,
 }
 
 impl TestServer {
@@ -37,15 +39,32 @@ impl TestServer {
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let rt =
                 tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            handle_tx.send(rt.handle().clone()).expect("the test waits for the runtime");
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
                 server.run(listener, async { drop(stopped.await) }).await;
             });
         });
-        TestServer { addr, dir, shared, stop: Some(stop), thread: Some(thread) }
+        let runtime = handle_rx.recv().expect("runtime started");
+        TestServer { addr, dir, shared, stop: Some(stop), thread: Some(thread), runtime }
+    }
+
+    /// Serves the Chirp protocol beside the native one (`locus serve --chirp-port`), on
+    /// an ephemeral port; returns its address.
+    pub fn chirp(&self, config: locus_server::chirp::ChirpConfig) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let shared = self.shared.clone();
+        self.runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            locus_server::chirp::serve(listener, shared, config).await
+        });
+        addr
     }
 
     /// The exported directory, to arrange or inspect files behind the server's back.

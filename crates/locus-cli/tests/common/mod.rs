@@ -44,6 +44,18 @@ pub fn admin_token(state: &Path) -> String {
 
 /// CCTools' chirp_server exporting `WORK/chirp`, which holds `docs/readme.txt` ("chirp says
 /// hi"); it drops clients idle for a second, so drivers must reconnect unnoticed.
+/// Locus' own Chirp endpoint (dropping clients idle for a second, like [`start_chirp`]'s
+/// server), with the same file and the rights chirp_server's test ACL gives loopback.
+pub fn start_locus_chirp() -> (locus_testkit::TestServer, std::net::SocketAddr) {
+    let server = locus_testkit::TestServer::start();
+    server.put_local("docs/readme.txt", b"chirp says hi\n");
+    let rights = locus_proto::Rights::parse("rwld").unwrap();
+    server.shared().store.acl_set("admin", "/", "address:127.0.0.1", rights).unwrap();
+    let idle = std::time::Duration::from_secs(1);
+    let addr = server.chirp(locus_server::chirp::ChirpConfig { idle, ..Default::default() });
+    (server, addr)
+}
+
 pub fn start_chirp(work: &Path) -> (PathBuf, locus_bench::peers::Peer) {
     let root = work.join("chirp");
     std::fs::create_dir_all(root.join("docs")).unwrap();

@@ -1,0 +1,104 @@
+//! CCTools' own `chirp` client (Debian's `coop-computing-tools`) against Locus' Chirp
+//! endpoint: the commands a Chirp user types, with Locus' ACLs deciding who may do what.
+
+use locus_testkit::TestServer;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `chirp -a METHOD ADDR ARGS...` in `dir`.
+fn chirp(dir: &Path, method: &str, addr: SocketAddr, args: &[&str]) -> Output {
+    Command::new("chirp")
+        .args(["-t", "10", "-a", method, &addr.to_string()])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("chirp (coop-computing-tools) runs")
+}
+
+/// [`chirp`], which must succeed; answers its standard output.
+fn ok(dir: &Path, method: &str, addr: SocketAddr, args: &[&str]) -> String {
+    let out = chirp(dir, method, addr, args);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "chirp {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+/// The user name this test runs as: `unix` authentication proves it.
+fn user() -> String {
+    let out = Command::new("id").arg("-un").output().unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn the_chirp_client_works_on_locus_as_its_acls_allow() {
+    let server = TestServer::start();
+    let me = format!("unix:{}", user());
+    let all = locus_proto::Rights::parse("rwlda").unwrap();
+    server.shared().store.acl_set("admin", "/", &me, all).unwrap();
+    let addr = server.chirp(Default::default());
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 31 % 253) as u8).collect();
+    std::fs::write(dir.join("big.bin"), &big).unwrap();
+    std::fs::write(dir.join("small.txt"), "hello over chirp\n").unwrap();
+
+    assert_eq!(ok(dir, "unix", addr, &["whoami"]).trim(), me);
+    ok(dir, "unix", addr, &["put", "big.bin", "/big.bin"]);
+    ok(dir, "unix", addr, &["put", "small.txt", "/small.txt"]);
+    assert_eq!(std::fs::read(server.local("big.bin")).unwrap(), big, "put stored the exact bytes");
+    ok(dir, "unix", addr, &["get", "/big.bin", "back.bin"]);
+    assert_eq!(std::fs::read(dir.join("back.bin")).unwrap(), big, "get returned the exact bytes");
+    let listing = ok(dir, "unix", addr, &["ls", "/"]);
+    assert!(listing.contains("big.bin") && listing.contains("small.txt"), "{listing}");
+    let long = ok(dir, "unix", addr, &["ls", "-la", "/"]);
+    assert!(long.contains("3000000"), "{long}");
+    let stat = ok(dir, "unix", addr, &["stat", "/small.txt"]);
+    assert!(stat.contains("size:    17"), "{stat}");
+    ok(dir, "unix", addr, &["mkdir", "-p", "/a/b/c"]);
+    assert!(server.local("a/b/c").is_dir());
+    ok(dir, "unix", addr, &["mv", "/small.txt", "/a/b/moved.txt"]);
+    assert_eq!(ok(dir, "unix", addr, &["cat", "/a/b/moved.txt"]), "hello over chirp\n");
+    let md5 = ok(dir, "unix", addr, &["md5", "/a/b/moved.txt"]);
+    assert!(md5.to_lowercase().starts_with("01034a0b669bc86eb36421c805644257"), "{md5}"); // md5sum's
+    ok(dir, "unix", addr, &["setacl", "/a", "address:127.0.0.1", "rl"]);
+    let acl = ok(dir, "unix", addr, &["getacl", "/a"]);
+    assert!(acl.contains("address:127.0.0.1 rl") && acl.contains(&format!("{me} rwlda")), "{acl}");
+    // Locus sees the same ACL: one list for both protocols.
+    let native = server.shared().store.acl_get("admin", "/a").unwrap();
+    assert!(native.entries.iter().any(|e| e.subject == "address:127.0.0.1"));
+
+    // The address subject may read and list under /a, and nothing else.
+    assert_eq!(ok(dir, "address", addr, &["cat", "/a/b/moved.txt"]), "hello over chirp\n");
+    let refused = chirp(dir, "address", addr, &["put", "small.txt", "/a/new.txt"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Permission denied"), "{refused:?}");
+    let refused = chirp(dir, "address", addr, &["ls", "/"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Permission denied"), "{refused:?}");
+    let refused = chirp(dir, "address", addr, &["rm", "/big.bin"]);
+    assert!(!refused.status.success());
+    assert!(server.local("big.bin").exists(), "a subject without 'd' removed nothing");
+    let refused = chirp(dir, "address", addr, &["setacl", "/a", "address:127.0.0.1", "rwlda"]);
+    assert!(!refused.status.success(), "a subject without 'a' cannot raise its own rights");
+
+    ok(dir, "unix", addr, &["rm", "/a"]);
+    assert!(!server.local("a").exists(), "rm removed the whole tree");
+    ok(dir, "unix", addr, &["rm", "/big.bin"]);
+    assert_eq!(ok(dir, "unix", addr, &["ls", "/"]).trim(), "");
+}
+
+#[test]
+fn methods_not_offered_are_refused() {
+    let server = TestServer::start();
+    let config =
+        locus_server::chirp::ChirpConfig { methods: vec![locus_server::chirp::AuthMethod::Unix], ..Default::default() };
+    let addr = server.chirp(config);
+    let work = tempfile::tempdir().unwrap();
+    let out = Command::new("chirp")
+        .args(["-t", "3", "-a", "address", &addr.to_string(), "whoami"])
+        .current_dir(work.path())
+        .output()
+        .expect("chirp runs");
+    assert!(!out.status.success(), "address authentication was not offered");
+    assert_eq!(ok(work.path(), "unix", addr, &["whoami"]).trim(), format!("unix:{}", user()));
+}
