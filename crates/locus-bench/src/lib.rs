@@ -2,6 +2,8 @@
 //!
 //! - [`ops`]: `locus bench ops`, per-operation latency and bandwidth (Parrot's Figure 11
 //!   rows) against Locus, CCTools' `chirp_server`, XRootD and a bare TCP ping-pong.
+//! - [`chirp`]: `locus bench chirp`, CCTools' `chirp` tool against Locus' Chirp endpoint
+//!   and `chirp_server`, per operation.
 //! - [`active`]: `locus bench active`, a job triggered by opening an active file against
 //!   the same program at the server and on the client over `locus mount`, across RTTs.
 //! - [`cluster`]: `locus bench cluster`, SPIRAL's experiment: a head, data nodes and
@@ -20,6 +22,7 @@
 
 pub mod active;
 pub mod agent;
+pub mod chirp;
 pub mod cluster;
 pub mod mount;
 pub mod ops;

@@ -331,6 +331,8 @@ enum BenchCommand {
     Syscalls(locus_bench::agent::SyscallArgs),
     /// Per-operation latency and bandwidth against Locus, chirp_server, XRootD and a bare TCP ping-pong.
     Ops(locus_bench::ops::OpsArgs),
+    /// CCTools' chirp tool against Locus' Chirp endpoint and chirp_server, per operation.
+    Chirp(locus_bench::chirp::ChirpArgs),
     /// What scripts buy: call overhead (beside Redis), combined and partial operations across RTTs.
     Scripts(locus_bench::scripts::ScriptsArgs),
     /// find at the server vs client-side traversal vs local, across RTTs; the file service under hostile storelets.
@@ -424,6 +426,7 @@ fn main() -> ExitCode {
         }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Chirp(args)) => locus_bench::chirp::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Scripts(args)) => locus_bench::scripts::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Agent(args)) => locus_bench::agent::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),

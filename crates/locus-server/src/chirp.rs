@@ -300,8 +300,13 @@ fn op_of(cmd: &Command) -> u16 {
     }
 }
 
-/// Bytes a file moves through per step of `getfile`, `putfile` and `hash`.
+/// Bytes a file moves through per step of `putfile` and `hash`.
 const CHUNK: usize = 1 << 20;
+
+/// Bytes per step of `getfile`: small enough to stay in the CPU's caches between the
+/// file's read and the socket's write (64 KiB measured faster than 256 KiB, 1 MiB and
+/// sendfile with the `chirp` tool as client).
+const COPY_CHUNK: usize = 64 << 10;
 
 impl Client {
     /// Reads and answers commands until the client leaves or breaks the protocol.
@@ -552,16 +557,19 @@ impl Client {
             return Err(WireError::new(Code::NOTSUP, "this file cannot be sent over Chirp").into());
         };
         self.conn.send(&format!("{size}\n"))?;
-        let mut offset = 0;
+        let start = Instant::now();
+        let mut buf = vec![0u8; (size as usize).min(COPY_CHUNK)];
+        let mut offset = 0u64;
         while offset < size {
-            let want = (size - offset).min(CHUNK as u64) as usize;
-            let bytes = file.pread(offset, want).map_err(|e| io::Error::other(e.to_string()))?;
-            if bytes.is_empty() {
+            let want = (size - offset).min(buf.len() as u64) as usize;
+            let got = file.read_into(offset, &mut buf[..want]).map_err(|e| io::Error::other(e.to_string()))?;
+            if got == 0 {
                 return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while being sent").into());
             }
-            self.conn.writer.write_all(&bytes)?;
-            offset += bytes.len() as u64;
+            self.conn.writer.write_all(&buf[..got])?;
+            offset += got as u64;
         }
+        file.io.read(size, start.elapsed());
         Ok(())
     }
 
