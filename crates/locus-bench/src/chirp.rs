@@ -119,7 +119,10 @@ pub fn run(args: ChirpArgs) -> Result<(), BenchError> {
 
     let empty = work.path().join("empty.txt");
     std::fs::write(&empty, "whoami\n").map_err(|e| BenchError::io("write script", e))?;
-    println!("CCTools' chirp tool, one session per row: µs per operation (MB/s for bandwidth), medians of {}", args.repeat);
+    println!(
+        "CCTools' chirp tool, one session per row: µs per operation (MB/s for bandwidth), medians of {}",
+        args.repeat
+    );
     println!("{:<22} {:>12} {:>14} {:>18}", "operation", "locus", "chirp_server", "chirp_server/locus");
     for row in &ROWS {
         let iterations = if row.bytes { BULK_ITERATIONS } else { args.iterations };
