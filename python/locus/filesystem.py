@@ -1,0 +1,186 @@
+"""An fsspec filesystem for ``locus://HOST:PORT/path`` (and ``locus+tls://``) URLs.
+
+Reads are ranged: a file opened for reading fetches the blocks it is asked for with
+pipelined reads at offsets, so pyarrow reading a Parquet footer and a few columns moves
+only those bytes. A file opened for writing is kept in memory and stored with one atomic
+``put`` when it is closed (readers see the old file or the new one, never a part).
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from typing import Any, Optional
+
+from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
+from fsspec.utils import infer_storage_options
+
+from ._locus import Client
+
+DEFAULT_PORT = 9610
+
+
+def _info(path: str, st: dict) -> dict:
+    kind = {"file": "file", "directory": "directory"}.get(st["type"], "other")
+    return {
+        "name": path,
+        "size": st["size"] if kind == "file" else 0,
+        "type": kind,
+        "mode": st["mode"],
+        "mtime": st["mtime"],
+        "created": st["ctime"],
+        "ino": st["ino"],
+        "nlink": st["nlink"],
+    }
+
+
+class LocusFileSystem(AbstractFileSystem):
+    """Files of one Locus server. ``fsspec.filesystem("locus", host=..., port=...)``,
+    or any ``locus://HOST:PORT/path`` URL handed to pandas, pyarrow or dask."""
+
+    protocol = ("locus", "locus+tls")
+    root_marker = "/"
+
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, tls: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        scheme = "locus+tls" if tls else "locus"
+        self.url = f"{scheme}://{host}:{port}/"
+        self.client = Client(self.url)
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        if isinstance(path, list):
+            return [cls._strip_protocol(p) for p in path]
+        for proto in ("locus+tls://", "locus://"):
+            if path.startswith(proto):
+                rest = path[len(proto) :]
+                path = rest[rest.find("/") :] if "/" in rest else "/"
+                break
+        path = "/" + path.lstrip("/")
+        return path.rstrip("/") or "/"
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict:
+        opts = infer_storage_options(path)
+        out: dict = {}
+        if opts.get("host"):
+            out["host"] = opts["host"]
+        if opts.get("port"):
+            out["port"] = int(opts["port"])
+        if path.startswith("locus+tls://"):
+            out["tls"] = True
+        return out
+
+    def ls(self, path: str, detail: bool = True, **kwargs: Any):
+        path = self._strip_protocol(path)
+        st = self.client.stat(path)
+        if st["type"] != "directory":
+            entries = [_info(path, st)]
+        else:
+            entries = [_info(posixpath.join(path, e["name"]), e) for e in self.client.listdir(path)]
+            entries.sort(key=lambda e: e["name"])
+        return entries if detail else [e["name"] for e in entries]
+
+    def info(self, path: str, **kwargs: Any) -> dict:
+        path = self._strip_protocol(path)
+        return _info(path, self.client.stat(path))
+
+    def cat_file(self, path: str, start: Optional[int] = None, end: Optional[int] = None, **kwargs: Any) -> bytes:
+        path = self._strip_protocol(path)
+        if start is None and end is None:
+            return self.client.read(path)
+        size = None
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            size = self.info(path)["size"]
+        start = 0 if start is None else (start + size if start < 0 else start)
+        if end is None:
+            return self.client.read(path, start)
+        end = end + size if end < 0 else end
+        return self.client.read(path, start, max(0, end - start))
+
+    def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
+        self.client.write(self._strip_protocol(path), bytes(value))
+
+    def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if create_parents:
+            self.makedirs(path, exist_ok=True)
+        else:
+            self.client.mkdir(path)
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        path = self._strip_protocol(path)
+        parts = [p for p in path.split("/") if p]
+        for i in range(1, len(parts) + 1):
+            sub = "/" + "/".join(parts[:i])
+            try:
+                self.client.mkdir(sub)
+            except FileExistsError:
+                if i == len(parts) and not exist_ok:
+                    raise
+
+    def rmdir(self, path: str) -> None:
+        self.client.rmdir(self._strip_protocol(path))
+
+    def rm_file(self, path: str) -> None:
+        # fsspec's recursive rm hands directories here too, after their contents.
+        path = self._strip_protocol(path)
+        try:
+            self.client.unlink(path)
+        except IsADirectoryError:
+            self.client.rmdir(path)
+
+    def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: Optional[int] = None, **kwargs: Any):
+        self.client.rename(self._strip_protocol(path1), self._strip_protocol(path2))
+
+    def created(self, path: str) -> float:
+        return self.info(path)["created"]
+
+    def modified(self, path: str):
+        import datetime
+
+        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
+
+    def _open(
+        self,
+        path: str,
+        mode: str = "rb",
+        block_size: Optional[int] = None,
+        autocommit: bool = True,
+        cache_options: Optional[dict] = None,
+        **kwargs: Any,
+    ) -> "LocusFile":
+        path = self._strip_protocol(path)
+        if mode not in ("rb", "wb", "xb", "ab"):
+            raise ValueError(f"mode {mode!r}: locus files open as rb, wb, xb or ab")
+        if mode == "xb" and self.exists(path):
+            raise FileExistsError(errno.EEXIST, "file exists", path)
+        return LocusFile(self, path, mode, block_size or 8 << 20, autocommit, cache_options=cache_options, **kwargs)
+
+
+class LocusFile(AbstractBufferedFile):
+    """A file on Locus: ranged reads; writes stored whole at close."""
+
+    def __init__(self, fs: LocusFileSystem, path: str, mode: str, block_size: int, autocommit: bool, **kwargs: Any):
+        self._parts: list[bytes] = []
+        if mode == "ab":
+            # Appending rewrites the file: start from what is there.
+            try:
+                self._parts.append(fs.client.read(path))
+            except FileNotFoundError:
+                pass
+            mode = "wb"
+        super().__init__(fs, path, mode=mode, block_size=block_size, autocommit=autocommit, **kwargs)
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return self.fs.client.read(self.path, start, max(0, end - start))
+
+    def _initiate_upload(self) -> None:
+        pass
+
+    def _upload_chunk(self, final: bool = False) -> bool:
+        self._parts.append(self.buffer.getvalue())
+        if final:
+            self.fs.client.write(self.path, b"".join(self._parts))
+            self._parts = []
+        return True
