@@ -20,7 +20,7 @@ def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("locus")
     exe = os.environ.get("LOCUS_BIN", str(REPO / "target" / "release" / "locus"))
     root, state, port_file = work / "export", work / "state", work / "port"
-    env = dict(os.environ, LOCUS_HOME=str(work / "home"), LOCUS_LOG="warn")
+    env = dict(os.environ, LOCUS_HOME=str(work / "home"), LOCUS_LOG="warn", RUST_BACKTRACE="0")
     proc = subprocess.Popen(
         [exe, "serve", "--listen", "127.0.0.1:0", "--root", str(root), "--state", str(state),
          "--port-file", str(port_file)],

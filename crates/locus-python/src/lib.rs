@@ -110,6 +110,10 @@ struct Client {
 /// Bytes one `pread` asks for: the server's largest reply.
 const READ_STEP: u64 = 4 << 20;
 
+/// Reads of one `read` call in flight at once (64 MiB): enough to keep the link busy,
+/// few enough that a large read does not queue the whole file in memory twice.
+const READS_IN_FLIGHT: usize = 16;
+
 #[pymethods]
 impl Client {
     /// Connects to `url` (`locus://HOST:PORT/`, or `locus+tls://...`).
@@ -149,7 +153,8 @@ impl Client {
     }
 
     /// `length` bytes of `path` from `offset` (to the end when `length` is None); fewer
-    /// at the end of the file.
+    /// at the end of the file. The reads are sent at once (the client pipelines them)
+    /// and land straight in the returned `bytes`, with the GIL released.
     #[pyo3(signature = (path, offset = 0, length = None))]
     fn read<'py>(
         &self,
@@ -158,45 +163,19 @@ impl Client {
         offset: u64,
         length: Option<u64>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = py
-            .detach(|| {
-                self.inner.run(|c| async move {
-                    if offset == 0 && length.is_none() {
-                        return c.read_file(path).await;
-                    }
-                    let opened = c.open(path, open_flags::READ, 0).await?;
-                    let end = length.map_or(opened.attr.size, |n| offset.saturating_add(n).min(opened.attr.size));
-                    let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
-                    // Every step is sent before the first reply is awaited: one round trip.
-                    let mut pending = Vec::new();
-                    let mut at = offset;
-                    while at < end {
-                        let n = (end - at).min(READ_STEP);
-                        match c.pread_ahead(opened.handle, at, n as u32).await {
-                            Ok(p) => pending.push(p),
-                            Err(e) => {
-                                let _ = c.close(opened.handle).await;
-                                return Err(e);
-                            }
-                        }
-                        at += n;
-                    }
-                    let mut result = Ok(());
-                    for p in pending {
-                        match p.wait_with_data().await {
-                            Ok(((), b)) => out.extend_from_slice(&b),
-                            Err(e) => {
-                                result = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                    let closed = c.close(opened.handle).await;
-                    result.and(closed).map(|()| out)
-                })
-            })
-            .map_err(os_error)?;
-        Ok(PyBytes::new(py, &bytes))
+        let client = &self.inner;
+        let opened = py.detach(|| client.run(|c| c.open(path, open_flags::READ, 0))).map_err(os_error)?;
+        let end = length.map_or(opened.attr.size, |n| offset.saturating_add(n).min(opened.attr.size));
+        let len = end.saturating_sub(offset) as usize;
+        let mut got = 0;
+        let filled = PyBytes::new_with(py, len, |buf| {
+            py.detach(|| client.run(|c| fill(c, opened.handle, offset, buf, &mut got))).map_err(os_error)
+        });
+        let closed = py.detach(|| client.run(|c| c.close(opened.handle)));
+        let bytes = filled?;
+        closed.map_err(os_error)?;
+        // The file shrank under the read: what came is what there is.
+        Ok(if got < len { PyBytes::new(py, &bytes.as_bytes()[..got]) } else { bytes })
     }
 
     /// Replaces `path` with `data`, atomically (readers see the old or the new file)
@@ -258,6 +237,38 @@ impl Client {
             result: Mutex::new(None),
         })
     }
+}
+
+/// Reads `buf.len()` bytes of the open file `handle` from `offset` into `buf`, keeping
+/// [`READS_IN_FLIGHT`] requests in flight (the client pipelines them); `got` ends as the
+/// count of bytes that came, short only at the end of the file.
+async fn fill(
+    c: &locus_client::Client,
+    handle: u64,
+    offset: u64,
+    buf: &mut [u8],
+    got: &mut usize,
+) -> Result<(), ClientError> {
+    let (total, step) = (buf.len(), READ_STEP as usize);
+    let mut pending = std::collections::VecDeque::new();
+    let mut sent = 0;
+    // Requests go out step by step, as the buffer is cut: reply i fills chunk i.
+    for dest in buf.chunks_mut(step) {
+        while sent < total && pending.len() < READS_IN_FLIGHT {
+            let n = (total - sent).min(step);
+            pending.push_back(c.pread_ahead(handle, offset + sent as u64, n as u32).await?);
+            sent += n;
+        }
+        let p = pending.pop_front().expect("a read is in flight for every chunk");
+        let ((), data) = p.wait_with_data().await?;
+        let n = data.len().min(dest.len());
+        dest[..n].copy_from_slice(&data[..n]);
+        *got += n;
+        if n < dest.len() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A storelet run: iterate for its standard output; afterwards `exit_code`, `stderr`
