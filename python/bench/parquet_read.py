@@ -1,5 +1,4 @@
-"""Reads one Parquet file with pyarrow from a local path, from its bytes read into memory
-(the floor of any fsspec filesystem), through fsspec on locus://,
+"""Reads one Parquet file with pyarrow from a local path, through fsspec on locus://,
 through sshfs (a loopback sshd) and through fsspec's HTTP filesystem (a local static
 server with Range support, Go's net/http), side by side; prints medians of repeated runs.
 
@@ -155,9 +154,6 @@ def main():
         locus_fs, _ = fsspec.core.url_to_fs(f"locus://127.0.0.1:{port}/")
         rows = {
             "local path": lambda: pq.read_table(str(path)),
-            # What any fsspec filesystem must at least do: bring the bytes into Python
-            # memory (here from the page cache, with no network) and decode them there.
-            "floor: bytes in memory": lambda: pq.read_table(pa.BufferReader(path.read_bytes())),
             "locus:// (fsspec)": lambda: pq.read_table("/data.parquet", filesystem=locus_fs),
         }
         sshd, why = start_sshfs(work, root, work / "sshfs")

@@ -88,12 +88,14 @@ fn the_chirp_client_works_on_locus_as_its_acls_allow() {
 }
 
 #[test]
-fn methods_not_offered_are_refused() {
-    let server = TestServer::start();
-    let config =
-        locus_server::chirp::ChirpConfig { methods: vec![locus_server::chirp::AuthMethod::Unix], ..Default::default() };
-    let addr = server.chirp(config);
+fn locus_serve_offers_only_the_methods_it_is_told() {
+    // The binary, as an operator starts it: `--chirp-port 0` reports its port in the port file.
     let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let flags = ["--chirp-auth".to_string(), "unix".to_string()];
+    let exe = Path::new(env!("CARGO_BIN_EXE_locus"));
+    let (_server, _token, addr) = locus_bench::peers::start_locus_chirp(exe, work.path(), &root, &flags).unwrap();
     let out = Command::new("chirp")
         .args(["-t", "3", "-a", "address", &addr.to_string(), "whoami"])
         .current_dir(work.path())
@@ -101,4 +103,7 @@ fn methods_not_offered_are_refused() {
         .expect("chirp runs");
     assert!(!out.status.success(), "address authentication was not offered");
     assert_eq!(ok(work.path(), "unix", addr, &["whoami"]).trim(), format!("unix:{}", user()));
+    // Authenticated, but no ACL names this subject: nothing is granted by default.
+    let refused = chirp(work.path(), "unix", addr, &["ls", "/"]);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Permission denied"), "{refused:?}");
 }
