@@ -193,7 +193,11 @@ impl Conn {
             let name = match method {
                 AuthMethod::Address => Some(peer.ip().to_string()),
                 AuthMethod::Hostname => dns_lookup::lookup_addr(&peer.ip()).ok(),
-                AuthMethod::Unix => self.unix_challenge(config)?,
+                AuthMethod::Unix => match self.unix_challenge(config)? {
+                    // The client gave up on the challenge: Chirp answers nothing to that.
+                    Challenge::Declined => continue,
+                    Challenge::Owner(name) => name,
+                },
             };
             let name = name.map(|n| sanitize(&n));
             match name.filter(|n| locus_store::Acl::valid_subject(&format!("{}:{n}", method.name()))) {
@@ -215,26 +219,38 @@ impl Conn {
     /// The `unix` method: names a file the client must create, and answers the user name
     /// of its owner. The name is random and must not exist before; the file must be a
     /// regular file (not a link someone planted), and is removed either way.
-    fn unix_challenge(&mut self, config: &ChirpConfig) -> io::Result<Option<String>> {
+    fn unix_challenge(&mut self, config: &ChirpConfig) -> io::Result<Challenge> {
         let mut id = [0u8; 12];
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let path = config.challenge_dir.join(format!("locus-chirp-challenge.{}", hex::encode(id)));
         if path.symlink_metadata().is_ok() {
-            return Ok(None);
+            return Ok(Challenge::Owner(None));
         }
         self.send(&format!("{}\n", path.display()))?;
         self.writer.flush()?;
-        let answer = self.line()?;
-        let owner = match (answer.as_deref(), path.symlink_metadata()) {
-            (Some("yes"), Ok(meta)) if meta.file_type().is_file() => {
+        if self.line()?.as_deref() != Some("yes") {
+            let _ = std::fs::remove_file(&path);
+            return Ok(Challenge::Declined);
+        }
+        let owner = match path.symlink_metadata() {
+            Ok(meta) if meta.file_type().is_file() => {
                 use std::os::unix::fs::MetadataExt;
                 nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(meta.uid())).ok().flatten().map(|u| u.name)
             }
             _ => None,
         };
         let _ = std::fs::remove_file(&path);
-        Ok(owner)
+        Ok(Challenge::Owner(owner))
     }
+}
+
+/// How a `unix` challenge ended.
+enum Challenge {
+    /// The client did not create the file (it says so and tries another method).
+    Declined,
+    /// The owner's user name, or none if the file is not there, not a regular file, or
+    /// owned by a uid with no name.
+    Owner(Option<String>),
 }
 
 /// Chirp's rule for subject names: spaces and unprintable characters become `_`.
@@ -418,22 +434,8 @@ impl Client {
             Command::Statfs { path } => self.statfs(path),
             Command::Getfile { path } => self.getfile(path),
             Command::Putfile { path, mode, len } => self.putfile(path, mode, len),
-            Command::Getdir { path } => {
-                let entries = all(s.readdir(Readdir { path }, none())?);
-                self.conn.send("0\n")?;
-                for e in entries.iter().filter(|e| !e.name.contains('\n')) {
-                    self.conn.send(&format!("{}\n", e.name))?;
-                }
-                Ok(self.conn.send("\n")?)
-            }
-            Command::Getlongdir { path } => {
-                let entries = all(s.readdir(Readdir { path }, none())?);
-                self.conn.send("0\n")?;
-                for e in entries.iter().filter(|e| !e.name.contains('\n')) {
-                    self.conn.send(&format!("{}\n{}\n", e.name, chirp::stat_line(&e.attr)))?;
-                }
-                Ok(self.conn.send("\n")?)
-            }
+            Command::Getdir { path } => self.listing(path, false),
+            Command::Getlongdir { path } => self.listing(path, true),
             Command::Mkdir { path, mode } => {
                 s.mkdir(Mkdir { path, mode }, none())?;
                 self.ok()
@@ -522,6 +524,20 @@ impl Client {
                 self.counted(&md5.finalize())
             }
         }
+    }
+
+    /// `getdir` (names) or `getlongdir` (`long`: names and stat lines): 0, the lines, and
+    /// an empty line. A name holding a newline would break the listing: it is left out.
+    fn listing(&mut self, path: String, long: bool) -> Done {
+        let entries = all(self.session.readdir(Readdir { path }, Bytes::new())?);
+        self.conn.send("0\n")?;
+        for e in entries.iter().filter(|e| !e.name.contains('\n')) {
+            match long {
+                true => self.conn.send(&format!("{}\n{}\n", e.name, chirp::stat_line(&e.attr)))?,
+                false => self.conn.send(&format!("{}\n", e.name))?,
+            }
+        }
+        Ok(self.conn.send("\n")?)
     }
 
     fn statfs(&mut self, path: String) -> Done {
