@@ -190,9 +190,11 @@ impl Conn {
                 continue;
             };
             self.send("yes\n")?;
+            // An IPv4 client of a dual-stack listener is named by its IPv4 address.
+            let ip = peer.ip().to_canonical();
             let name = match method {
-                AuthMethod::Address => Some(peer.ip().to_string()),
-                AuthMethod::Hostname => dns_lookup::lookup_addr(&peer.ip()).ok(),
+                AuthMethod::Address => Some(ip.to_string()),
+                AuthMethod::Hostname => dns_lookup::lookup_addr(&ip).ok(),
                 AuthMethod::Unix => match self.unix_challenge(config)? {
                     // The client gave up on the challenge: Chirp answers nothing to that.
                     Challenge::Declined => continue,
