@@ -177,14 +177,9 @@ pub enum NotRun {
     Stopped(Abort),
 }
 
-/// Runs `argv` with `ns` shown through FUSE; answers the program's exit status.
-pub fn run(
-    argv: &[CString],
-    ns: Namespace,
-    plan: Plan,
-    attr_timeout: Duration,
-    consistency: locus_mount::Consistency,
-) -> Result<i32, NotRun> {
+/// Runs `argv` with `ns` shown through FUSE with `mount`'s caching; answers the
+/// program's exit status.
+pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> Result<i32, NotRun> {
     let unavailable = |e: &dyn std::fmt::Display| NotRun::Unavailable(e.to_string());
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -223,7 +218,7 @@ pub fn run(
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
     let on_abort = Box::new(move || kill_descendants(agent));
     let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
-    let fs = LocusFs::new(Box::new(driver), "/", MountOptions { attr_timeout, consistency, ..Default::default() });
+    let fs = LocusFs::new(Box::new(driver), "/", mount);
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
     let _ = notifier.set(session.notifier());

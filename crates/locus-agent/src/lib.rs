@@ -84,6 +84,10 @@ pub struct RunOptions {
     /// On the FUSE path, whether servers' callbacks let the kernel cache until a change
     /// (see [`locus_mount::Consistency`]); the traced path uses `attr_timeout` alone.
     pub consistency: locus_mount::Consistency,
+    /// Under `afs` consistency on the FUSE path: where local copies of files being
+    /// written are kept, and the most bytes they may hold (as `locus mount`'s).
+    pub cache_dir: std::path::PathBuf,
+    pub cache_limit: u64,
     /// How the program is given its namespace.
     pub interposition: Interposition,
 }
@@ -170,7 +174,14 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
         let unavailable = match fuse_path::plan(&options.mounts) {
             Ok(plan) => {
                 let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
-                match fuse_path::run(&argv, ns, plan, options.attr_timeout, options.consistency) {
+                let mount = locus_mount::MountOptions {
+                    attr_timeout: options.attr_timeout,
+                    consistency: options.consistency,
+                    cache_dir: options.cache_dir.clone(),
+                    cache_limit: options.cache_limit,
+                    ..Default::default()
+                };
+                match fuse_path::run(&argv, ns, plan, mount) {
                     Ok(status) => return Ok(status),
                     Err(fuse_path::NotRun::Stopped(abort)) => return Err(abort),
                     Err(fuse_path::NotRun::Unavailable(why)) => why,

@@ -202,6 +202,12 @@ enum Command {
         /// As `locus mount --consistency`, on the FUSE path: `sprite` (servers' callbacks let the kernel cache until another client changes a path; only while every mounted server has them), `afs` (as sprite, and files written are stored at close from a local copy) or `nfs` (--attr-timeout-ms).
         #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
         consistency: String,
+        /// As `locus mount --cache-dir`: where `--consistency afs` keeps local copies of files being written.
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// As `locus mount --cache-mb`: the most MiB of local copies under `--consistency afs`.
+        #[arg(long, default_value_t = 1024)]
+        cache_mb: u64,
         /// How the program sees the namespace: `fuse` (a private mount namespace with a
         /// FUSE file system; fails if the kernel refuses), `trace` (ptrace and seccomp), or
         /// `auto` (fuse where possible, else trace; LOCUS_LOG=debug says why).
@@ -365,11 +371,14 @@ fn agent_options(
         let (logical, remote) = m.split_once('=').ok_or_else(|| format!("--mount {m}: expected LOGICAL=REMOTE"))?;
         all.push(locus_agent::parse_mount(logical, remote)?);
     }
+    let defaults = locus_mount::MountOptions::default();
     Ok(locus_agent::RunOptions {
         mounts: all,
         retry: Duration::from_secs(retry_secs),
         attr_timeout: Duration::from_millis(attr_timeout_ms),
         consistency,
+        cache_dir: defaults.cache_dir,
+        cache_limit: defaults.cache_limit,
         interposition,
     })
 }
@@ -396,15 +405,31 @@ fn main() -> ExitCode {
     } else {
         logs.init();
     }
-    if let Command::RunAgent { mounts, mount_list, retry_secs, attr_timeout_ms, consistency, interpose, command } =
-        cli.command
+    if let Command::RunAgent {
+        mounts,
+        mount_list,
+        retry_secs,
+        attr_timeout_ms,
+        consistency,
+        cache_dir,
+        cache_mb,
+        interpose,
+        command,
+    } = cli.command
     {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.
         let consistency = consistency_named(&consistency);
-        return match agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, consistency, interpose)
-        {
-            Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
+        let options =
+            agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, consistency, interpose);
+        return match options {
+            Ok(mut options) => {
+                if let Some(dir) = cache_dir {
+                    options.cache_dir = dir;
+                }
+                options.cache_limit = cache_mb.saturating_mul(1 << 20);
+                ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8)
+            }
             Err(msg) => {
                 eprintln!("locus: {msg}");
                 ExitCode::from(locus_agent::EXIT_SETUP as u8)

@@ -455,3 +455,22 @@ fn on_the_fuse_path_callbacks_show_another_clients_change_however_long_the_timeo
     std::fs::write(s.scratch().join("go"), b"").unwrap();
     assert_eq!(runner.join().unwrap(), "onef.txt\n\ntwof.txt\ng.txt\n");
 }
+
+#[test]
+fn on_the_fuse_path_afs_takes_the_cache_flags_and_the_bytes_arrive() {
+    let s = TestServer::start();
+    s.put_local("w.txt", b"old");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}", s.url("").trim_start_matches("locus://"));
+    let script = format!("printf new > {r}/w.txt && cat {r}/w.txt");
+    // A usable cache directory, and one that cannot hold copies (a file: written through).
+    let not_a_dir = s.scratch().join("not-a-dir");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    for dir in [s.scratch().join("cache"), not_a_dir] {
+        s.put_local("w.txt", b"old");
+        let dir = dir.to_str().unwrap();
+        let flags = ["--consistency", "afs", "--cache-mb", "64", "--cache-dir", dir];
+        assert_eq!(run_ok("fuse", &flags, &script, &home), "new");
+        assert_eq!(std::fs::read(s.local("w.txt")).unwrap(), b"new", "stored at the server by the end");
+    }
+}
