@@ -457,20 +457,28 @@ fn on_the_fuse_path_callbacks_show_another_clients_change_however_long_the_timeo
 }
 
 #[test]
-fn on_the_fuse_path_afs_takes_the_cache_flags_and_the_bytes_arrive() {
+fn on_the_fuse_path_afs_writes_back_at_close_with_the_cache_flags_given() {
     let s = TestServer::start();
-    s.put_local("w.txt", b"old");
     let home = s.scratch().join("home");
     let r = format!("/locus/{}", s.url("").trim_start_matches("locus://"));
-    let script = format!("printf new > {r}/w.txt && cat {r}/w.txt");
-    // A usable cache directory, and one that cannot hold copies (a file: written through).
+    // One process, so no other close of the file (a shell's redirections close copies of
+    // their descriptors, and every close stores). A first file made tells the mount the
+    // server lets it write there; then it writes, reads the server's copy beside it in
+    // the export, closes, and reads the file back through the mount.
+    let script = format!(
+        "python3 -c \"open('{r}/first.txt', 'w').close(); f = open('{r}/w.txt', 'w'); f.write('new'); f.flush(); print(open('{}').read()); \
+         f.close(); print(open('{r}/w.txt').read())\"",
+        s.local("w.txt").display()
+    );
     let not_a_dir = s.scratch().join("not-a-dir");
     std::fs::write(&not_a_dir, b"").unwrap();
-    for dir in [s.scratch().join("cache"), not_a_dir] {
+    // With a cache directory, the server has the old bytes until close; with one that
+    // cannot hold copies (a file), writes go through as they are made.
+    for (dir, before_close) in [(s.scratch().join("cache"), "old"), (not_a_dir, "new")] {
         s.put_local("w.txt", b"old");
         let dir = dir.to_str().unwrap();
         let flags = ["--consistency", "afs", "--cache-mb", "64", "--cache-dir", dir];
-        assert_eq!(run_ok("fuse", &flags, &script, &home), "new");
-        assert_eq!(std::fs::read(s.local("w.txt")).unwrap(), b"new", "stored at the server by the end");
+        assert_eq!(run_ok("fuse", &flags, &script, &home), format!("{before_close}\nnew\n"), "cache dir {dir}");
+        assert_eq!(std::fs::read(s.local("w.txt")).unwrap(), b"new");
     }
 }
