@@ -22,6 +22,12 @@ DEFAULT_PORT = 9610
 DEFAULT_BLOCK = 1 << 20
 
 
+def _datetime(seconds: float):
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+
+
 def _info(path: str, st: dict) -> dict:
     kind = {"file": "file", "directory": "directory"}.get(st["type"], "other")
     return {
@@ -135,13 +141,11 @@ class LocusFileSystem(AbstractFileSystem):
     def mv(self, path1: str, path2: str, recursive: bool = False, maxdepth: Optional[int] = None, **kwargs: Any):
         self.client.rename(self._strip_protocol(path1), self._strip_protocol(path2))
 
-    def created(self, path: str) -> float:
-        return self.info(path)["created"]
+    def created(self, path: str):
+        return _datetime(self.info(path)["created"])
 
     def modified(self, path: str):
-        import datetime
-
-        return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
+        return _datetime(self.info(path)["mtime"])
 
     def _open(
         self,

@@ -45,6 +45,7 @@ def test_pyarrow_dataset_over_a_directory(server):
     assert dataset.to_table().num_rows == 300
     assert sorted(fs.ls("/ds", detail=False)) == ["/ds/p0.parquet", "/ds/p1.parquet", "/ds/p2.parquet"]
     assert fs.info("/ds/p0.parquet")["type"] == "file"
+    assert fs.modified("/ds/p0.parquet").year >= 2024
     assert fs.find("/ds") == ["/ds/p0.parquet", "/ds/p1.parquet", "/ds/p2.parquet"]
     fs.rm("/ds", recursive=True)
     assert not fs.exists("/ds")
