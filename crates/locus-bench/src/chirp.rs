@@ -151,13 +151,7 @@ pub fn run(args: ChirpArgs) -> Result<(), BenchError> {
 
 /// Gives the loopback address the rights chirp_server's benchmark ACL gives it.
 fn grant_loopback(addr: SocketAddr, token: &str) -> Result<(), BenchError> {
-    let opts = locus_client::ConnectOptions {
-        addr: addr.to_string(),
-        credentials: locus_client::Credentials { subject: "admin".into(), token: token.into() },
-        tls_ca: None,
-        tls_name: None,
-    };
-    let client = locus_client::blocking::Client::connect(&opts).map_err(|e| BenchError::Setup(e.to_string()))?;
+    let client = crate::scripts::connect(addr, token).map_err(BenchError::Setup)?;
     let rights = locus_client::types::Rights::parse("rwld").map_err(BenchError::Setup)?;
     client
         .run(|c| c.acl_set("/", "address:127.0.0.1", rights))
