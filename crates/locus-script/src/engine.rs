@@ -8,6 +8,7 @@
 //! wake-up each way, which on a virtual machine is tens of microseconds.
 
 use crate::error::ScriptError;
+use crate::runs::{Ending, LiveCall, ScriptRuns};
 use crate::stdlib::{self, Buffer, CallCtx, ObjectStates, Shared};
 use crate::value::{results_from_lua, to_lua};
 use crate::{bindings, script_id, Host};
@@ -152,6 +153,7 @@ pub struct Engine {
     /// The group of each CPU number (`None`: not one of ours).
     group_of_cpu: Vec<Option<usize>>,
     shared: Arc<Shared>,
+    runs: Arc<ScriptRuns>,
     checker: Mutex<Lua>,
 }
 
@@ -175,6 +177,7 @@ impl Engine {
             cpus.push(0);
         }
         let shared = Arc::new(Shared::default());
+        let runs = Arc::new(ScriptRuns::default());
         let mut groups = Vec::with_capacity(cpus.len());
         let mut group_of_cpu = Vec::new();
         for (g, &cpu) in cpus.iter().enumerate() {
@@ -183,7 +186,7 @@ impl Engine {
             let idle = Arc::new(AtomicUsize::new(0));
             // Workers are dealt to the groups in turn.
             for i in (g..workers).step_by(cpus.len()) {
-                let (rx, shared, idle) = (rx.clone(), shared.clone(), idle.clone());
+                let (rx, shared, runs, idle) = (rx.clone(), shared.clone(), runs.clone(), idle.clone());
                 let spawned = std::thread::Builder::new().name(format!("locus-script-{i}")).spawn(move || {
                     if pinned {
                         let mut set = rustix::thread::CpuSet::new();
@@ -192,7 +195,7 @@ impl Engine {
                             tracing::debug!("script worker not held to CPU {cpu}: {e}");
                         }
                     }
-                    worker(rx, shared, idle)
+                    worker(rx, shared, runs, idle)
                 });
                 if let Err(e) = spawned {
                     tracing::error!("cannot start script worker: {e}");
@@ -210,6 +213,7 @@ impl Engine {
             groups,
             group_of_cpu,
             shared,
+            runs,
             checker: Mutex::new(checker),
         }
     }
@@ -265,6 +269,11 @@ impl Engine {
         self.shared.objects.clone()
     }
 
+    /// The calls running on the pool and the last that ended.
+    pub fn runs(&self) -> &ScriptRuns {
+        &self.runs
+    }
+
     /// True if a lock of that name is held now (for tests and diagnostics).
     pub fn lock_held(&self, name: &str) -> bool {
         self.shared.locks.is_held(name)
@@ -317,7 +326,8 @@ impl Engine {
                 *slot = Some(Interpreter { lua, env_meta, compiled: HashMap::new() });
             }
             let i = slot.as_mut()?;
-            let run = run(&i.lua, &self.shared, &i.env_meta, &mut i.compiled, &id, &source, args, input, limits, host);
+            let run =
+                run(&i.lua, &self.shared, &i.env_meta, &mut i.compiled, &id, &source, args, input, limits, host, None);
             Some(run)
         })?;
         match outcome {
@@ -340,7 +350,12 @@ static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
 const WORKER_NICE: i32 = 10;
 
 /// One interpreter thread: takes calls from the shared queue until the engine is gone.
-fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, idle: Arc<AtomicUsize>) {
+fn worker(
+    rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>,
+    shared: Arc<Shared>,
+    runs: Arc<ScriptRuns>,
+    idle: Arc<AtomicUsize>,
+) {
     // Computation yields to the file service: on Linux this sets this thread's nice value.
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
@@ -359,7 +374,21 @@ fn worker(rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>, shared: Arc<Shared>, i
         idle.fetch_sub(1, Ordering::Relaxed);
         let Ok(job) = job else { return };
         let Job { id, source, args, input, limits, host, reply } = job;
-        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host);
+        let (call, live) = runs.started(host.subject(), &id, input.len());
+        let cpu = thread_cpu();
+        let result = run(&lua, &shared, &env_meta, &mut compiled, &id, &source, args, input, limits, host, Some(live));
+        runs.ended(
+            call,
+            Ending {
+                cpu_us: thread_cpu().saturating_sub(cpu).as_micros() as u64,
+                memory: lua.used_memory() as u64,
+                output_bytes: result.as_ref().map_or(0, |o| o.output.len() as u64),
+                outcome: match &result {
+                    Ok(_) => "ok".into(),
+                    Err(e) => e.to_string(),
+                },
+            },
+        );
         reply.send(result);
     }
 }
@@ -422,6 +451,12 @@ fn sandbox(shared: Arc<Shared>, inline: bool) -> mlua::Result<(Lua, Table)> {
         ctx.instructions += HOOK_STEP as u64;
         if let Some((limit, detail)) = ctx.tripped.clone() {
             return Err(mlua::Error::runtime(format!("{limit} limit exceeded: {detail}")));
+        }
+        if let Some(live) = &ctx.live {
+            live.instructions.store(ctx.instructions, Ordering::Relaxed);
+            if live.is_cancelled() {
+                return Err(ctx.trip("cancel", "cancelled".into()));
+            }
         }
         if ctx.instructions > ctx.limits.instructions {
             let detail = format!("more than {} instructions", ctx.limits.instructions);
@@ -504,6 +539,7 @@ fn run(
     input: Vec<u8>,
     limits: Limits,
     host: Box<dyn Host>,
+    live: Option<Arc<LiveCall>>,
 ) -> Result<CallOutcome, ScriptError> {
     if !compiled.contains_key(id) {
         let compile = || -> mlua::Result<Compiled> {
@@ -549,6 +585,7 @@ fn run(
         handles: Vec::new(),
         buffer_bytes: 0,
         token,
+        live,
     });
     let _ = lua.set_memory_limit(lua.used_memory().saturating_add(limits.memory));
     let result = f.call::<MultiValue>(lua_args);
@@ -574,6 +611,9 @@ fn run(
         shared.objects.end_handle(object, handle);
     }
     let values = match result {
+        Err(_) if ctx.tripped.as_ref().is_some_and(|(limit, _)| *limit == "cancel") => {
+            return Err(ScriptError::Cancelled)
+        }
         Err(_) if ctx.tripped.is_some() => {
             let (limit, detail) = ctx.tripped.clone().expect("checked");
             return Err(ScriptError::Limit { limit, detail });
@@ -600,6 +640,12 @@ fn run(
         });
     }
     Ok(CallOutcome { values: out, output })
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 #[cfg(test)]

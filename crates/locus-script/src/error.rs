@@ -23,6 +23,9 @@ pub enum ScriptError {
     /// Bad arguments.
     #[error("{0}")]
     Invalid(String),
+    /// Someone with the right to (its subject, an admin) stopped the call.
+    #[error("the script call was cancelled")]
+    Cancelled,
     /// The call was lost with its interpreter (a panic, or the server shutting down).
     #[error("the script worker went away")]
     Gone,
@@ -37,6 +40,7 @@ impl ScriptError {
             ScriptError::NoScript(_) => Code::NO_SCRIPT,
             ScriptError::Busy => Code::AGAIN,
             ScriptError::Invalid(_) => Code::INVAL,
+            ScriptError::Cancelled => Code::CANCELED,
             ScriptError::Gone => Code::IO,
         }
     }

@@ -10,17 +10,20 @@
 //! - `lua_ser`: replies as Lua tables, built in one protected call.
 //! - `stdlib`: buffers, named state (global, or attached to a file: [`ObjectStates`]),
 //!   locks released when the call ends, messages to clients, time.
+//! - [`ScriptRuns`]: calls running on the pool (cancellable) and the last ones that ended.
 //! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
 
 mod bindings;
 mod engine;
 mod error;
 mod lua_ser;
+mod runs;
 mod stdlib;
 mod value;
 
 pub use engine::{CallOutcome, CallRequest, Engine, Limits, ReplyFn};
 pub use error::ScriptError;
+pub use runs::{ScriptRunInfo, ScriptRuns};
 pub use stdlib::ObjectStates;
 
 use locus_proto::Error as WireError;

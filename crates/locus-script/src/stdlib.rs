@@ -39,6 +39,8 @@ pub struct CallCtx {
     pub buffer_bytes: usize,
     /// Distinguishes this call as a lock owner.
     pub token: u64,
+    /// The call's entry among the running ones (pool calls only).
+    pub live: Option<Arc<crate::runs::LiveCall>>,
 }
 
 impl CallCtx {

@@ -281,6 +281,7 @@ impl ActiveFiles {
             write: false,
             record_inputs: true,
             native: handler.program.clone(),
+            active_file: Some(path.to_string()),
         };
         self.evict(&runs_in_progress(&self.runs));
         let watcher = ActiveWatcher {

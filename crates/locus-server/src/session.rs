@@ -746,6 +746,7 @@ impl Handler for Session {
             write: req.write,
             record_inputs: false,
             native: None,
+            active_file: None,
         };
         let (control, events) = self.shared.storelets.submit(submission)?;
         // Forget finished runs: only this list still holds their controls.
@@ -863,6 +864,7 @@ impl Handler for Session {
             write: false,
             record_inputs: false,
             native: None,
+            active_file: None,
         };
         let (control, mut events) = self.shared.storelets.submit(submission)?;
         self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);

@@ -75,6 +75,8 @@ pub struct Submission {
     /// Run this native program (an administrator's active-file handler) instead of
     /// `wasm`, confined as `locus_storelet::native` says.
     pub native: Option<PathBuf>,
+    /// The active file the run makes (`None` for a storelet a client runs).
+    pub active_file: Option<String>,
 }
 
 struct Job {
@@ -154,9 +156,47 @@ struct LiveRun {
     subject: String,
     module: String,
     args: Vec<String>,
+    active_file: Option<String>,
     submitted: Instant,
+    submitted_ms: u64,
     running: bool,
     control: Arc<RunControl>,
+}
+
+/// A finished run in the recent log.
+struct Ended {
+    entry: StoreletLogEntry,
+    active_file: Option<String>,
+    submitted_ms: u64,
+}
+
+/// A run as operators see it (the web console): queued, running or finished.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunView {
+    pub run: u64,
+    pub subject: String,
+    /// The module's SHA-256, or `native:PROGRAM` for a native handler.
+    pub module: String,
+    pub args: Vec<String>,
+    /// The active file the run makes, when it is a handler's run.
+    pub active_file: Option<String>,
+    /// `queued`, `running`, or how it ended (`exit N`, `LIMIT: ...`, `ECANCELED: ...`).
+    pub state: String,
+    pub running: bool,
+    /// Milliseconds since the Unix epoch when it was submitted.
+    pub submitted_ms: u64,
+    pub wall_us: u64,
+    pub cpu_us: u64,
+    pub fuel: u64,
+    pub peak_memory: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub output_bytes: u64,
+}
+
+/// Milliseconds since the Unix epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 struct Subject {
@@ -170,7 +210,7 @@ struct State {
     /// Runs stopped by each limit since the server started.
     limits: HashMap<&'static str, u64>,
     subjects: HashMap<String, Subject>,
-    log: VecDeque<StoreletLogEntry>,
+    log: VecDeque<Ended>,
 }
 
 /// What the workers share with the service.
@@ -291,7 +331,9 @@ impl StoreletHost {
                         None => Runner::hash(&s.wasm),
                     },
                     args: s.args.clone(),
+                    active_file: s.active_file.clone(),
                     submitted: Instant::now(),
+                    submitted_ms: now_ms(),
                     running: false,
                     control: control.clone(),
                 },
@@ -357,9 +399,65 @@ impl StoreletHost {
         subjects.sort_by(|a, b| a.subject.cmp(&b.subject));
         StoreletReport {
             subjects,
-            recent: state.log.iter().rev().filter(|e| admin || e.subject == who).cloned().collect(),
+            recent: state.log.iter().rev().filter(|e| admin || e.entry.subject == who).map(|e| e.entry.clone()).collect(),
             compiles: self.core.runner.compiles.load(Ordering::Relaxed),
         }
+    }
+
+    /// Runs queued or running, then the recent finished ones, newest first: `who`'s own,
+    /// or everyone's for an admin.
+    pub fn runs(&self, who: &str, admin: bool) -> (Vec<RunView>, Vec<RunView>) {
+        let state = self.core.state.lock();
+        let mut live: Vec<RunView> = state
+            .runs
+            .iter()
+            .filter(|(_, r)| admin || r.subject == who)
+            .map(|(&run, r)| RunView {
+                run,
+                subject: r.subject.clone(),
+                module: r.module.clone(),
+                args: r.args.clone(),
+                active_file: r.active_file.clone(),
+                state: if r.running { "running" } else { "queued" }.into(),
+                running: r.running,
+                submitted_ms: r.submitted_ms,
+                wall_us: r.submitted.elapsed().as_micros() as u64,
+                cpu_us: r.control.cpu().as_micros() as u64,
+                fuel: r.control.fuel(),
+                peak_memory: 0,
+                read_bytes: 0,
+                write_bytes: 0,
+                output_bytes: 0,
+            })
+            .collect();
+        live.sort_by_key(|r| std::cmp::Reverse(r.run));
+        let ended = state
+            .log
+            .iter()
+            .rev()
+            .filter(|e| admin || e.entry.subject == who)
+            .map(|e| {
+                let a = &e.entry.account;
+                RunView {
+                    run: a.run,
+                    subject: e.entry.subject.clone(),
+                    module: a.module.clone(),
+                    args: e.entry.args.clone(),
+                    active_file: e.active_file.clone(),
+                    state: e.entry.outcome.clone(),
+                    running: false,
+                    submitted_ms: e.submitted_ms,
+                    wall_us: a.wall_us,
+                    cpu_us: a.cpu_us,
+                    fuel: a.fuel,
+                    peak_memory: a.peak_memory,
+                    read_bytes: a.read_bytes,
+                    write_bytes: a.write_bytes,
+                    output_bytes: a.output_bytes,
+                }
+            })
+            .collect();
+        (live, ended)
     }
 
     /// Runs stopped by each limit since the server started.
@@ -564,7 +662,7 @@ impl Core {
             tracing::warn!("cannot append to {}: {e}", self.accounts_file.display());
         }
         let mut state = self.state.lock();
-        state.runs.remove(&run);
+        let submitted_ms = state.runs.remove(&run).map_or(0, |r| r.submitted_ms);
         let t = &mut state.subject(&s.subject, &self.config).totals;
         t.runs += 1;
         t.stopped += u64::from(!completed);
@@ -575,11 +673,15 @@ impl Core {
         if state.log.len() == LOG_KEPT {
             state.log.pop_front();
         }
-        state.log.push_back(StoreletLogEntry {
-            subject: s.subject.clone(),
-            args: s.args.clone(),
-            outcome: outcome.to_string(),
-            account: result.clone(),
+        state.log.push_back(Ended {
+            entry: StoreletLogEntry {
+                subject: s.subject.clone(),
+                args: s.args.clone(),
+                outcome: outcome.to_string(),
+                account: result.clone(),
+            },
+            active_file: s.active_file.clone(),
+            submitted_ms,
         });
     }
 }
