@@ -27,8 +27,8 @@ pub struct ServeArgs {
     /// Serve TLS with the certificate in the state directory (self-signed on first use).
     #[arg(long)]
     tls: bool,
-    /// Write the port actually bound to this file (useful with port 0); with
-    /// --chirp-port, a second line `chirp PORT` gives the Chirp endpoint's.
+    /// Write the port actually bound to this file (useful with port 0); lines `chirp
+    /// PORT` and `http PORT` follow with --chirp-port and --http-port.
     #[arg(long)]
     port_file: Option<PathBuf>,
     /// Connections served at once.
@@ -137,10 +137,16 @@ pub struct ServeArgs {
     /// clients connect again when they need to).
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "chirp_port")]
     chirp_idle_s: u64,
-    /// On a head or a data node, also serve HTTP on this port (same address as
-    /// --listen): GET with Range and HEAD; a head redirects large reads to a data node.
+    /// Also serve HTTP on this port (same address as --listen; 0 picks one). A server
+    /// of its own export serves the web console there (log in with a token: browse and
+    /// transfer files, see the load of the last hour, see and cancel running code). A
+    /// head or a data node serves its files: GET with Range and HEAD; a head redirects
+    /// large reads to a data node.
     #[arg(long)]
     http_port: Option<u16>,
+    /// Milliseconds between the console's load samples (it keeps the last hour).
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    load_sample_ms: u64,
 }
 
 /// Parses a Chirp authentication method's name.
@@ -267,9 +273,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             };
             tokio::spawn(locus_server::chirp::serve(listener, server.shared().clone(), config));
         }
-        if let Some(p) = &args.port_file {
-            std::fs::write(p, ports).map_err(|e| format!("{}: {e}", p.display()))?;
-        }
         let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
         let http = match args.http_port {
             Some(port) => {
@@ -277,12 +280,28 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("HTTP on {at}: {e}"))?;
                 let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
                 let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
-                eprintln!("  HTTP: http://{public}/");
-                tokio::spawn(locus_server::http::serve(listener, server.shared().clone()));
+                let shared = server.shared().clone();
+                if config.head.is_none() && head_options.is_none() {
+                    eprintln!("  web console: http://{public}/");
+                    let console = locus_console::ConsoleConfig {
+                        sample_every: std::time::Duration::from_millis(args.load_sample_ms.max(10)),
+                        ..Default::default()
+                    };
+                    tokio::spawn(locus_console::serve(listener, shared, console));
+                } else {
+                    eprintln!("  HTTP: http://{public}/");
+                    tokio::spawn(locus_server::http::serve(listener, shared));
+                }
                 Some(public)
             }
             None => None,
         };
+        if let Some(public) = &http {
+            ports.push_str(&format!("http {}\n", public.rsplit(':').next().unwrap_or("0")));
+        }
+        if let Some(p) = &args.port_file {
+            std::fs::write(p, ports).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
         if let Some(head) = head_options {
             eprintln!("  data node of {}, reached at {advertise}", head.addr);
             tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, http));

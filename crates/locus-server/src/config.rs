@@ -286,6 +286,23 @@ impl Tokens {
     pub fn get(&self, subject: &str) -> Option<&[u8]> {
         self.by_subject.get(subject).map(Vec::as_slice)
     }
+
+    /// The subject a login presents: `SUBJECT:TOKEN`, or a bare token (compared with
+    /// every subject's, in constant time each).
+    pub fn subject_of(&self, presented: &str) -> Option<&str> {
+        let presented = presented.trim();
+        if let Some((who, token)) = presented.split_once(':') {
+            let (name, known) = self.by_subject.get_key_value(who)?;
+            return locus_proto::auth::proofs_equal(known, token.as_bytes()).then_some(name.as_str());
+        }
+        let mut found = None;
+        for (who, token) in self.by_subject.iter() {
+            if locus_proto::auth::proofs_equal(token, presented.as_bytes()) {
+                found = Some(who.as_str());
+            }
+        }
+        found
+    }
 }
 
 /// A fresh random token (256 bits, hex).

@@ -45,7 +45,8 @@ impl Body for HttpBody {
     }
 }
 
-fn text(status: StatusCode, body: impl Into<String>) -> Response<HttpBody> {
+/// A plain-text response.
+pub fn text(status: StatusCode, body: impl Into<String>) -> Response<HttpBody> {
     let mut r = Response::new(HttpBody::Full(Some(Bytes::from(body.into() + "\n"))));
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
@@ -176,7 +177,7 @@ fn range(req: &Request<hyper::body::Incoming>, size: u64) -> Result<Option<(u64,
 
 /// A `200` or `206` response (or `416`) whose bytes `read(offset, len)` produces, in
 /// chunks, as the client takes them.
-fn ranged<F, Fut>(req: &Request<hyper::body::Incoming>, size: u64, etag: &str, read: F) -> Response<HttpBody>
+pub fn ranged<F, Fut>(req: &Request<hyper::body::Incoming>, size: u64, etag: &str, read: F) -> Response<HttpBody>
 where
     F: Fn(u64, u64) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = std::io::Result<Bytes>> + Send,

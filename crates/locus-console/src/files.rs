@@ -1,0 +1,200 @@
+//! The tree: listings, a text preview, ranged downloads and uploads, each done by a
+//! session acting as the logged-in subject (the same calls, ACL checks and callback
+//! breaks as the native protocol's).
+
+use crate::auth::User;
+use crate::{error, json, next_frame, query, wire_error, Req, Resp};
+use bytes::Bytes;
+use hyper::header::{self, HeaderValue};
+use hyper::StatusCode;
+use locus_proto::ops::{Get, Put, Readdir};
+use locus_proto::{Code, Error as WireError};
+use locus_server::dispatch::Handler;
+use locus_server::session::Session;
+use locus_server::transport::Body;
+use locus_server::Shared;
+use std::sync::Arc;
+
+/// Bytes of a file the preview shows.
+pub const PREVIEW_BYTES: usize = 64 << 10;
+
+/// Runs file-system work off the async threads, as `user`.
+async fn as_user<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    user: &User,
+    work: impl FnOnce(&mut Session) -> Result<T, WireError> + Send + 'static,
+) -> Result<T, WireError> {
+    let mut session = Session::acting_as(shared.clone(), &user.subject);
+    tokio::task::spawn_blocking(move || work(&mut session))
+        .await
+        .unwrap_or_else(|e| Err(WireError::new(Code::IO, format!("the request failed: {e}"))))
+}
+
+/// The `path` parameter, or a 400 answer.
+fn path_of(req: &Req) -> Result<String, Resp> {
+    match query(req, "path") {
+        Some(p) if p.starts_with('/') && !p.contains('\0') => Ok(p),
+        _ => Err(error(StatusCode::BAD_REQUEST, "give path=/... (absolute, within the export)")),
+    }
+}
+
+/// `GET /api/list?path=DIR`: the entries with kind, size, mode and modification time.
+pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
+    let path = match path_of(req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let (who, store) = (user.subject.clone(), shared.clone());
+    let listed = as_user(shared, user, move |s| {
+        let entries: Vec<_> = s.readdir(Readdir { path: path.clone() }, Bytes::new())?.pages.into_iter().flatten().collect();
+        // What the subject may do here, for the page to offer only that (an upload
+        // needs `w`).
+        let rights = store.store.rights(&who, &path).map(|r| r.to_string()).unwrap_or_default();
+        Ok((path, entries, rights))
+    })
+    .await;
+    match listed {
+        Ok((path, mut entries, rights)) => {
+            entries.sort_by(|a, b| b.attr.is_dir().cmp(&a.attr.is_dir()).then_with(|| a.name.cmp(&b.name)));
+            let entries: Vec<_> = entries
+                .iter()
+                .map(|e| {
+                    let kind = match e.attr.mode & 0o170000 {
+                        0o040000 => "dir",
+                        0o120000 => "link",
+                        0o100000 => "file",
+                        _ => "other",
+                    };
+                    serde_json::json!({
+                        "name": e.name,
+                        "kind": kind,
+                        "size": e.attr.size,
+                        "mode": format!("{:o}", e.attr.mode & 0o7777),
+                        "mtime": e.attr.mtime.sec,
+                    })
+                })
+                .collect();
+            json(StatusCode::OK, &serde_json::json!({ "path": path, "entries": entries, "rights": rights }))
+        }
+        Err(e) => wire_error(&e),
+    }
+}
+
+/// `GET /api/preview?path=FILE`: the first 64 KiB as text, or word that it is binary.
+pub async fn preview(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
+    let path = match path_of(req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let read = as_user(shared, user, move |s| {
+        let answer = s.get(Get { path }, Bytes::new())?;
+        let size = answer.pages.first().map_or(0, |a| a.size);
+        let Body::Stream(file) = answer.body else { return Err(WireError::new(Code::NOTSUP, "not a plain file")) };
+        let mut buf = vec![0u8; PREVIEW_BYTES.min(size as usize)];
+        let n = file.read_into(0, &mut buf).map_err(WireError::from)?;
+        buf.truncate(n);
+        Ok((size, buf))
+    })
+    .await;
+    match read {
+        Ok((size, bytes)) => {
+            let text = match std::str::from_utf8(&bytes) {
+                Ok(t) => Some(t),
+                // Cut in the middle of a character at the end of the preview.
+                Err(e) if e.error_len().is_none() => std::str::from_utf8(&bytes[..e.valid_up_to()]).ok(),
+                Err(_) => None,
+            }
+            .filter(|t| !t.contains('\0'));
+            json(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "size": size,
+                    "text": text,
+                    "truncated": (bytes.len() as u64) < size,
+                }),
+            )
+        }
+        Err(e) => wire_error(&e),
+    }
+}
+
+/// `GET /api/download?path=FILE`: the bytes, with `Range` honoured (one range).
+pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
+    let path = match path_of(req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let opened = as_user(shared, user, move |s| {
+        let answer = s.get(Get { path }, Bytes::new())?;
+        let attr = answer.pages.first().cloned().unwrap_or_default();
+        let Body::Stream(file) = answer.body else { return Err(WireError::new(Code::NOTSUP, "not a plain file")) };
+        Ok((attr, file))
+    })
+    .await;
+    let (attr, file) = match opened {
+        Ok(o) => o,
+        Err(e) => return wire_error(&e),
+    };
+    let etag = format!("\"{}.{}.{}\"", attr.ino, attr.mtime.sec, attr.mtime.nsec);
+    let name = query(req, "path").unwrap_or_default().rsplit('/').next().unwrap_or("file").to_string();
+    let mut r = locus_server::http::ranged(req, attr.size, &etag, move |offset, len| {
+        let file = file.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let started = std::time::Instant::now();
+                let data = file.read_at(offset, len as usize).map_err(|e| std::io::Error::other(e.to_string()))?;
+                file.io.read(data.len() as u64, started.elapsed());
+                Ok(Bytes::from(data))
+            })
+            .await
+            .map_err(std::io::Error::other)?
+        }
+    });
+    // The name goes in the RFC 5987 form, so any UTF-8 name survives.
+    let encoded = percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC);
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename*=UTF-8''{encoded}")) {
+        r.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+    }
+    r
+}
+
+/// `PUT /api/upload?path=FILE` with the bytes as the body: stored as `put` stores, in a
+/// hidden temporary file made visible by one atomic rename once complete. An upload
+/// that fails or is cut off leaves the old file as it was.
+pub async fn upload(shared: &Arc<Shared>, user: &User, req: Req) -> Resp {
+    let path = match path_of(&req) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    const UPLOAD: u32 = 1;
+    let mut session = Session::acting_as(shared.clone(), &user.subject);
+    let started = tokio::task::block_in_place(|| {
+        session.set_current(UPLOAD, true);
+        session.put(Put { path: path.clone(), mode: 0o644 }, Bytes::new())
+    });
+    if let Err(e) = started {
+        return wire_error(&e);
+    }
+    let mut body = req.into_body();
+    let mut size = 0u64;
+    loop {
+        let data = match next_frame(&mut body).await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+            // The temporary file goes with the session.
+            Some(Err(e)) => return error(StatusCode::BAD_REQUEST, format!("the upload was cut off: {e}")),
+            None => Bytes::new(),
+        };
+        let last = data.is_empty();
+        size += data.len() as u64;
+        if let Err(e) = tokio::task::block_in_place(|| session.put_more(UPLOAD, &data, !last)) {
+            return wire_error(&e);
+        }
+        if last {
+            tracing::info!(subject = %user.subject, path, size, "console upload");
+            return json(StatusCode::OK, &serde_json::json!({ "path": path, "size": size }));
+        }
+    }
+}
