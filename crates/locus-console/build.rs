@@ -18,7 +18,9 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let web = out.join("web");
     if let Err(why) = fetch(&web) {
-        println!("cargo:warning=the console's plots are unavailable in this build ({why}); its pages show tables instead");
+        println!(
+            "cargo:warning=the console's plots are unavailable in this build ({why}); its pages show tables instead"
+        );
         for (name, _) in LIBRARIES {
             let stub = format!("/* {name}: not fetched at build time ({why}) */\n");
             std::fs::write(out.join(name), stub).expect("write to OUT_DIR");

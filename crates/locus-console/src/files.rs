@@ -46,7 +46,8 @@ pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
     };
     let (who, store) = (user.subject.clone(), shared.clone());
     let listed = as_user(shared, user, move |s| {
-        let entries: Vec<_> = s.readdir(Readdir { path: path.clone() }, Bytes::new())?.pages.into_iter().flatten().collect();
+        let entries: Vec<_> =
+            s.readdir(Readdir { path: path.clone() }, Bytes::new())?.pages.into_iter().flatten().collect();
         // What the subject may do here, for the page to offer only that (an upload
         // needs `w`).
         let rights = store.store.rights(&who, &path).map(|r| r.to_string()).unwrap_or_default();
@@ -151,7 +152,20 @@ pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
         }
     });
     // The name goes in the RFC 5987 form, so any UTF-8 name survives.
-    let encoded = percent_encoding::utf8_percent_encode(&name, percent_encoding::NON_ALPHANUMERIC);
+    const ATTR_CHAR: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'!')
+        .remove(b'#')
+        .remove(b'$')
+        .remove(b'&')
+        .remove(b'+')
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'^')
+        .remove(b'_')
+        .remove(b'`')
+        .remove(b'|')
+        .remove(b'~');
+    let encoded = percent_encoding::utf8_percent_encode(&name, ATTR_CHAR);
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename*=UTF-8''{encoded}")) {
         r.headers_mut().insert(header::CONTENT_DISPOSITION, v);
     }

@@ -64,7 +64,11 @@ const ASSETS: [(&str, &str, &[u8]); 5] = [
     ("/console.js", "text/javascript; charset=utf-8", include_bytes!("../web/console.js")),
     ("/console.css", "text/css; charset=utf-8", include_bytes!("../web/console.css")),
     ("/chart.js", "text/javascript; charset=utf-8", include_bytes!(concat!(env!("OUT_DIR"), "/chart.js"))),
-    ("/chart-matrix.js", "text/javascript; charset=utf-8", include_bytes!(concat!(env!("OUT_DIR"), "/chart-matrix.js"))),
+    (
+        "/chart-matrix.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!(concat!(env!("OUT_DIR"), "/chart-matrix.js")),
+    ),
 ];
 
 /// Serves the console on `listener` until the task is dropped; samples the load meanwhile.
@@ -207,7 +211,9 @@ impl Console {
         let user = auth::User { subject: user, admin };
         match (api, method) {
             ("logout", Method::POST) => self.sessions.logout(&req),
-            ("whoami", Method::GET) => json(StatusCode::OK, &serde_json::json!({ "subject": user.subject, "admin": user.admin })),
+            ("whoami", Method::GET) => {
+                json(StatusCode::OK, &serde_json::json!({ "subject": user.subject, "admin": user.admin }))
+            }
             ("list", Method::GET) => files::list(&self.shared, &user, &req).await,
             ("preview", Method::GET) => files::preview(&self.shared, &user, &req).await,
             ("download", Method::GET | Method::HEAD) => files::download(&self.shared, &user, &req).await,

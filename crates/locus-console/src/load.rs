@@ -99,14 +99,16 @@ impl LoadHistory {
     pub fn sample(&self, shared: &Shared) {
         let counters = shared.store.counters();
         let (export, devices, files) = (counters.export(), counters.devices(), counters.all());
-        let t_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let t_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut state = self.state.lock();
         let zero = IoCounters::default();
         let mut moved: Vec<(Arc<str>, u32, Io)> = files
             .iter()
             .filter_map(|f| {
                 let io = Io::between(&f.io, state.files.get(&f.path).unwrap_or(&zero));
-                (!io.is_empty()).then(|| (Arc::from(f.path.as_str()), f.device, io))
+                // The store names files relative to the root; the console absolutely.
+                (!io.is_empty()).then(|| (Arc::from(format!("/{}", f.path.trim_start_matches('/'))), f.device, io))
             })
             .collect();
         moved.sort_by_key(|(_, _, io)| std::cmp::Reverse(io.weight()));
@@ -114,7 +116,11 @@ impl LoadHistory {
         let sample = Sample {
             t_ms,
             export: Io::between(&export, &state.export),
-            devices: devices.iter().enumerate().map(|(i, d)| Io::between(d, state.devices.get(i).unwrap_or(&zero))).collect(),
+            devices: devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| Io::between(d, state.devices.get(i).unwrap_or(&zero)))
+                .collect(),
             files: moved,
         };
         state.export = export;
@@ -142,9 +148,9 @@ impl LoadHistory {
                 Some(0) | None => "/",
                 Some(i) => &path[..i],
             };
-            *listable.entry(parent.to_string()).or_insert_with(|| {
-                shared.store.rights(&user.subject, parent).is_ok_and(|r| r.contains(Rights::LIST))
-            })
+            *listable
+                .entry(parent.to_string())
+                .or_insert_with(|| shared.store.rights(&user.subject, parent).is_ok_and(|r| r.contains(Rights::LIST)))
         };
         let mut totals: HashMap<Arc<str>, (u32, Io)> = HashMap::new();
         for s in &state.samples {

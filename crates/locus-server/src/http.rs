@@ -43,6 +43,18 @@ impl Body for HttpBody {
             HttpBody::Stream(rx) => rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data))),
         }
     }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            // Known bytes go out with a Content-Length, not chunked.
+            HttpBody::Full(b) => hyper::body::SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
+            HttpBody::Stream(_) => hyper::body::SizeHint::default(),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, HttpBody::Full(None))
+    }
 }
 
 /// A plain-text response.

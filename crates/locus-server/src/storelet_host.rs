@@ -399,7 +399,13 @@ impl StoreletHost {
         subjects.sort_by(|a, b| a.subject.cmp(&b.subject));
         StoreletReport {
             subjects,
-            recent: state.log.iter().rev().filter(|e| admin || e.entry.subject == who).map(|e| e.entry.clone()).collect(),
+            recent: state
+                .log
+                .iter()
+                .rev()
+                .filter(|e| admin || e.entry.subject == who)
+                .map(|e| e.entry.clone())
+                .collect(),
             compiles: self.core.runner.compiles.load(Ordering::Relaxed),
         }
     }

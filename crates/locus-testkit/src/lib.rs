@@ -67,6 +67,20 @@ impl TestServer {
         addr
     }
 
+    /// Serves the web console beside the native protocol (`locus serve --http-port`), on
+    /// an ephemeral port; returns its address.
+    pub fn console(&self, config: locus_console::ConsoleConfig) -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr");
+        let shared = self.shared.clone();
+        self.runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            locus_console::serve(listener, shared, config).await
+        });
+        addr
+    }
+
     /// The exported directory, to arrange or inspect files behind the server's back.
     pub fn root(&self) -> PathBuf {
         self.dir.path().join("export")
