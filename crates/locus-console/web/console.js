@@ -129,7 +129,8 @@ async function files(path) {
     $("files-status").textContent = path + ": " + e.message;
     return;
   }
-  $("files-status").textContent = listing.entries.length + " entries; your rights here: " + listing.rights;
+  const n = listing.entries.length;
+  $("files-status").textContent = n + (n === 1 ? " entry" : " entries") + "; your rights here: " + listing.rights;
   $("upload-form").hidden = !listing.rights.includes("w");
   $("upload-form").dataset.dir = path;
   const rows = [];
@@ -139,6 +140,7 @@ async function files(path) {
     a.textContent = "..";
     a.href = "#files=" + encodeURIComponent(path.replace(/\/[^/]*\/?$/, "") || "/");
     up.insertCell().append(a);
+    for (let i = 0; i < 4; i++) up.insertCell();
     rows.push(up);
   }
   for (const e of listing.entries) {
