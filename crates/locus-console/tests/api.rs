@@ -237,3 +237,23 @@ fn scripts_on_the_pool_are_listed_and_can_be_cancelled_by_their_owner_or_an_admi
     assert!(runs(&alice)["scripts"]["recent"].as_array().unwrap().is_empty());
     assert_eq!(cancel(&admin).status, 404, "no longer running");
 }
+
+#[test]
+fn active_file_runs_are_listed_with_the_file_they_made() {
+    let (s, at) = start();
+    s.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+    s.put_local("d/sales.csv", b"region,price\nnorth,10\nsouth,5\n");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let made = rt.block_on(async {
+        let client = locus_client::Client::connect(&s.options("admin")).await.unwrap();
+        client.read_file("/d/csv@sales.csv,-sum,price").await.unwrap()
+    });
+    assert_eq!(made, b"15\n");
+    let admin = login(at, "admin:admin-token");
+    let runs = http(at, "GET", "/api/runs", &[("Cookie", &admin)], b"").json();
+    let run = &runs["active_files"]["recent"][0];
+    assert_eq!(run["active_file"], "/d/csv@sales.csv,-sum,price", "{runs}");
+    assert_eq!((run["state"].as_str(), run["subject"].as_str()), (Some("exit 0"), Some("admin")));
+    assert!(run["read_bytes"].as_u64().unwrap() > 0 && run["fuel"].as_u64().unwrap() > 0);
+    assert!(runs["storelets"]["recent"].as_array().unwrap().is_empty(), "a handler's run is not a storelet's");
+}
