@@ -30,20 +30,18 @@ async fn as_user<T: Send + 'static>(
         .unwrap_or_else(|e| Err(WireError::new(Code::IO, format!("the request failed: {e}"))))
 }
 
-/// The `path` parameter, or a 400 answer.
-fn path_of(req: &Req) -> Result<String, Resp> {
-    match query(req, "path") {
-        Some(p) if p.starts_with('/') && !p.contains('\0') => Ok(p),
-        _ => Err(error(StatusCode::BAD_REQUEST, "give path=/... (absolute, within the export)")),
-    }
+/// The `path` parameter: absolute, within the export.
+fn path_of(req: &Req) -> Option<String> {
+    query(req, "path").filter(|p| p.starts_with('/') && !p.contains('\0'))
+}
+
+fn bad_path() -> Resp {
+    error(StatusCode::BAD_REQUEST, "give path=/... (absolute, within the export)")
 }
 
 /// `GET /api/list?path=DIR`: the entries with kind, size, mode and modification time.
 pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
-    let path = match path_of(req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let Some(path) = path_of(req) else { return bad_path() };
     let (who, store) = (user.subject.clone(), shared.clone());
     let listed = as_user(shared, user, move |s| {
         let entries: Vec<_> =
@@ -83,10 +81,7 @@ pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
 
 /// `GET /api/preview?path=FILE`: the first 64 KiB as text, or word that it is binary.
 pub async fn preview(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
-    let path = match path_of(req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let Some(path) = path_of(req) else { return bad_path() };
     let read = as_user(shared, user, move |s| {
         let answer = s.get(Get { path }, Bytes::new())?;
         let size = answer.pages.first().map_or(0, |a| a.size);
@@ -121,10 +116,7 @@ pub async fn preview(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
 
 /// `GET /api/download?path=FILE`: the bytes, with `Range` honoured (one range).
 pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
-    let path = match path_of(req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let Some(path) = path_of(req) else { return bad_path() };
     let opened = as_user(shared, user, move |s| {
         let answer = s.get(Get { path }, Bytes::new())?;
         let attr = answer.pages.first().cloned().unwrap_or_default();
@@ -176,10 +168,7 @@ pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
 /// hidden temporary file made visible by one atomic rename once complete. An upload
 /// that fails or is cut off leaves the old file as it was.
 pub async fn upload(shared: &Arc<Shared>, user: &User, req: Req) -> Resp {
-    let path = match path_of(&req) {
-        Ok(p) => p,
-        Err(r) => return r,
-    };
+    let Some(path) = path_of(&req) else { return bad_path() };
     const UPLOAD: u32 = 1;
     let mut session = Session::acting_as(shared.clone(), &user.subject);
     let started = tokio::task::block_in_place(|| {
