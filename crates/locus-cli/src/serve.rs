@@ -282,9 +282,14 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
                 let shared = server.shared().clone();
                 if config.head.is_none() && head_options.is_none() {
-                    eprintln!("  web console: http://{public}/");
+                    eprintln!("  web console: {}://{public}/", if config.tls { "https" } else { "http" });
+                    let tls = match config.tls {
+                        true => Some(config::tls_acceptor(&config.state_dir).map_err(|e| e.to_string())?),
+                        false => None,
+                    };
                     let console = locus_console::ConsoleConfig {
                         sample_every: std::time::Duration::from_millis(args.load_sample_ms.max(10)),
+                        tls,
                         ..Default::default()
                     };
                     tokio::spawn(locus_console::serve(listener, shared, console));

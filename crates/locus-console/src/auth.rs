@@ -24,12 +24,20 @@ pub struct User {
 /// Logged-in sessions by id.
 pub struct Sessions {
     ttl: Duration,
+    /// The console is served over TLS: cookies say `Secure`.
+    secure: bool,
     by_id: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl Sessions {
-    pub fn new(ttl: Duration) -> Sessions {
-        Sessions { ttl, by_id: Mutex::new(HashMap::new()) }
+    pub fn new(ttl: Duration, secure: bool) -> Sessions {
+        Sessions { ttl, secure, by_id: Mutex::new(HashMap::new()) }
+    }
+
+    fn cookie(&self, id: &str, max_age: u64) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        HeaderValue::from_str(&format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}{secure}"))
+            .expect("hex and ASCII")
     }
 
     /// Starts a session for `subject`; returns its id.
@@ -62,7 +70,7 @@ impl Sessions {
             self.by_id.lock().remove(id);
         }
         let mut r = json(StatusCode::OK, &serde_json::json!({}));
-        r.headers_mut().insert(header::SET_COOKIE, cookie("", 0));
+        r.headers_mut().insert(header::SET_COOKIE, self.cookie("", 0));
         r
     }
 }
@@ -75,11 +83,6 @@ fn session_id(req: &Req) -> Option<&str> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .find_map(|kv| kv.trim().strip_prefix(COOKIE)?.strip_prefix('='))
-}
-
-fn cookie(id: &str, max_age: u64) -> HeaderValue {
-    HeaderValue::from_str(&format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age}"))
-        .expect("hex and ASCII")
 }
 
 /// `POST /api/login` with `{"token": "..."}`: starts a session, or refuses (401).
@@ -101,6 +104,6 @@ pub async fn login(console: &Console, req: Req) -> Resp {
     tracing::info!(subject, "console login");
     let id = console.sessions.start(&subject);
     let mut r = json(StatusCode::OK, &serde_json::json!({ "subject": subject }));
-    r.headers_mut().insert(header::SET_COOKIE, cookie(&id, console.sessions.ttl.as_secs()));
+    r.headers_mut().insert(header::SET_COOKIE, console.sessions.cookie(&id, console.sessions.ttl.as_secs()));
     r
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How the console is set up.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ConsoleConfig {
     /// Time between load samples.
     pub sample_every: Duration,
@@ -36,6 +36,9 @@ pub struct ConsoleConfig {
     pub history: Duration,
     /// How long a login lasts.
     pub session_ttl: Duration,
+    /// Serve HTTPS with this identity (`locus serve --tls`: the server's own); the
+    /// session cookie is then `Secure`.
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Default for ConsoleConfig {
@@ -44,6 +47,7 @@ impl Default for ConsoleConfig {
             sample_every: Duration::from_secs(5),
             history: Duration::from_secs(3600),
             session_ttl: Duration::from_secs(12 * 3600),
+            tls: None,
         }
     }
 }
@@ -54,6 +58,9 @@ pub struct Console {
     sessions: auth::Sessions,
     load: load::LoadHistory,
 }
+
+/// How long a client may take over the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Req = Request<hyper::body::Incoming>;
 type Resp = Response<HttpBody>;
@@ -74,7 +81,7 @@ const ASSETS: [(&str, &str, &[u8]); 5] = [
 /// Serves the console on `listener` until the task is dropped; samples the load meanwhile.
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, config: ConsoleConfig) {
     let console = Arc::new(Console {
-        sessions: auth::Sessions::new(config.session_ttl),
+        sessions: auth::Sessions::new(config.session_ttl, config.tls.is_some()),
         load: load::LoadHistory::new(&config),
         shared,
     });
@@ -90,14 +97,22 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, confi
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
-        let console = console.clone();
+        let (console, tls) = (console.clone(), config.tls.clone());
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let console = console.clone();
                 async move { Ok::<_, Infallible>(secure(console.answer(req).await)) }
             });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                None => drop(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await),
+                Some(acceptor) => {
+                    let Ok(Ok(stream)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await else {
+                        return;
+                    };
+                    drop(http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await)
+                }
+            }
         });
     }
 }

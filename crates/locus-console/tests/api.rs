@@ -257,3 +257,26 @@ fn active_file_runs_are_listed_with_the_file_they_made() {
     assert!(run["read_bytes"].as_u64().unwrap() > 0 && run["fuel"].as_u64().unwrap() > 0);
     assert!(runs["storelets"]["recent"].as_array().unwrap().is_empty(), "a handler's run is not a storelet's");
 }
+
+#[test]
+fn with_the_servers_tls_identity_the_console_speaks_https_and_its_cookie_is_secure() {
+    let s = TestServer::start();
+    let tls = locus_server::config::tls_acceptor(&s.state_dir()).unwrap();
+    let at = s.console(locus_console::ConsoleConfig { tls: Some(tls), ..Default::default() });
+    let out = std::process::Command::new("curl")
+        .args(["-sk", "-D", "-", "-o", "/dev/null", "-X", "POST", "-H", "X-Locus-Console: 1"])
+        .args(["--data", r#"{"token":"admin:admin-token"}"#])
+        .arg(format!("https://{at}/api/login"))
+        .output()
+        .expect("curl runs");
+    let head = String::from_utf8_lossy(&out.stdout);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(head.lines().any(|l| l.starts_with("set-cookie:") && l.contains("; Secure")), "{head}");
+    // Plain HTTP on that port gets no answer.
+    let mut plain = TcpStream::connect(at).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+}
