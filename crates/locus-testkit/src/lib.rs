@@ -56,27 +56,27 @@ impl TestServer {
     /// Serves the Chirp protocol beside the native one (`locus serve --chirp-port`), on
     /// an ephemeral port; returns its address.
     pub fn chirp(&self, config: locus_server::chirp::ChirpConfig) -> SocketAddr {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.set_nonblocking(true).expect("nonblocking");
-        let addr = listener.local_addr().expect("addr");
-        let shared = self.shared.clone();
-        self.runtime.spawn(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            locus_server::chirp::serve(listener, shared, config).await
-        });
-        addr
+        self.beside(move |listener, shared| locus_server::chirp::serve(listener, shared, config))
     }
 
     /// Serves the web console beside the native protocol (`locus serve --http-port`), on
     /// an ephemeral port; returns its address.
     pub fn console(&self, config: locus_console::ConsoleConfig) -> SocketAddr {
+        self.beside(move |listener, shared| locus_console::serve(listener, shared, config))
+    }
+
+    /// Runs `serve` on the server's runtime with a listener on an ephemeral loopback port.
+    fn beside<F: std::future::Future<Output = ()> + Send + 'static>(
+        &self,
+        serve: impl FnOnce(tokio::net::TcpListener, Arc<locus_server::Shared>) -> F + Send + 'static,
+    ) -> SocketAddr {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let shared = self.shared.clone();
         self.runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            locus_console::serve(listener, shared, config).await
+            serve(listener, shared).await
         });
         addr
     }

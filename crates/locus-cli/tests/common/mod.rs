@@ -1,5 +1,5 @@
 //! Helpers shared by the tests that start `locus` processes (`mount.rs`, `run.rs`,
-//! `devices.rs`); each uses some of them.
+//! `devices.rs`, `python.rs`, `console.rs`); each uses some of them.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -65,4 +65,27 @@ pub fn start_chirp(work: &Path) -> (PathBuf, locus_bench::peers::Peer) {
     // chirp_server runs as nobody: what it creates must be writable by it.
     Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();
     (root, chirp)
+}
+
+/// Runs `cmd`, failing the test with the command line if it fails.
+pub fn run_ok(cmd: &mut Command) {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().unwrap_or_else(|e| panic!("{shown}: {e}"));
+    assert!(status.success(), "{shown} failed: {status}");
+}
+
+/// A Python virtual environment under `target/NAME` with `packages` installed (made once,
+/// reused by later runs); answers its directory.
+pub fn python_venv(name: &str, packages: &[&str]) -> PathBuf {
+    let venv = repo().join("target").join(name);
+    if !venv.join("bin/pip").exists() {
+        run_ok(Command::new("python3").arg("-m").arg("venv").arg(&venv));
+    }
+    run_ok(Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check"]).args(packages));
+    venv
+}
+
+/// The repository's top directory.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("the repository")
 }
