@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import posixpath
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional
 
 from fsspec.caching import ReadAheadCache
@@ -170,54 +169,18 @@ class LocusFileSystem(AbstractFileSystem):
 
 class DirectLargeReads(ReadAheadCache):
     """Read-ahead by one block for small reads (a parser's); a read of a block or more
-    (pyarrow's column chunks) goes straight to the server, none of it copied through the
-    cache, and the range after it, as long, is fetched in the background meanwhile: a
-    reader that decodes one range while the next arrives (pyarrow reading a row group's
-    column chunks in order) then waits for the network only once."""
+    (pyarrow's column chunks) goes straight to the server: no bytes fetched beyond it and
+    none copied through the cache."""
 
     name = "locus-direct-large"
-
-    def __init__(self, blocksize: int, fetcher, size: int, **kwargs: Any):
-        super().__init__(blocksize, fetcher, size, **kwargs)
-        self._ahead: Optional[tuple[int, int, Future]] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
 
     def _fetch(self, start: Optional[int], end: Optional[int]) -> bytes:
         start = 0 if start is None else start
         end = self.size if end is None or end > self.size else end
-        if end - start < self.blocksize:
-            return super()._fetch(start, end)
-        self.total_requested_bytes += end - start
-        data = self._take_ahead(start, end)
-        self._read_ahead(end, min(self.size, end + (end - start)))
-        return data
-
-    def _take_ahead(self, start: int, end: int) -> bytes:
-        """The range, from the read ahead where it begins there (what it lacks is fetched)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None or ahead[0] != start:
+        if end - start >= self.blocksize:
+            self.total_requested_bytes += end - start
             return self.fetcher(start, end)
-        try:
-            data = ahead[2].result()
-        except OSError:
-            return self.fetcher(start, end)
-        if len(data) >= end - start:
-            return data if len(data) == end - start else data[: end - start]
-        return data + self.fetcher(start + len(data), end)
-
-    def _read_ahead(self, start: int, end: int) -> None:
-        if end - start < self.blocksize:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="locus-read-ahead")
-        self._ahead = (start, end, self._pool.submit(self.fetcher, start, end))
-
-    def close(self) -> None:
-        """Stops reading ahead (a read in flight finishes and is dropped)."""
-        self._ahead = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        return super()._fetch(start, end)
 
 
 class LocusFile(AbstractBufferedFile):
@@ -238,11 +201,6 @@ class LocusFile(AbstractBufferedFile):
 
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs.client.read(self.path, start, max(0, end - start))
-
-    def close(self) -> None:
-        if isinstance(getattr(self, "cache", None), DirectLargeReads):
-            self.cache.close()
-        super().close()
 
     def _initiate_upload(self) -> None:
         pass
