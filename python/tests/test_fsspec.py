@@ -49,3 +49,27 @@ def test_pyarrow_dataset_over_a_directory(server):
     assert fs.find("/ds") == ["/ds/p0.parquet", "/ds/p1.parquet", "/ds/p2.parquet"]
     fs.rm("/ds", recursive=True)
     assert not fs.exists("/ds")
+
+
+def test_large_reads_in_order_and_out_of_order_return_exact_bytes(server):
+    # Large reads go straight to the server, small ones through one block of read-ahead:
+    # both, in order and not, and a read past the end, give exactly the file's bytes.
+    import random
+
+    data = random.Random(5).randbytes(9 << 20)
+    fs, _ = fsspec.core.url_to_fs(server["url"])
+    fs.pipe_file("/ahead.bin", data)
+    with fs.open("/ahead.bin", "rb") as f:
+        offset = 0
+        for size in [1 << 20, 1 << 20, 1536 << 10, 1 << 20, 3 << 20]:
+            f.seek(offset)
+            assert f.read(size) == data[offset : offset + size]
+            offset += size
+        rng = random.Random(9)
+        for _ in range(40):
+            start = rng.randrange(0, len(data))
+            size = rng.choice([100, 4096, 1 << 20, (1 << 20) + 17, 2 << 20])
+            f.seek(start)
+            assert f.read(size) == data[start : start + size], (start, size)
+        f.seek(len(data) - (1 << 20))
+        assert f.read(4 << 20) == data[-(1 << 20) :]
