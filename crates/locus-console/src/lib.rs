@@ -233,7 +233,7 @@ impl Console {
             ("preview", Method::GET) => files::preview(&self.shared, &user, &req).await,
             ("download", Method::GET | Method::HEAD) => files::download(&self.shared, &user, &req).await,
             ("upload", Method::PUT) => files::upload(&self.shared, &user, req).await,
-            ("load", Method::GET) => self.load.report(&self.shared, &user),
+            ("load", Method::GET) => self.load.report(&self.shared, &user, query(&req, "file").as_deref()),
             ("runs", Method::GET) => code::runs(&self.shared, &user),
             ("cancel", Method::POST) => code::cancel(&self.shared, &user, &req),
             _ => error(StatusCode::NOT_FOUND, format!("no API {api}")),

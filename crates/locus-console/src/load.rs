@@ -137,10 +137,11 @@ impl LoadHistory {
         state.samples.push_back(sample);
     }
 
-    /// `GET /api/load`: the samples (export and devices), the busiest files over the
-    /// window and a heat map of the busiest files' bytes per interval. Only files in
-    /// directories the subject may list are named.
-    pub fn report(&self, shared: &Shared, user: &User) -> Resp {
+    /// `GET /api/load[?file=PATH]`: the samples (export and devices), the busiest files
+    /// over the window, a heat map of the busiest files' bytes per interval, and with
+    /// `file` that file's own series (zero where it was not among a sample's busiest).
+    /// Only files in directories the subject may list are named.
+    pub fn report(&self, shared: &Shared, user: &User, file: Option<&str>) -> Resp {
         let state = self.state.lock();
         let mut listable: HashMap<String, bool> = HashMap::new();
         let mut visible = |path: &str| -> bool {
@@ -171,6 +172,17 @@ impl LoadHistory {
                 }
             }
         }
+        let series = file.filter(|f| visible(f)).map(|f| {
+            let points: Vec<_> = state
+                .samples
+                .iter()
+                .map(|s| {
+                    let io = s.files.iter().find(|(p, _, _)| p.as_ref() == f).map_or(Io::default(), |(_, _, io)| *io);
+                    serde_json::json!({ "t": s.t_ms, "io": io })
+                })
+                .collect();
+            serde_json::json!({ "path": f, "samples": points })
+        });
         let mut device_names = vec![shared.config.root.display().to_string()];
         device_names.extend(shared.config.devices.iter().map(|d| d.display().to_string()));
         let devices: Vec<String> = device_names
@@ -190,6 +202,7 @@ impl LoadHistory {
                     "path": p.as_ref(), "device": d, "io": io,
                 })).collect::<Vec<_>>(),
                 "heat": { "files": rows.iter().map(|r| r.as_ref()).collect::<Vec<_>>(), "cells": heat },
+                "file": series,
             }),
         )
     }

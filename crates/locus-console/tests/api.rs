@@ -189,6 +189,13 @@ fn the_load_is_sampled_and_names_only_files_the_subject_may_list() {
     assert!(!report["heat"]["cells"].as_array().unwrap().is_empty());
     assert!(report["devices"][0].as_str().unwrap().contains("export"), "an admin sees device paths");
 
+    let one = http(at, "GET", "/api/load?file=/open/hot.dat", &[("Cookie", &admin)], b"").json();
+    let read: u64 =
+        one["file"]["samples"].as_array().unwrap().iter().map(|s| s["io"]["read_bytes"].as_u64().unwrap()).sum();
+    assert_eq!((one["file"]["path"].as_str(), read), (Some("/open/hot.dat"), 3 << 20));
+    let hidden = http(at, "GET", "/api/load?file=/closed/hidden.dat", &[("Cookie", &bob)], b"").json();
+    assert!(hidden["file"].is_null(), "bob may not see that file's series");
+
     let seen_by_bob = http(at, "GET", "/api/load", &[("Cookie", &bob)], b"").json();
     let files: Vec<&str> =
         seen_by_bob["heat"]["files"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();

@@ -227,7 +227,7 @@ function timeAxis() {
 async function load() {
   let l;
   try {
-    l = await api("load");
+    l = await api("load" + (state.loadFile ? "?file=" + encodeURIComponent(state.loadFile) : ""));
   } catch (e) {
     $("load-status").textContent = e.message;
     return;
@@ -292,9 +292,44 @@ async function load() {
       },
     },
   });
+  if (!state.loadFile && l.busiest.length) {
+    // The busiest file gets the one-file plot until another is picked.
+    state.loadFile = l.busiest[0].path;
+    return load();
+  }
+  if (l.file) {
+    $("file-caption").textContent = l.file.path + ": bytes per second and mean service time (µs)";
+    const perSec = (key) => l.file.samples.map((s) => ({ x: s.t, y: s.io[key] / secs }));
+    chart("chart-file", {
+      type: "line",
+      data: {
+        datasets: [
+          line("read B/s", perSec("read_bytes"), 0),
+          line("written B/s", perSec("write_bytes"), 1),
+          {
+            ...line("mean µs", l.file.samples.map((s) => {
+              const n = s.io.reads + s.io.writes;
+              return { x: s.t, y: n ? (s.io.read_us + s.io.write_us) / n : 0 };
+            }), 3),
+            yAxisID: "us",
+            borderDash: [4, 3],
+          },
+        ],
+      },
+      options: {
+        scales: {
+          x: timeAxis(),
+          y: { beginAtZero: true, ticks: { callback: (v) => bytes(v) + "/s" } },
+          us: { position: "right", beginAtZero: true, grid: { drawOnChartArea: false } },
+        },
+      },
+    });
+  }
   const tbody = $("busiest").tBodies[0];
   tbody.replaceChildren(...l.busiest.map((f) => {
     const row = document.createElement("tr");
+    row.className = "pick" + (f.path === state.loadFile ? " picked" : "");
+    row.addEventListener("click", () => { state.loadFile = f.path; load(); });
     const n = f.io.reads + f.io.writes;
     cell(row, f.path);
     cell(row, String(f.device));

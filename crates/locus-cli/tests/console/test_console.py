@@ -130,13 +130,19 @@ def test_the_load_plots_show_a_known_workload(server, browser, tmp_path):
     # The plots are drawn with data: the bytes read show, and the hot file heads the list.
     expect(page.locator("#busiest tbody tr").first).to_contain_text("/hot.bin")
     page.wait_for_function(
-        "() => ['chart-bytes', 'chart-ops', 'chart-times', 'chart-heat']"
+        "() => ['chart-bytes', 'chart-ops', 'chart-times', 'chart-heat', 'chart-file']"
         ".every(id => Number(document.getElementById(id).dataset.points) > 0)")
     read = page.evaluate(
         "() => Chart.getChart('chart-bytes').data.datasets[0].data.reduce((a, p) => a + p.y, 0)")
     assert read > 0
     heat_rows = page.evaluate("() => Chart.getChart('chart-heat').options.scales.y.labels")
     assert "/hot.bin" in heat_rows
+    # The busiest file has its own plot; picking another file in the table plots that one.
+    expect(page.locator("#file-caption")).to_contain_text("/hot.bin")
+    page.locator("#busiest tbody tr").filter(has_text="squares.csv").click()
+    expect(page.locator("#file-caption")).to_contain_text("/reports/squares.csv")
+    page.locator("#busiest tbody tr").filter(has_text="/hot.bin").click()
+    expect(page.locator("#file-caption")).to_contain_text("/hot.bin")
     page.wait_for_timeout(300)
     page.screenshot(path=SHOTS / "load.png", full_page=True)
     page.close()
