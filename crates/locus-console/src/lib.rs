@@ -79,6 +79,7 @@ const ASSETS: [(&str, &str, &[u8]); 5] = [
 ];
 
 /// Serves the console on `listener` until the task is dropped; samples the load meanwhile.
+/// Needs a multi-threaded runtime (uploads write to the store with `block_in_place`).
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, config: ConsoleConfig) {
     let console = Arc::new(Console {
         sessions: auth::Sessions::new(config.session_ttl, config.tls.is_some()),
