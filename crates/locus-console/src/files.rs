@@ -58,10 +58,10 @@ pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
             let entries: Vec<_> = entries
                 .iter()
                 .map(|e| {
-                    let kind = match e.attr.mode & 0o170000 {
-                        0o040000 => "dir",
-                        0o120000 => "link",
-                        0o100000 => "file",
+                    let kind = match &e.attr {
+                        a if a.is_dir() => "dir",
+                        a if a.is_symlink() => "link",
+                        a if a.is_file() => "file",
                         _ => "other",
                     };
                     serde_json::json!({

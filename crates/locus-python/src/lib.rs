@@ -21,10 +21,10 @@ fn os_error(e: ClientError) -> PyErr {
 /// A file's attributes as the dict the Python API documents.
 fn attr_dict<'py>(py: Python<'py>, a: &Attr) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    let kind = match a.mode & locus_client::types::S_IFMT {
-        0o040000 => "directory",
-        0o120000 => "link",
-        0o100000 => "file",
+    let kind = match a {
+        a if a.is_dir() => "directory",
+        a if a.is_symlink() => "link",
+        a if a.is_file() => "file",
         _ => "other",
     };
     d.set_item("type", kind)?;

@@ -350,20 +350,18 @@ impl StoreletHost {
 
     /// Runs queued or running: `who`'s own, or all of them for an admin.
     pub fn ps(&self, who: &str, admin: bool) -> Vec<StoreletRunInfo> {
-        let state = self.core.state.lock();
-        let mut list: Vec<StoreletRunInfo> = state
-            .runs
-            .iter()
-            .filter(|(_, r)| admin || r.subject == who)
-            .map(|(&run, r)| StoreletRunInfo {
-                run,
-                subject: r.subject.clone(),
-                module: r.module.clone(),
-                args: r.args.clone(),
+        let mut list: Vec<StoreletRunInfo> = self
+            .live(who, admin)
+            .into_iter()
+            .map(|r| StoreletRunInfo {
+                run: r.run,
+                subject: r.subject,
+                module: r.module,
+                args: r.args,
                 running: r.running,
-                age_us: r.submitted.elapsed().as_micros() as u64,
-                cpu_us: r.control.cpu().as_micros() as u64,
-                fuel: r.control.fuel(),
+                age_us: r.wall_us,
+                cpu_us: r.cpu_us,
+                fuel: r.fuel,
             })
             .collect();
         list.sort_by_key(|r| r.run);
@@ -413,8 +411,16 @@ impl StoreletHost {
     /// Runs queued or running, then the recent finished ones, newest first: `who`'s own,
     /// or everyone's for an admin.
     pub fn runs(&self, who: &str, admin: bool) -> (Vec<RunView>, Vec<RunView>) {
-        let state = self.core.state.lock();
-        let mut live: Vec<RunView> = state
+        let mut live = self.live(who, admin);
+        live.sort_by_key(|r| std::cmp::Reverse(r.run));
+        (live, self.ended(who, admin))
+    }
+
+    /// Runs queued or running, in no order.
+    fn live(&self, who: &str, admin: bool) -> Vec<RunView> {
+        self.core
+            .state
+            .lock()
             .runs
             .iter()
             .filter(|(_, r)| admin || r.subject == who)
@@ -435,9 +441,14 @@ impl StoreletHost {
                 write_bytes: 0,
                 output_bytes: 0,
             })
-            .collect();
-        live.sort_by_key(|r| std::cmp::Reverse(r.run));
-        let ended = state
+            .collect()
+    }
+
+    /// The recent finished runs, newest first.
+    fn ended(&self, who: &str, admin: bool) -> Vec<RunView> {
+        self.core
+            .state
+            .lock()
             .log
             .iter()
             .rev()
@@ -462,8 +473,7 @@ impl StoreletHost {
                     output_bytes: a.output_bytes,
                 }
             })
-            .collect();
-        (live, ended)
+            .collect()
     }
 
     /// Runs stopped by each limit since the server started.
