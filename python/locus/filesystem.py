@@ -199,6 +199,20 @@ class LocusFile(AbstractBufferedFile):
         if mode == "rb" and "cache_type" not in kwargs:
             self.cache = DirectLargeReads(self.blocksize, self._fetch_range, self.size)
 
+    def read_buffer(self, length: int = -1) -> bytes | memoryview:
+        """``read`` for pyarrow (its Python-file wrapper calls this when it exists): a read
+        of a block or more comes as a read-only memoryview of the bytes as they were
+        received, with no copy into a ``bytes``."""
+        if self.mode != "rb" or self.closed:
+            return self.read(length)
+        left = max(0, self.size - self.loc)
+        length = left if length is None or length < 0 else min(length, left)
+        if length < self.blocksize:
+            return self.read(length)
+        buf = memoryview(self.fs.client.read_buffer(self.path, self.loc, length))
+        self.loc += len(buf)
+        return buf
+
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs.client.read(self.path, start, max(0, end - start))
 

@@ -18,6 +18,16 @@ def test_files_round_trip(server):
     assert c.read("/py/data.bin") == data
     assert c.read("/py/data.bin", 5_000_000, 5_000_001) == data[5_000_000:10_000_001]
     assert c.read("/py/data.bin", len(data) - 3, 100) == data[-3:]
+    # read_buffer lends the received bytes without a copy: the same bytes, read-only.
+    buf = c.read_buffer("/py/data.bin")
+    view = memoryview(buf)
+    assert len(buf) == len(data) and view.readonly and view == data
+    with pytest.raises(TypeError):
+        view[0:1] = b"x"
+    assert bytes(c.read_buffer("/py/data.bin", 4_194_300, 4_194_310)) == data[4_194_300:8_388_610]
+    assert bytes(c.read_buffer("/py/data.bin", len(data) - 3, 100)) == data[-3:]
+    assert len(c.read_buffer("/py/data.bin", len(data) + 5)) == 0
+    del view
     st = c.stat("/py/data.bin")
     assert st["type"] == "file" and st["size"] == len(data)
     assert [e["name"] for e in c.listdir("/py")] == ["data.bin"]

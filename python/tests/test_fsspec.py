@@ -73,3 +73,8 @@ def test_large_reads_in_order_and_out_of_order_return_exact_bytes(server):
             assert f.read(size) == data[start : start + size], (start, size)
         f.seek(len(data) - (1 << 20))
         assert f.read(4 << 20) == data[-(1 << 20) :]
+        # pyarrow's wrapper calls read_buffer: large reads lend the received bytes.
+        for start, size in [(0, 5 << 20), (123, 100), (7 << 20, 4 << 20), (len(data), 10)]:
+            f.seek(start)
+            got = f.read_buffer(size)
+            assert bytes(got) == data[start : start + size] and f.tell() == min(start + size, len(data))

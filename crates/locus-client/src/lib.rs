@@ -56,6 +56,9 @@ pub struct PushMessage {
 enum Waiter {
     One(oneshot::Sender<Result<Frame>>),
     Many(mpsc::UnboundedSender<Result<Frame>>),
+    /// One reply whose data the read loop receives straight into this buffer's spare
+    /// capacity (taken out when the reply's header arrives), so it is not copied again.
+    Into(oneshot::Sender<Result<Frame>>, BytesMut),
 }
 
 type BoxRead = Box<dyn AsyncRead + Unpin + Send>;
@@ -375,6 +378,20 @@ impl Client {
             self.nodes.forget(handle);
         }
         self.start_with(Pread { handle, offset, len }, &[]).await
+    }
+
+    /// [`Client::pread_ahead`] whose reply is received straight into `dest`, an empty
+    /// buffer with room for `len` bytes: the data of the reply is then `dest` frozen (its
+    /// pointer is `dest`'s), with no copy out of the connection's receive buffer. Reads
+    /// of a data node's handle, and replies larger than `dest`, arrive elsewhere.
+    pub async fn pread_into(&self, handle: u64, offset: u64, len: u32, dest: BytesMut) -> Result<Pending<()>> {
+        if self.nodes.location(handle).is_some() || dest.capacity() - dest.len() < len as usize {
+            return self.pread_ahead(handle, offset, len).await;
+        }
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::Into(tx, dest))?;
+        self.send(Pread::INFO.code, id, false, &codec::encode(&Pread { handle, offset, len }), &[]).await?;
+        Ok(Pending { rx, decode: |meta| Ok(codec::decode(meta)?) })
     }
 
     /// Writes `data` at `offset`.
@@ -760,13 +777,39 @@ async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<u
     Ok(n)
 }
 
-async fn read_frame(r: &mut BufReader<BoxRead>, socket: Option<RawFd>, pool: &mut BytesMut) -> Result<Frame> {
+/// Reads one frame; its data goes into the buffer `dest_for` gives for its header when
+/// that has room, else into space split off `pool`.
+async fn read_frame(
+    r: &mut BufReader<BoxRead>,
+    socket: Option<RawFd>,
+    pool: &mut BytesMut,
+    dest_for: impl FnOnce(&Header) -> Option<BytesMut>,
+) -> Result<Frame> {
     let mut head = [0u8; HEADER_LEN];
     r.read_exact(&mut head).await?;
     let header = Header::decode(&head, Limits::CLIENT).map_err(|e| ClientError::Protocol(e.to_string()))?;
     let meta = read_exact_buf(r, None, pool, header.meta_len as usize).await?;
-    let data = read_exact_buf(r, socket, pool, header.data_len as usize).await?;
+    let len = header.data_len as usize;
+    let data = match dest_for(&header).filter(|d| d.capacity() - d.len() >= len) {
+        Some(mut dest) => {
+            read_into(r, socket, &mut dest, len).await?;
+            dest.freeze()
+        }
+        None => read_exact_buf(r, socket, pool, len).await?,
+    };
     Ok(Frame { header, meta, data })
+}
+
+/// The buffer a reply's data should be received into: the one its waiter registered
+/// with [`Client::pread_into`], if any.
+fn registered_dest(inner: &std::sync::Weak<Inner>, header: &Header) -> Option<BytesMut> {
+    if header.kind != Kind::Reply || header.data_len == 0 {
+        return None;
+    }
+    match inner.upgrade()?.waiters.lock().get_mut(&header.id) {
+        Some(Waiter::Into(_, dest)) => Some(std::mem::take(dest)),
+        _ => None,
+    }
 }
 
 /// Bodies at least this large are read with the socket's low-water mark raised.
@@ -793,13 +836,20 @@ async fn read_exact_buf(
     pool: &mut BytesMut,
     len: usize,
 ) -> Result<Bytes> {
-    use bytes::BufMut;
     pool.clear();
     pool.reserve(len.max(POOL_MIN));
+    read_into(r, socket, pool, len).await?;
+    Ok(pool.split_to(len).freeze())
+}
+
+/// Appends exactly `len` bytes to `buf`, which has room for them.
+async fn read_into(r: &mut BufReader<BoxRead>, socket: Option<RawFd>, buf: &mut BytesMut, len: usize) -> Result<()> {
+    use bytes::BufMut;
+    let end = buf.len() + len;
     let lowat = socket.filter(|_| len >= LOWAT_MIN);
     let mut mark = 1;
-    while pool.len() < len {
-        let want = len - pool.len();
+    while buf.len() < end {
+        let want = end - buf.len();
         if let Some(s) = lowat {
             // Never more than what is still to come, or the last piece would never wake us;
             // set only when it changes (once a body, then lowered near its end).
@@ -809,14 +859,14 @@ async fn read_exact_buf(
                 mark = next;
             }
         }
-        if r.read_buf(&mut (&mut *pool).limit(want)).await? == 0 {
+        if r.read_buf(&mut (&mut *buf).limit(want)).await? == 0 {
             return Err(ClientError::Closed);
         }
     }
     if let (Some(s), true) = (lowat, mark != 1) {
         set_rcvlowat(s, 1);
     }
-    Ok(pool.split_to(len).freeze())
+    Ok(())
 }
 
 /// Smallest reservation of the receive pool, so small frames share one allocation.
@@ -827,7 +877,7 @@ const POOL_MIN: usize = 4 << 20;
 async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner: std::sync::Weak<Inner>) {
     let mut pool = BytesMut::new();
     loop {
-        let frame = read_frame(&mut reader, socket, &mut pool).await;
+        let frame = read_frame(&mut reader, socket, &mut pool, |h| registered_dest(&inner, h)).await;
         let Some(inner) = inner.upgrade() else { return };
         let frame = match frame {
             Ok(f) => f,
@@ -837,7 +887,7 @@ async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner:
                 inner.pushes.lock().take();
                 for (_, w) in inner.waiters.lock().drain() {
                     match w {
-                        Waiter::One(tx) => drop(tx.send(Err(ClientError::Closed))),
+                        Waiter::One(tx) | Waiter::Into(tx, _) => drop(tx.send(Err(ClientError::Closed))),
                         Waiter::Many(tx) => drop(tx.send(Err(ClientError::Closed))),
                     }
                 }
@@ -868,8 +918,8 @@ async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner:
                     waiters.remove(&id);
                 }
             }
-            Some(Waiter::One(_)) => {
-                if let Some(Waiter::One(tx)) = waiters.remove(&id) {
+            Some(Waiter::One(_) | Waiter::Into(..)) => {
+                if let Some(Waiter::One(tx) | Waiter::Into(tx, _)) = waiters.remove(&id) {
                     let _ = tx.send(result);
                 }
             }

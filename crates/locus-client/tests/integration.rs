@@ -521,3 +521,31 @@ async fn a_change_beside_the_server_breaks_a_promise_made_before_its_directory_e
     std::fs::write(srv.local("d/new/f"), b"made here").unwrap();
     assert_eq!(next_break(&mut pushes).await, Some(vec!["/d/new/f".to_string()]));
 }
+
+#[tokio::test]
+async fn reads_into_a_callers_buffer_land_in_place() {
+    use bytes::BytesMut;
+    let s = TestServer::start();
+    let c = s.client("admin").await;
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    c.write_file("/f", 0o644, &data).await.unwrap();
+    let h = c.open("/f", of::READ, 0).await.unwrap().handle;
+    // Two destinations cut from one allocation: each reply is received into its own.
+    let mut first = BytesMut::with_capacity(2_000_000);
+    let second = first.split_off(1_000_000);
+    let (p1, p2) = (first.as_ptr(), second.as_ptr());
+    let a = c.pread_into(h, 0, 1_000_000, first).await.unwrap();
+    let b = c.pread_into(h, 2_500_000, 1_000_000, second).await.unwrap();
+    let ((), a) = a.wait_with_data().await.unwrap();
+    let ((), b) = b.wait_with_data().await.unwrap();
+    assert_eq!((a.as_ptr(), b.as_ptr()), (p1, p2), "the replies landed where asked");
+    assert_eq!((&a[..], &b[..]), (&data[..1_000_000], &data[2_500_000..]), "short at the end of the file");
+    // A destination too small for what is asked is not used; the bytes still come.
+    let small = BytesMut::with_capacity(10);
+    let ((), d) = c.pread_into(h, 5, 100, small).await.unwrap().wait_with_data().await.unwrap();
+    assert_eq!(&d[..], &data[5..105]);
+    // An error reply leaves the connection usable.
+    let err = c.pread_into(h + 1000, 0, 10, BytesMut::with_capacity(10)).await.unwrap().wait().await.unwrap_err();
+    assert_eq!(code(err), Code::BADF);
+    assert_eq!(&c.pread(h, 0, 3).await.unwrap()[..], &data[..3]);
+}

@@ -6,6 +6,7 @@
 //! `OSError(errno, message)`, which Python turns into `FileNotFoundError`,
 //! `PermissionError` and the other subclasses by errno.
 
+use bytes::{Bytes, BytesMut};
 use locus_client::types::{open_flags, Attr, Value};
 use locus_client::{blocking, ClientError, LocusUrl, StoreletUpdate};
 use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
@@ -178,6 +179,24 @@ impl Client {
         Ok(if got < len { PyBytes::new(py, &bytes.as_bytes()[..got]) } else { bytes })
     }
 
+    /// [`Client::read`] returning a read-only [`Buffer`] instead of `bytes`: the replies
+    /// are received straight into it, so the bytes are not copied again on the client.
+    #[pyo3(signature = (path, offset = 0, length = None))]
+    fn read_buffer(&self, py: Python<'_>, path: &str, offset: u64, length: Option<u64>) -> PyResult<Buffer> {
+        let client = &self.inner;
+        py.detach(|| {
+            client.run(|c| async move {
+                let opened = c.open(path, open_flags::READ, 0).await?;
+                let end = length.map_or(opened.attr.size, |n| offset.saturating_add(n).min(opened.attr.size));
+                let filled = fill_in_place(c, opened.handle, offset, end.saturating_sub(offset) as usize).await;
+                let closed = c.close(opened.handle).await;
+                let filled = filled?;
+                closed.map(|()| filled)
+            })
+        })
+        .map_err(os_error)
+    }
+
     /// Replaces `path` with `data`, atomically (readers see the old or the new file)
     /// and durably.
     #[pyo3(signature = (path, data, mode = 0o644))]
@@ -271,6 +290,95 @@ async fn fill(
     Ok(())
 }
 
+/// Reads `len` bytes of the open file `handle` from `offset` (fewer at the end of the
+/// file) as [`fill`] does, but into one allocation cut into a destination per request,
+/// which the client receives each reply into.
+async fn fill_in_place(c: &locus_client::Client, handle: u64, offset: u64, len: usize) -> Result<Buffer, ClientError> {
+    let step = READ_STEP as usize;
+    let mut room = BytesMut::with_capacity(len);
+    let base = room.as_ptr() as usize;
+    let mut pending = std::collections::VecDeque::new();
+    let mut parts = Vec::new();
+    let (mut sent, mut got, mut in_place) = (0, 0, true);
+    while sent < len || !pending.is_empty() {
+        while sent < len && pending.len() < READS_IN_FLIGHT {
+            let n = (len - sent).min(step);
+            // The first `n` bytes of room are this reply's, empty with room for `n` bytes.
+            let rest = room.split_off(n);
+            let dest = std::mem::replace(&mut room, rest);
+            pending.push_back((n, c.pread_into(handle, offset + sent as u64, n as u32, dest).await?));
+            sent += n;
+        }
+        let (asked, p) = pending.pop_front().expect("a read is in flight");
+        let ((), data) = p.wait_with_data().await?;
+        in_place &= data.as_ptr() as usize == base + got;
+        got += data.len();
+        let short = data.len() < asked;
+        parts.push(data);
+        if short {
+            break; // the end of the file: what came is what there is
+        }
+    }
+    Ok(Buffer::new(parts, in_place))
+}
+
+/// The bytes of a read, exposed through Python's buffer protocol without a copy (wrap it
+/// in `memoryview` or pass it to anything that takes bytes-like objects).
+#[pyclass(module = "locus._locus", frozen)]
+struct Buffer {
+    /// Owners of the memory: one allocation, or pieces that lie end to end in it.
+    parts: Vec<Bytes>,
+    /// Address of the first byte (the first part's), as an integer so the class is `Send`.
+    start: usize,
+    len: usize,
+}
+
+impl Buffer {
+    /// `parts` as one buffer; `in_place` says they lie end to end in one allocation, in
+    /// order (else they are copied into one).
+    fn new(parts: Vec<Bytes>, in_place: bool) -> Buffer {
+        let parts = if in_place || parts.len() < 2 { parts } else { vec![Bytes::from(parts.concat())] };
+        let len = parts.iter().map(Bytes::len).sum();
+        let start = parts.first().map_or(0, |p| p.as_ptr() as usize);
+        Buffer { parts, start, len }
+    }
+}
+
+#[pymethods]
+impl Buffer {
+    fn __len__(&self) -> usize {
+        self.len
+    }
+
+    /// Lends the bytes read-only; the view holds a reference to this object, and so to
+    /// the memory, until it is released.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::os::raw::c_int,
+    ) -> PyResult<()> {
+        let this = slf.get();
+        debug_assert!(this.parts.iter().all(|p| !p.is_empty()) || this.len == 0);
+        // SAFETY: `view` is the caller's to fill; the memory from `start` holds `len`
+        // initialised bytes owned by `parts`, kept alive by the reference the view takes
+        // on `slf`; it is lent read-only (a writable request fails).
+        let r = unsafe {
+            pyo3::ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                this.start as *mut std::ffi::c_void,
+                this.len as isize,
+                1,
+                flags,
+            )
+        };
+        if r == -1 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+}
+
 /// A storelet run: iterate for its standard output; afterwards `exit_code`, `stderr`
 /// and `account` tell how it ended.
 #[pyclass(module = "locus._locus")]
@@ -350,5 +458,6 @@ impl Run {
 fn _locus(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Run>()?;
+    m.add_class::<Buffer>()?;
     Ok(())
 }
