@@ -161,6 +161,8 @@ unsafe fn read_stack(state: *mut ffi::lua_State, idx: c_int, depth: usize) -> Re
                     items[(i - 1) as usize] = v;
                 }
                 Value::List(items)
+            } else if ints.is_empty() {
+                Value::Map(named)
             } else {
                 // Integer keys become their decimal text, as in `from_lua`.
                 let mut map: Vec<(String, Value)> = ints.into_iter().map(|(i, v)| (i.to_string(), v)).collect();
