@@ -339,7 +339,9 @@ impl Buffer {
     fn new(parts: Vec<Bytes>, in_place: bool) -> Buffer {
         let parts = if in_place || parts.len() < 2 { parts } else { vec![Bytes::from(parts.concat())] };
         let len = parts.iter().map(Bytes::len).sum();
-        let start = parts.first().map_or(0, |p| p.as_ptr() as usize);
+        // An empty buffer still lends a non-null (never read) address.
+        let start =
+            parts.first().map_or(std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8, |p| p.as_ptr()) as usize;
         Buffer { parts, start, len }
     }
 }
