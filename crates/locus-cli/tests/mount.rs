@@ -626,6 +626,41 @@ fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there() {
 }
 
 #[test]
+fn afs_mode_removes_without_waiting_and_in_order() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    for i in 0..30 {
+        s.put_local(&format!("d/f{i}"), b"x");
+    }
+    let cache = s.scratch().join("cache");
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    let names = |dir: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with(".__locus"))
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(names(&a.mnt).len(), 30);
+    // The first removal waits for the server; the rest go behind it, and a file made
+    // again under a removed name right after is made after the removal.
+    for i in 0..30 {
+        std::fs::remove_file(a.mnt.join(format!("f{i}"))).unwrap();
+    }
+    std::fs::write(a.mnt.join("f5"), "again").unwrap();
+    assert_eq!(names(&a.mnt), ["f5"]);
+    std::fs::File::open(&a.mnt).unwrap().sync_all().expect("fsync of the directory: every removal succeeded");
+    assert_eq!(names(&s.local("d")), ["f5"]);
+    assert_eq!(std::fs::read_to_string(s.local("d/f5")).unwrap(), "again");
+    assert!(within(Duration::from_secs(2), || names(&b.mnt) == ["f5"]), "{:?}", names(&b.mnt));
+}
+
+#[test]
 fn afs_write_back_survives_a_server_restart() {
     if !fuse_available() {
         return;

@@ -123,6 +123,16 @@ impl<R> Pending<R> {
         (self.decode)(&frame.meta)
     }
 
+    /// The reply if it has come, without waiting: `None` while it has not (it arrives
+    /// while the connection's read loop runs).
+    pub fn try_wait(&mut self) -> Option<Result<R>> {
+        match self.rx.try_recv() {
+            Ok(frame) => Some(frame.and_then(|f| (self.decode)(&f.meta))),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(ClientError::Closed)),
+        }
+    }
+
     /// Waits for the reply and its data (a `pread` sent ahead).
     pub async fn wait_with_data(self) -> Result<(R, Bytes)> {
         let frame = self.rx.await.map_err(|_| ClientError::Closed)??;

@@ -144,6 +144,17 @@ pub trait Driver: Send {
     fn unlink(&mut self, _path: &str) -> Result<()> {
         Err(DriverError::unsupported("unlink", self.name()))
     }
+    /// Removes a file without waiting for the server where the driver can: the request
+    /// goes out now, ahead of every later one, and a failure shows in
+    /// [`Driver::removals_failed`]. For a caller that knows the removal will succeed.
+    fn unlink_behind(&mut self, path: &str) -> Result<()> {
+        self.unlink(path)
+    }
+    /// The removals behind that failed since the last call, with their errors; with
+    /// `wait`, after waiting for every one still unanswered.
+    fn removals_failed(&mut self, _wait: bool) -> Vec<(String, DriverError)> {
+        Vec::new()
+    }
     fn rename(&mut self, _from: &str, _to: &str) -> Result<()> {
         Err(DriverError::unsupported("rename", self.name()))
     }

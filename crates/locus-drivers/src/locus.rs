@@ -8,7 +8,7 @@
 
 use crate::{Attr, Break, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
 use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -29,6 +29,10 @@ pub struct LocusDriver {
     ahead: HashMap<u64, ReadAhead>,
     /// Callback promises, once turned on.
     callbacks: Option<Callbacks>,
+    /// Removals sent without waiting for their answers, oldest first.
+    removals: VecDeque<(String, Pending<()>)>,
+    /// Removals answered with an error and not yet reported.
+    removals_failed: Vec<(String, DriverError)>,
 }
 
 /// The driver's side of callbacks. Breaks arrive on a second connection of the same
@@ -137,6 +141,8 @@ impl LocusDriver {
             behind: HashMap::new(),
             ahead: HashMap::new(),
             callbacks: None,
+            removals: VecDeque::new(),
+            removals_failed: Vec::new(),
         })
     }
 
@@ -188,6 +194,24 @@ impl LocusDriver {
             self.client = None;
         }
         outcome.map_err(err)
+    }
+
+    /// Takes the answer of a removal sent behind (waiting for it with `wait`); an error
+    /// other than "already gone" is kept for [`Driver::removals_failed`]. Hands the
+    /// removal back when its answer has not come and `wait` is false.
+    fn settle_removal(&mut self, path: String, mut pending: Pending<()>, wait: bool) -> Option<(String, Pending<()>)> {
+        // A removal sent on a connection since lost has its answer (an error) already.
+        let outcome = match (pending.try_wait(), &self.client) {
+            (Some(outcome), _) => outcome.map_err(err),
+            (None, _) if !wait => return Some((path, pending)),
+            (None, Some(c)) => c.run(|_| pending.wait()).map_err(err),
+            (None, None) => Err(DriverError::errno(libc::EIO, "the connection was lost before the server answered")),
+        };
+        match outcome {
+            Err(e) if e.errno != libc::ENOENT => self.removals_failed.push((path, e)),
+            _ => {}
+        }
+        None
     }
 
     /// Makes room for one more request behind on `handle` (waiting for the earlier ones
@@ -385,6 +409,31 @@ impl Driver for LocusDriver {
     }
     fn unlink(&mut self, path: &str) -> Result<()> {
         self.call(|c| c.run(|c| c.unlink(path)))
+    }
+    fn unlink_behind(&mut self, path: &str) -> Result<()> {
+        if self.client.is_none() {
+            return self.unlink(path); // reconnects
+        }
+        if self.removals.len() >= MAX_BEHIND {
+            let (oldest, pending) = self.removals.pop_front().expect("full");
+            self.settle_removal(oldest, pending, true);
+        }
+        let request = locus_proto::ops::Unlink { path: path.to_string() };
+        match self.call_on(|c| c.run(|c| c.start_with(request, &[]))) {
+            Ok(pending) => self.removals.push_back((path.to_string(), pending)),
+            // The request did not go out: the connection is gone, and a new one removes it.
+            Err(e) if e.is_transient() => return self.unlink(path),
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+    fn removals_failed(&mut self, wait: bool) -> Vec<(String, DriverError)> {
+        for (path, pending) in std::mem::take(&mut self.removals) {
+            if let Some(unanswered) = self.settle_removal(path, pending, wait) {
+                self.removals.push_back(unanswered);
+            }
+        }
+        std::mem::take(&mut self.removals_failed)
     }
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
         self.call(|c| c.run(|c| c.rename(from, to)))

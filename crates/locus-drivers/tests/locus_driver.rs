@@ -103,3 +103,37 @@ fn sequential_reads_are_sent_ahead_and_never_serve_stale_or_wrong_bytes() {
     }
     d.close(h).expect("close");
 }
+
+#[test]
+fn removals_behind_land_in_order_and_their_failures_are_reported() {
+    use locus_client::types::Rights;
+    let server = TestServer::start();
+    for i in 0..100 {
+        server.put_local(&format!("d/f{i}"), b"x");
+    }
+    server.put_local("keep/k", b"k");
+    let rights = Rights(Rights::READ.0 | Rights::WRITE.0 | Rights::LIST.0 | Rights::DELETE.0);
+    server.shared().store.acl_set("admin", "/d", "alice", rights).unwrap();
+    server.shared().store.acl_set("admin", "/keep", "alice", Rights(Rights::READ.0 | Rights::LIST.0)).unwrap();
+    let mut d = locus_drivers::locus::LocusDriver::with_options(server.options("alice")).expect("connects");
+    // More than the driver keeps unanswered: the oldest are waited for on the way.
+    for i in 0..100 {
+        d.unlink_behind(&format!("/d/f{i}")).expect("sent");
+    }
+    // A request sent later is answered after them: the name made again stays.
+    d.write_file("/d/f7", 0o644, b"again").expect("made again");
+    assert!(d.removals_failed(true).is_empty(), "every removal succeeded");
+    let left: Vec<_> = d.readdir("/d").expect("lists").into_iter().map(|e| e.name).collect();
+    assert_eq!(left, ["f7"]);
+    assert_eq!(std::fs::read(server.local("d/f7")).unwrap(), b"again");
+
+    // A removal refused (no delete right) is answered at once and reported later; one of
+    // a name already gone is not a failure.
+    d.unlink_behind("/keep/k").expect("sent without waiting");
+    d.unlink_behind("/d/never-was").expect("sent without waiting");
+    let failed = d.removals_failed(true);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!((failed[0].0.as_str(), failed[0].1.errno), ("/keep/k", libc::EACCES));
+    assert!(server.local("keep/k").exists());
+    assert!(d.removals_failed(true).is_empty(), "reported once");
+}

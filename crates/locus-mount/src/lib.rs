@@ -215,6 +215,9 @@ pub struct LocusFs {
     /// Directories the server let the mount write in, and when it last did: where files
     /// may be made and written locally before the server has a say.
     writable: HashMap<u64, Instant>,
+    /// Directories where a removal lately succeeded at the server, and when: later
+    /// removals there are sent without waiting (see [`LocusFs::may_remove_behind`]).
+    removable: HashMap<u64, Instant>,
 }
 
 /// The most content kept per handle in [`LocusFs::known`].
@@ -330,6 +333,7 @@ impl LocusFs {
             copies,
             copy_handles: HashMap::new(),
             writable: HashMap::new(),
+            removable: HashMap::new(),
             driver,
             inodes,
             listings: Listings::default(),
@@ -367,18 +371,52 @@ impl LocusFs {
             self.attrs.clear();
             self.seen.clear();
             self.listings.clear();
+            self.removable.clear();
         }
         for path in &broken.paths {
-            if let Some(ino) = self.inodes.peek(path) {
-                self.attrs.remove(&ino);
-                self.seen.remove(&ino);
-                self.listings.forget(ino);
-            }
-            if let Some(dir) = split_path(path).and_then(|(dir, _)| self.inodes.peek(dir)) {
-                self.attrs.remove(&dir);
-                self.listings.forget(dir);
-            }
+            self.forget(path);
         }
+        self.removals_failed(false);
+    }
+
+    /// Drops what the mount knew of `path` and of its directory's entries.
+    fn forget(&mut self, path: &str) {
+        if let Some(ino) = self.inodes.peek(path) {
+            self.attrs.remove(&ino);
+            self.seen.remove(&ino);
+            self.listings.forget(ino);
+            self.removable.remove(&ino);
+        }
+        if let Some(dir) = split_path(path).and_then(|(dir, _)| self.inodes.peek(dir)) {
+            self.attrs.remove(&dir);
+            self.listings.forget(dir);
+            self.removable.remove(&dir);
+        }
+    }
+
+    /// Takes the removals sent without waiting that failed (after waiting for all of
+    /// them with `wait`): the names were answered as gone, so what the mount knows of
+    /// them is dropped and the next look asks the server, where they still are. Answers
+    /// how many failed.
+    fn removals_failed(&mut self, wait: bool) -> usize {
+        let failed = self.driver.removals_failed(wait);
+        for (path, e) in &failed {
+            tracing::warn!("{path}: the server did not remove it (errno {}): {}", e.errno, e.message);
+            self.forget(path);
+        }
+        failed.len()
+    }
+
+    /// True when removing `name` from `parent` may go without waiting for the server's
+    /// answer: writing back (`afs`) under callbacks, the mount knows `name` is there and
+    /// not a directory, and a removal in `parent` succeeded at the server while the
+    /// callbacks held. Such a removal goes out at once, ahead of anything later on the
+    /// connection; should it fail, the failure is logged and the name shows again.
+    fn may_remove_behind(&self, parent: u64, name: &OsStr) -> bool {
+        let ttl = self.ttl();
+        let (true, Some(name)) = (self.copies.is_some() && ttl == CALLBACK_TTL, name.to_str()) else { return false };
+        self.removable.get(&parent).is_some_and(|at| at.elapsed() < ttl)
+            && matches!(self.listings.find(parent, name, ttl), Known::Present(a) if !a.is_dir())
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):
@@ -959,8 +997,15 @@ impl Filesystem for LocusFs {
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         self.pin(self.inodes.peek(&path));
+        let behind = self.may_remove_behind(parent, name);
         if !self.copy_unlinked(self.inodes.peek(&path)) {
-            ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
+            if behind {
+                tracing::debug!("{path}: removed without waiting");
+                ok_or_reply!(self.driver.unlink_behind(&path).map_err(errno), reply);
+            } else {
+                ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
+                self.removable.insert(parent, Instant::now());
+            }
         }
         self.changed(parent, Some(&path));
         self.listings.removed(parent, name.to_str().unwrap_or_default());
@@ -1264,6 +1309,19 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.settle(fh).map_err(errno), reply);
         ok_or_reply!(self.driver.fsync(fh).map_err(errno), reply);
         reply.ok();
+    }
+
+    /// Where removals went without waiting, `fsync` of a directory waits for them: an
+    /// error says one failed (the name is back).
+    fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
+        match self.removals_failed(true) {
+            0 => reply.ok(),
+            _ => reply.error(libc::EIO),
+        }
+    }
+
+    fn destroy(&mut self) {
+        self.removals_failed(true);
     }
 
     fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
