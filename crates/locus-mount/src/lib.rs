@@ -407,16 +407,20 @@ impl LocusFs {
         failed.len()
     }
 
-    /// True when removing `name` from `parent` may go without waiting for the server's
-    /// answer: writing back (`afs`) under callbacks, the mount knows `name` is there and
-    /// not a directory, and a removal in `parent` succeeded at the server while the
-    /// callbacks held. Such a removal goes out at once, ahead of anything later on the
-    /// connection; should it fail, the failure is logged and the name shows again.
-    fn may_remove_behind(&self, parent: u64, name: &OsStr) -> bool {
+    /// True when removing `path`, `name` in `parent`, may go without waiting for the
+    /// server's answer: writing back (`afs`) under callbacks, the mount knows `name` is
+    /// there and not a directory (by its attributes or the listing), and a removal in
+    /// `parent` succeeded at the server while the callbacks held. Such a removal goes out
+    /// at once, ahead of anything later on the connection; should it fail, the failure is
+    /// logged and the name shows again.
+    fn may_remove_behind(&self, parent: u64, name: &OsStr, path: &str) -> bool {
         let ttl = self.ttl();
         let (true, Some(name)) = (self.copies.is_some() && ttl == CALLBACK_TTL, name.to_str()) else { return false };
-        self.removable.get(&parent).is_some_and(|at| at.elapsed() < ttl)
-            && matches!(self.listings.find(parent, name, ttl), Known::Present(a) if !a.is_dir())
+        let a_file = match self.inodes.peek(path).and_then(|ino| self.fresh(ino)) {
+            Some(attr) => !attr.is_dir(),
+            None => matches!(self.listings.find(parent, name, ttl), Known::Present(a) if !a.is_dir()),
+        };
+        a_file && self.removable.get(&parent).is_some_and(|at| at.elapsed() < ttl)
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):
@@ -997,7 +1001,7 @@ impl Filesystem for LocusFs {
     fn unlink(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty) {
         let path = ok_or_reply!(self.child(parent, name), reply);
         self.pin(self.inodes.peek(&path));
-        let behind = self.may_remove_behind(parent, name);
+        let behind = self.may_remove_behind(parent, name, &path);
         if !self.copy_unlinked(self.inodes.peek(&path)) {
             if behind {
                 tracing::debug!("{path}: removed without waiting");
