@@ -661,6 +661,41 @@ fn afs_mode_removes_without_waiting_and_in_order() {
 }
 
 #[test]
+fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again() {
+    if !fuse_available() {
+        return;
+    }
+    use locus_client::types::Rights;
+    let s = TestServer::start();
+    for name in ["a", "b"] {
+        s.put_local(&format!("d/{name}"), b"x");
+    }
+    let cache = s.scratch().join("cache");
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let listed = || -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(&a.mnt)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with(".__locus"))
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(listed(), ["a", "b"]);
+    std::fs::remove_file(a.mnt.join("a")).unwrap(); // waits: the server may remove here
+                                                    // The right to remove is taken away behind the protocol's back (no callback breaks),
+                                                    // so the mount still believes the next removal will succeed.
+    let keep = Rights(Rights::READ.0 | Rights::WRITE.0 | Rights::LIST.0);
+    s.shared().store.acl_set("admin", "/d", "admin", keep).unwrap();
+    std::fs::remove_file(a.mnt.join("b")).expect("answered without waiting");
+    let synced = std::fs::File::open(&a.mnt).unwrap().sync_all();
+    assert_eq!(synced.expect_err("fsync of the directory reports it").raw_os_error(), Some(5), "EIO");
+    assert!(s.local("d/b").exists());
+    assert!(within(Duration::from_secs(2), || listed() == ["b"]), "{:?}", listed());
+    assert_eq!(std::fs::read(a.mnt.join("b")).unwrap(), b"x");
+}
+
+#[test]
 fn afs_write_back_survives_a_server_restart() {
     if !fuse_available() {
         return;

@@ -151,7 +151,8 @@ pub trait Driver: Send {
         self.unlink(path)
     }
     /// The removals behind that failed since the last call, with their errors; with
-    /// `wait`, after waiting for every one still unanswered.
+    /// `wait`, after waiting for every one still unanswered. With callbacks on, each
+    /// failure also arrives as a [`Break`] of its path.
     fn removals_failed(&mut self, _wait: bool) -> Vec<(String, DriverError)> {
         Vec::new()
     }

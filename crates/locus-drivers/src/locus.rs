@@ -197,7 +197,8 @@ impl LocusDriver {
     }
 
     /// Takes the answer of a removal sent behind (waiting for it with `wait`); an error
-    /// other than "already gone" is kept for [`Driver::removals_failed`]. Hands the
+    /// other than "already gone" is kept for [`Driver::removals_failed`] and, with
+    /// callbacks on, reported as a break of the path. Hands the
     /// removal back when its answer has not come and `wait` is false.
     fn settle_removal(&mut self, path: String, mut pending: Pending<()>, wait: bool) -> Option<(String, Pending<()>)> {
         // A removal sent on a connection since lost has its answer (an error) already.
@@ -208,7 +209,14 @@ impl LocusDriver {
             (None, None) => Err(DriverError::errno(libc::EIO, "the connection was lost before the server answered")),
         };
         match outcome {
-            Err(e) if e.errno != libc::ENOENT => self.removals_failed.push((path, e)),
+            Err(e) if e.errno != libc::ENOENT => {
+                // As a callback break: whoever caches the name (the mount, the kernel)
+                // drops it, and finds it again at the server.
+                if let Some(cb) = &self.callbacks {
+                    let _ = cb.breaks.send(Break::Paths(vec![path.clone()]));
+                }
+                self.removals_failed.push((path, e));
+            }
             _ => {}
         }
         None

@@ -396,8 +396,9 @@ impl LocusFs {
 
     /// Takes the removals sent without waiting that failed (after waiting for all of
     /// them with `wait`): the names were answered as gone, so what the mount knows of
-    /// them is dropped and the next look asks the server, where they still are. Answers
-    /// how many failed.
+    /// them is dropped and the next look asks the server, where they still are (the
+    /// driver also reports each as a break, which drops them from the kernel's caches).
+    /// Answers how many failed.
     fn removals_failed(&mut self, wait: bool) -> usize {
         let failed = self.driver.removals_failed(wait);
         for (path, e) in &failed {
