@@ -360,7 +360,6 @@ impl Buffer {
         flags: std::os::raw::c_int,
     ) -> PyResult<()> {
         let this = slf.get();
-        debug_assert!(this.parts.iter().all(|p| !p.is_empty()) || this.len == 0);
         // SAFETY: `view` is the caller's to fill; the memory from `start` holds `len`
         // initialised bytes owned by `parts`, kept alive by the reference the view takes
         // on `slf`; it is lent read-only (a writable request fails).
