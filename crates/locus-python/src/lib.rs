@@ -330,7 +330,6 @@ struct Buffer {
     parts: Vec<Bytes>,
     /// Address of the first byte (the first part's), as an integer so the class is `Send`.
     start: usize,
-    len: usize,
 }
 
 impl Buffer {
@@ -338,18 +337,22 @@ impl Buffer {
     /// order (else they are copied into one).
     fn new(parts: Vec<Bytes>, in_place: bool) -> Buffer {
         let parts = if in_place || parts.len() < 2 { parts } else { vec![Bytes::from(parts.concat())] };
-        let len = parts.iter().map(Bytes::len).sum();
         // An empty buffer still lends a non-null (never read) address.
         let start =
             parts.first().map_or(std::ptr::NonNull::<u8>::dangling().as_ptr() as *const u8, |p| p.as_ptr()) as usize;
-        Buffer { parts, start, len }
+        Buffer { parts, start }
+    }
+
+    /// Bytes held, from `start`.
+    fn len(&self) -> usize {
+        self.parts.iter().map(Bytes::len).sum()
     }
 }
 
 #[pymethods]
 impl Buffer {
     fn __len__(&self) -> usize {
-        self.len
+        self.len()
     }
 
     /// Lends the bytes read-only; the view holds a reference to this object, and so to
@@ -368,7 +371,7 @@ impl Buffer {
                 view,
                 slf.as_ptr(),
                 this.start as *mut std::ffi::c_void,
-                this.len as isize,
+                this.len() as isize,
                 1,
                 flags,
             )
