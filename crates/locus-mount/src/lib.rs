@@ -780,6 +780,10 @@ impl LocusFs {
     }
 }
 
+/// `FOPEN_NOFLUSH` (FUSE ABI 7.35, honoured by kernels since 5.16): the kernel sends no
+/// `flush` when a descriptor of this handle is closed.
+const FOPEN_NOFLUSH: u32 = 1 << 5;
+
 macro_rules! ok_or_reply {
     ($e:expr, $reply:ident) => {
         match $e {
@@ -1095,17 +1099,20 @@ impl Filesystem for LocusFs {
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         self.absorb();
         let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
+        // A handle that cannot write has nothing to flush: its close costs the kernel no
+        // request (a compiler opens and closes each header it reads).
+        let no_flush = if read_only { FOPEN_NOFLUSH } else { 0 };
         if read_only && self.active(ino) {
             // Read past the size the kernel knows: the output may still be growing, and
             // the server answers each read when its bytes are there (0 at the end).
             let path = ok_or_reply!(self.path(ino), reply);
             let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
             self.open.entry(ino).or_default().push(opened.handle);
-            return reply.opened(opened.handle, fuser::consts::FOPEN_DIRECT_IO);
+            return reply.opened(opened.handle, fuser::consts::FOPEN_DIRECT_IO | no_flush);
         }
         if !read_only || self.unstored(ino).is_some() {
             if let Some((fh, kept)) = self.open_copy(ino, flags) {
-                return reply.opened(fh, if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+                return reply.opened(fh, no_flush | if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
             }
         }
         let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
@@ -1115,7 +1122,7 @@ impl Filesystem for LocusFs {
             let fh = self.next_lazy;
             self.next_lazy += 1;
             self.lazy.insert(fh, (ino, None));
-            return reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE);
+            return reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush);
         }
         let path = ok_or_reply!(self.path(ino), reply);
         let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
@@ -1130,7 +1137,7 @@ impl Filesystem for LocusFs {
         if !read_only {
             self.wrote_in(ino);
         }
-        reply.opened(opened.handle, if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+        reply.opened(opened.handle, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
     }
 
     fn create(
