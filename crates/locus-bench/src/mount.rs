@@ -555,11 +555,14 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                 ));
             }
         }
-        for (name, dir, _) in &targets {
+        for (i, (name, dir, _)) in targets.iter().enumerate() {
             if rtt > 0.0 && name == "local" {
                 continue;
             }
-            let sub = dir.join(format!("postmark-{rtt}"));
+            // A directory of each target's own, made through it: the Locus mounts share
+            // one export, and one mount's run must not start in the directory another
+            // made (and holds callbacks on).
+            let sub = dir.join(format!("postmark-{rtt}-{i}"));
             std::fs::create_dir_all(&sub).map_err(|e| BenchError::io(format!("mkdir {}", sub.display()), e))?;
             match postmark(&sub, work.path()) {
                 Ok((tps, secs)) => postmark_out.push_str(&format!("| {rtt} | {name} | {tps:.0} | {secs:.2} |\n")),
