@@ -291,8 +291,18 @@ impl Client {
     /// [`Pending::wait`] collects later: writes behind. The server runs the requests of
     /// one connection in order, so later requests see the operation's effect.
     pub async fn start_with<O: Operation>(&self, req: O, data: &[u8]) -> Result<Pending<O::Reply>> {
+        self.start_as(req, data, Waiter::One).await
+    }
+
+    /// [`Client::start_with`] with the reply routed by the waiter `waiter` makes.
+    async fn start_as<O: Operation>(
+        &self,
+        req: O,
+        data: &[u8],
+        waiter: impl FnOnce(oneshot::Sender<Result<Frame>>) -> Waiter,
+    ) -> Result<Pending<O::Reply>> {
         let (tx, rx) = oneshot::channel();
-        let id = self.register(Waiter::One(tx))?;
+        let id = self.register(waiter(tx))?;
         self.send(O::INFO.code, id, false, &codec::encode(&req), data).await?;
         Ok(Pending { rx, decode: |meta| Ok(codec::decode::<O::Reply>(meta)?) })
     }
@@ -398,10 +408,7 @@ impl Client {
         if self.nodes.location(handle).is_some() || dest.capacity() - dest.len() < len as usize {
             return self.pread_ahead(handle, offset, len).await;
         }
-        let (tx, rx) = oneshot::channel();
-        let id = self.register(Waiter::Into(tx, dest))?;
-        self.send(Pread::INFO.code, id, false, &codec::encode(&Pread { handle, offset, len }), &[]).await?;
-        Ok(Pending { rx, decode: |meta| Ok(codec::decode(meta)?) })
+        self.start_as(Pread { handle, offset, len }, &[], |tx| Waiter::Into(tx, dest)).await
     }
 
     /// Writes `data` at `offset`.

@@ -32,7 +32,7 @@ pub struct LocusDriver {
     /// Removals sent without waiting for their answers, oldest first.
     removals: VecDeque<(String, Pending<()>)>,
     /// Removals answered with an error and not yet reported.
-    removals_failed: Vec<(String, DriverError)>,
+    failed_removals: Vec<(String, DriverError)>,
 }
 
 /// The driver's side of callbacks. Breaks arrive on a second connection of the same
@@ -142,7 +142,7 @@ impl LocusDriver {
             ahead: HashMap::new(),
             callbacks: None,
             removals: VecDeque::new(),
-            removals_failed: Vec::new(),
+            failed_removals: Vec::new(),
         })
     }
 
@@ -215,7 +215,7 @@ impl LocusDriver {
                 if let Some(cb) = &self.callbacks {
                     let _ = cb.breaks.send(Break::Paths(vec![path.clone()]));
                 }
-                self.removals_failed.push((path, e));
+                self.failed_removals.push((path, e));
             }
             _ => {}
         }
@@ -441,7 +441,7 @@ impl Driver for LocusDriver {
                 self.removals.push_back(unanswered);
             }
         }
-        std::mem::take(&mut self.removals_failed)
+        std::mem::take(&mut self.failed_removals)
     }
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
         self.call(|c| c.run(|c| c.rename(from, to)))

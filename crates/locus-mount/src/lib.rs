@@ -408,6 +408,12 @@ impl LocusFs {
         failed.len()
     }
 
+    /// Writing back (`afs`) with callbacks held: what the mount knows stays true until a
+    /// break says otherwise, so it may act on it before the server answers.
+    fn writing_back_under_callbacks(&self) -> bool {
+        self.copies.is_some() && self.ttl() == CALLBACK_TTL
+    }
+
     /// True when removing `path`, `name` in `parent`, may go without waiting for the
     /// server's answer: writing back (`afs`) under callbacks, the mount knows `name` is
     /// there and not a directory (by its attributes or the listing), and a removal in
@@ -416,7 +422,7 @@ impl LocusFs {
     /// logged and the name shows again.
     fn may_remove_behind(&self, parent: u64, name: &OsStr, path: &str) -> bool {
         let ttl = self.ttl();
-        let (true, Some(name)) = (self.copies.is_some() && ttl == CALLBACK_TTL, name.to_str()) else { return false };
+        let (true, Some(name)) = (self.writing_back_under_callbacks(), name.to_str()) else { return false };
         let a_file = match self.inodes.peek(path).and_then(|ino| self.fresh(ino)) {
             Some(attr) => !attr.is_dir(),
             None => matches!(self.listings.find(parent, name, ttl), Known::Present(a) if !a.is_dir()),
@@ -703,7 +709,7 @@ impl LocusFs {
     fn create_locally(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32) -> Option<(u64, Attr)> {
         let name_str = name.to_str()?;
         let free = self.listings.find(parent, name_str, self.ttl()) == Known::Absent;
-        if self.copies.is_none() || self.ttl() != CALLBACK_TTL || !free || !self.may_write_in(parent) {
+        if !self.writing_back_under_callbacks() || !free || !self.may_write_in(parent) {
             return None;
         }
         let path = self.child(parent, name).ok()?;

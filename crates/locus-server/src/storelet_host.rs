@@ -350,8 +350,7 @@ impl StoreletHost {
 
     /// Runs queued or running: `who`'s own, or all of them for an admin.
     pub fn ps(&self, who: &str, admin: bool) -> Vec<StoreletRunInfo> {
-        let mut list: Vec<StoreletRunInfo> = self
-            .live(who, admin)
+        let mut list: Vec<StoreletRunInfo> = live(&self.core.state.lock(), who, admin)
             .into_iter()
             .map(|r| StoreletRunInfo {
                 run: r.run,
@@ -411,69 +410,11 @@ impl StoreletHost {
     /// Runs queued or running, then the recent finished ones, newest first: `who`'s own,
     /// or everyone's for an admin.
     pub fn runs(&self, who: &str, admin: bool) -> (Vec<RunView>, Vec<RunView>) {
-        let mut live = self.live(who, admin);
+        // One look at the state: a run that ends meanwhile is in one list, not both.
+        let state = self.core.state.lock();
+        let mut live = live(&state, who, admin);
         live.sort_by_key(|r| std::cmp::Reverse(r.run));
-        (live, self.ended(who, admin))
-    }
-
-    /// Runs queued or running, in no order.
-    fn live(&self, who: &str, admin: bool) -> Vec<RunView> {
-        self.core
-            .state
-            .lock()
-            .runs
-            .iter()
-            .filter(|(_, r)| admin || r.subject == who)
-            .map(|(&run, r)| RunView {
-                run,
-                subject: r.subject.clone(),
-                module: r.module.clone(),
-                args: r.args.clone(),
-                active_file: r.active_file.clone(),
-                state: if r.running { "running" } else { "queued" }.into(),
-                running: r.running,
-                submitted_ms: r.submitted_ms,
-                wall_us: r.submitted.elapsed().as_micros() as u64,
-                cpu_us: r.control.cpu().as_micros() as u64,
-                fuel: r.control.fuel(),
-                peak_memory: 0,
-                read_bytes: 0,
-                write_bytes: 0,
-                output_bytes: 0,
-            })
-            .collect()
-    }
-
-    /// The recent finished runs, newest first.
-    fn ended(&self, who: &str, admin: bool) -> Vec<RunView> {
-        self.core
-            .state
-            .lock()
-            .log
-            .iter()
-            .rev()
-            .filter(|e| admin || e.entry.subject == who)
-            .map(|e| {
-                let a = &e.entry.account;
-                RunView {
-                    run: a.run,
-                    subject: e.entry.subject.clone(),
-                    module: a.module.clone(),
-                    args: e.entry.args.clone(),
-                    active_file: e.active_file.clone(),
-                    state: e.entry.outcome.clone(),
-                    running: false,
-                    submitted_ms: e.submitted_ms,
-                    wall_us: a.wall_us,
-                    cpu_us: a.cpu_us,
-                    fuel: a.fuel,
-                    peak_memory: a.peak_memory,
-                    read_bytes: a.read_bytes,
-                    write_bytes: a.write_bytes,
-                    output_bytes: a.output_bytes,
-                }
-            })
-            .collect()
+        (live, ended(&state, who, admin))
     }
 
     /// Runs stopped by each limit since the server started.
@@ -487,6 +428,62 @@ impl StoreletHost {
     pub fn runner(&self) -> &Runner {
         &self.core.runner
     }
+}
+
+/// Runs queued or running, in no order: `who`'s own, or everyone's for an admin.
+fn live(state: &State, who: &str, admin: bool) -> Vec<RunView> {
+    state
+        .runs
+        .iter()
+        .filter(|(_, r)| admin || r.subject == who)
+        .map(|(&run, r)| RunView {
+            run,
+            subject: r.subject.clone(),
+            module: r.module.clone(),
+            args: r.args.clone(),
+            active_file: r.active_file.clone(),
+            state: if r.running { "running" } else { "queued" }.into(),
+            running: r.running,
+            submitted_ms: r.submitted_ms,
+            wall_us: r.submitted.elapsed().as_micros() as u64,
+            cpu_us: r.control.cpu().as_micros() as u64,
+            fuel: r.control.fuel(),
+            peak_memory: 0,
+            read_bytes: 0,
+            write_bytes: 0,
+            output_bytes: 0,
+        })
+        .collect()
+}
+
+/// The recent finished runs, newest first.
+fn ended(state: &State, who: &str, admin: bool) -> Vec<RunView> {
+    state
+        .log
+        .iter()
+        .rev()
+        .filter(|e| admin || e.entry.subject == who)
+        .map(|e| {
+            let a = &e.entry.account;
+            RunView {
+                run: a.run,
+                subject: e.entry.subject.clone(),
+                module: a.module.clone(),
+                args: e.entry.args.clone(),
+                active_file: e.active_file.clone(),
+                state: e.entry.outcome.clone(),
+                running: false,
+                submitted_ms: e.submitted_ms,
+                wall_us: a.wall_us,
+                cpu_us: a.cpu_us,
+                fuel: a.fuel,
+                peak_memory: a.peak_memory,
+                read_bytes: a.read_bytes,
+                write_bytes: a.write_bytes,
+                output_bytes: a.output_bytes,
+            }
+        })
+        .collect()
 }
 
 /// The value of `key=` in an accounts line (values hold no spaces, but `outcome`).
