@@ -531,15 +531,35 @@ impl Client {
         Ok(codec::decode(&f.meta)?)
     }
 
+    /// [`Self::upload`] of bytes already in memory: the frames are cut from `data`
+    /// itself (a small file's store costs no staging buffers of a chunk each).
+    pub async fn upload_bytes<O: Operation>(&self, req: O, data: &[u8]) -> Result<O::Reply> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        let meta = codec::encode(&req);
+        let mut chunks = data.chunks(PUT_CHUNK).peekable();
+        let mut first: &[u8] = &meta;
+        loop {
+            let chunk = chunks.next().unwrap_or_default();
+            let more = chunks.peek().is_some();
+            self.send(O::INFO.code, id, more, std::mem::take(&mut first), chunk).await?;
+            if !more {
+                break;
+            }
+        }
+        let f = rx.await.map_err(|_| ClientError::Closed)??;
+        Ok(codec::decode(&f.meta)?)
+    }
+
     /// Writes a whole file from memory.
     pub async fn write_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
-        self.put(path, mode, &mut &data[..], |_| {}).await
+        self.upload_bytes(Put { path: path.into(), mode }, data).await
     }
 
     /// Writes a whole file from memory without the server waiting for its disk
     /// (`put_cached`): what a close stores, where only `fsync` promises durability.
     pub async fn write_file_cached(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
-        self.upload(PutCached { path: path.into(), mode }, &mut &data[..], |_| {}).await
+        self.upload_bytes(PutCached { path: path.into(), mode }, data).await
     }
 
     /// Creates a directory.

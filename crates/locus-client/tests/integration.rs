@@ -38,6 +38,9 @@ async fn every_file_operation_round_trips() {
     c.write_file("/d/big", 0o600, &big).await.unwrap();
     assert_eq!(c.read_file("/d/big").await.unwrap(), big);
     assert_eq!(c.stat("/d/big").await.unwrap().mode & 0o777, 0o600);
+    let edge = &big[..2 * locus_client::PUT_CHUNK]; // ends exactly at a frame's end
+    c.write_file_cached("/d/edge", 0o644, edge).await.unwrap();
+    assert_eq!(c.read_file("/d/edge").await.unwrap(), edge);
     c.write_file("/d/empty", 0o644, b"").await.unwrap();
     assert_eq!(c.read_file("/d/empty").await.unwrap(), b"");
 

@@ -37,6 +37,11 @@ struct Watches {
 /// How often reports waiting for a decision are looked at again.
 pub const TICK: std::time::Duration = std::time::Duration::from_millis(2);
 
+/// How long the watcher lets events gather once one arrives: a client's store makes
+/// five or six (a temporary made, written, moved over the name), and one wake-up for
+/// them all leaves the cores to the server's connections.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A change the watcher saw: the path, and whether names were made or removed.
 #[derive(Clone)]
 pub struct LocalChange {
@@ -126,20 +131,27 @@ impl Watcher {
 
     /// Reads events until the descriptor fails, handing each change to `on`, and `None`
     /// every [`TICK`] while `on` answers that it has reports waiting for a decision.
+    /// Events that arrive together are handed over once per path.
     pub fn run(&self, mut on: impl FnMut(Option<LocalChange>) -> bool) {
         let mut buf = vec![std::mem::MaybeUninit::<u8>::uninit(); 64 << 10];
         let mut reader = inotify::Reader::new(&self.fd, &mut buf);
         let mut waiting = false;
+        // Paths seen since the last hand-over, and whether names were made or removed.
+        let mut batch: HashMap<String, bool> = HashMap::new();
         loop {
             let event = match reader.next() {
                 Ok(e) => e,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(rustix::io::Errno::AGAIN) => {
+                    for (path, names) in batch.drain() {
+                        waiting = on(Some(LocalChange { path, names }));
+                    }
                     let mut fds = [rustix::event::PollFd::new(&self.fd, rustix::event::PollFlags::IN)];
                     let tick = rustix::time::Timespec { tv_sec: 0, tv_nsec: TICK.as_nanos() as _ };
                     match rustix::event::poll(&mut fds, waiting.then_some(&tick)) {
                         Ok(0) => waiting = on(None),
-                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                        Ok(_) => std::thread::sleep(GATHER),
+                        Err(rustix::io::Errno::INTR) => {}
                         Err(e) => return tracing::warn!("inotify: {e}"),
                     }
                     continue;
@@ -150,9 +162,7 @@ impl Watcher {
             if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
                 // Events were lost: everything watched may have changed.
                 let dirs: Vec<String> = self.watches.lock().by_dir.keys().cloned().collect();
-                for d in dirs {
-                    waiting = on(Some(LocalChange { path: d, names: true }));
-                }
+                batch.extend(dirs.into_iter().map(|path| (path, true)));
                 continue;
             }
             let Some(dir) = self.watches.lock().by_wd.get(&event.wd()).cloned() else { continue };
@@ -186,7 +196,7 @@ impl Watcher {
                 _ => Some(dir),
             };
             let Some(path) = path else { continue };
-            waiting = on(Some(LocalChange { path, names }));
+            *batch.entry(path).or_default() |= names;
         }
     }
 }
