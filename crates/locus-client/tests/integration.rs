@@ -71,7 +71,7 @@ async fn every_file_operation_round_trips() {
     assert_eq!(code(c.access("/d/nope", 0).await.unwrap_err()), Code::NOENT);
 
     // unlink, rmdir
-    for f in ["f", "ln", "renamed", "big", "empty"] {
+    for f in ["f", "ln", "renamed", "big", "edge", "empty"] {
         c.unlink(&format!("/d/{f}")).await.unwrap();
     }
     c.rmdir("/d").await.unwrap();
