@@ -682,9 +682,10 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
         n
     };
     assert_eq!(listed(), ["a", "b"]);
-    std::fs::remove_file(a.mnt.join("a")).unwrap(); // waits: the server may remove here
-                                                    // The right to remove is taken away behind the protocol's back (no callback breaks),
-                                                    // so the mount still believes the next removal will succeed.
+    // The first removal waits: the server may remove here. Then the right to remove is
+    // taken away behind the protocol's back (no callback breaks), so the mount still
+    // believes the next removal will succeed.
+    std::fs::remove_file(a.mnt.join("a")).unwrap();
     let keep = Rights(Rights::READ.0 | Rights::WRITE.0 | Rights::LIST.0);
     s.shared().store.acl_set("admin", "/d", "admin", keep).unwrap();
     std::fs::remove_file(a.mnt.join("b")).expect("answered without waiting");
@@ -693,6 +694,76 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     assert!(s.local("d/b").exists());
     assert!(within(Duration::from_secs(2), || listed() == ["b"]), "{:?}", listed());
     assert_eq!(std::fs::read(a.mnt.join("b")).unwrap(), b"x");
+}
+
+/// The names in `dir` but the store's own.
+fn listed(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".__locus"))
+        .collect();
+    n.sort();
+    n
+}
+
+#[test]
+fn afs_mode_renames_without_waiting_and_in_order() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/doc", b"v0");
+    let cache = s.scratch().join("cache");
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    assert_eq!(listed(&a.mnt), ["doc"]);
+    // An editor's saves: a new file written beside the document, renamed over it. The
+    // first rename waits; the later ones go behind, each after the store before it.
+    for i in 1..=20 {
+        std::fs::write(a.mnt.join("doc.tmp"), format!("v{i}")).unwrap();
+        std::fs::rename(a.mnt.join("doc.tmp"), a.mnt.join("doc")).unwrap();
+        assert_eq!(std::fs::read_to_string(a.mnt.join("doc")).unwrap(), format!("v{i}"));
+    }
+    std::fs::rename(a.mnt.join("doc"), a.mnt.join("final")).unwrap();
+    assert_eq!(listed(&a.mnt), ["final"]);
+    std::fs::File::open(&a.mnt).unwrap().sync_all().expect("fsync of the directory: every rename succeeded");
+    assert_eq!(listed(&s.local("d")), ["final"]);
+    assert_eq!(std::fs::read_to_string(s.local("d/final")).unwrap(), "v20");
+    assert!(within(Duration::from_secs(2), || listed(&b.mnt) == ["final"]), "{:?}", listed(&b.mnt));
+    assert_eq!(std::fs::read_to_string(b.mnt.join("final")).unwrap(), "v20");
+}
+
+#[test]
+fn a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_they_were() {
+    if !fuse_available() {
+        return;
+    }
+    use locus_client::types::Rights;
+    let s = TestServer::start();
+    for name in ["a", "b", "c"] {
+        s.put_local(&format!("d/{name}"), name.as_bytes());
+    }
+    let cache = s.scratch().join("cache");
+    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    assert_eq!(listed(&a.mnt), ["a", "b", "c"]);
+    // Stored at close: the server lets the mount write here. Then a rename that waits
+    // shows that it lets the mount remove here too.
+    std::fs::write(a.mnt.join("new"), "n").unwrap();
+    std::fs::rename(a.mnt.join("a"), a.mnt.join("a2")).unwrap();
+    // The right to remove (which a rename's source needs) is taken away behind the
+    // protocol's back: the mount still believes the next rename will succeed.
+    let keep = Rights(Rights::READ.0 | Rights::WRITE.0 | Rights::LIST.0);
+    s.shared().store.acl_set("admin", "/d", "admin", keep).unwrap();
+    std::fs::rename(a.mnt.join("b"), a.mnt.join("c")).expect("answered without waiting");
+    let synced = std::fs::File::open(&a.mnt).unwrap().sync_all();
+    assert_eq!(synced.expect_err("fsync of the directory reports it").raw_os_error(), Some(5), "EIO");
+    assert_eq!(std::fs::read(s.local("d/b")).unwrap(), b"b");
+    assert_eq!(std::fs::read(s.local("d/c")).unwrap(), b"c");
+    let want = ["a2", "b", "c", "new"];
+    assert!(within(Duration::from_secs(2), || listed(&a.mnt) == want), "{:?}", listed(&a.mnt));
+    assert_eq!(std::fs::read(a.mnt.join("b")).unwrap(), b"b");
+    assert_eq!(std::fs::read(a.mnt.join("c")).unwrap(), b"c");
 }
 
 #[test]

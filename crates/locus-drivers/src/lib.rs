@@ -146,14 +146,20 @@ pub trait Driver: Send {
     }
     /// Removes a file without waiting for the server where the driver can: the request
     /// goes out now, ahead of every later one, and a failure shows in
-    /// [`Driver::removals_failed`]. For a caller that knows the removal will succeed.
+    /// [`Driver::failed_behind`]. For a caller that knows the removal will succeed.
     fn unlink_behind(&mut self, path: &str) -> Result<()> {
         self.unlink(path)
     }
-    /// The removals behind that failed since the last call, with their errors; with
-    /// `wait`, after waiting for every one still unanswered. With callbacks on, each
-    /// failure also arrives as a [`Break`] of its path.
-    fn removals_failed(&mut self, _wait: bool) -> Vec<(String, DriverError)> {
+    /// Renames without waiting for the server where the driver can, as
+    /// [`Driver::unlink_behind`] removes; a failure shows under both names.
+    fn rename_behind(&mut self, from: &str, to: &str) -> Result<()> {
+        self.rename(from, to)
+    }
+    /// The names changed behind (removals, renames) whose change failed since the last
+    /// call, with their errors; with `wait`, after waiting for every one still
+    /// unanswered. With callbacks on, each failure also arrives as a [`Break`] of its
+    /// paths.
+    fn failed_behind(&mut self, _wait: bool) -> Vec<(String, DriverError)> {
         Vec::new()
     }
     fn rename(&mut self, _from: &str, _to: &str) -> Result<()> {

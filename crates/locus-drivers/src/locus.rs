@@ -29,10 +29,19 @@ pub struct LocusDriver {
     ahead: HashMap<u64, ReadAhead>,
     /// Callback promises, once turned on.
     callbacks: Option<Callbacks>,
-    /// Removals sent without waiting for their answers, oldest first.
-    removals: VecDeque<(String, Pending<()>)>,
-    /// Removals answered with an error and not yet reported.
-    failed_removals: Vec<(String, DriverError)>,
+    /// Removals and renames sent without waiting for their answers, oldest first.
+    names_behind: VecDeque<NameChange>,
+    /// Names whose change behind was answered with an error, not yet reported.
+    failed_names: Vec<(String, DriverError)>,
+}
+
+/// A removal or rename sent without waiting for its answer.
+struct NameChange {
+    /// The names it changes (a rename's source first).
+    paths: Vec<String>,
+    /// A removal: finding the name gone already is no failure.
+    removal: bool,
+    pending: Pending<()>,
 }
 
 /// The driver's side of callbacks. Breaks arrive on a second connection of the same
@@ -141,8 +150,8 @@ impl LocusDriver {
             behind: HashMap::new(),
             ahead: HashMap::new(),
             callbacks: None,
-            removals: VecDeque::new(),
-            failed_removals: Vec::new(),
+            names_behind: VecDeque::new(),
+            failed_names: Vec::new(),
         })
     }
 
@@ -196,30 +205,47 @@ impl LocusDriver {
         outcome.map_err(err)
     }
 
-    /// Takes the answer of a removal sent behind (waiting for it with `wait`); an error
-    /// other than "already gone" is kept for [`Driver::removals_failed`] and, with
-    /// callbacks on, reported as a break of the path. Hands the
-    /// removal back when its answer has not come and `wait` is false.
-    fn settle_removal(&mut self, path: String, mut pending: Pending<()>, wait: bool) -> Option<(String, Pending<()>)> {
-        // A removal sent on a connection since lost has its answer (an error) already.
-        let outcome = match (pending.try_wait(), &self.client) {
+    /// Takes the answer of a removal or rename sent behind (waiting for it with `wait`);
+    /// an error (other than a removal's "already gone") is kept for
+    /// [`Driver::failed_behind`] and, with callbacks on, reported as a break of the
+    /// names. Hands the change back when its answer has not come and `wait` is false.
+    fn settle_name(&mut self, mut change: NameChange, wait: bool) -> Option<NameChange> {
+        // A change sent on a connection since lost has its answer (an error) already.
+        let outcome = match (change.pending.try_wait(), &self.client) {
             (Some(outcome), _) => outcome.map_err(err),
-            (None, _) if !wait => return Some((path, pending)),
-            (None, Some(c)) => c.run(|_| pending.wait()).map_err(err),
+            (None, _) if !wait => return Some(change),
+            (None, Some(c)) => c.run(|_| change.pending.wait()).map_err(err),
             (None, None) => Err(DriverError::errno(libc::EIO, "the connection was lost before the server answered")),
         };
         match outcome {
-            Err(e) if e.errno != libc::ENOENT => {
-                // As a callback break: whoever caches the name (the mount, the kernel)
-                // drops it, and finds it again at the server.
+            Err(e) if !(change.removal && e.errno == libc::ENOENT) => {
+                // As a callback break: whoever caches the names (the mount, the kernel)
+                // drops them, and finds them again at the server.
                 if let Some(cb) = &self.callbacks {
-                    let _ = cb.breaks.send(Break::Paths(vec![path.clone()]));
+                    let _ = cb.breaks.send(Break::Paths(change.paths.clone()));
                 }
-                self.failed_removals.push((path, e));
+                self.failed_names.extend(change.paths.into_iter().map(|p| (p, e.clone())));
             }
             _ => {}
         }
         None
+    }
+
+    /// Sends `request`, which changes `paths` (a removal with `removal`), without
+    /// waiting for its answer (after settling the oldest change when many are unanswered).
+    fn change_behind<O: locus_proto::Operation<Reply = ()>>(
+        &mut self,
+        request: O,
+        paths: Vec<String>,
+        removal: bool,
+    ) -> Result<()> {
+        if self.names_behind.len() >= MAX_BEHIND {
+            let oldest = self.names_behind.pop_front().expect("full");
+            self.settle_name(oldest, true);
+        }
+        let pending = self.call_on(|c| c.run(|c| c.start_with(request, &[])))?;
+        self.names_behind.push_back(NameChange { paths, removal, pending });
+        Ok(())
     }
 
     /// Makes room for one more request behind on `handle` (waiting for the earlier ones
@@ -422,26 +448,29 @@ impl Driver for LocusDriver {
         if self.client.is_none() {
             return self.unlink(path); // reconnects
         }
-        if self.removals.len() >= MAX_BEHIND {
-            let (oldest, pending) = self.removals.pop_front().expect("full");
-            self.settle_removal(oldest, pending, true);
-        }
-        let request = locus_proto::ops::Unlink { path: path.to_string() };
-        match self.call_on(|c| c.run(|c| c.start_with(request, &[]))) {
-            Ok(pending) => self.removals.push_back((path.to_string(), pending)),
+        match self.change_behind(locus_proto::ops::Unlink { path: path.to_string() }, vec![path.to_string()], true) {
             // The request did not go out: the connection is gone, and a new one removes it.
-            Err(e) if e.is_transient() => return self.unlink(path),
-            Err(e) => return Err(e),
+            Err(e) if e.is_transient() => self.unlink(path),
+            outcome => outcome,
         }
-        Ok(())
     }
-    fn removals_failed(&mut self, wait: bool) -> Vec<(String, DriverError)> {
-        for (path, pending) in std::mem::take(&mut self.removals) {
-            if let Some(unanswered) = self.settle_removal(path, pending, wait) {
-                self.removals.push_back(unanswered);
+    fn rename_behind(&mut self, from: &str, to: &str) -> Result<()> {
+        if self.client.is_none() {
+            return self.rename(from, to); // reconnects
+        }
+        let request = locus_proto::ops::Rename { from: from.to_string(), to: to.to_string() };
+        match self.change_behind(request, vec![from.to_string(), to.to_string()], false) {
+            Err(e) if e.is_transient() => self.rename(from, to),
+            outcome => outcome,
+        }
+    }
+    fn failed_behind(&mut self, wait: bool) -> Vec<(String, DriverError)> {
+        for change in std::mem::take(&mut self.names_behind) {
+            if let Some(unanswered) = self.settle_name(change, wait) {
+                self.names_behind.push_back(unanswered);
             }
         }
-        std::mem::take(&mut self.failed_removals)
+        std::mem::take(&mut self.failed_names)
     }
     fn rename(&mut self, from: &str, to: &str) -> Result<()> {
         self.call(|c| c.run(|c| c.rename(from, to)))

@@ -122,7 +122,7 @@ fn removals_behind_land_in_order_and_their_failures_are_reported() {
     }
     // A request sent later is answered after them: the name made again stays.
     d.write_file("/d/f7", 0o644, b"again").expect("made again");
-    assert!(d.removals_failed(true).is_empty(), "every removal succeeded");
+    assert!(d.failed_behind(true).is_empty(), "every removal succeeded");
     let left: Vec<_> = d.readdir("/d").expect("lists").into_iter().map(|e| e.name).collect();
     assert_eq!(left, ["f7"]);
     assert_eq!(std::fs::read(server.local("d/f7")).unwrap(), b"again");
@@ -131,9 +131,9 @@ fn removals_behind_land_in_order_and_their_failures_are_reported() {
     // a name already gone is not a failure.
     d.unlink_behind("/keep/k").expect("sent without waiting");
     d.unlink_behind("/d/never-was").expect("sent without waiting");
-    let failed = d.removals_failed(true);
+    let failed = d.failed_behind(true);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!((failed[0].0.as_str(), failed[0].1.errno), ("/keep/k", libc::EACCES));
     assert!(server.local("keep/k").exists());
-    assert!(d.removals_failed(true).is_empty(), "reported once");
+    assert!(d.failed_behind(true).is_empty(), "reported once");
 }

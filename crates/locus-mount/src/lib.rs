@@ -376,7 +376,7 @@ impl LocusFs {
         for path in &broken.paths {
             self.forget(path);
         }
-        self.removals_failed(false);
+        self.failed_behind(false);
     }
 
     /// Drops what the mount knew of `path` and of its directory's entries.
@@ -394,15 +394,19 @@ impl LocusFs {
         }
     }
 
-    /// Takes the removals sent without waiting that failed (after waiting for all of
-    /// them with `wait`): the names were answered as gone, so what the mount knows of
-    /// them is dropped and the next look asks the server, where they still are (the
-    /// driver also reports each as a break, which drops them from the kernel's caches).
-    /// Answers how many failed.
-    fn removals_failed(&mut self, wait: bool) -> usize {
-        let failed = self.driver.removals_failed(wait);
+    /// Takes the removals and renames sent without waiting that failed (after waiting
+    /// for all of them with `wait`): the names were answered as changed, so what the
+    /// mount knows of them is dropped and the next look asks the server, where they are
+    /// as they were (the driver also reports each as a break, which drops them from the
+    /// kernel's caches). Answers how many names failed.
+    fn failed_behind(&mut self, wait: bool) -> usize {
+        let failed = self.driver.failed_behind(wait);
         for (path, e) in &failed {
-            tracing::warn!("{path}: the server did not remove it (errno {}): {}", e.errno, e.message);
+            tracing::warn!(
+                "{path}: the server refused a change sent without waiting (errno {}): {}",
+                e.errno,
+                e.message
+            );
             self.forget(path);
         }
         failed.len()
@@ -421,13 +425,39 @@ impl LocusFs {
     /// at once, ahead of anything later on the connection; should it fail, the failure is
     /// logged and the name shows again.
     fn may_remove_behind(&self, parent: u64, name: &OsStr, path: &str) -> bool {
+        self.writing_back_under_callbacks()
+            && self.known_file(parent, name, path) == Some(true)
+            && self.removable.get(&parent).is_some_and(|at| at.elapsed() < self.ttl())
+    }
+
+    /// True when renaming `from` (`name` in `parent`) to `to` (`newname` in `newparent`)
+    /// may go without waiting, as a removal may (see [`Self::may_remove_behind`]): the
+    /// source is known to be a file, the target known to be absent or a file, a removal
+    /// in `parent` and a write in `newparent` succeeded at the server while the callbacks
+    /// held. A refused rename comes back as a break of both names.
+    fn may_rename_behind(
+        &self,
+        (parent, name, from): (u64, &OsStr, &str),
+        (newparent, newname, to): (u64, &OsStr, &str),
+    ) -> bool {
         let ttl = self.ttl();
-        let (true, Some(name)) = (self.writing_back_under_callbacks(), name.to_str()) else { return false };
-        let a_file = match self.inodes.peek(path).and_then(|ino| self.fresh(ino)) {
-            Some(attr) => !attr.is_dir(),
-            None => matches!(self.listings.find(parent, name, ttl), Known::Present(a) if !a.is_dir()),
-        };
-        a_file && self.removable.get(&parent).is_some_and(|at| at.elapsed() < ttl)
+        let target_absent =
+            || newname.to_str().is_some_and(|n| matches!(self.listings.find(newparent, n, ttl), Known::Absent));
+        self.may_remove_behind(parent, name, from)
+            && (self.known_file(newparent, newname, to) == Some(true) || target_absent())
+            && self.may_write_in(newparent)
+    }
+
+    /// Whether `name` in `parent` (at `path`) is a non-directory, as far as the mount
+    /// knows it now (fresh attributes or the listing): `None` when it does not know.
+    fn known_file(&self, parent: u64, name: &OsStr, path: &str) -> Option<bool> {
+        if let Some(attr) = self.inodes.peek(path).and_then(|ino| self.fresh(ino)) {
+            return Some(!attr.is_dir());
+        }
+        match self.listings.find(parent, name.to_str()?, self.ttl()) {
+            Known::Present(attr) => Some(!attr.is_dir()),
+            _ => None,
+        }
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):
@@ -1076,7 +1106,17 @@ impl Filesystem for LocusFs {
             // A file made here is made at the server before it is renamed there.
             ok_or_reply!(self.store(ino, false), reply);
         }
-        ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
+        if self.may_rename_behind((parent, name, &from), (newparent, newname, &to)) {
+            tracing::debug!("{from} -> {to}: renamed without waiting");
+            ok_or_reply!(self.driver.rename_behind(&from, &to).map_err(errno), reply);
+        } else {
+            ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
+            // The server let the mount remove from `parent` and write in `newparent`.
+            self.removable.insert(parent, Instant::now());
+            if self.copies.is_some() {
+                self.writable.insert(newparent, Instant::now());
+            }
+        }
         self.copy_unlinked(self.inodes.peek(&to));
         self.changed(parent, Some(&to));
         self.changed(newparent, Some(&from));
@@ -1329,17 +1369,17 @@ impl Filesystem for LocusFs {
         reply.ok();
     }
 
-    /// Where removals went without waiting, `fsync` of a directory waits for them: an
-    /// error says one failed (the name is back).
+    /// Where removals and renames went without waiting, `fsync` of a directory waits for
+    /// them: an error says one failed (the names are as the server has them).
     fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        match self.removals_failed(true) {
+        match self.failed_behind(true) {
             0 => reply.ok(),
             _ => reply.error(libc::EIO),
         }
     }
 
     fn destroy(&mut self) {
-        self.removals_failed(true);
+        self.failed_behind(true);
     }
 
     fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {

@@ -2,7 +2,8 @@
 //! and script calls of `return 1`, `return fs.whoami()` and `return fs.stat(p)` through
 //! the engine with the server's real host. Run:
 //! cargo run --release -p locus-server --example script_probe
-//! With `PROBE_SRC='return fs.stat(...)'` it runs only that script, many times (for perf).
+//! With `PROBE_SRC='return fs.stat(...)'` it runs only that script, many times (for perf);
+//! with `PROBE_INLINE=1` too, on the calling thread as a connection would.
 use locus_proto::types::Value;
 use locus_script::CallRequest;
 use locus_server::script_host::ScriptHost;
@@ -22,9 +23,14 @@ fn main() {
     let only = std::env::var("PROBE_SRC").ok();
     if let Some(src) = &only {
         let id = shared.scripts.register(src).unwrap();
+        let inline = std::env::var_os("PROBE_INLINE").is_some();
         let t = Instant::now();
         for _ in 0..200000 {
-            call_and_wait(&shared, &id);
+            if inline {
+                call_inline(&shared, &id);
+            } else {
+                call_and_wait(&shared, &id);
+            }
         }
         println!("{src}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / 200000.0);
         return;
@@ -71,18 +77,23 @@ fn main() {
         }
         let t = Instant::now();
         for _ in 0..n {
-            let call = CallRequest {
-                id: id.clone(),
-                source: None,
-                args: vec![Value::Str("/big".into())],
-                input: Vec::new(),
-                limits: locus_script::Limits::default(),
-                host: Box::new(ScriptHost::new(shared.clone(), "admin", 0)),
-            };
-            shared.scripts.try_inline(call).expect("runs inline").unwrap();
+            call_inline(&shared, &id);
         }
         println!("{src} (inline): {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
+}
+
+/// Runs script `id` with the argument "/big" on this thread (it must not need the pool).
+fn call_inline(shared: &Arc<locus_server::Shared>, id: &str) {
+    let call = CallRequest {
+        id: id.to_string(),
+        source: None,
+        args: vec![Value::Str("/big".into())],
+        input: Vec::new(),
+        limits: locus_script::Limits::default(),
+        host: Box::new(ScriptHost::new(shared.clone(), "admin", 0)),
+    };
+    shared.scripts.try_inline(call).expect("runs inline").unwrap();
 }
 
 /// Runs script `id` with the argument "/big" and waits for its result.
