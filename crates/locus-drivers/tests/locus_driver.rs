@@ -105,7 +105,7 @@ fn sequential_reads_are_sent_ahead_and_never_serve_stale_or_wrong_bytes() {
 }
 
 #[test]
-fn removals_behind_land_in_order_and_their_failures_are_reported() {
+fn removals_and_renames_behind_land_in_order_and_their_failures_are_reported() {
     use locus_client::types::Rights;
     let server = TestServer::start();
     for i in 0..100 {
@@ -136,4 +136,22 @@ fn removals_behind_land_in_order_and_their_failures_are_reported() {
     assert_eq!((failed[0].0.as_str(), failed[0].1.errno), ("/keep/k", libc::EACCES));
     assert!(server.local("keep/k").exists());
     assert!(d.failed_behind(true).is_empty(), "reported once");
+
+    // Renames behind land in order with the rest; a refused one is reported under both
+    // names, and one whose source is missing is a failure (unlike a removal's).
+    d.rename_behind("/d/f7", "/d/g7").expect("sent");
+    d.write_file("/d/f7", 0o644, b"third").expect("made again");
+    d.rename_behind("/keep/k", "/d/k").expect("sent without waiting");
+    d.rename_behind("/d/never-was", "/d/still-not").expect("sent without waiting");
+    let failed: Vec<_> = d.failed_behind(true).into_iter().map(|(p, e)| (p, e.errno)).collect();
+    let want = [
+        ("/keep/k", libc::EACCES),
+        ("/d/k", libc::EACCES),
+        ("/d/never-was", libc::ENOENT),
+        ("/d/still-not", libc::ENOENT),
+    ];
+    assert_eq!(failed, want.map(|(p, e)| (p.to_string(), e)));
+    assert_eq!(std::fs::read(server.local("d/g7")).unwrap(), b"again");
+    assert_eq!(std::fs::read(server.local("d/f7")).unwrap(), b"third");
+    assert!(server.local("keep/k").exists());
 }
