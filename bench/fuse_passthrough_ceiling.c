@@ -8,6 +8,9 @@
 //   cc -O2 -o /tmp/fuse_ceiling bench/fuse_passthrough_ceiling.c $(pkg-config fuse3 --cflags --libs)
 //   /tmp/fuse_ceiling -s -f -o noatime BACKING_DIR MOUNTPOINT &   # fusermount3 -u to end
 //
+// With CEILING_TTL=SECONDS in the environment, the kernel keeps names, attributes and
+// listings that long (as `locus mount` does while callbacks hold); 1 s by default.
+//
 // BACKING_DIR is the first argument before the mount point; paths from FUSE are joined
 // to it (FUSE hands absolute paths beneath the mount, never `..`).
 #define FUSE_USE_VERSION 31
@@ -24,6 +27,7 @@
 #include <unistd.h>
 
 static int backing = -1;
+static double ttl = 1.0;
 
 // The path relative to the backing directory ("." for the root).
 static const char *rel(const char *path) { return path[1] ? path + 1 : "."; }
@@ -31,8 +35,8 @@ static const char *rel(const char *path) { return path[1] ? path + 1 : "."; }
 static void *ceiling_init(struct fuse_conn_info *conn, struct fuse_config *cfg) {
     (void)conn;
     cfg->use_ino = 1;
-    cfg->entry_timeout = cfg->attr_timeout = 1.0;
-    cfg->negative_timeout = 1.0;
+    cfg->entry_timeout = cfg->attr_timeout = ttl;
+    cfg->negative_timeout = ttl;
     cfg->kernel_cache = 1;
     return NULL;
 }
@@ -40,6 +44,13 @@ static void *ceiling_init(struct fuse_conn_info *conn, struct fuse_config *cfg) 
 static int ceiling_getattr(const char *path, struct stat *st, struct fuse_file_info *fi) {
     int r = fi ? fstat(fi->fh, st) : fstatat(backing, rel(path), st, AT_SYMLINK_NOFOLLOW);
     return r < 0 ? -errno : 0;
+}
+
+static int ceiling_opendir(const char *path, struct fuse_file_info *fi) {
+    (void)path;
+    fi->cache_readdir = ttl > 1.0;
+    fi->keep_cache = ttl > 1.0;
+    return 0;
 }
 
 static int ceiling_readdir(const char *path, void *buf, fuse_fill_dir_t fill, off_t off,
@@ -124,6 +135,7 @@ static int ceiling_chmod(const char *path, mode_t mode, struct fuse_file_info *f
 static const struct fuse_operations ops = {
     .init = ceiling_init,
     .getattr = ceiling_getattr,
+    .opendir = ceiling_opendir,
     .readdir = ceiling_readdir,
     .open = ceiling_open,
     .create = ceiling_create,
@@ -145,6 +157,7 @@ int main(int argc, char *argv[]) {
         fprintf(stderr, "usage: %s [FUSE options] BACKING_DIR MOUNTPOINT\n", argv[0]);
         return 2;
     }
+    if (getenv("CEILING_TTL")) ttl = atof(getenv("CEILING_TTL"));
     backing = open(argv[argc - 2], O_RDONLY | O_DIRECTORY);
     if (backing < 0) {
         perror(argv[argc - 2]);
