@@ -625,6 +625,17 @@ fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there() {
     assert!(within(Duration::from_secs(2), || !a.mnt.join("sub").exists()));
 }
 
+/// The names in `dir` but the store's own.
+fn listed(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with(".__locus"))
+        .collect();
+    n.sort();
+    n
+}
+
 #[test]
 fn afs_mode_removes_without_waiting_and_in_order() {
     if !fuse_available() {
@@ -637,27 +648,18 @@ fn afs_mode_removes_without_waiting_and_in_order() {
     let cache = s.scratch().join("cache");
     let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
     let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
-    let names = |dir: &Path| -> Vec<String> {
-        let mut n: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.starts_with(".__locus"))
-            .collect();
-        n.sort();
-        n
-    };
-    assert_eq!(names(&a.mnt).len(), 30);
+    assert_eq!(listed(&a.mnt).len(), 30);
     // The first removal waits for the server; the rest go behind it, and a file made
     // again under a removed name right after is made after the removal.
     for i in 0..30 {
         std::fs::remove_file(a.mnt.join(format!("f{i}"))).unwrap();
     }
     std::fs::write(a.mnt.join("f5"), "again").unwrap();
-    assert_eq!(names(&a.mnt), ["f5"]);
+    assert_eq!(listed(&a.mnt), ["f5"]);
     std::fs::File::open(&a.mnt).unwrap().sync_all().expect("fsync of the directory: every removal succeeded");
-    assert_eq!(names(&s.local("d")), ["f5"]);
+    assert_eq!(listed(&s.local("d")), ["f5"]);
     assert_eq!(std::fs::read_to_string(s.local("d/f5")).unwrap(), "again");
-    assert!(within(Duration::from_secs(2), || names(&b.mnt) == ["f5"]), "{:?}", names(&b.mnt));
+    assert!(within(Duration::from_secs(2), || listed(&b.mnt) == ["f5"]), "{:?}", listed(&b.mnt));
 }
 
 #[test]
@@ -672,16 +674,7 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     }
     let cache = s.scratch().join("cache");
     let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
-    let listed = || -> Vec<String> {
-        let mut n: Vec<String> = std::fs::read_dir(&a.mnt)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| !n.starts_with(".__locus"))
-            .collect();
-        n.sort();
-        n
-    };
-    assert_eq!(listed(), ["a", "b"]);
+    assert_eq!(listed(&a.mnt), ["a", "b"]);
     // The first removal waits: the server may remove here. Then the right to remove is
     // taken away behind the protocol's back (no callback breaks), so the mount still
     // believes the next removal will succeed.
@@ -692,19 +685,8 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     let synced = std::fs::File::open(&a.mnt).unwrap().sync_all();
     assert_eq!(synced.expect_err("fsync of the directory reports it").raw_os_error(), Some(5), "EIO");
     assert!(s.local("d/b").exists());
-    assert!(within(Duration::from_secs(2), || listed() == ["b"]), "{:?}", listed());
+    assert!(within(Duration::from_secs(2), || listed(&a.mnt) == ["b"]), "{:?}", listed(&a.mnt));
     assert_eq!(std::fs::read(a.mnt.join("b")).unwrap(), b"x");
-}
-
-/// The names in `dir` but the store's own.
-fn listed(dir: &Path) -> Vec<String> {
-    let mut n: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with(".__locus"))
-        .collect();
-    n.sort();
-    n
 }
 
 #[test]
