@@ -432,6 +432,13 @@ fn mount_at(url: &str, scratch: &Path, name: &str, flags: &[&str]) -> Mount {
     mount_with(url, &dir, "admin-token", flags)
 }
 
+/// `s`'s `/d` mounted `--consistency afs` at `name` in its scratch directory, with the
+/// copies in the scratch's `cache`.
+fn afs_mount_at(s: &TestServer, name: &str) -> Mount {
+    let cache = s.scratch().join("cache");
+    mount_at(&s.url("/d"), s.scratch(), name, &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()])
+}
+
 /// Retries `check` for up to `limit`: a break travels one way on its own connection.
 fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
@@ -645,8 +652,7 @@ fn afs_mode_removes_without_waiting_and_in_order() {
     for i in 0..30 {
         s.put_local(&format!("d/f{i}"), b"x");
     }
-    let cache = s.scratch().join("cache");
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let a = afs_mount_at(&s, "a");
     let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
     assert_eq!(listed(&a.mnt).len(), 30);
     // The first removal waits for the server; the rest go behind it, and a file made
@@ -672,8 +678,7 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     for name in ["a", "b"] {
         s.put_local(&format!("d/{name}"), b"x");
     }
-    let cache = s.scratch().join("cache");
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let a = afs_mount_at(&s, "a");
     assert_eq!(listed(&a.mnt), ["a", "b"]);
     // The first removal waits: the server may remove here. Then the right to remove is
     // taken away behind the protocol's back (no callback breaks), so the mount still
@@ -696,8 +701,7 @@ fn afs_mode_renames_without_waiting_and_in_order() {
     }
     let s = TestServer::start();
     s.put_local("d/doc", b"v0");
-    let cache = s.scratch().join("cache");
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let a = afs_mount_at(&s, "a");
     let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
     assert_eq!(listed(&a.mnt), ["doc"]);
     // An editor's saves: a new file written beside the document, renamed over it. The
@@ -726,8 +730,7 @@ fn a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_the
     for name in ["a", "b", "c"] {
         s.put_local(&format!("d/{name}"), name.as_bytes());
     }
-    let cache = s.scratch().join("cache");
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()]);
+    let a = afs_mount_at(&s, "a");
     assert_eq!(listed(&a.mnt), ["a", "b", "c"]);
     // Stored at close: the server lets the mount write here. Then a rename that waits
     // shows that it lets the mount remove here too.
