@@ -465,9 +465,12 @@ impl Driver for LocusDriver {
         }
     }
     fn failed_behind(&mut self, wait: bool) -> Vec<(String, DriverError)> {
-        for change in std::mem::take(&mut self.names_behind) {
+        // The server answers a connection's requests in order: the oldest change not
+        // answered yet ends the look (the mount asks before every request it serves).
+        while let Some(change) = self.names_behind.pop_front() {
             if let Some(unanswered) = self.settle_name(change, wait) {
-                self.names_behind.push_back(unanswered);
+                self.names_behind.push_front(unanswered);
+                break;
             }
         }
         std::mem::take(&mut self.failed_names)

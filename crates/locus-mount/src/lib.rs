@@ -605,10 +605,23 @@ impl LocusFs {
 
     /// The server let the mount write in the directory of `ino` just now.
     fn wrote_in(&mut self, ino: u64) {
+        if let Some((dir, _)) = self.entry_of(ino) {
+            self.wrote_in_dir(dir);
+        }
+    }
+
+    /// The server let the mount write in `dir` just now (kept only when writing back).
+    fn wrote_in_dir(&mut self, dir: u64) {
         if self.copies.is_some() {
-            if let Some((dir, _)) = self.entry_of(ino) {
-                self.writable.insert(dir, Instant::now());
-            }
+            self.writable.insert(dir, Instant::now());
+        }
+    }
+
+    /// The server let the mount remove a name from `dir` just now (kept only while
+    /// writing back under callbacks, the one mode that acts on it).
+    fn removed_in(&mut self, dir: u64) {
+        if self.writing_back_under_callbacks() {
+            self.removable.insert(dir, Instant::now());
         }
     }
 
@@ -1049,7 +1062,7 @@ impl Filesystem for LocusFs {
                 ok_or_reply!(self.driver.unlink_behind(&path).map_err(errno), reply);
             } else {
                 ok_or_reply!(self.driver.unlink(&path).map_err(errno), reply);
-                self.removable.insert(parent, Instant::now());
+                self.removed_in(parent);
             }
         }
         self.changed(parent, Some(&path));
@@ -1112,10 +1125,8 @@ impl Filesystem for LocusFs {
         } else {
             ok_or_reply!(self.driver.rename(&from, &to).map_err(errno), reply);
             // The server let the mount remove from `parent` and write in `newparent`.
-            self.removable.insert(parent, Instant::now());
-            if self.copies.is_some() {
-                self.writable.insert(newparent, Instant::now());
-            }
+            self.removed_in(parent);
+            self.wrote_in_dir(newparent);
         }
         self.copy_unlinked(self.inodes.peek(&to));
         self.changed(parent, Some(&to));
