@@ -61,7 +61,12 @@ static int ceiling_readdir(const char *path, void *buf, fuse_fill_dir_t fill, of
     DIR *d = fdopendir(fd);
     if (!d) { close(fd); return -errno; }
     struct dirent *e;
-    while ((e = readdir(d))) fill(buf, e->d_name, NULL, 0, 0);
+    // Each entry's type goes with its name (as `locus mount` sends it), so `find` need
+    // not look up every file to learn whether it is a directory.
+    while ((e = readdir(d))) {
+        struct stat st = {.st_ino = e->d_ino, .st_mode = (mode_t)DTTOIF(e->d_type)};
+        fill(buf, e->d_name, &st, 0, 0);
+    }
     closedir(d);
     return 0;
 }

@@ -70,6 +70,12 @@ fn scripts(b: &blocking::Client) {
         "local a = fs.stat(...) return 1",
         "return {size=1,mode=2,uid=3,gid=4,nlink=5,mtime={sec=6,nsec=7},atime={sec=6,nsec=7},ctime={sec=6,nsec=7},ino=9,dev=10,rdev=0,blksize=4096,blocks=8}",
     ];
+    // `PROBE_SCRIPTS='a;;b'` times those scripts instead.
+    let chosen = std::env::var("PROBE_SCRIPTS").ok();
+    let scripts: Vec<&str> = match &chosen {
+        Some(list) => list.split(";;").collect(),
+        None => scripts.to_vec(),
+    };
     for round in 0..3 {
         let mut line = format!(
             "round {round}: stat {:.1}",
@@ -77,7 +83,7 @@ fn scripts(b: &blocking::Client) {
                 b.run(|c| c.stat("/probe")).unwrap();
             })
         );
-        for src in scripts {
+        for &src in &scripts {
             let args = || vec![Value::Str("/probe".into())];
             let p = timed(|| {
                 b.run(|c| c.script_call(src, args(), &[])).unwrap();
