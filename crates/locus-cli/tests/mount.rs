@@ -535,6 +535,54 @@ fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
     assert!(within(Duration::from_secs(5), || s.shared().callbacks.held() == 0), "{before} promises left");
 }
 
+/// How many listings the server has answered.
+fn readdirs(s: &TestServer) -> u64 {
+    let stats = s.shared().store.stats("admin", 0).unwrap();
+    stats.ops.iter().filter(|o| o.op.eq_ignore_ascii_case("readdir")).map(|o| o.count).sum()
+}
+
+#[test]
+fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    for dir in ["a/x", "a/y", "b/x", "b/y/deep", "c"] {
+        s.put_local(&format!("d/t/{dir}/f.txt"), dir.as_bytes());
+    }
+    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
+    let names = |p: &str| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(m.mnt.join(p)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v.join(" ")
+    };
+    // Listing t, then one of its subdirectories, is a walk: the others, and what they
+    // hold, are asked for before the program gets to them.
+    assert_eq!(names("t"), "a b c");
+    let before = readdirs(&s);
+    assert_eq!(names("t/a"), "x y");
+    assert!(
+        within(Duration::from_secs(2), || readdirs(&s) >= before + 5),
+        "{} listings after reading t/a",
+        readdirs(&s) - before
+    );
+    // A name made through the mount after its directory's listing was asked for shows.
+    std::fs::write(m.mnt.join("t/b/new.txt"), "new").unwrap();
+    assert_eq!(names("t/b"), "new.txt x y");
+    // So does one made by another client, once its break has come.
+    std::fs::write(s.local("d/t/c/other.txt"), "other").unwrap();
+    assert!(within(Duration::from_secs(2), || names("t/c") == "f.txt other.txt"), "t/c: {}", names("t/c"));
+    // And a whole walk reads what the export holds.
+    let walk = |root: &Path| {
+        let out = Command::new("find").arg(".").current_dir(root).output().unwrap();
+        let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(walk(&m.mnt), walk(&s.local("d")));
+}
+
 #[test]
 fn a_directory_made_beside_the_server_is_watched_once_the_mount_lists_it() {
     if !fuse_available() {

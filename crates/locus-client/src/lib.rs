@@ -140,6 +140,53 @@ impl<R> Pending<R> {
     }
 }
 
+/// A listing asked for with [`Client::start_readdir`], not yet waited for. Dropping it
+/// drops the pages when they come.
+pub struct PendingListing {
+    pages: mpsc::UnboundedReceiver<Result<Frame>>,
+    /// The entries of the pages come so far.
+    got: Vec<DirEntry>,
+    /// Set once the last page (or an error) came.
+    ended: Option<Result<()>>,
+}
+
+impl PendingListing {
+    fn take(&mut self, frame: Result<Frame>) {
+        let page = frame.and_then(|f| Ok((codec::decode::<Vec<DirEntry>>(&f.meta)?, f.header.more())));
+        match page {
+            Ok((entries, more)) => {
+                self.got.extend(entries);
+                if !more {
+                    self.ended = Some(Ok(()));
+                }
+            }
+            Err(e) => self.ended = Some(Err(e)),
+        }
+    }
+
+    /// The whole listing if it has come, without waiting (pages arrive while the
+    /// connection's read loop runs); `None` while it has not.
+    pub fn try_entries(&mut self) -> Option<Result<&[DirEntry], &ClientError>> {
+        while self.ended.is_none() {
+            match self.pages.try_recv() {
+                Ok(frame) => self.take(frame),
+                Err(mpsc::error::TryRecvError::Empty) => return None,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.ended = Some(Err(ClientError::Closed)),
+            }
+        }
+        self.ended.as_ref().map(|r| r.as_ref().map(|()| &self.got[..]))
+    }
+
+    /// Waits for the whole listing.
+    pub async fn wait(mut self) -> Result<Vec<DirEntry>> {
+        while self.ended.is_none() {
+            let frame = self.pages.recv().await.unwrap_or(Err(ClientError::Closed));
+            self.take(frame);
+        }
+        self.ended.take().expect("ended").map(|()| self.got)
+    }
+}
+
 /// Size of the data frames of a streamed `put`.
 pub const PUT_CHUNK: usize = 1 << 20;
 
@@ -437,16 +484,14 @@ impl Client {
 
     /// Lists a directory with attributes.
     pub async fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
-        let mut rx = self.call_stream(Readdir { path: path.into() }).await?;
-        let mut all = Vec::new();
-        while let Some(frame) = rx.recv().await {
-            let frame = frame?;
-            all.extend(codec::decode::<Vec<DirEntry>>(&frame.meta)?);
-            if !frame.header.more() {
-                break;
-            }
-        }
-        Ok(all)
+        self.start_readdir(path).await?.wait().await
+    }
+
+    /// Asks for a directory's listing without waiting for it: a client that expects to
+    /// read several directories soon (a tree walk) sends for them all at once.
+    pub async fn start_readdir(&self, path: &str) -> Result<PendingListing> {
+        let pages = self.call_stream(Readdir { path: path.into() }).await?;
+        Ok(PendingListing { pages, got: Vec::new(), ended: None })
     }
 
     /// Streams the file at `path` into `sink`, calling `progress` with the byte count so

@@ -103,6 +103,13 @@ pub trait Driver: Send {
     fn lstat(&mut self, path: &str) -> Result<Attr>;
     /// A directory's entries with their attributes.
     fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>>;
+    /// Asks for the listings of `dirs` without waiting, for a caller that expects to
+    /// read them soon (a program walking a tree): a later [`Driver::readdir`] of one of
+    /// them answers from what came. The caller drops them ([`Driver::drop_ahead`]) once
+    /// they may be out of date. Nothing where the protocol cannot.
+    fn list_ahead(&mut self, _dirs: &[String]) {}
+    /// Forgets the listings asked for by [`Driver::list_ahead`].
+    fn drop_ahead(&mut self) {}
     /// Opens a path with Locus `open_flags`.
     fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened>;
     fn close(&mut self, handle: u64) -> Result<()>;

@@ -7,7 +7,7 @@
 //! whatever the new session numbered the same.
 
 use crate::{Attr, Break, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs};
-use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending};
+use locus_client::{blocking::Client, ClientError, ConnectOptions, LocusUrl, Pending, PendingListing};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -33,7 +33,27 @@ pub struct LocusDriver {
     names_behind: VecDeque<NameChange>,
     /// Names whose change behind was answered with an error, not yet reported.
     failed_names: Vec<(String, DriverError)>,
+    /// Listings asked for ahead (see [`Driver::list_ahead`]) and not yet read, by path.
+    lists_ahead: HashMap<String, ListingAhead>,
+    /// How many may be outstanding: from [`LISTS_AHEAD_START`], twice as many each time
+    /// a quarter of that many were read, up to [`LISTS_AHEAD_MAX`]; a walk earns the
+    /// depth it is read ahead to.
+    lists_window: usize,
+    /// Listings asked for ahead and read since the window last grew.
+    lists_read: usize,
 }
+
+/// A listing asked for ahead.
+struct ListingAhead {
+    pending: PendingListing,
+    /// Whether its subdirectories were asked for too.
+    expanded: bool,
+}
+
+/// Listings asked for ahead and not yet read at first, and at most (see
+/// [`LocusDriver::lists_window`]).
+const LISTS_AHEAD_START: usize = 32;
+const LISTS_AHEAD_MAX: usize = 1024;
 
 /// A removal or rename sent without waiting for its answer.
 struct NameChange {
@@ -152,6 +172,9 @@ impl LocusDriver {
             callbacks: None,
             names_behind: VecDeque::new(),
             failed_names: Vec::new(),
+            lists_ahead: HashMap::new(),
+            lists_window: LISTS_AHEAD_START,
+            lists_read: 0,
         })
     }
 
@@ -312,7 +335,58 @@ impl Driver for LocusDriver {
         self.call(|c| c.run(|c| c.lstat(path)))
     }
     fn readdir(&mut self, path: &str) -> Result<Vec<DirEntry>> {
+        if let Some(ahead) = self.lists_ahead.remove(path) {
+            // One that failed (a lost connection, a directory gone since) is asked again.
+            if let Ok(entries) = self.call_on(|c| c.run(|_| ahead.pending.wait())) {
+                self.lists_read += 1;
+                if self.lists_read >= self.lists_window / 4 {
+                    self.lists_window = (self.lists_window * 2).min(LISTS_AHEAD_MAX);
+                    self.lists_read = 0;
+                }
+                return Ok(entries);
+            }
+        }
         self.call(|c| c.run(|c| c.readdir(path)))
+    }
+    fn list_ahead(&mut self, dirs: &[String]) {
+        let mut wanted: Vec<String> = dirs.to_vec();
+        while !wanted.is_empty() {
+            let Some(client) = &self.client else { return };
+            let room = self.lists_window.saturating_sub(self.lists_ahead.len());
+            let new: Vec<String> =
+                wanted.into_iter().filter(|d| !self.lists_ahead.contains_key(d)).take(room).collect();
+            let sent = client.run(|c| async move {
+                let mut sent = Vec::with_capacity(new.len());
+                for dir in new {
+                    let pending = c.start_readdir(&dir).await?;
+                    sent.push((dir, pending));
+                }
+                Ok::<_, ClientError>(sent)
+            });
+            // A connection in trouble sends nothing ahead; the next call finds out.
+            let Ok(sent) = sent else { return };
+            for (dir, pending) in sent {
+                self.lists_ahead.insert(dir, ListingAhead { pending, expanded: false });
+            }
+            // The listings that came meanwhile name the next directories of the walk:
+            // asking for them now, not once the program reads their parents, keeps many
+            // round trips in flight however deep the tree.
+            wanted = Vec::new();
+            for (dir, ahead) in &mut self.lists_ahead {
+                if ahead.expanded {
+                    continue;
+                }
+                if let Some(Ok(entries)) = ahead.pending.try_entries() {
+                    ahead.expanded = true;
+                    let subdirs = entries.iter().filter(|e| e.attr.is_dir());
+                    wanted.extend(subdirs.map(|e| format!("{}/{}", dir.trim_end_matches('/'), e.name)));
+                }
+            }
+        }
+    }
+    fn drop_ahead(&mut self) {
+        self.lists_ahead.clear();
+        (self.lists_window, self.lists_read) = (LISTS_AHEAD_START, 0);
     }
     fn open(&mut self, path: &str, flags: u32, mode: u32) -> Result<Opened> {
         let opened = self.call(|c| c.run(|c| c.open(path, flags, mode)))?;

@@ -218,6 +218,11 @@ pub struct LocusFs {
     /// Directories where a removal lately succeeded at the server, and when: later
     /// removals there are sent without waiting (see [`LocusFs::may_remove_behind`]).
     removable: HashMap<u64, Instant>,
+    /// While listings asked for ahead are outstanding, [`Listings::changes`] when the
+    /// first of them was asked for: once it moves, they may be out of date.
+    ahead_since: Option<u64>,
+    /// Directories whose subdirectories were asked for ahead since then.
+    walked: HashSet<u64>,
 }
 
 /// The most content kept per handle in [`LocusFs::known`].
@@ -348,6 +353,8 @@ impl LocusFs {
             notifier,
             broken,
             statfs: None,
+            ahead_since: None,
+            walked: HashSet::new(),
         }
     }
 
@@ -563,11 +570,53 @@ impl LocusFs {
     fn list(&mut self, dir: u64) -> Result<Arc<Vec<locus_drivers::DirEntry>>, i32> {
         self.store_new_in(dir);
         let path = self.path(dir)?;
+        // Listings asked for ahead answer only while nothing changed since they were:
+        // not here (the listings hear of every change the mount makes) nor at the server
+        // (a break makes the mount forget a listing, which counts as a change).
+        if self.ahead_since.is_some_and(|at| at != self.listings.changes()) {
+            self.driver.drop_ahead();
+            self.ahead_since = None;
+            self.walked.clear();
+        }
         let entries = Arc::new(self.driver.readdir(&path).map_err(errno)?);
         if self.driver.lists_all(&path) {
             self.listings.store(dir, &entries);
+            self.list_ahead(dir, &path, &entries);
         }
         Ok(entries)
+    }
+
+    /// A program that lists a directory and then one of its subdirectories is walking
+    /// the tree (`find`, `ls -R`, `du`, `grep -r`): the listings of the other
+    /// subdirectories of both are asked for at once, without waiting, and each arrives
+    /// while the program works through the ones before it. A round trip per directory
+    /// then costs one for many. Only while callbacks hold: a listing that waits to be
+    /// read is then as good as one the mount keeps.
+    fn list_ahead(&mut self, dir: u64, path: &str, entries: &[locus_drivers::DirEntry]) {
+        let parent = self.inodes.parent_of(dir);
+        let ttl = self.ttl();
+        if !self.callbacks || ttl != CALLBACK_TTL || parent == dir {
+            return;
+        }
+        let Some(siblings) = self.listings.entries(parent, ttl) else { return };
+        let Ok(parent_path) = self.path(parent) else { return };
+        let mut dirs = Vec::new();
+        for (at, base, list) in [(dir, path, entries), (parent, parent_path.as_str(), &siblings[..])] {
+            if !self.walked.insert(at) {
+                continue;
+            }
+            for e in list.iter().filter(|e| e.attr.is_dir()) {
+                let child = inodes::join(base, &e.name);
+                let listed = self.inodes.peek(&child).is_some_and(|ino| self.listings.entries(ino, ttl).is_some());
+                if !listed && child != path {
+                    dirs.push(child);
+                }
+            }
+        }
+        if !dirs.is_empty() {
+            self.ahead_since.get_or_insert(self.listings.changes());
+            self.driver.list_ahead(&dirs);
+        }
     }
 
     fn child(&self, parent: u64, name: &OsStr) -> Result<String, i32> {

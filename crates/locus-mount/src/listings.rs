@@ -40,12 +40,22 @@ struct Listing {
 #[derive(Default)]
 pub struct Listings {
     by_dir: HashMap<u64, Listing>,
+    /// Counts the changes told to the listings (names made, removed or changed, listings
+    /// forgotten): a listing the server sent before the count moved may be out of date.
+    changes: u64,
 }
 
 impl Listings {
     /// Forgets every listing (the callbacks that covered them are gone).
     pub fn clear(&mut self) {
+        self.changes += 1;
         self.by_dir.clear();
+    }
+
+    /// How many changes the listings were told of so far (see [`Listings::changes`]'s
+    /// field): equal counts mean nothing changed in between.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Keeps the server's listing of `dir`.
@@ -56,6 +66,7 @@ impl Listings {
 
     /// `dir` was just made: it is empty.
     pub fn made(&mut self, dir: u64) {
+        self.changes += 1;
         self.store(dir, &Arc::default());
     }
 
@@ -92,6 +103,7 @@ impl Listings {
 
     /// `name` now exists in `dir` (with `attr` if known).
     pub fn added(&mut self, dir: u64, name: &str, attr: Option<Attr>) {
+        self.changes += 1;
         if let Some(l) = self.by_dir.get_mut(&dir) {
             l.names.insert(name.to_string(), attr);
             l.order = None;
@@ -100,6 +112,7 @@ impl Listings {
 
     /// `name` no longer exists in `dir`; answers its attributes if they were known.
     pub fn removed(&mut self, dir: u64, name: &str) -> Option<Attr> {
+        self.changes += 1;
         let l = self.by_dir.get_mut(&dir)?;
         l.order = None;
         l.names.remove(name).flatten()
@@ -107,6 +120,7 @@ impl Listings {
 
     /// The attributes of `name` in `dir` changed.
     pub fn changed(&mut self, dir: u64, name: &str) {
+        self.changes += 1;
         if let Some(attr) = self.by_dir.get_mut(&dir).and_then(|l| l.names.get_mut(name)) {
             *attr = None;
         }
@@ -114,6 +128,7 @@ impl Listings {
 
     /// `dir` is gone, or the kernel forgot it.
     pub fn forget(&mut self, dir: u64) {
+        self.changes += 1;
         self.by_dir.remove(&dir);
     }
 }
@@ -131,7 +146,9 @@ mod tests {
         assert_eq!(l.find(1, "a", ttl), Known::Present(file.clone()));
         assert_eq!(l.find(1, "b", ttl), Known::Absent);
         assert_eq!(l.entries(1, ttl).map(|e| e.len()), Some(1), "in order, for the kernel's reads");
+        assert_eq!(l.changes(), 0, "the server's listing is no change");
         l.added(1, "b", None);
+        assert_eq!(l.changes(), 1);
         assert!(l.entries(1, ttl).is_none(), "names changed: listed again for the kernel");
         assert_eq!(l.find(1, "b", ttl), Known::Unknown, "exists, attributes unknown");
         l.changed(1, "a");
@@ -144,5 +161,7 @@ mod tests {
         assert!(l.worth_relisting(1, ttl));
         l.forget(1);
         assert!(!l.worth_relisting(1, ttl));
+        l.added(7, "x", None);
+        assert_eq!(l.changes(), 5, "a change in a directory not listed counts too");
     }
 }
