@@ -350,14 +350,14 @@ impl Driver for LocusDriver {
     }
     fn list_ahead(&mut self, dirs: &[String]) {
         let mut wanted: Vec<String> = dirs.to_vec();
-        while !wanted.is_empty() {
-            let Some(client) = &self.client else { return };
+        loop {
             let room = self.lists_window.saturating_sub(self.lists_ahead.len());
-            let new: Vec<String> =
-                wanted.into_iter().filter(|d| !self.lists_ahead.contains_key(d)).take(room).collect();
+            wanted.retain(|d| !self.lists_ahead.contains_key(d));
+            wanted.truncate(room);
+            let Some(client) = self.client.as_ref().filter(|_| !wanted.is_empty()) else { return };
             let sent = client.run(|c| async move {
-                let mut sent = Vec::with_capacity(new.len());
-                for dir in new {
+                let mut sent = Vec::with_capacity(wanted.len());
+                for dir in wanted {
                     let pending = c.start_readdir(&dir).await?;
                     sent.push((dir, pending));
                 }
@@ -367,6 +367,9 @@ impl Driver for LocusDriver {
             let Ok(sent) = sent else { return };
             for (dir, pending) in sent {
                 self.lists_ahead.insert(dir, ListingAhead { pending, expanded: false });
+            }
+            if self.lists_ahead.len() >= self.lists_window {
+                return;
             }
             // The listings that came meanwhile name the next directories of the walk:
             // asking for them now, not once the program reads their parents, keeps many
