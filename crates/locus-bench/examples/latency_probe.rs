@@ -1,7 +1,8 @@
 //! Where does a small request's time go? Times `ping` three ways against a server given
 //! as ADDR and TOKEN. Run: cargo run --release -p locus-bench --example latency_probe -- 127.0.0.1:9610 TOKEN
 //! With `scripts` after the token, times instead a plain `stat` beside scripts that
-//! return a constant, a stat, a constant table like a stat's, and a stat they drop.
+//! return a constant, a stat, a constant table like a stat's, and a stat they drop (or the
+//! scripts in `PROBE_SCRIPTS`, separated by `;;`).
 use locus_client::types::Value;
 use locus_client::{blocking, Client, ConnectOptions, Credentials};
 use std::time::{Duration, Instant};
