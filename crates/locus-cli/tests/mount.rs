@@ -584,6 +584,31 @@ fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one() {
 }
 
 #[test]
+fn a_walk_on_an_afs_mount_lists_a_file_made_there_and_not_stored_yet() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    for dir in ["a", "b"] {
+        s.put_local(&format!("d/t/{dir}/f.txt"), dir.as_bytes());
+    }
+    let m = afs_mount_at(&s, "a");
+    // t/b listed and written in: a new file there is made in a local copy only, and
+    // stays so while it is open.
+    assert_eq!(listed(&m.mnt.join("t/b")), ["f.txt"]);
+    std::fs::write(m.mnt.join("t/b/first.txt"), "first").unwrap();
+    let mut open = std::fs::File::create(m.mnt.join("t/b/new.txt")).unwrap();
+    std::io::Write::write_all(&mut open, b"not stored yet").unwrap();
+    assert!(!s.local("d/t/b/new.txt").exists(), "made locally");
+    // A walk from t asks for t/b's listing ahead, before the new file is at the server;
+    // reading t/b stores it first and must show it.
+    assert_eq!(listed(&m.mnt.join("t")), ["a", "b"]);
+    assert_eq!(listed(&m.mnt.join("t/a")), ["f.txt"]);
+    assert_eq!(listed(&m.mnt.join("t/b")), ["f.txt", "first.txt", "new.txt"]);
+    drop(open);
+}
+
+#[test]
 fn a_directory_made_beside_the_server_is_watched_once_the_mount_lists_it() {
     if !fuse_available() {
         return;

@@ -568,12 +568,14 @@ impl LocusFs {
 
     /// Lists `dir` from the server into the listings, and answers the entries.
     fn list(&mut self, dir: u64) -> Result<Arc<Vec<locus_drivers::DirEntry>>, i32> {
-        self.store_new_in(dir);
+        let stored = self.store_new_in(dir);
         let path = self.path(dir)?;
         // Listings asked for ahead answer only while nothing changed since they were:
-        // not here (the listings hear of every change the mount makes) nor at the server
-        // (a break makes the mount forget a listing, which counts as a change).
-        if self.ahead_since.is_some_and(|at| at != self.listings.changes()) {
+        // not here (the listings hear of every change the mount makes, and new files
+        // just stored may be missing from them) nor at the server (a break makes the
+        // mount forget a listing, which counts as a change).
+        let changed = self.ahead_since.is_some_and(|at| at != self.listings.changes());
+        if self.ahead_since.is_some() && (changed || stored) {
             self.driver.drop_ahead();
             self.ahead_since = None;
             self.walked.clear();
@@ -783,16 +785,20 @@ impl LocusFs {
     }
 
     /// Stores the files made in `dir` that the server does not have yet, before the
-    /// server is asked what `dir` holds (an error shows again at their close).
-    fn store_new_in(&mut self, dir: u64) {
-        let Some(copies) = &self.copies else { return };
+    /// server is asked what `dir` holds (an error shows again at their close). Answers
+    /// whether there were any.
+    fn store_new_in(&mut self, dir: u64) -> bool {
+        let Some(copies) = &self.copies else { return false };
+        let mut any = false;
         for ino in copies.unstored_names() {
             if self.entry_of(ino).is_some_and(|(parent, _)| parent == dir) {
+                any = true;
                 if let Err(e) = self.store(ino, false) {
                     tracing::debug!("storing a new file before listing: errno {e}");
                 }
             }
         }
+        any
     }
 
     /// Makes `name` in `parent` as a local copy only, where the mount knows the name is
@@ -1208,6 +1214,9 @@ impl Filesystem for LocusFs {
         // A handle that cannot write has nothing to flush: its close costs the kernel no
         // request (a compiler opens and closes each header it reads).
         let no_flush = if read_only { FOPEN_NOFLUSH } else { 0 };
+        if flags & libc::O_TRUNC != 0 {
+            self.file_changed(ino);
+        }
         if read_only && self.active(ino) {
             // Read past the size the kernel knows: the output may still be growing, and
             // the server answers each read when its bytes are there (0 at the end).
