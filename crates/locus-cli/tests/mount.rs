@@ -535,10 +535,44 @@ fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
     assert!(within(Duration::from_secs(5), || s.shared().callbacks.held() == 0), "{before} promises left");
 }
 
+/// How many requests of operation `op` the server has answered.
+fn served(s: &TestServer, op: &str) -> u64 {
+    let stats = s.shared().store.stats("admin", 0).unwrap();
+    stats.ops.iter().filter(|o| o.op.eq_ignore_ascii_case(op)).map(|o| o.count).sum()
+}
+
 /// How many listings the server has answered.
 fn readdirs(s: &TestServer) -> u64 {
-    let stats = s.shared().store.stats("admin", 0).unwrap();
-    stats.ops.iter().filter(|o| o.op.eq_ignore_ascii_case("readdir")).map(|o| o.count).sum()
+    served(s, "readdir")
+}
+
+#[test]
+fn a_small_file_opens_and_reads_in_one_request_and_shows_another_clients_change() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    s.put_local("d/small.txt", b"one");
+    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
+    let file = m.mnt.join("small.txt");
+    assert_eq!(listed(&m.mnt), ["small.txt"]);
+    let (gets, opens) = (served(&s, "get"), served(&s, "open"));
+    let kept = std::fs::File::open(&file).unwrap();
+    let read_at = |f: &std::fs::File| {
+        let mut buf = [0u8; 64];
+        let n = std::os::unix::fs::FileExt::read_at(f, &mut buf, 0).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(read_at(&kept), "one");
+    assert_eq!((served(&s, "get") - gets, served(&s, "open") - opens), (1, 0), "one get, no open");
+    // The handle reads what it fetched until another client changes the file: then it
+    // reads the new bytes, as a handle open at the server would.
+    std::fs::write(s.local("d/small.txt"), "two, longer").unwrap();
+    assert!(within(Duration::from_secs(2), || read_at(&kept) == "two, longer"), "kept: {}", read_at(&kept));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "two, longer");
+    // A file that is not there is refused at open, as before.
+    let e = std::fs::File::open(m.mnt.join("absent.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(2), "ENOENT: {e}");
 }
 
 #[test]

@@ -197,6 +197,8 @@ pub struct LocusFs {
     /// The whole content of files opened for writing while empty and written only
     /// through that handle since, up to [`KNOWN_MAX`]: reads on the handle answer from it
     /// (programs that read back what they write, as `as` does, cost no round trip).
+    /// Also, by the handle given to the kernel, small files fetched whole at their first
+    /// read ([`LocusFs::fetch_whole`]).
     known: HashMap<u64, Vec<u8>>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
     notifier: Arc<OnceLock<fuser::Notifier>>,
@@ -227,6 +229,9 @@ pub struct LocusFs {
 
 /// The most content kept per handle in [`LocusFs::known`].
 const KNOWN_MAX: usize = 8 << 20;
+/// Files at most this large are fetched whole at their first read (see
+/// [`LocusFs::fetch_whole`]).
+const WHOLE_MAX: u64 = 256 << 10;
 
 /// Handles of opens deferred until a read needs them are numbered from here (the
 /// drivers' own handles are far below).
@@ -375,6 +380,9 @@ impl LocusFs {
         }
         let broken = std::mem::take(&mut *self.broken.lock());
         if broken.all {
+            // Contents fetched whole for handles not open at the server go too.
+            let lazy = &self.lazy;
+            self.known.retain(|fh, _| lazy.get(fh).is_none_or(|&(_, real)| real.is_some()));
             self.attrs.clear();
             self.seen.clear();
             self.listings.clear();
@@ -389,6 +397,11 @@ impl LocusFs {
     /// Drops what the mount knew of `path` and of its directory's entries.
     fn forget(&mut self, path: &str) {
         if let Some(ino) = self.inodes.peek(path) {
+            // Contents fetched whole for handles not open at the server (see
+            // [`LocusFs::fetch_whole`]): the next read opens the file there.
+            for (fh, _) in self.lazy.iter().filter(|(_, &(i, real))| i == ino && real.is_none()) {
+                self.known.remove(fh);
+            }
             self.attrs.remove(&ino);
             self.seen.remove(&ino);
             self.listings.forget(ino);
@@ -487,6 +500,51 @@ impl LocusFs {
         self.lazy.insert(fh, (ino, Some(opened.handle)));
         self.open.entry(ino).or_default().push(opened.handle);
         Ok(opened.handle)
+    }
+
+    /// Opens a small file for reading, while callbacks hold, by fetching it whole (a
+    /// `get`: the round trip an open would cost, and refused as an open would be), on a
+    /// handle that answers reads from what came ([`LocusFs::known`]) and is never opened
+    /// at the server unless the file's name is about to go ([`LocusFs::pin`]) or a
+    /// break drops the content: reading a small file then costs one round trip, not an
+    /// open and a read. Answers the handle, or `None` where the file is opened at the
+    /// server as before (a large or active file, no callbacks, a failed fetch, whose
+    /// error the open then reports). Also answers whether the kernel may keep the pages
+    /// it has: only if the file is as it was when last opened.
+    fn open_whole(&mut self, ino: u64) -> Option<(u64, bool)> {
+        let small = self.fresh(ino).is_some_and(|a| a.is_file() && a.size <= WHOLE_MAX);
+        if !small || self.ttl() != CALLBACK_TTL || self.active(ino) {
+            return None;
+        }
+        let path = self.path(ino).ok()?;
+        let (content, attr) = self.driver.read_file(&path).ok()?;
+        let now = (attr.size, attr.mtime);
+        let keep = self.seen.insert(ino, now) == Some(now);
+        self.remember(ino, &attr);
+        let fh = self.next_lazy;
+        self.next_lazy += 1;
+        self.lazy.insert(fh, (ino, None));
+        self.known.insert(fh, content);
+        Some((fh, keep))
+    }
+
+    /// A small file read from its start through a handle not yet open at the server,
+    /// while callbacks hold, is fetched whole in one round trip (a `get`) instead of an
+    /// open and a read: a program reading many small files (`grep -r`, a compiler
+    /// reading headers) pays one round trip for each. Later reads on the handle answer
+    /// from it ([`LocusFs::known`]) until a break of the file drops it
+    /// ([`LocusFs::forget`]); where the fetch fails, the handle is opened as before.
+    fn fetch_whole(&mut self, fh: u64) {
+        let Some(&(ino, None)) = self.lazy.get(&fh) else { return };
+        let small = self.fresh(ino).is_some_and(|a| a.is_file() && a.size <= WHOLE_MAX);
+        if self.known.contains_key(&fh) || !small || self.ttl() != CALLBACK_TTL || self.active(ino) {
+            return;
+        }
+        let Ok(path) = self.path(ino) else { return };
+        if let Ok((content, attr)) = self.driver.read_file(&path) {
+            self.remember(ino, &attr);
+            self.known.insert(fh, content);
+        }
     }
 
     /// The server handle behind a handle given to the kernel, if the file is open at
@@ -1239,6 +1297,11 @@ impl Filesystem for LocusFs {
             self.lazy.insert(fh, (ino, None));
             return reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush);
         }
+        if read_only {
+            if let Some((fh, keep)) = self.open_whole(ino) {
+                return reply.opened(fh, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+            }
+        }
         let path = ok_or_reply!(self.path(ino), reply);
         let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
         // Keep the cached pages only if the file is as it was when last opened.
@@ -1302,6 +1365,13 @@ impl Filesystem for LocusFs {
                 copy.map(|c| c.read(offset as u64, size)).unwrap_or_else(|| Err(std::io::Error::other("no copy")));
             let data = ok_or_reply!(data.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)), reply);
             return reply.data(&data);
+        }
+        if self.lazy.contains_key(&fh) {
+            // A break since drops what such a handle fetched (see `forget`).
+            self.absorb();
+            if offset == 0 {
+                self.fetch_whole(fh);
+            }
         }
         if let Some(content) = self.known.get(&fh) {
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
@@ -1409,6 +1479,7 @@ impl Filesystem for LocusFs {
             self.release_copy(ino);
             return reply.ok();
         }
+        self.known.remove(&fh);
         let fh = match self.lazy.remove(&fh) {
             Some((_, Some(real))) => real,
             Some((_, None)) => return reply.ok(),
