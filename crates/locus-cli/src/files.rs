@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
 use locus_client::{Client, ClientError, LocusUrl, StoreletUpdate};
+use locus_drivers::join;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -36,14 +37,6 @@ fn parse(url: &str) -> Result<LocusUrl, String> {
 
 fn err(url: &LocusUrl, e: ClientError) -> String {
     format!("{url}: {e}")
-}
-
-fn join(base: &str, name: &str) -> String {
-    if base.ends_with('/') {
-        format!("{base}{name}")
-    } else {
-        format!("{base}/{name}")
-    }
 }
 
 fn progress(len: u64, what: &str) -> ProgressBar {

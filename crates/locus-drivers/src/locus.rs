@@ -255,19 +255,28 @@ impl LocusDriver {
     }
 
     /// Sends `request`, which changes `paths` (a removal with `removal`), without
-    /// waiting for its answer (after settling the oldest change when many are unanswered).
+    /// waiting for its answer (after settling the oldest change when many are
+    /// unanswered). Where it cannot go out (no connection, or the connection just went),
+    /// `waiting` makes the change the ordinary way, which reconnects.
     fn change_behind<O: locus_proto::Operation<Reply = ()>>(
         &mut self,
         request: O,
         paths: Vec<String>,
         removal: bool,
+        waiting: impl FnOnce(&mut Self) -> Result<()>,
     ) -> Result<()> {
+        if self.client.is_none() {
+            return waiting(self);
+        }
         if self.names_behind.len() >= MAX_BEHIND {
             let oldest = self.names_behind.pop_front().expect("full");
             self.settle_name(oldest, true);
         }
-        let pending = self.call_on(|c| c.run(|c| c.start_with(request, &[])))?;
-        self.names_behind.push_back(NameChange { paths, removal, pending });
+        match self.call_on(|c| c.run(|c| c.start_with(request, &[]))) {
+            Ok(pending) => self.names_behind.push_back(NameChange { paths, removal, pending }),
+            Err(e) if e.is_transient() => return waiting(self),
+            Err(e) => return Err(e),
+        }
         Ok(())
     }
 
@@ -382,7 +391,7 @@ impl Driver for LocusDriver {
                 if let Some(Ok(entries)) = ahead.pending.try_entries() {
                     ahead.expanded = true;
                     let subdirs = entries.iter().filter(|e| e.attr.is_dir());
-                    wanted.extend(subdirs.map(|e| format!("{}/{}", dir.trim_end_matches('/'), e.name)));
+                    wanted.extend(subdirs.map(|e| crate::join(dir, &e.name)));
                 }
             }
         }
@@ -522,24 +531,12 @@ impl Driver for LocusDriver {
         self.call(|c| c.run(|c| c.unlink(path)))
     }
     fn unlink_behind(&mut self, path: &str) -> Result<()> {
-        if self.client.is_none() {
-            return self.unlink(path); // reconnects
-        }
-        match self.change_behind(locus_proto::ops::Unlink { path: path.to_string() }, vec![path.to_string()], true) {
-            // The request did not go out: the connection is gone, and a new one removes it.
-            Err(e) if e.is_transient() => self.unlink(path),
-            outcome => outcome,
-        }
+        let request = locus_proto::ops::Unlink { path: path.to_string() };
+        self.change_behind(request, vec![path.to_string()], true, |d| d.unlink(path))
     }
     fn rename_behind(&mut self, from: &str, to: &str) -> Result<()> {
-        if self.client.is_none() {
-            return self.rename(from, to); // reconnects
-        }
         let request = locus_proto::ops::Rename { from: from.to_string(), to: to.to_string() };
-        match self.change_behind(request, vec![from.to_string(), to.to_string()], false) {
-            Err(e) if e.is_transient() => self.rename(from, to),
-            outcome => outcome,
-        }
+        self.change_behind(request, vec![from.to_string(), to.to_string()], false, |d| d.rename(from, to))
     }
     fn failed_behind(&mut self, wait: bool) -> Vec<(String, DriverError)> {
         // The server answers a connection's requests in order: the oldest change not

@@ -197,8 +197,8 @@ pub struct LocusFs {
     /// The whole content of files opened for writing while empty and written only
     /// through that handle since, up to [`KNOWN_MAX`]: reads on the handle answer from it
     /// (programs that read back what they write, as `as` does, cost no round trip).
-    /// Also, by the handle given to the kernel, small files fetched whole at their first
-    /// read ([`LocusFs::fetch_whole`]).
+    /// Also, by the handle given to the kernel, small files fetched whole at their open
+    /// or first read ([`LocusFs::fetch_small`]).
     known: HashMap<u64, Vec<u8>>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
     notifier: Arc<OnceLock<fuser::Notifier>>,
@@ -229,8 +229,7 @@ pub struct LocusFs {
 
 /// The most content kept per handle in [`LocusFs::known`].
 const KNOWN_MAX: usize = 8 << 20;
-/// Files at most this large are fetched whole at their first read (see
-/// [`LocusFs::fetch_whole`]).
+/// Files at most this large are fetched whole to be read (see [`LocusFs::fetch_small`]).
 const WHOLE_MAX: u64 = 256 << 10;
 
 /// Handles of opens deferred until a read needs them are numbered from here (the
@@ -380,9 +379,7 @@ impl LocusFs {
         }
         let broken = std::mem::take(&mut *self.broken.lock());
         if broken.all {
-            // Contents fetched whole for handles not open at the server go too.
-            let lazy = &self.lazy;
-            self.known.retain(|fh, _| lazy.get(fh).is_none_or(|&(_, real)| real.is_some()));
+            self.drop_fetched(|_| true);
             self.attrs.clear();
             self.seen.clear();
             self.listings.clear();
@@ -397,11 +394,7 @@ impl LocusFs {
     /// Drops what the mount knew of `path` and of its directory's entries.
     fn forget(&mut self, path: &str) {
         if let Some(ino) = self.inodes.peek(path) {
-            // Contents fetched whole for handles not open at the server (see
-            // [`LocusFs::fetch_whole`]): the next read opens the file there.
-            for (fh, _) in self.lazy.iter().filter(|(_, &(i, real))| i == ino && real.is_none()) {
-                self.known.remove(fh);
-            }
+            self.drop_fetched(|i| i == ino);
             self.attrs.remove(&ino);
             self.seen.remove(&ino);
             self.listings.forget(ino);
@@ -502,25 +495,32 @@ impl LocusFs {
         Ok(opened.handle)
     }
 
-    /// Opens a small file for reading, while callbacks hold, by fetching it whole (a
-    /// `get`: the round trip an open would cost, and refused as an open would be), on a
-    /// handle that answers reads from what came ([`LocusFs::known`]) and is never opened
-    /// at the server unless the file's name is about to go ([`LocusFs::pin`]) or a
-    /// break drops the content: reading a small file then costs one round trip, not an
-    /// open and a read. Answers the handle, or `None` where the file is opened at the
-    /// server as before (a large or active file, no callbacks, a failed fetch, whose
-    /// error the open then reports). Also answers whether the kernel may keep the pages
-    /// it has: only if the file is as it was when last opened.
-    fn open_whole(&mut self, ino: u64) -> Option<(u64, bool)> {
+    /// The whole content of `ino`, fetched in one round trip (a streamed `get`, refused as
+    /// an open would be) where it is a small file and callbacks hold: reading a small
+    /// file then costs one round trip, not an open and a read (`grep -r`, a compiler
+    /// reading headers). Its handle answers reads from it ([`LocusFs::known`]) without
+    /// being opened at the server, unless the name is about to go ([`LocusFs::pin`]),
+    /// until a break drops it ([`LocusFs::drop_fetched`]). `None` for a large or active
+    /// file, without callbacks, or where the fetch fails: the caller opens the file at
+    /// the server as before (and reports that error).
+    fn fetch_small(&mut self, ino: u64) -> Option<Vec<u8>> {
         let small = self.fresh(ino).is_some_and(|a| a.is_file() && a.size <= WHOLE_MAX);
         if !small || self.ttl() != CALLBACK_TTL || self.active(ino) {
             return None;
         }
         let path = self.path(ino).ok()?;
         let (content, attr) = self.driver.read_file(&path).ok()?;
-        let now = (attr.size, attr.mtime);
-        let keep = self.seen.insert(ino, now) == Some(now);
         self.remember(ino, &attr);
+        Some(content)
+    }
+
+    /// Opens a small file for reading by fetching it ([`LocusFs::fetch_small`]), on a
+    /// handle not open at the server; also answers whether the kernel may keep the
+    /// pages it has (only if the file is as it was when last opened).
+    fn open_whole(&mut self, ino: u64) -> Option<(u64, bool)> {
+        let content = self.fetch_small(ino)?;
+        let now = self.fresh(ino).map(|a| (a.size, a.mtime))?;
+        let keep = self.seen.insert(ino, now) == Some(now);
         let fh = self.next_lazy;
         self.next_lazy += 1;
         self.lazy.insert(fh, (ino, None));
@@ -528,23 +528,11 @@ impl LocusFs {
         Some((fh, keep))
     }
 
-    /// A small file read from its start through a handle not yet open at the server,
-    /// while callbacks hold, is fetched whole in one round trip (a `get`) instead of an
-    /// open and a read: a program reading many small files (`grep -r`, a compiler
-    /// reading headers) pays one round trip for each. Later reads on the handle answer
-    /// from it ([`LocusFs::known`]) until a break of the file drops it
-    /// ([`LocusFs::forget`]); where the fetch fails, the handle is opened as before.
-    fn fetch_whole(&mut self, fh: u64) {
-        let Some(&(ino, None)) = self.lazy.get(&fh) else { return };
-        let small = self.fresh(ino).is_some_and(|a| a.is_file() && a.size <= WHOLE_MAX);
-        if self.known.contains_key(&fh) || !small || self.ttl() != CALLBACK_TTL || self.active(ino) {
-            return;
-        }
-        let Ok(path) = self.path(ino) else { return };
-        if let Ok((content, attr)) = self.driver.read_file(&path) {
-            self.remember(ino, &attr);
-            self.known.insert(fh, content);
-        }
+    /// Drops the contents fetched for handles not open at the server, of the inodes
+    /// `of` picks: their next read opens the file there.
+    fn drop_fetched(&mut self, of: impl Fn(u64) -> bool) {
+        let lazy = &self.lazy;
+        self.known.retain(|fh, _| !lazy.get(fh).is_some_and(|&(ino, real)| real.is_none() && of(ino)));
     }
 
     /// The server handle behind a handle given to the kernel, if the file is open at
@@ -632,8 +620,7 @@ impl LocusFs {
         // not here (the listings hear of every change the mount makes, and new files
         // just stored may be missing from them) nor at the server (a break makes the
         // mount forget a listing, which counts as a change).
-        let changed = self.ahead_since.is_some_and(|at| at != self.listings.changes());
-        if self.ahead_since.is_some() && (changed || stored) {
+        if self.ahead_since.is_some_and(|at| stored || at != self.listings.changes()) {
             self.driver.drop_ahead();
             self.ahead_since = None;
             self.walked.clear();
@@ -1366,11 +1353,14 @@ impl Filesystem for LocusFs {
             let data = ok_or_reply!(data.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)), reply);
             return reply.data(&data);
         }
-        if self.lazy.contains_key(&fh) {
-            // A break since drops what such a handle fetched (see `forget`).
+        if let Some(&(ino, None)) = self.lazy.get(&fh) {
+            // Not open at the server: a break since drops what it fetched, and a read
+            // from the start of a small file fetches it whole.
             self.absorb();
-            if offset == 0 {
-                self.fetch_whole(fh);
+            if offset == 0 && !self.known.contains_key(&fh) {
+                if let Some(content) = self.fetch_small(ino) {
+                    self.known.insert(fh, content);
+                }
             }
         }
         if let Some(content) = self.known.get(&fh) {
