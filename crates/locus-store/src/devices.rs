@@ -26,8 +26,10 @@ use std::path::{Path, PathBuf};
 
 /// Prefix of a copy being made by a move (hidden: it starts with the reserved prefix).
 const MOVE_PREFIX: &str = ".__locus_move_";
-/// Times a move copies again a file that changed while it was being copied.
-const MOVE_TRIES: usize = 3;
+/// Times a move copies a file that keeps changing while it is being copied, pausing a
+/// little longer after each lost race (a file written steadily leaves gaps between its
+/// writes; a move runs on a thread of its own).
+const MOVE_TRIES: u64 = 10;
 
 /// One storage directory of the export.
 pub struct Device {
@@ -412,7 +414,10 @@ impl Store {
         let (parent, name) = (parent_of(rel), name_of(rel));
         let busy = || StoreError::Os { op: "move", path: rel.to_string(), errno: Errno::BUSY };
         let gone = || StoreError::Os { op: "move", path: rel.to_string(), errno: Errno::NOENT };
-        for _ in 0..MOVE_TRIES {
+        for attempt in 0..MOVE_TRIES {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(attempt));
+            }
             // The source as it is now, and a copy of it on the target device.
             let src_dir = self.dir_on(from as usize, parent)?.ok_or_else(gone)?;
             let before = rustix::fs::statat(&src_dir, name, AtFlags::SYMLINK_NOFOLLOW).ctx("move", rel)?;
