@@ -49,7 +49,7 @@ fn mount_run_and_get_read_from_the_data_node() {
     assert!(answered(&node, "object_read") > from_node);
 
     // locus mount
-    if Path::new("/dev/fuse").exists() {
+    if locus_testkit::require_fuse() {
         let mnt = scratch.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
         let mut child = locus(&home).arg("mount").arg(head.url("/")).arg(&mnt).spawn().unwrap();
@@ -109,8 +109,7 @@ fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Chi
 #[test]
 fn killing_a_head_loses_no_acknowledged_write() {
     let Some(pg) = locus_testkit::TestPostgres::start() else {
-        eprintln!("PostgreSQL is not installed here; skipping (CI installs it)");
-        return;
+        return; // skipped by LOCUS_TEST_SKIP_MISSING (see locus_testkit::require)
     };
     let dir = tempfile::tempdir().unwrap();
     let (pa, pb, pn) = (free_port(), free_port(), free_port());

@@ -68,8 +68,7 @@ fn mount_with(url: &str, scratch: &Path, token: &str, flags: &[&str]) -> Mount {
 
 #[test]
 fn unmodified_programs_work_on_the_mount() {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: this machine has no /dev/fuse");
+    if !fuse_available() {
         return;
     }
     let s = TestServer::start();
@@ -142,12 +141,9 @@ fn unmodified_programs_work_on_the_mount() {
     assert!(!mounted(&mnt));
 }
 
+/// True when FUSE is here; fails the test when it is not (see `locus_testkit::require`).
 fn fuse_available() -> bool {
-    let ok = Path::new("/dev/fuse").exists();
-    if !ok {
-        eprintln!("skipped: this machine has no /dev/fuse");
-    }
-    ok
+    locus_testkit::require_fuse()
 }
 
 #[test]
@@ -379,8 +375,7 @@ open("expected.bin", "wb").write(bytes(expected))
 
 #[test]
 fn opening_an_invocation_on_the_mount_runs_the_handler() {
-    if !Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: this machine has no /dev/fuse");
+    if !fuse_available() {
         return;
     }
     let s = TestServer::start();

@@ -10,6 +10,33 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Whether a test that needs `what` (a tool or device) may run: true when it is here.
+/// When it is missing the test fails with a message naming it and how to install it,
+/// never passing vacuously, unless `LOCUS_TEST_SKIP_MISSING` is `1` (or names `what`
+/// among comma-separated words); then it says so on stderr and returns false, and the
+/// caller returns. `.ci/run` never sets that variable.
+pub fn require(what: &str, present: bool, install: &str) -> bool {
+    if present {
+        return true;
+    }
+    let skip = std::env::var("LOCUS_TEST_SKIP_MISSING").unwrap_or_default();
+    if skip == "1" || skip.split(',').any(|w| w.trim() == what) {
+        eprintln!("skipped: {what} is missing here and LOCUS_TEST_SKIP_MISSING={skip} (install: {install})");
+        return false;
+    }
+    panic!("this test needs {what}, which is missing here ({install}); set LOCUS_TEST_SKIP_MISSING={what} to skip it");
+}
+
+/// [`require`] for FUSE: `/dev/fuse` and `fusermount3`.
+pub fn require_fuse() -> bool {
+    let fusermount = std::process::Command::new("sh")
+        .args(["-c", "command -v fusermount3"])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    require("fuse", std::path::Path::new("/dev/fuse").exists() && fusermount, "/dev/fuse and apt-get install fuse3")
+}
+
 /// A running server on an ephemeral port.
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -207,9 +234,16 @@ pub struct TestPostgres {
 }
 
 impl TestPostgres {
-    /// Starts one; None when PostgreSQL is not installed (`.ci/run` installs it).
+    /// Starts one. When PostgreSQL is not installed the test fails saying so, or (with
+    /// `LOCUS_TEST_SKIP_MISSING`, see [`require`]) this answers None and the test returns.
     pub fn start() -> Option<TestPostgres> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql").ok()?.flatten().map(|d| d.path().join("bin")).max()?;
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|d| d.flatten().map(|d| d.path().join("bin")).filter(|b| b.join("initdb").exists()).max());
+        if !require("postgresql", bin.is_some(), "apt-get install postgresql; .ci/run installs it") {
+            return None;
+        }
+        let bin = bin?;
         let dir = tempfile::tempdir().ok()?;
         let data = dir.path().join("data");
         let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
