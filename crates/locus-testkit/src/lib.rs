@@ -92,6 +92,12 @@ impl TestServer {
         self.beside(move |listener, shared| locus_console::serve(listener, shared, config))
     }
 
+    /// Serves plain HTTP reads beside the native protocol (a head's or data node's
+    /// `--http-port`), on an ephemeral port; returns its address.
+    pub fn http(&self) -> SocketAddr {
+        self.beside(locus_server::http::serve)
+    }
+
     /// Runs `serve` on the server's runtime with a listener on an ephemeral loopback port.
     fn beside<F: std::future::Future<Output = ()> + Send + 'static>(
         &self,
