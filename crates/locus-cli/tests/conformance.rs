@@ -1,0 +1,114 @@
+//! POSIX conformance of `locus mount` (each consistency mode) and `locus run`: the checks
+//! of `bench/posix_conformance.py` (open flags and create modes, truncation, renames over
+//! files and directories, link counts, unlink of open files, timestamps, permissions,
+//! long names, fifos, xattrs, flock) run on a local directory and on Locus, and every
+//! check the local directory passes passes on Locus too, except the differences the
+//! README's "POSIX semantics" section names as design choices (`DESIGNED`).
+//! `bench/posix_conformance.sh` prints the same table beside sshfs.
+
+use locus_mount::is_mounted;
+use locus_testkit::TestServer;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Differences from a local directory that are design choices (README, "POSIX
+/// semantics"): an export holds regular files, directories and symbolic links only, and
+/// keeps no extended attributes.
+const DESIGNED: [&str; 2] = ["fifos", "xattrs"];
+
+fn checker() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/posix_conformance.py")
+}
+
+/// The checker's results for `dir`, run by `cmd` (a plain `python3`, or under `locus run`).
+fn results(mut cmd: Command) -> BTreeMap<String, String> {
+    let out = cmd.output().expect("python3 runs the checker");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!("{e}: the checker said {text}\n{}", String::from_utf8_lossy(&out.stderr));
+    })
+}
+
+fn python(dir: &Path) -> Command {
+    let mut c = Command::new("python3");
+    c.arg(checker()).arg(dir).arg("--json");
+    c
+}
+
+struct Mount {
+    child: Child,
+    mnt: PathBuf,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new(env!("CARGO_BIN_EXE_locus")).arg("umount").arg(&self.mnt).status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn mount(s: &TestServer, mode: &str) -> Mount {
+    let mnt = s.scratch().join(format!("mnt-{mode}"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["mount", &s.url("/"), "--consistency", mode])
+        .arg("--cache-dir")
+        .arg(s.scratch().join(format!("cache-{mode}")))
+        .arg(&mnt)
+        .env("LOCUS_HOME", s.scratch().join("home"))
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .spawn()
+        .expect("locus mount");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_mounted(&mnt) {
+        assert!(Instant::now() < deadline, "not mounted after 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Mount { child, mnt }
+}
+
+/// Every check local passes that `target` fails, design choices aside.
+fn worse_than_local(local: &BTreeMap<String, String>, target: &BTreeMap<String, String>) -> Vec<String> {
+    local
+        .iter()
+        .filter(|(name, r)| *r == "PASS" && !DESIGNED.contains(&name.as_str()))
+        .filter(|(name, _)| target.get(*name).map(String::as_str) != Some("PASS"))
+        .map(|(name, _)| format!("{name}: {}", target.get(name).map_or("not run", String::as_str)))
+        .collect()
+}
+
+#[test]
+fn the_mount_and_locus_run_answer_as_a_local_directory_does() {
+    if !locus_testkit::require_fuse() {
+        return;
+    }
+    let local_dir = tempfile::tempdir().unwrap();
+    let local = results(python(local_dir.path()));
+    assert!(local.len() >= 30, "{local:?}");
+    let s = TestServer::start();
+    let mut failures = Vec::new();
+    for mode in ["nfs", "afs", "sprite"] {
+        let m = mount(&s, mode);
+        for f in worse_than_local(&local, &results(python(&m.mnt))) {
+            failures.push(format!("mount --consistency {mode}: {f}"));
+        }
+    }
+    for how in ["fuse", "trace"] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_locus"));
+        cmd.args(["run", "--interpose", how, "--mount", &format!("/conf={}", s.url("/")), "--", "python3"])
+            .arg(checker())
+            .args(["/conf", "--json"])
+            .env("LOCUS_HOME", s.scratch().join("home"))
+            .env("LOCUS_TOKEN", "admin:admin-token");
+        for f in worse_than_local(&local, &results(cmd)) {
+            failures.push(format!("locus run --interpose {how}: {f}"));
+        }
+    }
+    assert!(failures.is_empty(), "differences from a local directory:\n{}", failures.join("\n"));
+}
