@@ -10,14 +10,18 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Sends `input` on a new connection to `addr`, closes the sending half and reads the
-/// answer until the server closes or goes quiet; returns what came back.
-pub fn exchange(addr: SocketAddr, input: &[u8]) -> Vec<u8> {
+/// Sends `input` on a new connection to `addr`, closes the sending half (if
+/// `half_close`: an HTTP server may then drop the connection unanswered, so requests that
+/// must be answered say `Connection: close` instead) and reads the answer until the
+/// server closes or goes quiet; returns what came back.
+pub fn exchange(addr: SocketAddr, input: &[u8], half_close: bool) -> Vec<u8> {
     let mut sock = TcpStream::connect(addr).expect("the endpoint accepts connections");
     sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     sock.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let _ = sock.write_all(input);
-    let _ = sock.shutdown(Shutdown::Write);
+    if half_close {
+        let _ = sock.shutdown(Shutdown::Write);
+    }
     let mut answer = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     while answer.len() < 1 << 20 {
