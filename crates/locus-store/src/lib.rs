@@ -248,6 +248,7 @@ impl Store {
             store.write_acl(store.root.as_fd(), initial_acl)?;
         }
         store.repair();
+        sweep_stale_uploads(store.devices.iter().map(|d| d.path.clone()).collect());
         Ok(store)
     }
 
@@ -972,6 +973,13 @@ impl PutFile {
         let replaced = last_link(self.removals.as_ref(), dir, &self.name);
         let _names = self.namespace.as_ref().map(|n| n.lock());
         rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
+        if self.durable {
+            // The rename is on disk before the put is answered: a crash of the machine
+            // cannot bring the old file back after the client was told the new one is there.
+            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+            let d = rustix::fs::openat(dir, ".", flags, Mode::empty()).ctx("put", &self.name)?;
+            rustix::fs::fsync(&d).ctx("put", &self.name)?;
+        }
         // With several devices, the name it replaced may have been on another one.
         for other in &self.others {
             if rustix::fs::statat(other, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
@@ -987,6 +995,34 @@ impl PutFile {
     }
 }
 
+/// Removes, in the background, the hidden files of uploads that a killed server left
+/// under `roots` (every device): those made before this store opened cannot belong to a
+/// live upload. A crash during a put must not leak its partial bytes forever.
+fn sweep_stale_uploads(roots: Vec<PathBuf>) {
+    let opened = std::time::SystemTime::now();
+    let prefix = format!("{RESERVED_PREFIX}_put_");
+    let sweep = move || {
+        let mut dirs = roots;
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                let Ok(meta) = entry.metadata() else { continue };
+                let path = entry.path();
+                if meta.is_dir() {
+                    dirs.push(path);
+                } else if meta.is_file()
+                    && entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+                    && meta.modified().is_ok_and(|m| m < opened)
+                {
+                    tracing::info!("{}: removing an upload a stopped server left", path.display());
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+    };
+    let _ = std::thread::Builder::new().name("locus-sweep".into()).spawn(sweep);
+}
+
 impl Drop for PutFile {
     fn drop(&mut self) {
         if !self.done {
@@ -998,6 +1034,24 @@ impl Drop for PutFile {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn uploads_a_killed_server_left_are_swept_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        let stale = dir.path().join(format!("a/b/{}_put_0123", super::RESERVED_PREFIX));
+        std::fs::write(&stale, b"partial").unwrap();
+        let kept = dir.path().join("a/b/.__locus_putnot");
+        std::fs::write(&kept, b"a user's file").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let _store = super::Store::new(dir.path(), &super::Acl::default()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while stale.exists() {
+            assert!(std::time::Instant::now() < deadline, "the stale upload is still there");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(kept.exists());
+    }
+
     use super::*;
 
     #[test]
