@@ -919,19 +919,44 @@ fn head_kill_sqlite(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     Ok(out)
 }
 
-fn postgres() -> Result<locus_testkit::TestPostgres, BenchError> {
-    if !locus_testkit::TestPostgres::installed() {
-        return Err(setup("PostgreSQL is not installed (apt-get install postgresql)"));
+/// PostgreSQL for the runs of a scenario: one cluster (started on first use), a new
+/// database per run.
+pub struct Postgres(Option<locus_testkit::TestPostgres>);
+
+impl Postgres {
+    /// None started yet.
+    pub fn new() -> Postgres {
+        Postgres(None)
     }
-    locus_testkit::TestPostgres::start().ok_or_else(|| setup("PostgreSQL did not start"))
+
+    /// The cluster and the URL of a new database for run `seed`.
+    fn database(&mut self, seed: u64) -> Result<(&locus_testkit::TestPostgres, String), BenchError> {
+        if self.0.is_none() {
+            if !locus_testkit::TestPostgres::installed() {
+                return Err(setup("PostgreSQL is not installed (apt-get install postgresql)"));
+            }
+            self.0 = Some(locus_testkit::TestPostgres::start().ok_or_else(|| setup("PostgreSQL did not start"))?);
+        }
+        let pg = self.0.as_ref().ok_or_else(|| setup("PostgreSQL"))?;
+        let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);
+        let url = pg.database(&format!("faults_{seed}_{n}")).ok_or_else(|| setup("createdb failed"))?;
+        Ok((pg, url))
+    }
 }
 
-fn head_kill_postgres(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
+impl Default for Postgres {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static NEXT_DB: AtomicU64 = AtomicU64::new(0);
+
+fn head_kill_postgres(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOutcome, BenchError> {
     let mut rng = Rng(seed);
-    let pg = postgres()?;
+    let (_, meta) = pg.database(seed)?;
     let world = World::new(exe)?;
     let (a_addr, b_addr) = (local_addr()?, local_addr()?);
-    let meta = pg.url();
     let (mut a, _nodes) = cluster(&world, &a_addr, &["--meta", &meta], 1)?;
     let _b = world.serve("head-b", &b_addr, &["--head", "--meta", &meta], None)?;
     let load = Workload::start(&world, seed, vec![a_addr.clone(), b_addr.clone()], 4, Work::Puts, 1 << 20)?;
@@ -948,12 +973,12 @@ fn head_kill_postgres(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     Ok(out)
 }
 
-fn postgres_restart(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
+fn postgres_restart(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOutcome, BenchError> {
     let mut rng = Rng(seed);
-    let pg = postgres()?;
+    let (pg, meta) = pg.database(seed)?;
     let world = World::new(exe)?;
     let head_addr = local_addr()?;
-    let (_head, _nodes) = cluster(&world, &head_addr, &["--meta", &pg.url()], 1)?;
+    let (_head, _nodes) = cluster(&world, &head_addr, &["--meta", &meta], 1)?;
     let load = Workload::start(&world, seed, vec![head_addr.clone()], 4, Work::Puts, 1 << 20)?;
     let mut out = RunOutcome::default();
     load.wait_acks(4, Duration::from_secs(20));
@@ -1016,18 +1041,20 @@ fn write_all(path: &Path, data: &[u8]) -> std::io::Result<std::fs::File> {
 }
 
 /// Files written through the mount and closed (some after fsync): acknowledged at the
-/// call that returned 0. Files written and left open: kept (see the module's doc).
+/// call that returned 0. Files stored once, then opened again and rewritten and left
+/// open: the new version is kept (see the module's doc). The directory is listed first,
+/// so that the mount knows which names are free and makes new files as local copies.
 struct MountWork {
-    ledger: Arc<Ledger>,
     errors: u64,
     held: Vec<std::fs::File>,
 }
 
-fn mount_writes(ledger: Arc<Ledger>, mnt: &Path, rng: &mut Rng, closed: usize, open: usize) -> MountWork {
-    let mut w = MountWork { ledger, errors: 0, held: Vec::new() };
+fn mount_writes(ledger: &Ledger, mnt: &Path, rng: &mut Rng, closed: usize, open: usize) -> MountWork {
+    let mut w = MountWork { errors: 0, held: Vec::new() };
+    let _ = std::fs::read_dir(mnt).map(|d| d.count());
     for i in 0..closed + open {
         let name = if i < closed { format!("/m-c{i}") } else { format!("/m-o{i}") };
-        let (vid, data) = w.ledger.attempt(&name, size(rng, 512 << 10));
+        let (vid, data) = ledger.attempt(&name, size(rng, 512 << 10));
         let f = match write_all(&mnt.join(&name[1..]), &data) {
             Ok(f) => f,
             Err(_) => {
@@ -1035,20 +1062,29 @@ fn mount_writes(ledger: Arc<Ledger>, mnt: &Path, rng: &mut Rng, closed: usize, o
                 continue;
             }
         };
-        if i >= closed {
-            w.ledger.ack(&name, vid);
-            w.held.push(f);
-            continue;
-        }
         if rng.below(3) == 0 {
             match f.sync_all() {
-                Ok(()) => w.ledger.ack(&name, vid),
+                Ok(()) => ledger.ack(&name, vid),
                 Err(_) => w.errors += 1,
             }
         }
         match close(f) {
-            Ok(()) => w.ledger.ack(&name, vid),
-            Err(_) => w.errors += 1,
+            Ok(()) => ledger.ack(&name, vid),
+            Err(_) => {
+                w.errors += 1;
+                continue;
+            }
+        }
+        if i >= closed {
+            // Written again in a local copy, and left open.
+            let (vid, data) = ledger.attempt(&name, size(rng, 512 << 10));
+            match write_all(&mnt.join(&name[1..]), &data) {
+                Ok(f) => {
+                    ledger.ack(&name, vid);
+                    w.held.push(f);
+                }
+                Err(_) => w.errors += 1,
+            }
         }
     }
     w
@@ -1092,9 +1128,9 @@ fn mount_kill(exe: &Path, seed: u64, sigterm: bool) -> Result<RunOutcome, BenchE
     let url = format!("locus://{addr}/");
     let mut m = mount(&world, &url, 5)?;
     world.mounts.push(world.path("mnt"));
-    let ledger = Arc::new(Ledger::create(&world.path("ledger"), seed)?);
+    let ledger = Ledger::create(&world.path("ledger"), seed)?;
     let (closed, open) = (2 + rng.below(6) as usize, 1 + rng.below(4) as usize);
-    let mut w = mount_writes(ledger, &world.path("mnt"), &mut rng, closed, open);
+    let mut w = mount_writes(&ledger, &world.path("mnt"), &mut rng, closed, open);
     let kept: Vec<String> = (closed..closed + open).map(|i| format!("/m-o{i}")).collect();
     let mut out = RunOutcome { errors: w.errors, ..Default::default() };
     std::thread::sleep(rng.range_ms(0, 300));
@@ -1157,6 +1193,8 @@ fn mount_link_cut(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
         std::thread::spawn(move || {
             let mut rng = Rng(seed ^ 0xA5A5);
             let (mut errors, mut i) = (0u64, 0);
+            // Listed: the mount knows which names are free and makes files as local copies.
+            let _ = std::fs::read_dir(&mnt).map(|d| d.count());
             while !stop.load(Ordering::Relaxed) {
                 i += 1;
                 let name = format!("/m-l{i}");
@@ -1208,16 +1246,17 @@ fn mount_link_cut(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
 // ---------------------------------------------------------------------------------
 // Running
 
-/// Runs scenario `name` once with `seed`, using `exe` as the `locus` program.
-pub fn run_one(exe: &Path, name: &str, seed: u64) -> Result<RunOutcome, BenchError> {
+/// Runs scenario `name` once with `seed`, using `exe` as the `locus` program (and `pg`
+/// for the scenarios on PostgreSQL).
+pub fn run_one(exe: &Path, name: &str, seed: u64, pg: &mut Postgres) -> Result<RunOutcome, BenchError> {
     match name {
         "server-kill-puts" => server_kill(exe, seed, Work::Puts),
         "server-kill-renames" => server_kill(exe, seed, Work::Renames),
         "disk-full" => disk_full(exe, seed),
         "node-kill" => node_kill(exe, seed),
         "head-kill-sqlite" => head_kill_sqlite(exe, seed),
-        "head-kill-postgres" => head_kill_postgres(exe, seed),
-        "postgres-restart" => postgres_restart(exe, seed),
+        "head-kill-postgres" => head_kill_postgres(exe, seed, pg),
+        "postgres-restart" => postgres_restart(exe, seed, pg),
         "mount-kill" => mount_kill(exe, seed, false),
         "mount-sigterm" => mount_kill(exe, seed, true),
         "mount-link-cut" => mount_link_cut(exe, seed),
@@ -1231,10 +1270,11 @@ pub fn run_one(exe: &Path, name: &str, seed: u64) -> Result<RunOutcome, BenchErr
 /// Runs scenario `name` `runs` times (seeds `seed`, `seed + 1`, ...) and sums them up.
 pub fn run_scenario(exe: &Path, name: &str, runs: usize, seed: u64, verbose: bool) -> ScenarioResult {
     let mut r = ScenarioResult { scenario: name.to_string(), runs, ..Default::default() };
+    let mut pg = Postgres::new();
     for i in 0..runs {
         let s = seed + i as u64;
         let started = Instant::now();
-        match run_one(exe, name, s) {
+        match run_one(exe, name, s, &mut pg) {
             Ok(o) => {
                 if verbose {
                     eprintln!("{name} seed {s}: {o:?} ({:.1} s)", started.elapsed().as_secs_f64());
