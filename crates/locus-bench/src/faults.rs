@@ -42,8 +42,9 @@ pub struct FaultsArgs {
     /// Runs of each scenario, each with its own seed (varied timing and sizes).
     #[arg(long, default_value_t = 20)]
     pub runs: usize,
-    /// Scenarios to run (repeatable; default: all). Names: see SCENARIOS in --help of
-    /// the bench's documentation, or run with a wrong name to list them.
+    /// Scenarios to run (repeatable; default: all): server-kill-puts,
+    /// server-kill-renames, disk-full, node-kill, head-kill-sqlite, head-kill-postgres,
+    /// postgres-restart, mount-kill, mount-sigterm, mount-link-cut.
     #[arg(long = "scenario", value_name = "NAME")]
     pub scenarios: Vec<String>,
     /// The first run's seed; run i uses SEED + i.
@@ -85,6 +86,9 @@ pub struct RunOutcome {
     pub errors: u64,
     /// Seconds from the fault until service was back (a new write acknowledged).
     pub recovery_s: f64,
+    /// Partial uploads left on the servers' disks (hidden temporary files that nothing
+    /// removes): not a violation, space a crash leaks.
+    pub stale_temp_files: u64,
     /// What went wrong, in words (violations and failures to recover).
     pub notes: Vec<String>,
 }
@@ -110,6 +114,7 @@ pub struct ScenarioResult {
     pub half_written: u64,
     pub errors: u64,
     pub max_recovery_s: f64,
+    pub stale_temp_files: u64,
     /// The first few notes, each with its run's seed.
     pub notes: Vec<String>,
 }
@@ -421,6 +426,14 @@ impl World {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(f));
+        // Nothing outlives the bench: if it dies, so do the processes it started.
+        // SAFETY: one system call between fork and exec.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                    .map_err(std::io::Error::from)
+            });
+        }
         Ok((c, log))
     }
 
@@ -762,7 +775,29 @@ fn check_through(world: &World, addr: &str, ignore: &[&str], out: &mut RunOutcom
         }
         Seen::Unreadable(last)
     };
-    check(&world.path("ledger"), read, listed, out)
+    check(&world.path("ledger"), read, listed, out)?;
+    out.stale_temp_files = stale_temp_files(world.dir.path());
+    Ok(())
+}
+
+/// Files named `.__locus_put_*` (uploads in progress) under the servers' directories.
+fn stale_temp_files(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut n = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        // Not into mount points or the mount's cache.
+        if name == "mnt" || name == "cache" {
+            continue;
+        }
+        match e.file_type() {
+            Ok(t) if t.is_dir() => n += stale_temp_files(&e.path()),
+            Ok(_) if name.starts_with(".__locus_put_") => n += 1,
+            _ => {}
+        }
+    }
+    n
 }
 
 fn recovered(out: &mut RunOutcome, fault: Instant, back: Option<Instant>, what: &str) {
@@ -987,8 +1022,10 @@ fn postgres_restart(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOutco
     if !pg.restart() {
         return Err(setup("PostgreSQL did not restart"));
     }
+    let pg_back = fault.elapsed().as_secs_f64();
     let back = load.probe(&head_addr, "probe", 200_000, Duration::from_secs(30));
     recovered(&mut out, fault, back, "the head after PostgreSQL restarted");
+    eprintln!("postgres-restart seed {seed}: PostgreSQL accepted connections again after {pg_back:.2} s, the head stored a file after {:.2} s", out.recovery_s);
     std::thread::sleep(rng.range_ms(200, 600));
     load.stop(&mut out);
     check_through(&world, &head_addr, &[], &mut out)?;
@@ -1285,6 +1322,7 @@ pub fn run_scenario(exe: &Path, name: &str, runs: usize, seed: u64, verbose: boo
                 r.half_written += o.half_written;
                 r.errors += o.errors;
                 r.max_recovery_s = r.max_recovery_s.max(o.recovery_s);
+                r.stale_temp_files += o.stale_temp_files;
                 if o.notes.iter().any(|n| n.contains("did not recover") || n.contains("still")) {
                     r.failed_runs += 1;
                 }
@@ -1332,12 +1370,21 @@ pub fn run(args: FaultsArgs) -> Result<(), BenchError> {
         let r = run_scenario(&exe, n, args.runs, args.seed, args.verbose);
         if !args.json {
             if results.is_empty() {
-                println!("| scenario | runs | acknowledged writes checked | lost | corrupted | half-written | errors reported | max recovery s | failed runs |");
-                println!("|---|---|---|---|---|---|---|---|---|");
+                println!("| scenario | runs | acknowledged writes checked | lost | corrupted | half-written | errors reported | max recovery s | failed runs | stale temp files |");
+                println!("|---|---|---|---|---|---|---|---|---|---|");
             }
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} |",
-                r.scenario, r.runs, r.checked, r.lost, r.corrupted, r.half_written, r.errors, r.max_recovery_s, r.failed_runs
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} |",
+                r.scenario,
+                r.runs,
+                r.checked,
+                r.lost,
+                r.corrupted,
+                r.half_written,
+                r.errors,
+                r.max_recovery_s,
+                r.failed_runs,
+                r.stale_temp_files
             );
         }
         results.push(r);
