@@ -44,7 +44,7 @@ pub struct FaultsArgs {
     pub runs: usize,
     /// Scenarios to run (repeatable; default: all): server-kill-puts,
     /// server-kill-renames, disk-full, node-kill, head-kill-sqlite, head-kill-postgres,
-    /// postgres-restart, mount-kill, mount-sigterm, mount-link-cut.
+    /// postgres-restart, mount-kill, mount-sigterm, mount-kill-rm, mount-link-cut.
     #[arg(long = "scenario", value_name = "NAME")]
     pub scenarios: Vec<String>,
     /// The first run's seed; run i uses SEED + i.
@@ -69,6 +69,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("postgres-restart", "PostgreSQL stopped (immediate) and started again under a head's puts"),
     ("mount-kill", "kill -9 of an afs mount with files written and still open; a new mount over the same cache dir"),
     ("mount-sigterm", "SIGTERM of an afs mount with files written and still open"),
+    ("mount-kill-rm", "kill -9 of an afs mount right after `rm -r` of a tree it answered; a new mount over the same cache dir"),
     ("mount-link-cut", "the link to the server down for 4 s (> the mount's 2 s retry window) during afs write-back"),
 ];
 
@@ -1200,6 +1201,76 @@ fn mount_kill(exe: &Path, seed: u64, sigterm: bool) -> Result<RunOutcome, BenchE
     Ok(out)
 }
 
+/// Files made and closed through an afs mount in a directory, then `rm -r` of the
+/// directory (each removal answered by the mount is acknowledged), then `kill -9` of the
+/// mount at once; a new mount over the same cache dir. The server must not keep what
+/// the mount said it removed.
+fn mount_kill_rm(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
+    let mut rng = Rng(seed);
+    let mut world = World::new(exe)?;
+    let addr = local_addr()?;
+    let _server = world.serve("srv", &addr, &[], None)?;
+    let url = format!("locus://{addr}/");
+    let mut m = mount(&world, &url, 5)?;
+    world.mounts.push(world.path("mnt"));
+    let ledger = Ledger::create(&world.path("ledger"), seed)?;
+    let mnt = world.path("mnt");
+    let mut out = RunOutcome::default();
+    let tree = mnt.join("m-tree");
+    let dir_vid = ledger.next.fetch_add(1, Ordering::Relaxed);
+    if std::fs::create_dir(&tree).is_err() {
+        return Err(setup("mkdir through the mount failed"));
+    }
+    // The directory is known to the ledger as a name that ends removed.
+    let n = 2 + rng.below(10) as usize;
+    let mut files = Vec::new();
+    for i in 0..n {
+        let name = format!("/m-tree/f{i}");
+        let (vid, data) = ledger.attempt(&name, size(&mut rng, 128 << 10));
+        match write_all(&mnt.join(&name[1..]), &data).and_then(close) {
+            Ok(()) => {
+                ledger.ack(&name, vid);
+                files.push(name);
+            }
+            Err(_) => out.errors += 1,
+        }
+    }
+    let _ = std::fs::read_dir(&tree).map(|d| d.count());
+    std::thread::sleep(rng.range_ms(0, 200));
+    let removals: Vec<(String, u64)> = files.iter().map(|f| (f.clone(), ledger.attempt_removal(f))).collect();
+    ledger.line(format!("try /m-tree {dir_vid} - - -\n"));
+    match std::fs::remove_dir_all(&tree) {
+        Ok(()) => {
+            for (f, vid) in &removals {
+                ledger.ack(f, *vid);
+            }
+            ledger.ack("/m-tree", dir_vid);
+        }
+        Err(_) => out.errors += 1,
+    }
+    let fault = Instant::now();
+    m.kill9();
+    detach(&mnt);
+    let _m2 = mount(&world, &url, 5)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
+    let back = rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(c) = Client::connect(&options(&addr)).await {
+                if c.stat("/m-tree").await.is_err_and(|e| e.code() == locus_proto::Code::NOENT) {
+                    return Some(Instant::now());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    });
+    recovered(&mut out, fault, back, "the removal (made at the server by the mount)");
+    let _ = Command::new("fusermount3").arg("-u").arg(&mnt).stderr(Stdio::null()).status();
+    check_through(&world, &addr, &[], &mut out)?;
+    Ok(out)
+}
+
 fn mount_link_cut(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     let mut rng = Rng(seed);
     let mut world = World::new(exe)?;
@@ -1296,6 +1367,7 @@ pub fn run_one(exe: &Path, name: &str, seed: u64, pg: &mut Postgres) -> Result<R
         "postgres-restart" => postgres_restart(exe, seed, pg),
         "mount-kill" => mount_kill(exe, seed, false),
         "mount-sigterm" => mount_kill(exe, seed, true),
+        "mount-kill-rm" => mount_kill_rm(exe, seed),
         "mount-link-cut" => mount_link_cut(exe, seed),
         other => Err(setup(format!(
             "no scenario {other}; there are: {}",
