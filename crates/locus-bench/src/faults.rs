@@ -69,7 +69,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
     ("postgres-restart", "PostgreSQL stopped (immediate) and started again under a head's puts"),
     ("mount-kill", "kill -9 of an afs mount with files written and still open; a new mount over the same cache dir"),
     ("mount-sigterm", "SIGTERM of an afs mount with files written and still open"),
-    ("mount-kill-rm", "kill -9 of an afs mount right after `rm -r` of a tree it answered; a new mount over the same cache dir"),
+    (
+        "mount-kill-rm",
+        "kill -9 of an afs mount right after `rm -r` of a tree it answered; a new mount over the same cache dir",
+    ),
     ("mount-link-cut", "the link to the server down for 4 s (> the mount's 2 s retry window) during afs write-back"),
 ];
 
@@ -295,7 +298,9 @@ fn check(
             }
             (None, _, Seen::Bytes(b)) => {
                 let prefix = tried.iter().any(|t| {
-                    t.body.as_ref().is_some_and(|&(len, _, seed)| b.len() < len as usize && content(seed, b.len()) == *b)
+                    t.body
+                        .as_ref()
+                        .is_some_and(|&(len, _, seed)| b.len() < len as usize && content(seed, b.len()) == *b)
                 });
                 if prefix {
                     out.half_written += 1;
@@ -399,7 +404,8 @@ fn setup(e: impl std::fmt::Display) -> BenchError {
 impl World {
     fn new(exe: &Path) -> Result<World, BenchError> {
         let base = if Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
-        let dir = tempfile::Builder::new().prefix("locus-faults-").tempdir_in(base).map_err(|e| BenchError::io("temp", e))?;
+        let dir =
+            tempfile::Builder::new().prefix("locus-faults-").tempdir_in(base).map_err(|e| BenchError::io("temp", e))?;
         Ok(World { exe: exe.to_path_buf(), dir, netns: None, mounts: Vec::new() })
     }
 
@@ -419,7 +425,8 @@ impl World {
             None => Command::new(&self.exe),
         };
         let log = self.path(&format!("{name}.log"));
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(|e| BenchError::io("log", e))?;
+        let f =
+            std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(|e| BenchError::io("log", e))?;
         c.env("LOCUS_HOME", self.path("home"))
             .env("LOCUS_TOKEN", format!("admin:{TOKEN}"))
             .env("LOCUS_LOG", "warn,locus_server::node=info")
@@ -649,7 +656,14 @@ struct Workload {
 }
 
 impl Workload {
-    fn start(world: &World, seed: u64, addrs: Vec<String>, clients: usize, work: Work, max_size: usize) -> Result<Workload, BenchError> {
+    fn start(
+        world: &World,
+        seed: u64,
+        addrs: Vec<String>,
+        clients: usize,
+        work: Work,
+        max_size: usize,
+    ) -> Result<Workload, BenchError> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -741,7 +755,8 @@ impl Workload {
 /// Checks through a new client of `addr`: every ledger path read back, and the root
 /// listed for names nobody wrote (those in `ignore` excepted).
 fn check_through(world: &World, addr: &str, ignore: &[&str], out: &mut RunOutcome) -> Result<(), BenchError> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
     let client = rt.block_on(async {
         for _ in 0..100 {
             if let Ok(Ok(c)) = tokio::time::timeout(Duration::from_secs(5), Client::connect(&options(addr))).await {
@@ -845,7 +860,8 @@ fn disk_full(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     // Space the administrator frees once the disk is full: 2-6 MiB, beside the export's
     // root (a name the workload does not list: it is made before the server starts).
     let ballast = export.join("ballast");
-    std::fs::write(&ballast, vec![7u8; (2 << 20) + rng.below(4 << 20) as usize]).map_err(|e| BenchError::io("ballast", e))?;
+    std::fs::write(&ballast, vec![7u8; (2 << 20) + rng.below(4 << 20) as usize])
+        .map_err(|e| BenchError::io("ballast", e))?;
     let addr = local_addr()?;
     let _server = world.serve("srv", &addr, &[], None)?;
     let load = Workload::start(&world, seed, vec![addr.clone()], 3, Work::PutsReads, 1 << 20)?;
@@ -1138,7 +1154,8 @@ fn wait_stored(world: &World, addr: &str, names: &[String], limit: Duration) -> 
             if let Ok(c) = Client::connect(&options(addr)).await {
                 let mut all = true;
                 for n in names {
-                    let want = versions.get(n).and_then(|v| v.iter().rev().find(|t| t.acked)).and_then(|t| t.body.clone());
+                    let want =
+                        versions.get(n).and_then(|v| v.iter().rev().find(|t| t.acked)).and_then(|t| t.body.clone());
                     let ok = match (c.read_file(n).await, want) {
                         (Ok(b), Some((_, h, _))) => hash(&b) == h,
                         _ => false,
@@ -1252,7 +1269,8 @@ fn mount_kill_rm(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     m.kill9();
     detach(&mnt);
     let _m2 = mount(&world, &url, 5)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
+    let rt =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| BenchError::io("runtime", e))?;
     let back = rt.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -1344,7 +1362,8 @@ fn mount_link_cut(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     }
     // Everything the mount kept is at the server once it has caught up.
     let versions = Ledger::read(&world.path("ledger"))?;
-    let names: Vec<String> = versions.iter().filter(|(_, v)| v.iter().any(|t| t.acked)).map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> =
+        versions.iter().filter(|(_, v)| v.iter().any(|t| t.acked)).map(|(n, _)| n.clone()).collect();
     let back = wait_stored(&world, &addr, &names, Duration::from_secs(15));
     recovered(&mut out, fault, back, "the mount's kept copies after the link came back");
     check_through(&world, &addr, &[], &mut out)?;
@@ -1504,10 +1523,10 @@ mod tests {
         );
         let (_d, p) = ledger_with(&lines);
         let state = |path: &str| match path {
-            "/a" => Seen::Bytes(v2.clone()),    // a later, unacknowledged version: fine
-            "/b" => Seen::Absent,               // acknowledged and gone: lost
+            "/a" => Seen::Bytes(v2.clone()),        // a later, unacknowledged version: fine
+            "/b" => Seen::Absent,                   // acknowledged and gone: lost
             "/c" => Seen::Bytes(v2[..40].to_vec()), // a prefix: half-written
-            "/d" => Seen::Absent,               // an attempted removal: fine
+            "/d" => Seen::Absent,                   // an attempted removal: fine
             _ => Seen::Absent,
         };
         let mut out = RunOutcome::default();

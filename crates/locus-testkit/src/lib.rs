@@ -306,7 +306,14 @@ impl TestPostgres {
         };
         let log = data.join("log");
         pg_ctl(&["-m".as_ref(), "immediate".as_ref(), "stop".as_ref()])
-            && pg_ctl(&["-o".as_ref(), self.opts.as_ref(), "-w".as_ref(), "-l".as_ref(), log.as_os_str(), "start".as_ref()])
+            && pg_ctl(&[
+                "-o".as_ref(),
+                self.opts.as_ref(),
+                "-w".as_ref(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "start".as_ref(),
+            ])
     }
 
     /// The database's URL, for `--meta`.
