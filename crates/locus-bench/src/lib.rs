@@ -8,6 +8,8 @@
 //!   the same program at the server and on the client over `locus mount`, across RTTs.
 //! - [`cluster`]: `locus bench cluster`, SPIRAL's experiment: a head, data nodes and
 //!   clients in network namespaces on rate-limited links, third-party transfer on and off.
+//! - [`faults`]: `locus bench faults`, scenarios that kill, fill or cut a part of the
+//!   system during writes and check that nothing acknowledged is lost or half-written.
 //! - [`agent`]: `locus bench agent`, Figure 4 rows under `locus run`, local and remote,
 //!   beside the same program unmodified and on `locus mount`.
 //! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
@@ -24,6 +26,7 @@ pub mod active;
 pub mod agent;
 pub mod chirp;
 pub mod cluster;
+pub mod faults;
 pub mod mount;
 pub mod ops;
 pub mod peers;

@@ -237,15 +237,27 @@ pub struct TestPostgres {
     port: u16,
     /// `pg_ctl` of the PostgreSQL that runs it.
     pg_ctl: PathBuf,
+    /// The server options `pg_ctl start` passes (port, socket directory, listen address).
+    opts: String,
+}
+
+/// The `bin` directory of the newest installed PostgreSQL, if any.
+fn postgres_bin() -> Option<PathBuf> {
+    std::fs::read_dir("/usr/lib/postgresql")
+        .ok()
+        .and_then(|d| d.flatten().map(|d| d.path().join("bin")).filter(|b| b.join("initdb").exists()).max())
 }
 
 impl TestPostgres {
+    /// True when PostgreSQL is installed here (benchmarks check before they start one).
+    pub fn installed() -> bool {
+        postgres_bin().is_some()
+    }
+
     /// Starts one. When PostgreSQL is not installed the test fails saying so, or (with
     /// `LOCUS_TEST_SKIP_MISSING`, see [`require`]) this answers None and the test returns.
     pub fn start() -> Option<TestPostgres> {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()
-            .and_then(|d| d.flatten().map(|d| d.path().join("bin")).filter(|b| b.join("initdb").exists()).max());
+        let bin = postgres_bin();
         if !require("postgresql", bin.is_some(), "apt-get install postgresql; .ci/run installs it") {
             return None;
         }
@@ -278,12 +290,53 @@ impl TestPostgres {
             data.join("log").to_str()?,
             "start",
         ]);
-        Some(TestPostgres { dir, port, pg_ctl })
+        Some(TestPostgres { dir, port, pg_ctl, opts })
+    }
+
+    /// Stops the database abruptly (`-m immediate`: no shutdown checkpoint, as a crash
+    /// leaves it) and starts it again on the same port, waiting until it accepts
+    /// connections; for fault tests of the heads that use it. Answers whether both worked.
+    pub fn restart(&self) -> bool {
+        let data = self.dir.path().join("data");
+        let pg_ctl = |args: &[&std::ffi::OsStr]| {
+            std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&self.pg_ctl)
+                .arg("-D")
+                .arg(&data)
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let log = data.join("log");
+        pg_ctl(&["-m".as_ref(), "immediate".as_ref(), "stop".as_ref()])
+            && pg_ctl(&[
+                "-o".as_ref(),
+                self.opts.as_ref(),
+                "-w".as_ref(),
+                "-l".as_ref(),
+                log.as_os_str(),
+                "start".as_ref(),
+            ])
     }
 
     /// The database's URL, for `--meta`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Creates a new, empty database `name` in the cluster and answers its URL: a fresh
+    /// namespace without the cost of a new cluster (repeated fault runs use one each).
+    pub fn database(&self, name: &str) -> Option<String> {
+        let createdb = self.pg_ctl.with_file_name("createdb");
+        let ok = std::process::Command::new(createdb)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", name])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| format!("postgres://postgres@127.0.0.1:{}/{name}", self.port))
     }
 }
 
