@@ -69,7 +69,13 @@ async fn a_command_handler_runs_as_its_own_user_with_a_synthetic_etc() {
     assert!(shadow.is_empty() || got.as_deref().ok() != Some(&shadow[..]));
     let passwd = text(&admin, &format!("/d/{}", inv("sh", &["cat /etc/passwd"]))).await.unwrap();
     assert_eq!(passwd.lines().count(), 1, "{passwd}");
-    assert!(passwd.starts_with(&format!("locus-run:x:{uid}:{uid}:")), "{passwd}");
+    // Its own user (each run may get another): the one passwd names is the one it runs as.
+    let line = text(&admin, &format!("/d/{}", inv("sh", &["echo $(id -u):$(id -g):$(id -G):$(cat /etc/passwd)"]))).await.unwrap();
+    let (ids, named) = line.split_at(line.find(":locus-run").unwrap_or(0));
+    let own: Vec<&str> = ids.split(':').collect();
+    assert!(own.len() == 3 && own.iter().all(|i| *i == own[0]), "one user and group, no other groups: {line}");
+    assert!(named.starts_with(&format!(":locus-run:x:{}:{}:", own[0], own[0])), "{line}");
+    assert!(passwd.starts_with("locus-run:x:"), "{passwd}");
     assert!(!passwd.contains("root:"), "{passwd}");
     let etc = text(&admin, &format!("/d/{}", inv("sh", &["ls /etc"]))).await.unwrap();
     assert!(!etc.lines().any(|n| ["shadow", "gshadow", "sudoers", "ssh"].contains(&n)), "{etc}");
@@ -115,16 +121,16 @@ async fn a_handler_reaches_no_proc_sys_devices_processes_or_network() {
     }
 }
 
-/// Processes now running as one of the users native runs get.
-fn run_user_processes() -> Vec<String> {
+/// Processes now running as user `uid` (zombies aside: they are dead already, and
+/// whoever reaps orphans here may be slow to).
+fn processes_of(uid: u32) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else { continue };
         let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("").trim().to_string();
-        let uid = field("Uid:").split_whitespace().next().and_then(|u| u.parse::<u32>().ok());
-        // A zombie is dead already (whoever reaps orphans here may be slow to).
-        if uid.is_some_and(|u| u >= locus_storelet::native::RUN_USERS) && !field("State:").starts_with('Z') {
-            found.push(status.lines().next().unwrap_or("").to_string());
+        let real = field("Uid:").split_whitespace().next().and_then(|u| u.parse::<u32>().ok());
+        if real == Some(uid) && !field("State:").starts_with('Z') {
+            found.push(field("Name:"));
         }
     }
     found
@@ -140,16 +146,19 @@ async fn a_fork_bomb_and_endless_output_are_stopped_and_the_server_keeps_serving
     let admin = srv.client("admin").await;
     let started = Instant::now();
     // Forks until the process limit refuses, then leaves children that left its group.
-    let bomb = format!("/d/{}", inv("sh", &["f(){ f|f& };f; setsid sleep 60 & sleep 30"]));
+    let bomb = format!("/d/{}", inv("sh", &["id -u >&2; setsid sleep 60 & f(){ f|f& };f; sleep 30"]));
     // Stopped by the wall-time limit, or ended by its shell once forks are refused.
     let e = admin.read_file(&bomb).await.unwrap_err();
     assert!(matches!(e.code(), Code::LIMIT | Code::IO), "{e}");
     assert!(started.elapsed() < Duration::from_secs(20), "stopped by the 2 s limit: {:?}", started.elapsed());
+    let record = text(&admin, &format!("{bomb}.err")).await.unwrap();
+    let uid: u32 = record.lines().find_map(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("{record}"));
+    assert!(uid >= locus_storelet::native::RUN_USERS, "{record}");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !run_user_processes().is_empty() && Instant::now() < deadline {
+    while !processes_of(uid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(run_user_processes(), Vec::<String>::new(), "nothing of the run is left");
+    assert_eq!(processes_of(uid), Vec::<String>::new(), "nothing of the run is left");
 
     let e = admin.read_file("/d/yes@").await.unwrap_err();
     assert_eq!(e.code(), Code::LIMIT, "{e}");

@@ -263,7 +263,7 @@ impl StoreletHost {
                     loop {
                         let job = jobs.lock().recv();
                         match job {
-                            Ok(job) => core.execute(job, i),
+                            Ok(job) => core.execute(job),
                             Err(_) => return,
                         }
                     }
@@ -564,9 +564,8 @@ fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletR
 }
 
 impl Core {
-    /// Runs one job on this worker thread (number `worker`), telling its watcher how it
-    /// goes.
-    fn execute(&self, job: Job, worker: usize) {
+    /// Runs one job on this worker thread, telling its watcher how it goes.
+    fn execute(&self, job: Job) {
         let Job { run, submission: s, control, watcher } = job;
         let module_hash = {
             let mut state = self.state.lock();
@@ -598,7 +597,6 @@ impl Core {
                 program,
                 args: &argv,
                 layers: &s.view.layers,
-                uid: locus_storelet::native::RUN_USERS + worker as u32,
                 scratch: &scratch,
                 limits: self.config.limits,
                 output: sink,

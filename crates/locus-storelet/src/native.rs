@@ -48,9 +48,6 @@ pub struct NativeSpec<'a> {
     /// The view shown read-only at `/work`: its layers, top first (one directory shown as
     /// it is, or several overlaid), as `locus_store::CodeView::layers` gives them.
     pub layers: &'a [OwnedFd],
-    /// The user and group the program runs as when the server is root (inside the user
-    /// namespace otherwise): one of its own, never the server's.
-    pub uid: u32,
     /// An empty directory the child mounts its root on (in the server's state directory).
     pub scratch: &'a Path,
     pub limits: Limits,
@@ -58,10 +55,33 @@ pub struct NativeSpec<'a> {
     pub control: Arc<RunControl>,
 }
 
-/// The first of the users that native runs get when the server is root: the storelet
-/// worker numbered N runs its programs as this plus N (user and group), so no two runs
-/// at once share a user. Far above the ranges systems give people and services.
+/// The first of the users that native runs get when the server is root: a run takes
+/// this plus N (user and group), N the first slot no other run on the machine holds (a
+/// lock on `/run/locus/run-users/N`, any server's), so no two runs at once share a
+/// user. Far above the ranges systems give people and services.
 pub const RUN_USERS: u32 = 2_000_000_000;
+/// Slots of [`RUN_USERS`]: runs at once on one machine, as root.
+const RUN_SLOTS: u32 = 4096;
+
+/// Claims a user no other native run on this machine has now: its number, and the lock
+/// that holds it until dropped.
+fn claim_user() -> Result<(u32, std::fs::File), StoreletError> {
+    let dir = ["/run/locus/run-users", "/tmp/locus-run-users"]
+        .iter()
+        .map(Path::new)
+        .find(|d| std::fs::create_dir_all(d).is_ok())
+        .ok_or_else(|| StoreletError::Setup("no directory for the run users' locks".into()))?;
+    for n in 0..RUN_SLOTS {
+        let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(n.to_string()))
+        else {
+            continue;
+        };
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return Ok((RUN_USERS + n, file));
+        }
+    }
+    Err(StoreletError::Setup(format!("all {RUN_SLOTS} run users are taken")))
+}
 
 /// `open_tree(2)` and `move_mount(2)` flags (not in every libc yet).
 const OPEN_TREE_CLONE: u32 = 1;
@@ -143,7 +163,9 @@ unsafe impl Sync for Plan {}
 const ENVIRONMENT: [&str; 4] = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp", "TMPDIR=/tmp"];
 
 impl Plan {
-    fn new(spec: &NativeSpec<'_>) -> Result<Plan, StoreletError> {
+    /// The plan of a run as user `run_uid` (as root; the identity shown inside the user
+    /// namespace otherwise).
+    fn new(spec: &NativeSpec<'_>, run_uid: u32) -> Result<Plan, StoreletError> {
         let root = spec.scratch.to_str().ok_or_else(|| StoreletError::Setup("scratch path is not UTF-8".into()))?;
         let mut entries = Vec::new();
         for dir in SYSTEM_DIRS {
@@ -156,7 +178,7 @@ impl Plan {
                 entries.push(Entry::Dir(cstr(dir)?, inside));
             }
         }
-        entries.extend(synthetic_etc(root, spec.uid)?);
+        entries.extend(synthetic_etc(root, run_uid)?);
         entries.push(Entry::MkDir(cstr(format!("{root}/dev"))?));
         for dev in DEVICES {
             if Path::new(dev).exists() {
@@ -169,7 +191,7 @@ impl Plan {
             return Err(StoreletError::Setup("a native run needs a view".into()));
         }
         let layers = if as_root {
-            let userns = idmap_userns(spec.uid)?;
+            let userns = idmap_userns(run_uid)?;
             spec.layers.iter().map(|l| idmapped(l, &userns)).collect::<Result<Vec<_>, _>>()?
         } else {
             spec.layers
@@ -201,9 +223,9 @@ impl Plan {
             layers,
             work: cstr(format!("{root}/work"))?,
             tmp: cstr(format!("{root}/tmp"))?,
-            uid_map: cstr(format!("{} {uid} 1", spec.uid))?,
-            gid_map: cstr(format!("{} {gid} 1", spec.uid))?,
-            uid: spec.uid,
+            uid_map: cstr(format!("{run_uid} {uid} 1"))?,
+            gid_map: cstr(format!("{run_uid} {gid} 1"))?,
+            uid: run_uid,
             as_root,
             limits: spec.limits,
         })
@@ -531,8 +553,10 @@ fn io_of(pid: u32) -> (u64, u64) {
 
 /// Runs a native program as the module documentation says.
 pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
-    let plan = Plan::new(&spec)?;
-    let as_root = plan.as_root;
+    // As root, a user of its own (held until the run and all it left are gone).
+    let claimed = if rustix::process::getuid().is_root() { Some(claim_user()?) } else { None };
+    let run_uid = claimed.as_ref().map_or(RUN_USERS, |(uid, _)| *uid);
+    let plan = Plan::new(&spec, run_uid)?;
     std::fs::create_dir_all(spec.scratch)
         .map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.scratch.display())))?;
     // The program is executed by `enter` itself (from its descriptor, once confined);
@@ -613,8 +637,9 @@ pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
     }
     let (cpu, (read_bytes, write_bytes)) = (cpu_of(pid), io_of(pid));
     kill(); // what it left behind in its group
-    if as_root {
-        kill_leftovers(spec.uid);
+    if let Some((uid, lock)) = claimed {
+        kill_leftovers(uid);
+        drop(lock);
     }
     let mut raw = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
