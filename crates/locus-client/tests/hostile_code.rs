@@ -17,7 +17,11 @@ use std::time::{Duration, Instant};
 /// An active file's name: `handler@ARG,ARG` with every byte but letters and digits
 /// percent-encoded.
 fn inv(handler: &str, args: &[&str]) -> String {
-    let enc = |a: &str| a.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect::<String>();
+    let enc = |a: &str| {
+        a.bytes()
+            .map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") })
+            .collect::<String>()
+    };
     format!("{handler}@{}", args.iter().map(|a| enc(a)).collect::<Vec<_>>().join(","))
 }
 
@@ -70,7 +74,9 @@ async fn a_command_handler_runs_as_its_own_user_with_a_synthetic_etc() {
     let passwd = text(&admin, &format!("/d/{}", inv("sh", &["cat /etc/passwd"]))).await.unwrap();
     assert_eq!(passwd.lines().count(), 1, "{passwd}");
     // Its own user (each run may get another): the one passwd names is the one it runs as.
-    let line = text(&admin, &format!("/d/{}", inv("sh", &["echo $(id -u):$(id -g):$(id -G):$(cat /etc/passwd)"]))).await.unwrap();
+    let line = text(&admin, &format!("/d/{}", inv("sh", &["echo $(id -u):$(id -g):$(id -G):$(cat /etc/passwd)"])))
+        .await
+        .unwrap();
     let (ids, named) = line.split_at(line.find(":locus-run").unwrap_or(0));
     let own: Vec<&str> = ids.split(':').collect();
     assert!(own.len() == 3 && own.iter().all(|i| *i == own[0]), "one user and group, no other groups: {line}");
@@ -81,7 +87,8 @@ async fn a_command_handler_runs_as_its_own_user_with_a_synthetic_etc() {
     assert!(!etc.lines().any(|n| ["shadow", "gshadow", "sudoers", "ssh"].contains(&n)), "{etc}");
 
     // Arguments that name paths outside the directory are refused.
-    for args in [&["/etc/shadow"][..], &["../../etc/passwd"], &["a.txt", "/etc/passwd"], &["--files0-from=/etc/passwd"]] {
+    for args in [&["/etc/shadow"][..], &["../../etc/passwd"], &["a.txt", "/etc/passwd"], &["--files0-from=/etc/passwd"]]
+    {
         let name = format!("/d/{}", inv("lines", args));
         let e = admin.read_file(&name).await.unwrap_err();
         assert_eq!(e.code(), Code::INVAL, "{args:?}: {e}");
@@ -244,7 +251,8 @@ async fn code_sees_only_what_its_subject_may_read() {
     assert_eq!(e.code(), Code::ACCES, "{e}");
     // Where nothing is hidden it runs as before.
     let out = alice.storelet_run(&find, "/data/open", vec!["/".into()], true).await.unwrap();
-    let listed: Vec<String> = sorted_lines(&String::from_utf8_lossy(&out.stdout)).into_iter().filter(|l| l != "/").collect();
+    let listed: Vec<String> =
+        sorted_lines(&String::from_utf8_lossy(&out.stdout)).into_iter().filter(|l| l != "/").collect();
     assert_eq!(listed, ["/ok.txt"]);
     // The views' scratch directories are gone with their runs.
     let left: Vec<_> = std::fs::read_dir(srv.state_dir()).unwrap().flatten().map(|e| e.file_name()).collect();

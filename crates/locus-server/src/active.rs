@@ -249,7 +249,9 @@ impl ActiveFiles {
             if let Some(bad) = inv.args.iter().find(|a| escapes(a)) {
                 return Err(WireError::new(
                     Code::INVAL,
-                    format!("{path}: argument {bad:?} names a path outside the directory; a command handler sees only it"),
+                    format!(
+                        "{path}: argument {bad:?} names a path outside the directory; a command handler sees only it"
+                    ),
                 ));
             }
         }
@@ -375,7 +377,9 @@ pub fn attr(file: &OpenFile) -> Result<Attr, WireError> {
 fn escapes(arg: &str) -> bool {
     let climbs = |p: &str| p.starts_with('/') || p.split('/').any(|c| c == "..");
     let value = arg.split_once('=').map(|(_, v)| v);
-    climbs(arg) || value.is_some_and(climbs) || arg.starts_with('-') && climbs(arg.trim_start_matches('-').get(1..).unwrap_or(""))
+    climbs(arg)
+        || value.is_some_and(climbs)
+        || arg.starts_with('-') && climbs(arg.trim_start_matches('-').get(1..).unwrap_or(""))
 }
 
 /// A directory path relative to the root, or `None` if it climbs (`..`).

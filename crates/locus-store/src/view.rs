@@ -64,7 +64,8 @@ pub(crate) fn overlay(layers: &[&OwnedFd], base: &Path) -> std::result::Result<O
     let data = std::ffi::CString::new(format!("lowerdir={}", lower.join(":"))).map_err(|_| Errno::INVAL)?;
     let point = base.join(format!("view-{}", random_hex()));
     std::fs::create_dir_all(&point).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
-    let flags = rustix::mount::MountFlags::RDONLY | rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV;
+    let flags =
+        rustix::mount::MountFlags::RDONLY | rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV;
     let view = rustix::mount::mount("locus-view", &point, "overlay", flags, data.as_c_str()).and_then(|()| {
         let opened = rustix::fs::open(&point, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
         let _ = rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH);
@@ -110,7 +111,11 @@ impl Store {
             return Ok(CodeView { dir: dir0, layers: vec![layer], hidden, scratch: None });
         }
         if write {
-            return Err(StoreError::Os { op: "run writable code (it holds what cannot be shown) in", path: path.to_string(), errno: Errno::ACCESS });
+            return Err(StoreError::Os {
+                op: "run writable code (it holds what cannot be shown) in",
+                path: path.to_string(),
+                errno: Errno::ACCESS,
+            });
         }
         let base = self.scratch_base();
         let mut layers = Vec::new();
@@ -148,7 +153,11 @@ impl Store {
                     let _ = std::fs::remove_dir_all(s);
                 }
                 // Never a view that shows what it should hide.
-                return Err(StoreError::Os { op: "confine code to what the subject may read in", path: path.to_string(), errno: e });
+                return Err(StoreError::Os {
+                    op: "confine code to what the subject may read in",
+                    path: path.to_string(),
+                    errno: e,
+                });
             }
         };
         Ok(CodeView { dir, layers, hidden, scratch })
@@ -160,7 +169,8 @@ impl Store {
         let mut hidden = Vec::new();
         let need = Rights::READ.union(Rights::LIST);
         let rights = self.rights_in(dir0.as_fd(), who)?;
-        let mut stack: Vec<(String, OwnedFd, Rights)> = vec![(String::new(), rustix::io::fcntl_dupfd_cloexec(dir0, 0).ctx("dup", rel)?, rights)];
+        let mut stack: Vec<(String, OwnedFd, Rights)> =
+            vec![(String::new(), rustix::io::fcntl_dupfd_cloexec(dir0, 0).ctx("dup", rel)?, rights)];
         let join = |a: &str, b: &str| if a.is_empty() { b.to_string() } else { format!("{a}/{b}") };
         let hide = |a: &str, b: &[u8]| {
             let name: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(b);

@@ -29,6 +29,7 @@
 //! count of `read` calls (`rchar`). There is no fuel.
 
 use crate::{Account, Limits, RunControl, RunOutcome, StoreletError, Stream};
+use rustix::fs::{Mode, OFlags};
 use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -37,7 +38,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use rustix::fs::{Mode, OFlags};
 use std::time::{Duration, Instant};
 
 /// What a native run needs.
@@ -72,7 +72,8 @@ fn claim_user() -> Result<(u32, std::fs::File), StoreletError> {
         .find(|d| std::fs::create_dir_all(d).is_ok())
         .ok_or_else(|| StoreletError::Setup("no directory for the run users' locks".into()))?;
     for n in 0..RUN_SLOTS {
-        let Ok(file) = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(n.to_string()))
+        let Ok(file) =
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(n.to_string()))
         else {
             continue;
         };
@@ -196,7 +197,9 @@ impl Plan {
         } else {
             spec.layers
                 .iter()
-                .map(|l| rustix::io::fcntl_dupfd_cloexec(l, 0).map_err(|e| StoreletError::Setup(format!("the view: {e}"))))
+                .map(|l| {
+                    rustix::io::fcntl_dupfd_cloexec(l, 0).map_err(|e| StoreletError::Setup(format!("the view: {e}")))
+                })
                 .collect::<Result<Vec<_>, _>>()?
         };
         let paths: Vec<String> = layers.iter().map(|l| format!("/proc/self/fd/{}", l.as_raw_fd())).collect();
@@ -494,7 +497,8 @@ fn idmapped(layer: &OwnedFd, userns: &OwnedFd) -> Result<OwnedFd, StoreletError>
         if !setattr(&sealed, true) {
             return Err(setup_error("the run's view (read-only)"));
         }
-        let idmap = MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+        let idmap =
+            MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
         if !setattr(&idmap, false) {
             static WARNED: std::sync::Once = std::sync::Once::new();
             let e = std::io::Error::last_os_error();
