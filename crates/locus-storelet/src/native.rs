@@ -72,9 +72,9 @@ fn claim_user() -> Result<(u32, std::fs::File), StoreletError> {
         .find(|d| std::fs::create_dir_all(d).is_ok())
         .ok_or_else(|| StoreletError::Setup("no directory for the run users' locks".into()))?;
     for n in 0..RUN_SLOTS {
-        let Ok(file) =
-            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(n.to_string()))
-        else {
+        let mut open = std::fs::OpenOptions::new();
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NOFOLLOW);
+        let Ok(file) = open.create(true).truncate(false).write(true).open(dir.join(n.to_string())) else {
             continue;
         };
         if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
