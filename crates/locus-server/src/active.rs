@@ -245,6 +245,16 @@ impl ActiveFiles {
                 format!("{path}: running a handler needs the 'x' right at the export root"),
             ));
         }
+        if handler.program.is_some() {
+            if let Some(bad) = inv.args.iter().find(|a| escapes(a)) {
+                return Err(WireError::new(
+                    Code::INVAL,
+                    format!(
+                        "{path}: argument {bad:?} names a path outside the directory; a command handler sees only it"
+                    ),
+                ));
+            }
+        }
         let workdir = shared.store.open_workdir(who, &dir_rel, false)?;
         let key = key_of(who, &dir_rel, &handler, &inv);
         let io = shared.store.counters().file(path.trim_start_matches('/'));
@@ -264,6 +274,8 @@ impl ActiveFiles {
                 return Ok(Some(Found::Ready(ready(f))));
             }
         }
+        // What the run sees: the directory less what `who` may not read.
+        let view = shared.store.code_view(who, &dir_rel, false)?;
         let part = self.results.join(format!("{key}.part"));
         let output = File::create(&part).map_err(|e| io_error("create result", e))?;
         let reader = File::open(&part).map_err(|e| io_error("open result", e))?;
@@ -277,7 +289,7 @@ impl ActiveFiles {
             wasm: handler.wasm.clone(),
             args,
             env: Vec::new(),
-            dir: workdir,
+            view,
             write: false,
             record_inputs: true,
             native: handler.program.clone(),
@@ -357,6 +369,17 @@ pub fn attr(file: &OpenFile) -> Result<Attr, WireError> {
     a.mode = S_IFREG | 0o444;
     a.nlink = 1;
     Ok(a)
+}
+
+/// True when a command handler's argument names a path outside the run's directory: an
+/// absolute path, or one that climbs (`..`), alone or as an option's value (`-o/x`,
+/// `--in=../x`). The program sees only its view anyway; this refuses the attempt plainly.
+fn escapes(arg: &str) -> bool {
+    let climbs = |p: &str| p.starts_with('/') || p.split('/').any(|c| c == "..");
+    let value = arg.split_once('=').map(|(_, v)| v);
+    climbs(arg)
+        || value.is_some_and(climbs)
+        || arg.starts_with('-') && climbs(arg.trim_start_matches('-').get(1..).unwrap_or(""))
 }
 
 /// A directory path relative to the root, or `None` if it climbs (`..`).

@@ -618,6 +618,20 @@ impl HeadSession {
     }
 
     /// Checks that the subject holds `need` in directory `dir`.
+    /// True when `who` holds `r` and `l` in `dir` and in every directory above it up to
+    /// one `known` already says (answers are kept there).
+    fn readable_dir(&self, who: &str, dir: &str, known: &mut HashMap<String, bool>) -> Result<bool, WireError> {
+        if let Some(&yes) = known.get(dir) {
+            return Ok(yes);
+        }
+        let parent = governing(dir, false);
+        let yes = parent != dir
+            && self.readable_dir(who, parent, known)?
+            && self.head.meta.rights(who, dir).map_err(meta_err)?.contains(Rights::READ.union(Rights::LIST));
+        known.insert(dir.to_string(), yes);
+        Ok(yes)
+    }
+
     fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
         let who = self.who()?;
         check(self.head.meta.rights(&who, dir).map_err(meta_err)?, need, dir)?;
@@ -1106,7 +1120,13 @@ impl Handler for HeadSession {
         }
         let mut shares: Vec<(Node, Vec<ViewFile>)> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
         let prefix = if dir == "/" { 0 } else { dir.len() };
+        // Only what the subject may read goes into the nodes' views: a file is left out
+        // when any directory between `dir` and it lacks `r` or `l` for the subject.
+        let mut readable: HashMap<String, bool> = HashMap::from([(dir.clone(), true)]);
         for e in self.head.meta.files_under(&dir).map_err(meta_err)? {
+            if !self.readable_dir(&who, governing(&e.path, false), &mut readable)? {
+                continue;
+            }
             let path = e.path[prefix..].trim_start_matches('/').to_string();
             let (at, inline) = match e.content {
                 Content::Nodes(ids) => match shares.iter().position(|(n, _)| ids.first() == Some(&n.id)) {

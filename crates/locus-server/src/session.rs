@@ -736,13 +736,13 @@ impl Handler for Session {
 
     fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {
         let who = self.may_execute()?.to_string();
-        let dir = store(self.shared.store.open_workdir(&who, &req.dir, req.write))?;
+        let view = store(self.shared.store.code_view(&who, &req.dir, req.write))?;
         let submission = crate::storelet_host::Submission {
             subject: who,
             wasm: data,
             args: req.args,
             env: req.env,
-            dir,
+            view,
             write: req.write,
             record_inputs: false,
             native: None,
@@ -854,13 +854,13 @@ impl Handler for Session {
         self.node_key()?;
         self.check_from_head()?;
         let view = View::make(&self.shared.config.root, &req.files)?;
-        let dir = store(self.shared.store.open_workdir(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
+        let dir = store(self.shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
         let submission = crate::storelet_host::Submission {
             subject: req.subject,
             wasm: data,
             args: req.args,
             env: req.env,
-            dir,
+            view: dir,
             write: false,
             record_inputs: false,
             native: None,

@@ -19,7 +19,7 @@ use locus_storelet::{Account, CpuBudget, Limits, RunControl, RunOutcome, RunSpec
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -67,8 +67,9 @@ pub struct Submission {
     pub wasm: Bytes,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// The directory to preopen, already resolved beneath the export root and checked.
-    pub dir: OwnedFd,
+    /// What the run sees: the directory as the subject may read it, already resolved
+    /// beneath the export root and checked (see `locus_store::CodeView`).
+    pub view: locus_store::CodeView,
     pub write: bool,
     /// Keep the files the run opens (for active files' reuse).
     pub record_inputs: bool,
@@ -582,7 +583,7 @@ impl Core {
             }
         });
         // The directory was resolved beneath the root; its /proc entry names exactly it.
-        let dir = PathBuf::from(format!("/proc/self/fd/{}", s.dir.as_raw_fd()));
+        let dir = PathBuf::from(format!("/proc/self/fd/{}", s.view.dir.as_raw_fd()));
         let mut argv = vec!["storelet".to_string()];
         argv.extend(s.args.iter().cloned());
         let outcome = if control.is_cancelled() {
@@ -595,7 +596,7 @@ impl Core {
             let outcome = locus_storelet::native::run_native(locus_storelet::native::NativeSpec {
                 program,
                 args: &argv,
-                dir_fd: s.dir.as_raw_fd(),
+                layers: &s.view.layers,
                 scratch: &scratch,
                 limits: self.config.limits,
                 output: sink,

@@ -88,7 +88,7 @@ impl Store {
     }
 
     /// The directory `rel` on device `d` opened for listing, if it exists there.
-    fn listable_on(&self, d: usize, rel: &str) -> Result<Option<OwnedFd>> {
+    pub(crate) fn listable_on(&self, d: usize, rel: &str) -> Result<Option<OwnedFd>> {
         self.open_dir_on(d, if rel.is_empty() { "." } else { rel }, OFlags::RDONLY)
     }
 
@@ -255,34 +255,18 @@ impl Store {
     /// it. `None` when only device 0 has the directory, or when this process may not
     /// mount (the code then sees device 0's files only, and a warning is logged).
     pub(crate) fn union_view(&self, rel: &str, dir0: &OwnedFd) -> Option<OwnedFd> {
-        use std::os::fd::AsRawFd;
         let rel = if rel.is_empty() { "." } else { rel };
         let others: Vec<OwnedFd> = (1..self.devices.len()).filter_map(|d| self.dir_on(d, rel).ok().flatten()).collect();
         if others.is_empty() {
             return None;
         }
-        let lower: Vec<String> =
-            std::iter::once(dir0).chain(&others).map(|fd| format!("/proc/self/fd/{}", fd.as_raw_fd())).collect();
-        let data = std::ffi::CString::new(format!("lowerdir={}", lower.join(":"))).ok()?;
-        let base = self.intents_dir().and_then(Path::parent).map_or_else(std::env::temp_dir, Path::to_path_buf);
-        let point = base.join(format!("union-{}", random_hex()));
-        std::fs::create_dir_all(&point).ok()?;
-        let flags =
-            rustix::mount::MountFlags::RDONLY | rustix::mount::MountFlags::NOSUID | rustix::mount::MountFlags::NODEV;
-        let view = rustix::mount::mount("locus-union", &point, "overlay", flags, data.as_c_str())
+        let layers: Vec<&OwnedFd> = std::iter::once(dir0).chain(&others).collect();
+        crate::view::overlay(&layers, &self.scratch_base())
             .map_err(|e| {
                 static WARNED: std::sync::Once = std::sync::Once::new();
                 WARNED.call_once(|| tracing::warn!("cannot mount overlays ({e}): code sees device 0's files only"));
             })
             .ok()
-            .and_then(|()| {
-                let opened =
-                    rustix::fs::open(&point, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok();
-                let _ = rustix::mount::unmount(&point, rustix::mount::UnmountFlags::DETACH);
-                opened
-            });
-        let _ = std::fs::remove_dir(&point);
-        view
     }
 
     fn intents_dir(&self) -> Option<&Path> {

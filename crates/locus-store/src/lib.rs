@@ -21,10 +21,12 @@ pub mod acl;
 pub mod counters;
 mod devices;
 pub mod error;
+mod view;
 
 pub use acl::{Acl, ACL_FILE, RESERVED_PREFIX};
 pub use counters::{Counters, FileEntry, FileIo};
 pub use error::{Result, StoreError};
+pub use view::CodeView;
 
 use error::OsContext;
 use locus_proto::types::{open_flags, Attr, DeviceStats, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};

@@ -3,24 +3,36 @@
 //!
 //! The program runs in a child process that sees a file system of its own: a read-only
 //! tmpfs root holding the system's program and library directories (`/usr`, `/bin`,
-//! `/lib`, `/lib64`, `/sbin`, `/etc`, read-only), `/dev/null`, `/dev/zero`,
-//! `/dev/urandom`, a small writable `/tmp`, and the run's directory, read-only, at
-//! `/work`, its working directory. It has no network (a network namespace of its own),
-//! cannot gain privileges (`no_new_privs`), and runs in a process group of its own, all
-//! killed when a limit trips. As root the namespaces are made directly; otherwise inside
-//! a user namespace mapping only the server's own user.
+//! `/lib`, `/lib64`, `/sbin`, read-only), a synthetic `/etc` (only what programs need to
+//! start: `ld.so.cache`, `passwd` and `group` naming the run's identity alone,
+//! `nsswitch.conf`, `hosts`, `localtime`, `ssl/certs`, `alternatives`; never the host's
+//! other files), `/dev/null`, `/dev/zero`, `/dev/urandom`, a small writable `/tmp`, and
+//! the run's view (see `locus_store::CodeView`), read-only, at `/work`, its working
+//! directory. There is no `/proc` and no `/sys`. It has no network (a network namespace
+//! of its own), cannot gain privileges (`no_new_privs`), and runs in a process group of
+//! its own, all killed when a limit trips.
+//!
+//! **Identity.** As root, the program runs as a dedicated unprivileged user and group
+//! ([`NativeSpec::uid`], never the server's), with no supplementary groups and no
+//! capabilities, so it can neither signal nor trace the server or any other process
+//! but its own, and a process count limit stops a fork bomb. The view is shown through an
+//! idmapped mount on which the files the server owns (uid 0) belong to that user, so
+//! it can read every file of its view and nothing else; after the run, whatever that
+//! user still runs is killed. Without root the namespaces are made inside a user
+//! namespace mapping only the server's own user, shown inside as that same identity.
 //!
 //! Limits and accounting match a WebAssembly run's where the kernel can tell: CPU time
 //! (read from `/proc` every tick, charged to the subject's budget; `RLIMIT_CPU` as a
 //! backstop), wall time, output (stdout and stderr together), memory (`RLIMIT_DATA`;
 //! the peak from `ru_maxrss`), bytes written to files (`RLIMIT_FSIZE`), open files
-//! (`RLIMIT_NOFILE`); bytes read are the kernel's count of `read` calls (`rchar`).
-//! There is no fuel.
+//! (`RLIMIT_NOFILE`), processes (`RLIMIT_NPROC`, as root); bytes read are the kernel's
+//! count of `read` calls (`rchar`). There is no fuel.
 
 use crate::{Account, Limits, RunControl, RunOutcome, StoreletError, Stream};
+use rustix::fs::{Mode, OFlags};
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -33,8 +45,9 @@ pub struct NativeSpec<'a> {
     /// The program (absolute path on the server) and its arguments, `argv[0]` first.
     pub program: &'a Path,
     pub args: &'a [String],
-    /// The directory shown read-only at `/work`, as an open descriptor of this process.
-    pub dir_fd: i32,
+    /// The view shown read-only at `/work`: its layers, top first (one directory shown as
+    /// it is, or several overlaid), as `locus_store::CodeView::layers` gives them.
+    pub layers: &'a [OwnedFd],
     /// An empty directory the child mounts its root on (in the server's state directory).
     pub scratch: &'a Path,
     pub limits: Limits,
@@ -42,23 +55,73 @@ pub struct NativeSpec<'a> {
     pub control: Arc<RunControl>,
 }
 
+/// The first of the users that native runs get when the server is root: a run takes
+/// this plus N (user and group), N the first slot no other run on the machine holds (a
+/// lock on `/run/locus/run-users/N`, any server's), so no two runs at once share a
+/// user. Far above the ranges systems give people and services.
+pub const RUN_USERS: u32 = 2_000_000_000;
+/// Slots of [`RUN_USERS`]: runs at once on one machine, as root.
+const RUN_SLOTS: u32 = 4096;
+
+/// Claims a user no other native run on this machine has now: its number, and the lock
+/// that holds it until dropped.
+fn claim_user() -> Result<(u32, std::fs::File), StoreletError> {
+    let dir = ["/run/locus/run-users", "/tmp/locus-run-users"]
+        .iter()
+        .map(Path::new)
+        .find(|d| std::fs::create_dir_all(d).is_ok())
+        .ok_or_else(|| StoreletError::Setup("no directory for the run users' locks".into()))?;
+    for n in 0..RUN_SLOTS {
+        let mut open = std::fs::OpenOptions::new();
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut open, libc::O_NOFOLLOW);
+        let Ok(file) = open.create(true).truncate(false).write(true).open(dir.join(n.to_string())) else {
+            continue;
+        };
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return Ok((RUN_USERS + n, file));
+        }
+    }
+    Err(StoreletError::Setup(format!("all {RUN_SLOTS} run users are taken")))
+}
+
 /// `open_tree(2)` and `move_mount(2)` flags (not in every libc yet).
 const OPEN_TREE_CLONE: u32 = 1;
+const OPEN_TREE_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
 const AT_RECURSIVE: u32 = 0x8000;
 const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
 
 /// How often limits are checked.
 const TICK: Duration = Duration::from_millis(10);
 /// The system directories shown to the program, read-only.
-const SYSTEM_DIRS: [&str; 6] = ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"];
+const SYSTEM_DIRS: [&str; 5] = ["/usr", "/bin", "/sbin", "/lib", "/lib64"];
+/// What of the host's `/etc` is shown (read-only): what programs need to start and read
+/// certificates; everything else of the synthetic `/etc` is written for the run.
+const ETC_SHOWN: [&str; 4] = ["/etc/ld.so.cache", "/etc/localtime", "/etc/ssl/certs", "/etc/alternatives"];
+/// Processes (threads included) the run's user may have at once, as root.
+const MAX_PROCESSES: u64 = 128;
+/// `mount_setattr(2)` and its `MOUNT_ATTR_*` flags (not in every libc yet).
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
 const DEVICES: [&str; 3] = ["/dev/null", "/dev/zero", "/dev/urandom"];
 
 /// One step of building the child's root: a directory to bind, a file to bind, or a
 /// symbolic link to recreate (merged-/usr systems link /bin to usr/bin).
 enum Entry {
     MkDir(CString),
+    /// A file written with the given contents.
+    Write(CString, CString),
     Dir(CString, CString),
-    File(CString, CString),
+    /// A file bound over an empty one; read-only when the flag says so.
+    File(CString, CString, bool),
     Link(CString, CString),
 }
 
@@ -71,11 +134,14 @@ fn cstr(s: impl Into<Vec<u8>>) -> Result<CString, StoreletError> {
 struct Plan {
     root: CString,
     entries: Vec<Entry>,
-    /// The run's directory: its descriptor (inherited) and, for the user-namespace way,
-    /// its path then (checked against the descriptor once bound).
-    work_fd: i32,
-    work_path: CString,
+    /// The view's layers: detached idmapped copies of them as root, the directories
+    /// themselves otherwise (descriptors inherited by the child).
+    layers: Vec<OwnedFd>,
+    /// For one layer, its path through `/proc/self/fd`; for several, the overlay's options.
+    layer_path: CString,
+    overlay: CString,
     work: CString,
+    uid: u32,
     tmp: CString,
     uid_map: CString,
     gid_map: CString,
@@ -98,7 +164,9 @@ unsafe impl Sync for Plan {}
 const ENVIRONMENT: [&str; 4] = ["PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "HOME=/tmp", "TMPDIR=/tmp"];
 
 impl Plan {
-    fn new(spec: &NativeSpec<'_>) -> Result<Plan, StoreletError> {
+    /// The plan of a run as user `run_uid` (as root; the identity shown inside the user
+    /// namespace otherwise).
+    fn new(spec: &NativeSpec<'_>, run_uid: u32) -> Result<Plan, StoreletError> {
         let root = spec.scratch.to_str().ok_or_else(|| StoreletError::Setup("scratch path is not UTF-8".into()))?;
         let mut entries = Vec::new();
         for dir in SYSTEM_DIRS {
@@ -111,13 +179,30 @@ impl Plan {
                 entries.push(Entry::Dir(cstr(dir)?, inside));
             }
         }
+        entries.extend(synthetic_etc(root, run_uid)?);
         entries.push(Entry::MkDir(cstr(format!("{root}/dev"))?));
         for dev in DEVICES {
             if Path::new(dev).exists() {
-                entries.push(Entry::File(cstr(dev)?, cstr(format!("{root}{dev}"))?));
+                entries.push(Entry::File(cstr(dev)?, cstr(format!("{root}{dev}"))?, false));
             }
         }
         let (uid, gid) = (rustix::process::getuid().as_raw(), rustix::process::getgid().as_raw());
+        let as_root = uid == 0;
+        if spec.layers.is_empty() {
+            return Err(StoreletError::Setup("a native run needs a view".into()));
+        }
+        let layers = if as_root {
+            let userns = idmap_userns(run_uid)?;
+            spec.layers.iter().map(|l| idmapped(l, &userns)).collect::<Result<Vec<_>, _>>()?
+        } else {
+            spec.layers
+                .iter()
+                .map(|l| {
+                    rustix::io::fcntl_dupfd_cloexec(l, 0).map_err(|e| StoreletError::Setup(format!("the view: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let paths: Vec<String> = layers.iter().map(|l| format!("/proc/self/fd/{}", l.as_raw_fd())).collect();
         let program = rustix::fs::open(
             spec.program,
             rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
@@ -136,18 +221,15 @@ impl Plan {
             envp_ptrs,
             root: cstr(root)?,
             entries,
-            work_fd: spec.dir_fd,
-            work_path: cstr(
-                std::fs::read_link(format!("/proc/self/fd/{}", spec.dir_fd))
-                    .map_err(|e| StoreletError::Setup(format!("the run's directory: {e}")))?
-                    .as_os_str()
-                    .as_encoded_bytes(),
-            )?,
+            layer_path: cstr(paths[0].as_str())?,
+            overlay: cstr(format!("lowerdir={}", paths.join(":")))?,
+            layers,
             work: cstr(format!("{root}/work"))?,
             tmp: cstr(format!("{root}/tmp"))?,
-            uid_map: cstr(format!("{uid} {uid} 1"))?,
-            gid_map: cstr(format!("{gid} {gid} 1"))?,
-            as_root: uid == 0,
+            uid_map: cstr(format!("{run_uid} {uid} 1"))?,
+            gid_map: cstr(format!("{run_uid} {gid} 1"))?,
+            uid: run_uid,
+            as_root,
             limits: spec.limits,
         })
     }
@@ -169,15 +251,6 @@ impl Plan {
         unsafe {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             check!(libc::setpgid(0, 0));
-            // As root, a detached copy of the directory's mount, made while this process is
-            // still in the server's namespace, is attached in the new one below: exactly
-            // the directory that was checked, whatever is renamed meanwhile.
-            let mut tree = -1;
-            if self.as_root {
-                let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE;
-                tree = libc::syscall(libc::SYS_open_tree, self.work_fd, c"".as_ptr(), flags) as i32;
-                check!(tree);
-            }
             let spaces = libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC;
             if self.as_root {
                 check!(libc::unshare(spaces));
@@ -216,34 +289,44 @@ impl Plan {
                         check!(mount(none, target, none, ro, none));
                     }
                     Entry::MkDir(dir) => check!(libc::mkdir(dir.as_ptr(), 0o755)),
-                    Entry::File(source, target) => {
+                    Entry::Write(file, text) => {
+                        let fd = libc::open(file.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
+                        check!(fd);
+                        let len = text.to_bytes().len();
+                        let written = libc::write(fd, text.as_ptr().cast(), len);
+                        libc::close(fd);
+                        if written != len as isize {
+                            return fail();
+                        }
+                    }
+                    Entry::File(source, target, read_only) => {
                         let fd = libc::open(target.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644);
                         check!(fd);
                         libc::close(fd);
                         check!(mount(source.as_ptr(), target, none, libc::MS_BIND, none));
+                        if *read_only {
+                            check!(mount(none, target, none, ro | libc::MS_NODEV, none));
+                        }
                     }
                 }
             }
             check!(libc::mkdir(self.work.as_ptr(), 0o755));
-            if self.as_root {
-                let flags = MOVE_MOUNT_F_EMPTY_PATH;
+            if self.layers.len() > 1 {
+                let flags = libc::MS_RDONLY | nosuid;
+                check!(mount(c"locus-view".as_ptr(), &self.work, c"overlay".as_ptr(), flags, self.overlay.as_ptr()));
+            } else if self.as_root {
+                // The idmapped copy, detached until now, is attached here.
                 check!(libc::syscall(
                     libc::SYS_move_mount,
-                    tree,
+                    self.layers[0].as_raw_fd(),
                     c"".as_ptr(),
                     libc::AT_FDCWD,
                     self.work.as_ptr(),
-                    flags
+                    MOVE_MOUNT_F_EMPTY_PATH
                 ) as i32);
             } else {
-                check!(mount(self.work_path.as_ptr(), &self.work, none, libc::MS_BIND | libc::MS_REC, none));
-                // The path may have been renamed since: it must still be the directory.
-                let (mut a, mut b): (libc::stat, libc::stat) = (std::mem::zeroed(), std::mem::zeroed());
-                check!(libc::fstat(self.work_fd, &mut a));
-                check!(libc::stat(self.work.as_ptr(), &mut b));
-                if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino) {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESTALE));
-                }
+                // Through the descriptor: exactly the directory that was checked.
+                check!(mount(self.layer_path.as_ptr(), &self.work, none, libc::MS_BIND | libc::MS_REC, none));
             }
             check!(mount(none, &self.work, none, ro | libc::MS_NODEV, none));
             check!(libc::mkdir(self.tmp.as_ptr(), 0o1777));
@@ -253,7 +336,6 @@ impl Plan {
             check!(libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as i32);
             check!(libc::umount2(c".".as_ptr(), libc::MNT_DETACH));
             check!(libc::chdir(c"/work".as_ptr()));
-            check!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
             let l = &self.limits;
             let cpu = l.cpu.as_secs() + 1;
             for (resource, value) in [
@@ -266,6 +348,17 @@ impl Plan {
                 let r = libc::rlimit { rlim_cur: value, rlim_max: value };
                 check!(libc::setrlimit(resource, &r));
             }
+            if self.as_root {
+                // The run's own user, with no groups but its own and no capabilities.
+                let r = libc::rlimit { rlim_cur: MAX_PROCESSES, rlim_max: MAX_PROCESSES };
+                check!(libc::setrlimit(libc::RLIMIT_NPROC, &r));
+                check!(libc::setgroups(0, std::ptr::null()));
+                check!(libc::setresgid(self.uid, self.uid, self.uid));
+                check!(libc::setresuid(self.uid, self.uid, self.uid));
+                // A change of identity clears the parent-death signal.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            }
+            check!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
             let _ = (&self.argv, &self.envp); // kept alive for the pointers
             libc::syscall(
                 libc::SYS_execveat,
@@ -278,6 +371,166 @@ impl Plan {
         }
         // Only reached when execveat failed.
         fail()
+    }
+}
+
+/// The synthetic `/etc` of a run whose user is `uid`: written files naming only that
+/// user, and the few host files programs need to start, shown read-only.
+fn synthetic_etc(root: &str, uid: u32) -> Result<Vec<Entry>, StoreletError> {
+    let mut entries = vec![Entry::MkDir(cstr(format!("{root}/etc"))?)];
+    let written = [
+        ("passwd", format!("locus-run:x:{uid}:{uid}:Locus code run:/tmp:/usr/sbin/nologin\n")),
+        ("group", format!("locus-run:x:{uid}:\n")),
+        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\n".to_string()),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".to_string()),
+    ];
+    for (name, text) in written {
+        entries.push(Entry::Write(cstr(format!("{root}/etc/{name}"))?, cstr(text)?));
+    }
+    let mut made = std::collections::HashSet::new();
+    for shown in ETC_SHOWN {
+        let Ok(meta) = std::fs::symlink_metadata(shown) else { continue };
+        if let Some(parent) = Path::new(shown).parent().filter(|p| *p != Path::new("/etc")) {
+            if made.insert(parent.to_path_buf()) {
+                entries.push(Entry::MkDir(cstr(format!("{root}{}", parent.display()))?));
+            }
+        }
+        let inside = cstr(format!("{root}{shown}"))?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(shown).map_err(|e| StoreletError::Setup(format!("{shown}: {e}")))?;
+            entries.push(Entry::Link(cstr(target.as_os_str().as_encoded_bytes())?, inside));
+        } else if meta.is_dir() {
+            entries.push(Entry::Dir(cstr(shown)?, inside));
+        } else {
+            entries.push(Entry::File(cstr(shown)?, inside, true));
+        }
+    }
+    Ok(entries)
+}
+
+fn setup_error(what: &str) -> StoreletError {
+    StoreletError::Setup(format!("{what}: {}", std::io::Error::last_os_error()))
+}
+
+/// A user namespace whose only mapping shows uid and gid 0 as `uid`: an idmapped mount
+/// made with it shows the files the server owns as the run's user's. Made once per user.
+fn idmap_userns(uid: u32) -> Result<std::sync::Arc<OwnedFd>, StoreletError> {
+    static MADE: std::sync::Mutex<Option<std::collections::HashMap<u32, std::sync::Arc<OwnedFd>>>> =
+        std::sync::Mutex::new(None);
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(ns) = made.get_or_insert_with(Default::default).get(&uid) {
+        return Ok(ns.clone());
+    }
+    let mut pipe = [0i32; 2];
+    // SAFETY: plain system calls; the child only makes system calls, then waits to die.
+    unsafe {
+        if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(setup_error("pipe"));
+        }
+        let (ready, told) = (OwnedFd::from_raw_fd(pipe[0]), OwnedFd::from_raw_fd(pipe[1]));
+        let pid = libc::fork();
+        if pid == 0 {
+            if libc::unshare(libc::CLONE_NEWUSER) == 0 {
+                libc::write(told.as_raw_fd(), c"x".as_ptr().cast(), 1);
+            }
+            loop {
+                libc::pause();
+            }
+        }
+        if pid < 0 {
+            return Err(setup_error("fork"));
+        }
+        drop(told);
+        let mut byte = 0u8;
+        let ok = libc::read(ready.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) == 1;
+        let result = if ok {
+            let map = format!("0 {uid} 1\n");
+            let written = ["uid_map", "gid_map"]
+                .iter()
+                .try_for_each(|f| std::fs::write(format!("/proc/{pid}/{f}"), &map))
+                .map_err(|e| StoreletError::Setup(format!("the run's user mapping: {e}")));
+            written.and_then(|()| {
+                rustix::fs::open(format!("/proc/{pid}/ns/user"), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+                    .map_err(|e| StoreletError::Setup(format!("the run's user namespace: {e}")))
+            })
+        } else {
+            Err(StoreletError::Setup("the run's user namespace could not be made".into()))
+        };
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        let ns = std::sync::Arc::new(result?);
+        made.get_or_insert_with(Default::default).insert(uid, ns.clone());
+        Ok(ns)
+    }
+}
+
+/// A detached copy of the mount tree at `layer`, read-only throughout, on which the
+/// server's files (uid 0) belong to the run's user (`userns`). Where the file system
+/// cannot be idmapped, the copy is left unmapped (the run then reads what its mode
+/// bits let anyone read), and that is logged once.
+fn idmapped(layer: &OwnedFd, userns: &OwnedFd) -> Result<OwnedFd, StoreletError> {
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE;
+    // SAFETY: system calls on descriptors we own, with a valid attribute struct.
+    unsafe {
+        let tree = libc::syscall(libc::SYS_open_tree, layer.as_raw_fd(), c"".as_ptr(), flags) as i32;
+        if tree < 0 {
+            return Err(setup_error("the run's view"));
+        }
+        let tree = OwnedFd::from_raw_fd(tree);
+        let setattr = |attr: &MountAttr, recursive: bool| {
+            let at = libc::AT_EMPTY_PATH as u32 | if recursive { AT_RECURSIVE } else { 0 };
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                at,
+                attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            ) == 0
+        };
+        let sealed = MountAttr {
+            attr_set: MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        if !setattr(&sealed, true) {
+            return Err(setup_error("the run's view (read-only)"));
+        }
+        let idmap =
+            MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+        if !setattr(&idmap, false) {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            let e = std::io::Error::last_os_error();
+            WARNED.call_once(|| {
+                eprintln!("locus: cannot idmap a native run's view ({e}): it reads only what anyone may read there")
+            });
+        }
+        Ok(tree)
+    }
+}
+
+/// Kills whatever the run's user `uid` still runs (a process that left the run's group).
+fn kill_leftovers(uid: u32) {
+    // SAFETY: the child only makes system calls, then exits.
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            if libc::setresgid(uid, uid, uid) == 0 && libc::setresuid(uid, uid, uid) == 0 {
+                // Again while any was found (one may have been forking); ESRCH: none left.
+                let pause = libc::timespec { tv_sec: 0, tv_nsec: 10_000_000 };
+                for _ in 0..100 {
+                    if libc::kill(-1, libc::SIGKILL) != 0 {
+                        break;
+                    }
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                }
+            }
+            libc::_exit(0);
+        }
+        if pid > 0 {
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
     }
 }
 
@@ -304,7 +557,10 @@ fn io_of(pid: u32) -> (u64, u64) {
 
 /// Runs a native program as the module documentation says.
 pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
-    let plan = Plan::new(&spec)?;
+    // As root, a user of its own (held until the run and all it left are gone).
+    let claimed = if rustix::process::getuid().is_root() { Some(claim_user()?) } else { None };
+    let run_uid = claimed.as_ref().map_or(RUN_USERS, |(uid, _)| *uid);
+    let plan = Plan::new(&spec, run_uid)?;
     std::fs::create_dir_all(spec.scratch)
         .map_err(|e| StoreletError::Setup(format!("{}: {e}", spec.scratch.display())))?;
     // The program is executed by `enter` itself (from its descriptor, once confined);
@@ -385,6 +641,10 @@ pub fn run_native(spec: NativeSpec<'_>) -> Result<RunOutcome, StoreletError> {
     }
     let (cpu, (read_bytes, write_bytes)) = (cpu_of(pid), io_of(pid));
     kill(); // what it left behind in its group
+    if let Some((uid, lock)) = claimed {
+        kill_leftovers(uid);
+        drop(lock);
+    }
     let mut raw = 0;
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: reaps our own child, filling its status and usage.
