@@ -47,10 +47,10 @@ fuzz_target!(|data: &[u8]| {
         input.extend_from_slice(b"address\n");
     }
     input.extend_from_slice(data);
-    let answer = endpoint::exchange(t.chirp, &input, true);
+    let answer = endpoint::exchange(t.chirp, &input, true, endpoint::QUICK);
     assert!(!answer.windows(18).any(|w| w == b"outside the export"), "the canary was read");
     assert_eq!(endpoint::beside_root(&t.server.root()), t.beside, "something appeared beside the export");
     // Still serving.
-    let again = endpoint::exchange(t.chirp, b"address\nwhoami\n", true);
+    let again = endpoint::exchange(t.chirp, b"address\nwhoami\n", true, endpoint::PATIENT);
     assert!(again.windows(9).any(|w| w == b"127.0.0.1"), "{:?}", String::from_utf8_lossy(&again));
 });

@@ -10,13 +10,19 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// How long an answer to a fuzzed input may pause before the exchange ends.
+pub const QUICK: Duration = Duration::from_millis(500);
+/// How long the liveness probe waits: long enough that a loaded machine is not taken for
+/// a dead endpoint.
+pub const PATIENT: Duration = Duration::from_secs(20);
+
 /// Sends `input` on a new connection to `addr`, closes the sending half (if
 /// `half_close`: an HTTP server may then drop the connection unanswered, so requests that
 /// must be answered say `Connection: close` instead) and reads the answer until the
-/// server closes or goes quiet; returns what came back.
-pub fn exchange(addr: SocketAddr, input: &[u8], half_close: bool) -> Vec<u8> {
+/// server closes or stays quiet for `quiet`; returns what came back.
+pub fn exchange(addr: SocketAddr, input: &[u8], half_close: bool, quiet: Duration) -> Vec<u8> {
     let mut sock = TcpStream::connect(addr).expect("the endpoint accepts connections");
-    sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    sock.set_read_timeout(Some(quiet)).unwrap();
     sock.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let _ = sock.write_all(input);
     if half_close {
