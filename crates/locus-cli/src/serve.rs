@@ -377,11 +377,8 @@ fn local_addresses(addr: std::net::SocketAddr, listen: &str) -> Vec<String> {
     out
 }
 
-/// Saves the admin token `token` as the user's credentials for `addresses` that have no
-/// line in the credentials file yet, when the server is `fresh` (new, or the user's own
-/// embedded one), or when the file still holds the `*` line an older `locus serve` wrote
-/// for this token: that line is replaced, since `*` sends the login to every server.
-/// Answers the addresses saved.
+/// Saves the admin token `token` as the user's credentials for `addresses` (see
+/// [`updated_credentials`]); answers the addresses saved.
 fn remember_admin_token(token: &str, addresses: &[String], fresh: bool) -> Result<Vec<String>, String> {
     let path = credentials_file();
     let old = match std::fs::read_to_string(&path) {
@@ -389,25 +386,7 @@ fn remember_admin_token(token: &str, addresses: &[String], fresh: bool) -> Resul
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let fields = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-    let our_wildcard = |l: &str| fields(l) == ["*", config::ADMIN_SUBJECT, token];
-    let migrated = old.lines().any(our_wildcard);
-    if !fresh && !migrated {
-        return Ok(Vec::new());
-    }
-    let known: Vec<String> = old.lines().filter_map(|l| fields(l).into_iter().next()).collect();
-    let new: Vec<String> = addresses.iter().filter(|a| !known.contains(a)).cloned().collect();
-    if new.is_empty() && !migrated {
-        return Ok(Vec::new());
-    }
-    let mut text = if old.is_empty() {
-        "# HOST:PORT SUBJECT TOKEN, one server a line (see `locus serve --help` and the README)\n".to_string()
-    } else {
-        old.lines().filter(|l| !our_wildcard(l)).map(|l| format!("{l}\n")).collect()
-    };
-    for a in &new {
-        text.push_str(&format!("{a} {} {token}\n", config::ADMIN_SUBJECT));
-    }
+    let Some((text, saved)) = updated_credentials(&old, token, addresses, fresh) else { return Ok(Vec::new()) };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
@@ -422,7 +401,41 @@ fn remember_admin_token(token: &str, addresses: &[String], fresh: bool) -> Resul
         .map_err(|e| format!("{}: {e}", tmp.display()))?;
     f.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(new)
+    Ok(saved)
+}
+
+/// The credentials file `old` with the admin token `token` saved for `addresses`, and the
+/// addresses saved; `None` when nothing changes. A `fresh` server (new, or the user's own
+/// embedded one) gets a line for each address that has none, and replaces an admin line
+/// for one of its addresses that holds another token (a server made anew there). The `*`
+/// line an older `locus serve` wrote for this token is replaced by lines for the
+/// addresses in any case, since `*` sends the login to every server.
+fn updated_credentials(old: &str, token: &str, addresses: &[String], fresh: bool) -> Option<(String, Vec<String>)> {
+    let fields = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let our_wildcard = |l: &str| fields(l) == ["*", config::ADMIN_SUBJECT, token];
+    let stale = |l: &str| {
+        let f = fields(l);
+        fresh && f.len() == 3 && addresses.contains(&f[0]) && f[1] == config::ADMIN_SUBJECT && f[2] != token
+    };
+    let migrated = old.lines().any(our_wildcard);
+    if !fresh && !migrated {
+        return None;
+    }
+    let kept: Vec<&str> = old.lines().filter(|l| !our_wildcard(l) && !stale(l)).collect();
+    let known: Vec<String> = kept.iter().filter_map(|l| fields(l).into_iter().next()).collect();
+    let new: Vec<String> = addresses.iter().filter(|a| !known.contains(a)).cloned().collect();
+    if new.is_empty() && kept.len() == old.lines().count() {
+        return None;
+    }
+    let mut text = if old.is_empty() {
+        "# HOST:PORT SUBJECT TOKEN, one server a line (see `locus serve --help` and the README)\n".to_string()
+    } else {
+        kept.iter().map(|l| format!("{l}\n")).collect()
+    };
+    for a in &new {
+        text.push_str(&format!("{a} {} {token}\n", config::ADMIN_SUBJECT));
+    }
+    Some((text, new))
 }
 
 /// `locus token SUBJECT`: appends a new token to the server's token file.
@@ -443,4 +456,36 @@ pub fn add_token(subject: &str, state: &Path) -> Result<(), String> {
     println!("{subject}:{token}");
     eprintln!("(a running server picks new tokens up when restarted)");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_addresses_are_those_a_client_here_dials() {
+        let a = |s: &str, listen: &str| local_addresses(s.parse().unwrap(), listen);
+        assert_eq!(a("127.0.0.1:9610", "127.0.0.1:9610"), ["127.0.0.1:9610", "localhost:9610"]);
+        assert_eq!(a("0.0.0.0:7", "0.0.0.0:0"), ["127.0.0.1:7", "localhost:7"]);
+        assert_eq!(a("[::]:7", "[::]:7"), ["127.0.0.1:7", "localhost:7", "[::1]:7"]);
+        assert_eq!(a("10.0.0.5:7", "Box:7"), ["10.0.0.5:7", "box:7"]);
+    }
+
+    #[test]
+    fn credentials_are_saved_per_server_and_never_as_a_wildcard() {
+        let here = ["127.0.0.1:9".to_string(), "localhost:9".to_string()];
+        let (text, saved) = updated_credentials("", "T", &here, true).unwrap();
+        assert_eq!(saved, here);
+        assert!(text.ends_with("127.0.0.1:9 admin T\nlocalhost:9 admin T\n") && !text.contains("\n*"), "{text}");
+        assert_eq!(updated_credentials(&text, "T", &here, true), None, "nothing new");
+        // An older serve's `*` line for this token gives way to lines per server.
+        let old = "other:1 bob B\n* admin T\n";
+        let (text, _) = updated_credentials(old, "T", &here, false).unwrap();
+        assert_eq!(text, "other:1 bob B\n127.0.0.1:9 admin T\nlocalhost:9 admin T\n");
+        // A `*` line the user wrote for another token stays; nothing is added unasked.
+        assert_eq!(updated_credentials("* admin U\n", "T", &here, false), None);
+        // A new server at an address replaces the admin line of the one before it.
+        let (text, _) = updated_credentials("127.0.0.1:9 admin OLD\nlocalhost:9 alice A\n", "T", &here, true).unwrap();
+        assert_eq!(text, "localhost:9 alice A\n127.0.0.1:9 admin T\n");
+    }
 }
