@@ -141,9 +141,12 @@ pub fn raw_blocking_ping(addr: &str, token: &str) -> f64 {
         s.read_exact(&mut rest).unwrap();
         rest
     };
-    let ch: locus_proto::types::Challenge =
-        codec::decode(&call(&mut s, Hello::INFO.code, codec::encode(&Hello { version: frame::VERSION, client: "raw".into() })))
-            .unwrap();
+    let ch: locus_proto::types::Challenge = codec::decode(&call(
+        &mut s,
+        Hello::INFO.code,
+        codec::encode(&Hello { version: frame::VERSION, client: "raw".into() }),
+    ))
+    .unwrap();
     let nonce = vec![1u8; 32];
     let bind = auth::Binding { server: addr, tls: b"" };
     let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, "admin", &bind);

@@ -151,7 +151,8 @@ fn serve_then_use_it(home: &Path, flags: &[&str]) {
     // The admin token is saved for this server's addresses only: another server (here
     // another loopback address at the same port) is not sent a login.
     let saved = std::fs::read_to_string(home.join("credentials")).unwrap();
-    let servers: Vec<&str> = saved.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(' ').next()).collect();
+    let servers: Vec<&str> =
+        saved.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(' ').next()).collect();
     assert_eq!(servers, [format!("127.0.0.1:{port}"), format!("localhost:{port}")], "{saved}");
     let out = run(&["ls", &format!("locus://127.0.0.2:{port}/")]);
     assert!(!out.status.success());

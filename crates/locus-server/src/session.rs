@@ -465,10 +465,9 @@ impl Handler for Session {
         let own = self.shared.tokens.get(&req.subject).map(<[u8]>::to_vec);
         let derived =
             self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject).into_bytes());
-        let token = [own, derived]
-            .into_iter()
-            .flatten()
-            .find(|t| auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject, &bind), &req.proof));
+        let token = [own, derived].into_iter().flatten().find(|t| {
+            auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject, &bind), &req.proof)
+        });
         let Some(token) = token else {
             tracing::warn!(subject = %req.subject, "authentication failed");
             return Err(denied());

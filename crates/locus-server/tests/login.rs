@@ -19,9 +19,7 @@ fn relay(listener: TcpListener, to: SocketAddr) {
     std::thread::spawn(move || {
         for client in listener.incoming().flatten() {
             let Ok(server) = TcpStream::connect(to) else { return };
-            for (mut from, mut into) in
-                [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-            {
+            for (mut from, mut into) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
                 std::thread::spawn(move || {
                     let _ = std::io::copy(&mut from, &mut into);
                     let _ = into.shutdown(std::net::Shutdown::Write);
