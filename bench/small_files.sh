@@ -21,7 +21,7 @@ trap cleanup EXIT
 mkdir -p "$W/root/d" "$W/mnt"
 for i in $(seq 1 50); do echo "file $i" > "$W/root/d/f$i"; done
 LOCUS_HOME=$W/home "$BIN" serve --listen 127.0.0.1:0 --root "$W/root" --state "$W/state" \
-    --port-file "$W/port" > "$W/serve.log" 2>&1 &
+    --port-file "$W/port" --name '127.0.0.1:*' > "$W/serve.log" 2>&1 &
 while [ ! -s "$W/port" ]; do sleep 0.1; done
 PORT=$(head -1 "$W/port" | cut -d' ' -f1)
 TOKEN=$(grep '^admin ' "$W/state/tokens" | cut -d' ' -f2)

@@ -126,7 +126,7 @@ pub fn raw_blocking_ping(addr: &str, token: &str) -> f64 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    s.write_all(&frame::preamble(1)).unwrap();
+    s.write_all(&frame::preamble(frame::VERSION)).unwrap();
     let mut p = [0u8; 8];
     s.read_exact(&mut p).unwrap();
     let call = |s: &mut std::net::TcpStream, op: u16, meta: Vec<u8>| -> Vec<u8> {
@@ -141,12 +141,17 @@ pub fn raw_blocking_ping(addr: &str, token: &str) -> f64 {
         s.read_exact(&mut rest).unwrap();
         rest
     };
-    let ch: locus_proto::types::Challenge =
-        codec::decode(&call(&mut s, Hello::INFO.code, codec::encode(&Hello { version: 1, client: "raw".into() })))
-            .unwrap();
+    let ch: locus_proto::types::Challenge = codec::decode(&call(
+        &mut s,
+        Hello::INFO.code,
+        codec::encode(&Hello { version: frame::VERSION, client: "raw".into() }),
+    ))
+    .unwrap();
     let nonce = vec![1u8; 32];
-    let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, "admin");
-    call(&mut s, Auth::INFO.code, codec::encode(&Auth { subject: "admin".into(), nonce, proof }));
+    let bind = auth::Binding { server: addr, tls: b"" };
+    let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, "admin", &bind);
+    let server = addr.to_string();
+    call(&mut s, Auth::INFO.code, codec::encode(&Auth { subject: "admin".into(), nonce, proof, server }));
     let mut v = Vec::new();
     for _ in 0..2000 {
         let t = Instant::now();

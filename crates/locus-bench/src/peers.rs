@@ -96,7 +96,12 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
         .arg(&state)
         .arg("--port-file")
         .arg(&port_file)
+        // Its clients may reach it through delay proxies on this host, at ports of their
+        // own: it takes a login made for any port of 127.0.0.1 (see crate::proxy).
+        .args(["--name", "127.0.0.1:*"])
         .args(flags)
+        // Its new admin token goes to a credentials file of its own, not the user's.
+        .env("LOCUS_HOME", work.join("locus-home"))
         .env("LOCUS_LOG", "warn")
         // A developer's RUST_BACKTRACE would make every error path capture a backtrace.
         .env_remove("RUST_BACKTRACE")

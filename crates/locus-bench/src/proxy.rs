@@ -4,6 +4,10 @@
 //! It runs on plain threads and sleeps with `std::thread::sleep`, which is precise to
 //! tens of microseconds; tokio's timer rounds to whole milliseconds, which would turn a
 //! 1 ms round trip into 3.
+//!
+//! A Locus client behind it logs in with a proof bound to the proxy's address, which a
+//! Locus server takes only when told (`locus serve --name 127.0.0.1:*`, as
+//! [`crate::peers::start_locus`] does).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -24,6 +24,13 @@ pub struct ServeArgs {
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:9610")]
     listen: String,
+    /// Another address that reaches this server (repeatable): a DNS name, a NAT address,
+    /// a proxy. A login proof covers the address the client dialled; on plain TCP this
+    /// server accepts only its own addresses (listen address, interfaces when listening
+    /// on a wildcard, localhost, its host name) and these. HOST alone means HOST at the
+    /// listen port; HOST:* any port on HOST (proxies on that host).
+    #[arg(long = "name", value_name = "HOST[:PORT]")]
+    names: Vec<locus_server::login::ServerName>,
     /// Serve TLS with the certificate in the state directory (self-signed on first use).
     #[arg(long)]
     tls: bool,
@@ -171,6 +178,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         config.state_dir = state;
     }
     config.devices = args.devices;
+    config.names = args.names.clone();
     config.tls = args.tls;
     config.sendfile = args.sendfile;
     config.poll_window = std::time::Duration::from_micros(args.poll_us);
@@ -221,18 +229,28 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     };
     config.prepare().map_err(|e| e.to_string())?;
     let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
-    // A new server's admin token becomes the user's default credentials (a data node's
-    // stays its own: its clients are its head).
-    let saved = match &created {
-        Some(token) if args.data_node.is_none() => remember_admin_token(token)?,
-        _ => false,
-    };
+    let admin_token = tokens.get(config::ADMIN_SUBJECT).map(|t| String::from_utf8_lossy(t).into_owned());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
             .await
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
+        if args.data_node.is_some() {
+            // The head and the clients log in to a data node at the address it advertises.
+            config.names.push(advertise.parse().map_err(|e| format!("--advertise: {e}"))?);
+        }
+        // The admin token of a new server (or of the user's own, in ~/.locus/server)
+        // becomes the user's credentials for the addresses a local client dials; a data
+        // node's stays its own: its clients are its head.
+        let saved = match &admin_token {
+            Some(token) if args.data_node.is_none() => {
+                let fresh = created.is_some() || config.state_dir == home.join("server");
+                remember_admin_token(token, &local_addresses(addr, &args.listen), fresh)?
+            }
+            _ => Vec::new(),
+        };
         let server = Server::new(config.clone(), tokens).map_err(|e| e.to_string())?;
         let scheme = if config.tls { "locus+tls" } else { "locus" };
         match &config.head {
@@ -240,9 +258,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             None => eprintln!("Locus is serving {} at {scheme}://{addr}/", config.root.display()),
         }
         eprintln!("  state (tokens, TLS): {}", config.state_dir.display());
-        match (&created, saved) {
-            (Some(_), true) => eprintln!("  admin token saved to {}", credentials_file().display()),
-            (Some(token), false) => {
+        match (&created, saved.is_empty()) {
+            (_, false) => eprintln!("  admin token saved to {} for {}", credentials_file().display(), saved.join(", ")),
+            (Some(token), true) => {
                 eprintln!("  new admin token: {token} (use LOCUS_TOKEN=admin:{token})")
             }
             _ => {}
@@ -273,7 +291,6 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             };
             tokio::spawn(locus_server::chirp::serve(listener, server.shared().clone(), config));
         }
-        let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
         let http = match args.http_port {
             Some(port) => {
                 let at = std::net::SocketAddr::new(addr.ip(), port);
@@ -335,25 +352,90 @@ async fn shutdown_signal() {
     }
 }
 
-/// Saves a new server's admin token as the client's default credentials, unless the user
-/// already keeps credentials there; answers whether it did.
-fn remember_admin_token(token: &str) -> Result<bool, String> {
-    let path = credentials_file();
-    if path.exists() {
-        return Ok(false);
+/// The addresses a client on this host dials to reach a server bound to `addr` (asked for
+/// as `listen`): for loopback and wildcard addresses `127.0.0.1:PORT`, `localhost:PORT`
+/// and (for IPv6) `[::1]:PORT`; else the address itself, and the name it was asked by.
+fn local_addresses(addr: std::net::SocketAddr, listen: &str) -> Vec<String> {
+    let (ip, port) = (addr.ip().to_canonical(), addr.port());
+    let mut out = Vec::new();
+    if ip.is_unspecified() || ip == std::net::Ipv4Addr::LOCALHOST {
+        out.extend([format!("127.0.0.1:{port}"), format!("localhost:{port}")]);
     }
+    if ip.is_unspecified() && addr.is_ipv6() || ip == std::net::Ipv6Addr::LOCALHOST {
+        out.extend([format!("[::1]:{port}"), format!("localhost:{port}")]);
+    }
+    if !ip.is_unspecified() {
+        out.push(std::net::SocketAddr::new(ip, port).to_string());
+        if let Some((host, p)) = listen.rsplit_once(':') {
+            if p == port.to_string() && host.parse::<std::net::IpAddr>().is_err() && !host.starts_with('[') {
+                out.push(format!("{}:{port}", host.to_ascii_lowercase()));
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|a| seen.insert(a.clone()));
+    out
+}
+
+/// Saves the admin token `token` as the user's credentials for `addresses` (see
+/// [`updated_credentials`]); answers the addresses saved.
+fn remember_admin_token(token: &str, addresses: &[String], fresh: bool) -> Result<Vec<String>, String> {
+    let path = credentials_file();
+    let old = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let Some((text, saved)) = updated_credentials(&old, token, addresses, fresh) else { return Ok(Vec::new()) };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
+    // Written beside and renamed over, so a reader never sees half a file.
+    let tmp = path.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(f, "# HOST:PORT SUBJECT TOKEN; * matches any server\n* {} {token}", config::ADMIN_SUBJECT)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(true)
+        .open(&tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    f.write_all(text.as_bytes()).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(saved)
+}
+
+/// The credentials file `old` with the admin token `token` saved for `addresses`, and the
+/// addresses saved; `None` when nothing changes. A `fresh` server (new, or the user's own
+/// embedded one) gets a line for each address that has none, and replaces an admin line
+/// for one of its addresses that holds another token (a server made anew there). The `*`
+/// line an older `locus serve` wrote for this token is replaced by lines for the
+/// addresses in any case, since `*` sends the login to every server.
+fn updated_credentials(old: &str, token: &str, addresses: &[String], fresh: bool) -> Option<(String, Vec<String>)> {
+    let fields = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let our_wildcard = |l: &str| fields(l) == ["*", config::ADMIN_SUBJECT, token];
+    let stale = |l: &str| {
+        let f = fields(l);
+        fresh && f.len() == 3 && addresses.contains(&f[0]) && f[1] == config::ADMIN_SUBJECT && f[2] != token
+    };
+    let migrated = old.lines().any(our_wildcard);
+    if !fresh && !migrated {
+        return None;
+    }
+    let kept: Vec<&str> = old.lines().filter(|l| !our_wildcard(l) && !stale(l)).collect();
+    let known: Vec<String> = kept.iter().filter_map(|l| fields(l).into_iter().next()).collect();
+    let new: Vec<String> = addresses.iter().filter(|a| !known.contains(a)).cloned().collect();
+    if new.is_empty() && kept.len() == old.lines().count() {
+        return None;
+    }
+    let mut text = if old.is_empty() {
+        "# HOST:PORT SUBJECT TOKEN, one server a line (see `locus serve --help` and the README)\n".to_string()
+    } else {
+        kept.iter().map(|l| format!("{l}\n")).collect()
+    };
+    for a in &new {
+        text.push_str(&format!("{a} {} {token}\n", config::ADMIN_SUBJECT));
+    }
+    Some((text, new))
 }
 
 /// `locus token SUBJECT`: appends a new token to the server's token file.
@@ -374,4 +456,36 @@ pub fn add_token(subject: &str, state: &Path) -> Result<(), String> {
     println!("{subject}:{token}");
     eprintln!("(a running server picks new tokens up when restarted)");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_addresses_are_those_a_client_here_dials() {
+        let a = |s: &str, listen: &str| local_addresses(s.parse().unwrap(), listen);
+        assert_eq!(a("127.0.0.1:9610", "127.0.0.1:9610"), ["127.0.0.1:9610", "localhost:9610"]);
+        assert_eq!(a("0.0.0.0:7", "0.0.0.0:0"), ["127.0.0.1:7", "localhost:7"]);
+        assert_eq!(a("[::]:7", "[::]:7"), ["127.0.0.1:7", "localhost:7", "[::1]:7"]);
+        assert_eq!(a("10.0.0.5:7", "Box:7"), ["10.0.0.5:7", "box:7"]);
+    }
+
+    #[test]
+    fn credentials_are_saved_per_server_and_never_as_a_wildcard() {
+        let here = ["127.0.0.1:9".to_string(), "localhost:9".to_string()];
+        let (text, saved) = updated_credentials("", "T", &here, true).unwrap();
+        assert_eq!(saved, here);
+        assert!(text.ends_with("127.0.0.1:9 admin T\nlocalhost:9 admin T\n") && !text.contains("\n*"), "{text}");
+        assert_eq!(updated_credentials(&text, "T", &here, true), None, "nothing new");
+        // An older serve's `*` line for this token gives way to lines per server.
+        let old = "other:1 bob B\n* admin T\n";
+        let (text, _) = updated_credentials(old, "T", &here, false).unwrap();
+        assert_eq!(text, "other:1 bob B\n127.0.0.1:9 admin T\nlocalhost:9 admin T\n");
+        // A `*` line the user wrote for another token stays; nothing is added unasked.
+        assert_eq!(updated_credentials("* admin U\n", "T", &here, false), None);
+        // A new server at an address replaces the admin line of the one before it.
+        let (text, _) = updated_credentials("127.0.0.1:9 admin OLD\nlocalhost:9 alice A\n", "T", &here, true).unwrap();
+        assert_eq!(text, "localhost:9 alice A\n127.0.0.1:9 admin T\n");
+    }
 }

@@ -147,6 +147,17 @@ fn serve_then_use_it(home: &Path, flags: &[&str]) {
     let out = run(&["mkdir", &format!("{url}hello")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&run(&["ls", &url]).stdout), "hello\n");
+    assert_eq!(String::from_utf8_lossy(&run(&["ls", &format!("locus://localhost:{port}/")]).stdout), "hello\n");
+    // The admin token is saved for this server's addresses only: another server (here
+    // another loopback address at the same port) is not sent a login.
+    let saved = std::fs::read_to_string(home.join("credentials")).unwrap();
+    let servers: Vec<&str> =
+        saved.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split(' ').next()).collect();
+    assert_eq!(servers, [format!("127.0.0.1:{port}"), format!("localhost:{port}")], "{saved}");
+    let out = run(&["ls", &format!("locus://127.0.0.2:{port}/")]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no credentials for 127.0.0.2"), "{err}");
     // graceful stop on SIGTERM
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(server.id() as i32).unwrap(),

@@ -1,9 +1,15 @@
 //! Where a client finds its subject and token.
 //!
-//! In order: explicit options; `LOCUS_TOKEN` as `SUBJECT:TOKEN`; the file
-//! `~/.locus/credentials` with `HOST:PORT SUBJECT TOKEN` lines (`*` matches any server).
-//! `locus serve` writes a `*` line for its admin token the first time it starts with the
-//! embedded defaults, so the CLI works on the same machine with no setup.
+//! In order: explicit options; `LOCUS_TOKEN` as `SUBJECT:TOKEN`, for every server; the
+//! file `~/.locus/credentials` with `HOST:PORT SUBJECT TOKEN` lines, `HOST:PORT` as the
+//! URL writes it (`[V6]:PORT` for IPv6). `locus serve` writes lines for its admin token
+//! under the addresses a client on its host dials (`127.0.0.1:PORT`, `localhost:PORT`,
+//! its listen address), so the CLI works on the same machine with no setup.
+//!
+//! A `*` line, which only a user writes by hand now (older `locus serve` did, and
+//! replaces it when it starts), matches any server with no line of its own: that server
+//! learns the subject's name and a proof, though not one it could use elsewhere (the
+//! proof is bound to the server dialled, see `locus_proto::auth`).
 
 use crate::error::{ClientError, Result};
 use std::path::PathBuf;

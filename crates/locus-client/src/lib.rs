@@ -75,7 +75,8 @@ struct Inner {
 /// How to reach and authenticate to a server.
 #[derive(Clone, Debug)]
 pub struct ConnectOptions {
-    /// `HOST:PORT`.
+    /// `HOST:PORT`, as the user wrote it: the login proof covers it, so the server checks
+    /// that it names the server.
     pub addr: String,
     pub credentials: Credentials,
     /// Connect with TLS, trusting the certificate(s) in this PEM file.
@@ -196,6 +197,8 @@ impl Client {
         let tcp = TcpStream::connect(&opts.addr).await?;
         tcp.set_nodelay(true)?;
         let socket = opts.tls_ca.is_none().then(|| std::os::fd::AsRawFd::as_raw_fd(&tcp));
+        // The login proof covers this TLS session's exporter secret (none on plain TCP).
+        let mut exporter = Vec::new();
         let (r, w): (BoxRead, BoxWrite) = match &opts.tls_ca {
             None => {
                 let (r, w) = tcp.into_split();
@@ -203,6 +206,11 @@ impl Client {
             }
             Some(ca) => {
                 let tls = tls_connect(tcp, ca, opts).await?;
+                exporter = tls
+                    .get_ref()
+                    .1
+                    .export_keying_material(vec![0; auth::TLS_EXPORTER_LEN], auth::TLS_EXPORTER_LABEL, None)
+                    .map_err(|e| ClientError::Protocol(format!("TLS exporter: {e}")))?;
                 let (r, w) = tokio::io::split(tls);
                 (Box::new(r), Box::new(w))
             }
@@ -228,16 +236,27 @@ impl Client {
         let challenge = client
             .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
             .await?;
+        // An older server would take a proof that is not bound to it: never send one.
+        if challenge.version < frame::MIN_VERSION {
+            return Err(ClientError::Protocol(format!(
+                "the server at {} speaks Locus protocol {}, older than this client's {}: upgrade the server",
+                opts.addr,
+                challenge.version,
+                frame::VERSION
+            )));
+        }
         let mut nonce = vec![0u8; auth::NONCE_LEN];
         getrandom::fill(&mut nonce).expect("the OS provides randomness");
         let c = &opts.credentials;
-        let proof = auth::client_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
-        let welcome = match client.call(Auth { subject: c.subject.clone(), nonce: nonce.clone(), proof }).await {
+        let bind = auth::Binding { server: &opts.addr, tls: &exporter };
+        let proof = auth::client_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject, &bind);
+        let auth = Auth { subject: c.subject.clone(), nonce: nonce.clone(), proof, server: opts.addr.clone() };
+        let welcome = match client.call(auth).await {
             Ok(w) => w,
             Err(ClientError::Remote(e)) => return Err(ClientError::Auth(e.message)),
             Err(e) => return Err(e),
         };
-        let expected = auth::server_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject);
+        let expected = auth::server_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject, &bind);
         if !auth::proofs_equal(&expected, &welcome.proof) {
             return Err(ClientError::Auth("the server could not prove it knows the token".into()));
         }

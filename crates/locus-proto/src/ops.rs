@@ -49,7 +49,8 @@ macro_rules! operation_table {
             /// Starts the handshake; answered with the server's challenge.
             0x01 Hello hello Unary { version: u16, client: String } -> Challenge;
             /// Proves the subject's token (see `auth`); answered with the server's proof.
-            0x02 Auth auth Unary { subject: String, nonce: Vec<u8>, proof: Vec<u8> } -> Welcome;
+            /// `server` is the address the client dialled, which the proof covers.
+            0x02 Auth auth Unary { subject: String, nonce: Vec<u8>, proof: Vec<u8>, server: String } -> Welcome;
             /// Does nothing; measures the protocol's own round trip.
             0x03 Ping ping Unary {} -> ();
             /// The authenticated subject's name.

@@ -42,6 +42,9 @@ pub struct ServerConfig {
     pub auth_timeout: std::time::Duration,
     /// A name for this server in the handshake.
     pub name: String,
+    /// Addresses that reach this server besides those it knows itself (`--name`): a
+    /// login proof made for one of them is accepted here (see [`crate::login`]).
+    pub names: Vec<crate::login::ServerName>,
     /// Script interpreter threads (separate from the connection threads).
     pub script_workers: usize,
     /// Registered scripts kept; the oldest is evicted beyond this.
@@ -129,6 +132,7 @@ impl ServerConfig {
             limits: Limits::SERVER,
             auth_timeout: std::time::Duration::from_secs(10),
             name: format!("locus {}", env!("CARGO_PKG_VERSION")),
+            names: Vec::new(),
             script_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             script_cache: 1024,
             script_limits: locus_script::Limits::default(),

@@ -32,6 +32,7 @@ pub mod error;
 pub mod export_watch;
 pub mod head;
 pub mod http;
+pub mod login;
 pub mod metrics;
 pub mod node;
 pub mod script_host;
@@ -145,6 +146,9 @@ pub struct Shared {
     pub head: Option<Arc<head::Head>>,
     /// The cluster key, once this server has joined a head as a data node.
     node_key: parking_lot::RwLock<Option<Arc<Vec<u8>>>>,
+    /// The address the native protocol listens on, once [`Server::run`] has started:
+    /// which addresses name this server in a login (see [`login`]).
+    listen: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// What the frame loop needs of a connection's session besides its operations.
@@ -229,6 +233,7 @@ impl Server {
             metrics: metrics::Metrics::default(),
             head,
             node_key: parking_lot::RwLock::new(None),
+            listen: std::sync::OnceLock::new(),
         });
         if let Some(head) = &shared.head {
             head.start_collector();
@@ -250,6 +255,9 @@ impl Server {
     /// client it serves; a work-stealing pool, whose workers wake each other, defeats that
     /// and costs a cross-CPU wake-up (about 70 µs in a VM) on every request.
     pub async fn run(&self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+        if let Ok(addr) = listener.local_addr() {
+            let _ = self.shared.listen.set(addr);
+        }
         let limit = Arc::new(Semaphore::new(self.shared.config.max_connections));
         let (stop_tx, stop_rx) = watch::channel(false);
         let threads = self.shared.config.threads.max(1);
@@ -320,6 +328,13 @@ impl Shared {
     /// The cluster key, once this server has joined a head as a data node.
     pub fn node_key(&self) -> Option<Arc<Vec<u8>>> {
         self.node_key.read().clone()
+    }
+
+    /// Whether `dialled`, the address a client's login proof covers, names this server
+    /// reached at `local` (see [`login`]).
+    pub fn names_this_server(&self, local: std::net::SocketAddr, dialled: &str) -> bool {
+        let listen = self.listen.get().copied().unwrap_or(local);
+        login::names_this_server(&self.config.names, listen, local, dialled)
     }
 
     /// Makes this server a data node of the cluster whose key this is.
@@ -417,9 +432,19 @@ async fn serve(
     // authenticate; until it has, its frames are small (see `frame_loop`).
     let deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
     let sendfile = tls.is_none() && shared.config.sendfile.use_for(stream.local_addr()?.ip(), stream.peer_addr()?.ip());
+    let mut link = login::Link { local: stream.local_addr()?, exporter: Vec::new() };
     let (reader, writer) = match tls {
         Some(acceptor) => {
             let tls = until(Some(deadline), acceptor.accept(stream)).await?;
+            link.exporter = tls
+                .get_ref()
+                .1
+                .export_keying_material(
+                    vec![0; locus_proto::auth::TLS_EXPORTER_LEN],
+                    locus_proto::auth::TLS_EXPORTER_LABEL,
+                    None,
+                )
+                .map_err(std::io::Error::other)?;
             let (r, w) = tokio::io::split(tls);
             (ReadHalf::Tls(r), WriteHalf::Tls(w))
         }
@@ -448,7 +473,8 @@ async fn serve(
         pushes: pushes.waiting,
         answered: answered.clone(),
     };
-    let session = Session::new(shared.clone(), client_id, Some(outbox));
+    let mut session = Session::new(shared.clone(), client_id, Some(outbox));
+    session.set_link(link);
     let result = match &shared.head {
         Some(head) => {
             let mut session = head::HeadSession::new(session, head.clone());

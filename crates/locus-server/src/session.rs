@@ -106,6 +106,8 @@ pub struct Session {
     growing: HashMap<u64, Arc<Run>>,
     /// This connection turned callbacks on: what it asks about is promised.
     callbacks_on: bool,
+    /// The connection's ends, which a login proof must be bound to (none: no login).
+    link: Option<crate::login::Link>,
 }
 
 impl Drop for Session {
@@ -141,7 +143,13 @@ impl Session {
             outbox,
             growing: HashMap::new(),
             callbacks_on: false,
+            link: None,
         }
+    }
+
+    /// Records the connection's ends, which the login proof must be bound to.
+    pub fn set_link(&mut self, link: crate::login::Link) {
+        self.link = Some(link);
     }
 
     /// A session already acting as `subject`, with no push channel of its own: a script
@@ -412,8 +420,16 @@ impl crate::Connection for Session {
 
 impl Handler for Session {
     fn hello(&mut self, req: Hello, _: Bytes) -> Reply<Challenge> {
-        if req.version == 0 {
-            return Err(WireError::new(Code::PROTO, "protocol version 0 is not a version"));
+        if req.version < locus_proto::frame::MIN_VERSION {
+            return Err(WireError::new(
+                Code::PROTO,
+                format!(
+                    "this server speaks Locus protocol {} (logins bound to the server's address); \
+                     a client of protocol {} must be upgraded",
+                    locus_proto::frame::VERSION,
+                    req.version
+                ),
+            ));
         }
         let mut nonce = vec![0u8; auth::NONCE_LEN];
         getrandom::fill(&mut nonce).expect("the OS provides randomness");
@@ -429,21 +445,35 @@ impl Handler for Session {
         if req.nonce.len() != auth::NONCE_LEN {
             return Err(denied());
         }
+        let Some(link) = &self.link else { return Err(denied()) };
+        // A proof for an address that is not this server's was made for another server,
+        // which passed our challenge on (under TLS the exporter secret stops that).
+        if link.exporter.is_empty() && !self.shared.names_this_server(link.local, &req.server) {
+            tracing::warn!(subject = %req.subject, server = %req.server, "login for another server's address refused");
+            return Err(WireError::new(
+                Code::AUTH_FAILED,
+                format!(
+                    "authentication failed: {} does not name this server (its operator can add the name with \
+                     `locus serve --name`)",
+                    req.server
+                ),
+            ));
+        }
+        let bind = auth::Binding { server: &req.server, tls: &link.exporter };
         // A data node knows its own subjects, and every subject of its cluster by the
         // token the cluster key derives for it.
         let own = self.shared.tokens.get(&req.subject).map(<[u8]>::to_vec);
         let derived =
             self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject).into_bytes());
-        let token = [own, derived]
-            .into_iter()
-            .flatten()
-            .find(|t| auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject), &req.proof));
+        let token = [own, derived].into_iter().flatten().find(|t| {
+            auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject, &bind), &req.proof)
+        });
         let Some(token) = token else {
             tracing::warn!(subject = %req.subject, "authentication failed");
             return Err(denied());
         };
         let token = &token[..];
-        let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject);
+        let proof = auth::server_proof(token, &server_nonce, &req.nonce, &req.subject, &bind);
         self.subject = Some(req.subject.clone());
         if self.outbox.is_some() {
             self.shared.registry.authenticated(self.client_id, &req.subject);

@@ -17,10 +17,10 @@ impl Raw {
         let t = TcpStream::connect(s.addr).unwrap();
         t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut r = Raw(t);
-        r.0.write_all(&frame::preamble(1)).unwrap();
+        r.0.write_all(&frame::preamble(frame::VERSION)).unwrap();
         let mut p = [0u8; 8];
         r.0.read_exact(&mut p).unwrap();
-        assert_eq!(frame::parse_preamble(&p).unwrap(), 1);
+        assert_eq!(frame::parse_preamble(&p).unwrap(), frame::VERSION);
         r
     }
 
@@ -58,16 +58,18 @@ impl Raw {
     }
 
     fn login(&mut self, subject: &str) {
-        let hello = Hello { version: 1, client: "raw".into() };
+        let hello = Hello { version: frame::VERSION, client: "raw".into() };
         self.send(Hello::INFO.code, 1, 0, &codec::encode(&hello), &[]);
         let ch: Challenge = codec::decode(&self.recv().1).unwrap();
         let nonce = vec![3u8; auth::NONCE_LEN];
         let token = format!("{subject}-token");
-        let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, subject);
-        let a = Auth { subject: subject.into(), nonce: nonce.clone(), proof };
+        let server = self.0.peer_addr().unwrap().to_string();
+        let bind = auth::Binding { server: &server, tls: b"" };
+        let proof = auth::client_proof(token.as_bytes(), &ch.nonce, &nonce, subject, &bind);
+        let a = Auth { subject: subject.into(), nonce: nonce.clone(), proof, server: server.clone() };
         self.send(Auth::INFO.code, 2, 0, &codec::encode(&a), &[]);
         let w: Welcome = codec::decode(&self.recv().1).unwrap();
-        assert_eq!(w.proof, auth::server_proof(token.as_bytes(), &ch.nonce, &nonce, subject));
+        assert_eq!(w.proof, auth::server_proof(token.as_bytes(), &ch.nonce, &nonce, subject, &bind));
     }
 }
 
@@ -89,10 +91,10 @@ fn operations_before_authentication_are_refused_but_the_connection_stays() {
     let (id, e) = r.recv_error();
     assert_eq!((id, e.code), (9, Code::NOT_AUTHENTICATED));
     // an auth without a hello first, and one with a wrong proof
-    let bad = Auth { subject: "admin".into(), nonce: vec![0; 32], proof: vec![0; 32] };
+    let bad = Auth { subject: "admin".into(), nonce: vec![0; 32], proof: vec![0; 32], server: s.addr.to_string() };
     r.send(Auth::INFO.code, 10, 0, &codec::encode(&bad), &[]);
     assert_eq!(r.recv_error().1.code, Code::AUTH_FAILED);
-    r.send(Hello::INFO.code, 11, 0, &codec::encode(&Hello { version: 1, client: "x".into() }), &[]);
+    r.send(Hello::INFO.code, 11, 0, &codec::encode(&Hello { version: frame::VERSION, client: "x".into() }), &[]);
     r.recv();
     r.send(Auth::INFO.code, 12, 0, &codec::encode(&bad), &[]);
     assert_eq!(r.recv_error().1.code, Code::AUTH_FAILED);
