@@ -106,6 +106,12 @@ pub struct Session {
     growing: HashMap<u64, Arc<Run>>,
     /// This connection turned callbacks on: what it asks about is promised.
     callbacks_on: bool,
+    /// Paths the request being answered asked about and holds no promise on (a bound
+    /// reached): told to the client just before the reply (`PUSH_NO_PROMISE`).
+    unpromised: Vec<String>,
+    /// This connection sends heartbeats (pings): once it is where breaks go, it is
+    /// expected to keep sending them (see [`crate::Connection::heartbeat_deadline`]).
+    pinged: bool,
 }
 
 impl Drop for Session {
@@ -113,7 +119,8 @@ impl Drop for Session {
         for run in &self.storelet_runs {
             run.cancel();
         }
-        if self.callbacks_on {
+        // Its own promises, and those whose breaks came to it (a listener connection).
+        if self.outbox.is_some() {
             self.shared.callbacks.drop_client(self.client_id);
         }
     }
@@ -141,6 +148,8 @@ impl Session {
             outbox,
             growing: HashMap::new(),
             callbacks_on: false,
+            unpromised: Vec::new(),
+            pinged: false,
         }
     }
 
@@ -249,10 +258,22 @@ impl Session {
     }
 
     /// Promises this client a break when `path` (with `listing`, a directory being
-    /// listed) changes, if it turned callbacks on.
-    fn promise(&self, path: &str, listing: bool) {
-        if self.callbacks_on {
-            self.shared.callbacks.promise(&self.shared.registry, self.client_id, path, listing);
+    /// listed) changes, if it turned callbacks on and its subject holds `need` where the
+    /// operation needs it (in the directory listed, or the one holding `path`): nothing
+    /// is promised on what the subject may not see. Where nothing is promised, the
+    /// client is told so with the reply.
+    fn promise(&mut self, path: &str, listing: bool, need: Rights) {
+        if !self.callbacks_on {
+            return;
+        }
+        let Some(canonical) = crate::callbacks::canonical(path) else { return };
+        let dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        let allowed = match self.who() {
+            Ok(who) => self.shared.store.rights(who, dir).is_ok_and(|r| r.contains(need)),
+            Err(_) => false,
+        };
+        if !allowed || !self.shared.callbacks.promise(&self.shared.registry, self.client_id, &canonical, listing) {
+            self.unpromised.push(canonical);
         }
     }
 
@@ -408,6 +429,14 @@ impl crate::Connection for Session {
     fn wrote_directly(&self, file: &OpenFile) {
         self.changed(&[&file.rel], false);
     }
+
+    fn take_unpromised(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unpromised)
+    }
+
+    fn heartbeat_deadline(&self) -> Option<std::time::Duration> {
+        (self.pinged && self.shared.callbacks.is_target(self.client_id)).then_some(crate::HEARTBEAT_DEAD)
+    }
 }
 
 impl Handler for Session {
@@ -452,6 +481,7 @@ impl Handler for Session {
     }
 
     fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
+        self.pinged = true;
         Ok(().into())
     }
 
@@ -460,7 +490,7 @@ impl Handler for Session {
     }
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         match self.shared.store.stat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -468,7 +498,7 @@ impl Handler for Session {
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         match self.shared.store.lstat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -477,7 +507,8 @@ impl Handler for Session {
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let file = self.handle(req.handle)?.clone();
-        self.promise(&file.rel, false);
+        // The handle shows the subject could open it.
+        self.promise(&file.rel, false, Rights(0));
         match self.growing.get(&req.handle) {
             Some(run) => Ok(growing_attr(&file, run)?.into()),
             None => Ok(store(file.stat())?.into()),
@@ -489,7 +520,14 @@ impl Handler for Session {
             return Err(WireError::new(Code(24), "too many open handles on this connection"));
             // EMFILE
         }
-        self.promise(&req.path, false);
+        let mut need = Rights(0);
+        if req.flags & open_flags::READ != 0 {
+            need = need.union(Rights::READ);
+        }
+        if req.flags & open_flags::WRITE != 0 {
+            need = need.union(Rights::WRITE);
+        }
+        self.promise(&req.path, false, if need.0 == 0 { Rights::LIST } else { need });
         let (file, attr, run) = match self.shared.store.open(self.who()?, &req.path, req.flags, req.mode) {
             Ok(file) => {
                 if req.flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0 {
@@ -560,7 +598,7 @@ impl Handler for Session {
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::READ);
         let (file, attr) = match self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0) {
             Ok(file) => {
                 let attr = store(file.stat())?;
@@ -591,7 +629,7 @@ impl Handler for Session {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
-        self.promise(&req.path, true);
+        self.promise(&req.path, true, Rights::LIST);
         Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))
     }
 
@@ -616,7 +654,7 @@ impl Handler for Session {
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         Ok(store(self.shared.store.readlink(self.who()?, &req.path))?.into())
     }
 
@@ -675,7 +713,8 @@ impl Handler for Session {
         };
         self.shared.callbacks.watch_export(&self.shared);
         self.callbacks_on = true;
-        Ok(self.shared.callbacks.enable(self.client_id, req.max, to).into())
+        let who = self.who()?.to_string();
+        Ok(self.shared.callbacks.enable(self.client_id, &who, req.max, to).into())
     }
 
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
@@ -683,8 +722,10 @@ impl Handler for Session {
     }
 
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
+        // Rights change beneath too (ACLs are inherited): every promise there breaks, so
+        // its holder asks again under the new rights.
         Ok(self
-            .changing(&[&req.path], self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?
+            .naming(&[&req.path], self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?
             .into())
     }
 
@@ -898,6 +939,9 @@ impl Handler for Session {
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {
         let mut report = store(self.shared.store.stats(self.who()?, req.top))?;
         report.clients = self.shared.registry.count() as u64;
+        let callbacks = &self.shared.callbacks;
+        (report.promises_held, report.promises_refused) = (callbacks.held() as u64, callbacks.refused());
+        report.watches = callbacks.watches() as u64;
         Ok(report.into())
     }
 }
