@@ -38,14 +38,12 @@ impl Relay {
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 << 10];
                         loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
+                            let n = from.read(&mut buf).unwrap_or(0);
+                            // Frozen: nothing passes, not even the end of the stream.
                             while f.load(Ordering::SeqCst) {
                                 std::thread::sleep(Duration::from_millis(20));
                             }
-                            if into.write_all(&buf[..n]).is_err() {
+                            if n == 0 || into.write_all(&buf[..n]).is_err() {
                                 break;
                             }
                         }
