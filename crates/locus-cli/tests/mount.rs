@@ -931,17 +931,17 @@ fn a_mount_refused_promises_caches_for_the_attribute_timeout_and_stats_count_the
     if !fuse_available() {
         return;
     }
-    // One watch: the export root's. Every promise that needs another (the mounted
-    // directory's listing, the names in it) is refused, as at the kernel's limit.
+    // One watch: the mounted directory's. Every promise that needs another (the names
+    // in a subdirectory) is refused, as at the kernel's limit.
     let s = TestServer::start_with(|c| c.promises.watches = Some(1));
-    s.put_local("d/f.txt", b"one");
+    s.put_local("d/sub/f.txt", b"one");
     let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "500"]);
-    let file = m.mnt.join("f.txt");
+    let file = m.mnt.join("sub/f.txt");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "one");
     assert!(s.shared().callbacks.refused() > 0, "the promises needing a second watch were refused");
     // A change made beside the server, which no watch sees: the mount trusted what it
     // had only for the attribute timeout, not for a day.
-    std::fs::write(s.local("d/f.txt"), "two, longer").unwrap();
+    std::fs::write(s.local("d/sub/f.txt"), "two, longer").unwrap();
     assert!(
         within(Duration::from_secs(5), || std::fs::read_to_string(&file).unwrap() == "two, longer"),
         "the mount still shows {:?}",

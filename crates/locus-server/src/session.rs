@@ -267,10 +267,15 @@ impl Session {
             return;
         }
         let Some(canonical) = crate::callbacks::canonical(path) else { return };
-        let dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
-        let allowed = match self.who() {
-            Ok(who) => self.shared.store.rights(who, dir).is_ok_and(|r| r.contains(need)),
-            Err(_) => false,
+        let mut dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        // A directory not made yet: its nearest ancestor's rights (where its making shows).
+        let allowed = loop {
+            let Ok(who) = self.who() else { break false };
+            match self.shared.store.rights(who, dir) {
+                Ok(rights) => break rights.contains(need),
+                Err(e) if dir != "/" && e.code() == Code::NOENT => dir = crate::callbacks::parent(dir),
+                Err(_) => break false,
+            }
         };
         if !allowed || !self.shared.callbacks.promise(&self.shared.registry, self.client_id, &canonical, listing) {
             self.unpromised.push(canonical);
