@@ -358,6 +358,18 @@ impl Driver for NamespaceDriver {
         self.callbacks.is_some()
             && self.ns.mounts.iter().enumerate().all(|(i, m)| self.covered.contains(&i) && m.driver.callbacks_held())
     }
+    fn take_unpromised(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        for m in &mut self.ns.mounts {
+            let base = m.base.trim_end_matches('/');
+            for p in m.driver.take_unpromised() {
+                if base.is_empty() || beneath(&p, base) {
+                    out.push(format!("{}{}", m.logical, &p[base.len()..]).trim_end_matches('/').to_string());
+                }
+            }
+        }
+        out
+    }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         match self.target(path)? {
             Target::Mount(mount, remote) => self.triage(mount, |d| d.statfs(&remote)),

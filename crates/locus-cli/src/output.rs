@@ -134,6 +134,10 @@ pub fn stats_text(r: &StatsReport) -> String {
         e.writes,
         human(e.write_bytes)
     );
+    s.push_str(&format!(
+        "callbacks: {} promises held, {} refused (bounds reached), {} inotify watches\n",
+        r.promises_held, r.promises_refused, r.watches
+    ));
     s.push_str("\noperation        count   mean µs\n");
     let mut ops = r.ops.clone();
     ops.sort_by_key(|o| std::cmp::Reverse(o.count));

@@ -57,6 +57,18 @@ pub struct ServeArgs {
     /// that pause between requests soon cost almost nothing.
     #[arg(long, default_value_t = config::DEFAULT_POLL_WINDOW.as_micros() as u64)]
     poll_us: u64,
+    /// Callback promises one subject may hold over all its connections (`locus mount
+    /// --consistency afs|sprite`); past it, answers are not promised and the client
+    /// caches them only for its timeout (counted in `locus stats`).
+    #[arg(long, default_value_t = locus_server::callbacks::PromiseLimits::default().per_subject)]
+    max_promises: usize,
+    /// MiB of callback promises one subject may hold (a path and 128 bytes each).
+    #[arg(long, default_value_t = locus_server::callbacks::PromiseLimits::default().bytes_per_subject >> 20)]
+    max_promise_mb: usize,
+    /// inotify watches the server keeps for promises (default: half of
+    /// fs.inotify.max_user_watches); past it, promises that need another are refused.
+    #[arg(long)]
+    max_watches: Option<usize>,
     /// Lua instructions one script call may run.
     #[arg(long, default_value_t = locus_script::Limits::default().instructions)]
     script_instructions: u64,
@@ -182,6 +194,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     config.tls = args.tls;
     config.sendfile = args.sendfile;
     config.poll_window = std::time::Duration::from_micros(args.poll_us);
+    config.promises = locus_server::callbacks::PromiseLimits {
+        per_subject: args.max_promises.max(1),
+        bytes_per_subject: args.max_promise_mb.max(1) << 20,
+        watches: args.max_watches,
+    };
     config.max_connections = args.max_connections.max(1);
     if let Some(threads) = args.threads {
         config.threads = threads.max(1);

@@ -925,3 +925,42 @@ fn reads_through_the_mount_return_exact_bytes_sequentially_and_at_random() {
         assert!(buf[..got] == data[start..end], "bytes at {offset}+{len}");
     }
 }
+
+#[test]
+fn a_mount_refused_promises_caches_for_the_attribute_timeout_and_stats_count_the_refusals() {
+    if !fuse_available() {
+        return;
+    }
+    // One watch: the mounted directory's. Every promise that needs another (the names
+    // in a subdirectory) is refused, as at the kernel's limit.
+    let s = TestServer::start_with(|c| c.promises.watches = Some(1));
+    s.put_local("d/sub/f.txt", b"one");
+    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "500"]);
+    let file = m.mnt.join("sub/f.txt");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "one");
+    assert!(s.shared().callbacks.refused() > 0, "the promises needing a second watch were refused");
+    // A change made beside the server, which no watch sees: the mount trusted what it
+    // had only for the attribute timeout, not for a day.
+    std::fs::write(s.local("d/sub/f.txt"), "two, longer").unwrap();
+    assert!(
+        within(Duration::from_secs(5), || std::fs::read_to_string(&file).unwrap() == "two, longer"),
+        "the mount still shows {:?}",
+        std::fs::read_to_string(&file).unwrap()
+    );
+    // `locus stats` counts the refusals, in text and in JSON.
+    let stats = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(args)
+            .env("LOCUS_HOME", s.scratch().join("home"))
+            .env("LOCUS_TOKEN", "admin:admin-token")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = stats(&["stats", &s.url("/")]);
+    let refused = s.shared().callbacks.refused();
+    assert!(text.contains(" refused (bounds reached)"), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&stats(&["--json", "stats", &s.url("/")])).unwrap();
+    assert!(json["promises_refused"].as_u64().unwrap() >= refused, "{json}");
+}

@@ -70,6 +70,30 @@ struct Inner {
     closed: Mutex<bool>,
     next_id: AtomicU32,
     pushes: Mutex<Option<mpsc::UnboundedSender<PushMessage>>>,
+    /// Paths the server said it holds no callback promise on (`PUSH_NO_PROMISE`), not
+    /// yet taken ([`Client::take_unpromised`]).
+    unpromised: Mutex<Vec<String>>,
+    /// Told when the heartbeat finds the server gone: the read loop ends the connection.
+    dead: Arc<tokio::sync::Notify>,
+}
+
+/// How often a connection with [`Client::keep_alive`] pings the server.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a heartbeat's ping may go unanswered before the server is taken for gone.
+pub const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Turns TCP keepalive on for a connection's socket: probes after 10 s idle, every 2 s,
+/// 3 times (the server does the same on its end).
+fn keepalive(socket: RawFd) {
+    let set = |level, name, v: libc::c_int| {
+        let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `socket` is the connection's open socket; `v` is an int of the size given.
+        unsafe { libc::setsockopt(socket, level, name, (&v as *const libc::c_int).cast(), size) };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
 }
 
 /// How to reach and authenticate to a server.
@@ -196,6 +220,7 @@ impl Client {
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
         let tcp = TcpStream::connect(&opts.addr).await?;
         tcp.set_nodelay(true)?;
+        keepalive(std::os::fd::AsRawFd::as_raw_fd(&tcp));
         let socket = opts.tls_ca.is_none().then(|| std::os::fd::AsRawFd::as_raw_fd(&tcp));
         // The login proof covers this TLS session's exporter secret (none on plain TCP).
         let mut exporter = Vec::new();
@@ -229,8 +254,10 @@ impl Client {
             closed: Mutex::new(false),
             next_id: AtomicU32::new(1),
             pushes: Mutex::new(None),
+            unpromised: Mutex::new(Vec::new()),
+            dead: Arc::new(tokio::sync::Notify::new()),
         });
-        tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner)));
+        tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner), inner.dead.clone()));
         let mut client = Client { inner, client_id: 0, subject: String::new(), nodes: Arc::default() };
 
         let challenge = client
@@ -284,6 +311,45 @@ impl Client {
     /// The authenticated subject.
     pub fn subject(&self) -> &str {
         &self.subject
+    }
+
+    /// Takes the paths the server said, since the last call, that it holds no callback
+    /// promise on (`PUSH_NO_PROMISE`, which arrives before the reply it concerns): what
+    /// those replies said may be cached only for the client's own timeout.
+    pub fn take_unpromised(&self) -> Vec<String> {
+        std::mem::take(&mut *self.inner.unpromised.lock())
+    }
+
+    /// Sends a heartbeat on this connection, every [`HEARTBEAT_EVERY`], while it is
+    /// open: the server then keeps it only while they come (it is where callback
+    /// breaks go), and a ping unanswered for [`HEARTBEAT_TIMEOUT`] ends the connection
+    /// here (a frozen server or a cut link), so pushes' subscribers see the end and
+    /// calls fail as transient. Needs a runtime that runs while the client is idle.
+    pub fn keep_alive(&self) {
+        let (weak, template) = (Arc::downgrade(&self.inner), self.clone());
+        // The task must not keep the connection open: it holds it only to ping.
+        let (client_id, subject, nodes) = (template.client_id, template.subject.clone(), template.nodes.clone());
+        drop(template);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(HEARTBEAT_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if *inner.closed.lock() {
+                    return;
+                }
+                let dead = inner.dead.clone();
+                let client = Client { inner, client_id, subject: subject.clone(), nodes: nodes.clone() };
+                match tokio::time::timeout(HEARTBEAT_TIMEOUT, client.ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(ClientError::Remote(_))) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        dead.notify_one();
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// Messages the server pushes to this client from now on.
@@ -975,10 +1041,19 @@ const POOL_MIN: usize = 4 << 20;
 
 /// Routes frames from the server to their waiters until the connection ends, then fails
 /// every request still waiting.
-async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner: std::sync::Weak<Inner>) {
+async fn read_loop(
+    mut reader: BufReader<BoxRead>,
+    socket: Option<RawFd>,
+    inner: std::sync::Weak<Inner>,
+    dead: Arc<tokio::sync::Notify>,
+) {
     let mut pool = BytesMut::new();
     loop {
-        let frame = read_frame(&mut reader, socket, &mut pool, |h| registered_dest(&inner, h)).await;
+        let frame = tokio::select! {
+            f = read_frame(&mut reader, socket, &mut pool, |h| registered_dest(&inner, h)) => f,
+            // The heartbeat found the server gone.
+            _ = dead.notified() => Err(ClientError::Closed),
+        };
         let Some(inner) = inner.upgrade() else { return };
         let frame = match frame {
             Ok(f) => f,
@@ -996,6 +1071,15 @@ async fn read_loop(mut reader: BufReader<BoxRead>, socket: Option<RawFd>, inner:
             }
         };
         if frame.header.kind == Kind::Push {
+            if frame.header.op == frame::PUSH_NO_PROMISE {
+                if let Ok(paths) = codec::decode::<Vec<String>>(&frame.meta) {
+                    let mut unpromised = inner.unpromised.lock();
+                    unpromised.extend(paths);
+                    // Kept for a caller that takes them; bounded for one that does not.
+                    let over = unpromised.len().saturating_sub(4096);
+                    unpromised.drain(..over);
+                }
+            }
             if let Some(tx) = inner.pushes.lock().as_ref() {
                 let _ = tx.send(PushMessage { topic: frame.header.op, meta: frame.meta, data: frame.data });
             }

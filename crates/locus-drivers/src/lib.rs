@@ -221,6 +221,12 @@ pub trait Driver: Send {
     fn callbacks_held(&self) -> bool {
         false
     }
+    /// Paths answered since the last call without a promise, though callbacks are on
+    /// (a server bound reached): a cache keeps what it knows of them only for its
+    /// timeout. While the last answer is such, [`Driver::callbacks_held`] says no.
+    fn take_unpromised(&mut self) -> Vec<String> {
+        Vec::new()
+    }
     /// True when, once callbacks are on, they cover every path this driver will ever
     /// serve (one server), so that a cache may be told so for good.
     fn callbacks_cover_all(&self) -> bool {

@@ -35,6 +35,11 @@ pub struct LocusDriver {
     failed_names: Vec<(String, DriverError)>,
     /// Listings asked for ahead (see [`Driver::list_ahead`]) and not yet read, by path.
     lists_ahead: HashMap<String, ListingAhead>,
+    /// Paths the server answered without a callback promise, not yet taken by
+    /// [`Driver::take_unpromised`].
+    unpromised: Vec<String>,
+    /// The last call's answer held no promise: it is not to be trusted past the timeout.
+    last_unpromised: bool,
     /// How many may be outstanding: from [`LISTS_AHEAD_START`], twice as many each time
     /// a quarter of that many were read, up to [`LISTS_AHEAD_MAX`]; a walk earns the
     /// depth it is read ahead to.
@@ -76,19 +81,27 @@ struct Callbacks {
     breaks: mpsc::Sender<Break>,
 }
 
+/// How long the listener waits for a connection to be made and authenticated before it
+/// tries again (a frozen server or link accepts and then says nothing).
+const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Keeps a connection open on which the server's breaks arrive, forwarding them; when it
-/// is lost, says so ([`Break::All`]) and connects again.
+/// is lost, says so ([`Break::All`]) and connects again. The connection sends heartbeats
+/// ([`locus_client::Client::keep_alive`]): a server or link that stops answering (frozen,
+/// cut without a word) ends it within seconds, as a lost one does.
 fn listen(options: ConnectOptions, listener: Arc<AtomicU64>, breaks: mpsc::Sender<Break>) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
     rt.block_on(async move {
         loop {
-            let client = match locus_client::Client::connect(&options).await {
-                Ok(c) => c,
-                Err(_) => {
+            let connect = tokio::time::timeout(LISTEN_CONNECT_TIMEOUT, locus_client::Client::connect(&options));
+            let client = match connect.await {
+                Ok(Ok(c)) => c,
+                _ => {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 }
             };
+            client.keep_alive();
             let mut pushes = client.subscribe();
             listener.store(client.client_id(), Ordering::SeqCst);
             while let Some(push) = pushes.recv().await {
@@ -172,6 +185,8 @@ impl LocusDriver {
             callbacks: None,
             names_behind: VecDeque::new(),
             failed_names: Vec::new(),
+            unpromised: Vec::new(),
+            last_unpromised: false,
             lists_ahead: HashMap::new(),
             lists_window: LISTS_AHEAD_START,
             lists_read: 0,
@@ -222,6 +237,12 @@ impl LocusDriver {
     fn call_on<T>(&mut self, f: impl FnOnce(&Client) -> std::result::Result<T, ClientError>) -> Result<T> {
         let client = self.client.as_ref().ok_or_else(|| DriverError::errno(libc::EBADF, "the connection was lost"))?;
         let outcome = f(client);
+        if self.callbacks.is_some() {
+            // Said before the reply it concerns, so read by now.
+            let unpromised = client.inner().take_unpromised();
+            self.last_unpromised = !unpromised.is_empty();
+            self.unpromised.extend(unpromised);
+        }
         if matches!(&outcome, Err(e) if e.is_transient()) {
             self.client = None;
         }
@@ -336,9 +357,13 @@ impl Driver for LocusDriver {
         true
     }
     fn callbacks_held(&self) -> bool {
-        self.callbacks.as_ref().is_some_and(|cb| {
-            self.client.is_some() && cb.enabled == (self.generation, cb.listener.load(Ordering::SeqCst))
-        })
+        !self.last_unpromised
+            && self.callbacks.as_ref().is_some_and(|cb| {
+                self.client.is_some() && cb.enabled == (self.generation, cb.listener.load(Ordering::SeqCst))
+            })
+    }
+    fn take_unpromised(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unpromised)
     }
     fn lstat(&mut self, path: &str) -> Result<Attr> {
         self.call(|c| c.run(|c| c.lstat(path)))

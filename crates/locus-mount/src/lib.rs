@@ -388,6 +388,11 @@ impl LocusFs {
         for path in &broken.paths {
             self.forget(path);
         }
+        // Answers the server could not promise: trusted only for the attribute timeout
+        // (the kernel was told that one), so the mount drops its own copy now.
+        for path in self.driver.take_unpromised() {
+            self.forget(&path);
+        }
         self.failed_behind(false);
     }
 

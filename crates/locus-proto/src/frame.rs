@@ -31,6 +31,12 @@ pub const PUSH_MESSAGE: u16 = 1;
 /// changed, and so did its directory's listing.
 pub const PUSH_BREAK: u16 = 2;
 
+/// Push topic sent on a connection with callbacks on just before a reply, when the
+/// request's paths (the push's metadata, `Vec<String>`) hold no promise (a server bound
+/// was reached, or the subject may not see them): the client must not trust that
+/// reply beyond its own timeout.
+pub const PUSH_NO_PROMISE: u16 = 3;
+
 /// Set on every frame of a multi-frame message except the last.
 pub const FLAG_MORE: u8 = 1;
 

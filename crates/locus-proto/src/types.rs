@@ -435,6 +435,12 @@ pub struct StatsReport {
     pub clients: u64,
     /// Every device of the export, in order.
     pub devices: Vec<DeviceStats>,
+    /// Callback promises held now, and refused since the server started (a bound on
+    /// promises or watches reached: those answers were cached only for a timeout).
+    pub promises_held: u64,
+    pub promises_refused: u64,
+    /// inotify watches the server holds for promises.
+    pub watches: u64,
 }
 
 /// One move of a file's content between devices; its name does not change.

@@ -65,6 +65,8 @@ pub struct ServerConfig {
     /// How long a connection that has just answered keeps polling its socket for the
     /// next request before it sleeps (zero: never polls). See [`crate::transport::IdlePoll`].
     pub poll_window: std::time::Duration,
+    /// Bounds on callback promises and the inotify watches they need.
+    pub promises: crate::callbacks::PromiseLimits,
 }
 
 /// How long a connection polls for its next request by default (`locus serve --poll-us`):
@@ -142,6 +144,7 @@ impl ServerConfig {
             sendfile: Sendfile::Always,
             head: None,
             poll_window: DEFAULT_POLL_WINDOW,
+            promises: Default::default(),
         }
     }
 

@@ -168,6 +168,43 @@ pub trait Connection: dispatch::Handler {
     }
     /// A `pwrite` went straight into `file`: other clients' promises on it break.
     fn wrote_directly(&self, _file: &locus_store::OpenFile) {}
+    /// Paths the request just handled holds no callback promise on, though callbacks
+    /// are on: sent as a `PUSH_NO_PROMISE` before its reply.
+    fn take_unpromised(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+    /// How long the connection may stay silent before it is taken for dead: set once
+    /// it sends heartbeats and callback breaks go to it (see [`HEARTBEAT_DEAD`]).
+    fn heartbeat_deadline(&self) -> Option<std::time::Duration> {
+        None
+    }
+}
+
+/// How long a connection that sends heartbeats (pings, every
+/// `locus_client::HEARTBEAT_EVERY`) and receives callback breaks may stay silent before
+/// the server takes it for dead: it closes it, and the promises whose breaks went to it
+/// go (a frozen peer or a cut link would otherwise hold them, and let breaks vanish).
+pub const HEARTBEAT_DEAD: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// TCP keepalive on every connection (both ends set it): probes after this much idle
+/// time, then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times, so a peer whose
+/// host vanished is noticed even with no heartbeat.
+pub const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// Turns TCP keepalive on for `socket` ([`KEEPALIVE_IDLE`]); failures are only logged.
+fn keepalive(socket: &TcpStream) {
+    use rustix::net::sockopt;
+    let set = sockopt::set_socket_keepalive(socket, true)
+        .and_then(|()| sockopt::set_tcp_keepidle(socket, KEEPALIVE_IDLE))
+        .and_then(|()| sockopt::set_tcp_keepintvl(socket, KEEPALIVE_INTERVAL))
+        .and_then(|()| sockopt::set_tcp_keepcnt(socket, KEEPALIVE_PROBES));
+    if let Err(e) = set {
+        tracing::debug!("TCP keepalive: {e}");
+    }
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -221,12 +258,13 @@ impl Server {
             Some(h) => Some(Arc::new(head::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
         };
+        let callbacks = callbacks::Callbacks::new(config.promises);
         let shared = Arc::new(Shared {
             config,
             store,
             tokens,
             registry: Registry::default(),
-            callbacks: callbacks::Callbacks::default(),
+            callbacks,
             scripts,
             storelets,
             active,
@@ -428,6 +466,7 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
+    keepalive(&stream);
     // A new peer has this long from here to finish TLS, send its preamble and
     // authenticate; until it has, its frames are small (see `frame_loop`).
     let deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
@@ -573,6 +612,8 @@ async fn frame_loop<S: Connection>(
         idle.wait(reader, answered_elsewhere.then_some(answered)).await;
         // An unknown peer reads under its deadline and sends small frames.
         let deadline = (!session.authenticated()).then_some(auth_deadline);
+        // A peer that sends heartbeats and hears breaks must keep sending them.
+        let silent = session.heartbeat_deadline();
         tokio::select! {
             r = until(deadline, reader.read_exact(&mut head)) => match r {
                 Ok(_) => {}
@@ -580,6 +621,10 @@ async fn frame_loop<S: Connection>(
                 Err(e) => return Err(e),
             },
             _ = stop.changed() => return Ok(()),
+            _ = tokio::time::sleep(silent.unwrap_or_default()), if silent.is_some() => {
+                tracing::info!("a connection that hears callback breaks stopped sending heartbeats: closing it");
+                return Ok(());
+            }
         }
         let limits = if deadline.is_some() { Limits::BEFORE_AUTH } else { shared.config.limits };
         let header = match Header::decode(&head, limits) {
@@ -619,7 +664,12 @@ async fn frame_loop<S: Connection>(
         answered_elsewhere = matches!(outcome, Ok(Encoded { deferred: true, .. }));
         // Counted for Prometheus once the reply is out, off its path.
         let result = outcome.as_ref().map(drop).map_err(|e| e.code);
+        let unpromised = session.take_unpromised();
         let mut w = writer.lock().await;
+        if !unpromised.is_empty() {
+            // Before the reply, on the same connection: the client reads it first.
+            w.frame(Kind::Push, false, frame::PUSH_NO_PROMISE, 0, &codec::encode(&unpromised), &[]).await?;
+        }
         match outcome {
             Ok(enc) if enc.deferred => {}
             Ok(Encoded { later: Some(later), .. }) => {

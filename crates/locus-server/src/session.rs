@@ -108,6 +108,12 @@ pub struct Session {
     callbacks_on: bool,
     /// The connection's ends, which a login proof must be bound to (none: no login).
     link: Option<crate::login::Link>,
+    /// Paths the request being answered asked about and holds no promise on (a bound
+    /// reached): told to the client just before the reply (`PUSH_NO_PROMISE`).
+    unpromised: Vec<String>,
+    /// This connection sends heartbeats (pings): once it is where breaks go, it is
+    /// expected to keep sending them (see [`crate::Connection::heartbeat_deadline`]).
+    pinged: bool,
 }
 
 impl Drop for Session {
@@ -115,7 +121,8 @@ impl Drop for Session {
         for run in &self.storelet_runs {
             run.cancel();
         }
-        if self.callbacks_on {
+        // Its own promises, and those whose breaks came to it (a listener connection).
+        if self.outbox.is_some() {
             self.shared.callbacks.drop_client(self.client_id);
         }
     }
@@ -144,6 +151,8 @@ impl Session {
             growing: HashMap::new(),
             callbacks_on: false,
             link: None,
+            unpromised: Vec::new(),
+            pinged: false,
         }
     }
 
@@ -257,10 +266,27 @@ impl Session {
     }
 
     /// Promises this client a break when `path` (with `listing`, a directory being
-    /// listed) changes, if it turned callbacks on.
-    fn promise(&self, path: &str, listing: bool) {
-        if self.callbacks_on {
-            self.shared.callbacks.promise(&self.shared.registry, self.client_id, path, listing);
+    /// listed) changes, if it turned callbacks on and its subject holds `need` where the
+    /// operation needs it (in the directory listed, or the one holding `path`): nothing
+    /// is promised on what the subject may not see. Where nothing is promised, the
+    /// client is told so with the reply.
+    fn promise(&mut self, path: &str, listing: bool, need: Rights) {
+        if !self.callbacks_on {
+            return;
+        }
+        let Some(canonical) = crate::callbacks::canonical(path) else { return };
+        let mut dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        // A directory not made yet: its nearest ancestor's rights (where its making shows).
+        let allowed = loop {
+            let Ok(who) = self.who() else { break false };
+            match self.shared.store.rights(who, dir) {
+                Ok(rights) => break rights.contains(need),
+                Err(e) if dir != "/" && e.code() == Code::NOENT => dir = crate::callbacks::parent(dir),
+                Err(_) => break false,
+            }
+        };
+        if !allowed || !self.shared.callbacks.promise(&self.shared.registry, self.client_id, &canonical, listing) {
+            self.unpromised.push(canonical);
         }
     }
 
@@ -416,6 +442,14 @@ impl crate::Connection for Session {
     fn wrote_directly(&self, file: &OpenFile) {
         self.changed(&[&file.rel], false);
     }
+
+    fn take_unpromised(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unpromised)
+    }
+
+    fn heartbeat_deadline(&self) -> Option<std::time::Duration> {
+        (self.pinged && self.shared.callbacks.is_target(self.client_id)).then_some(crate::HEARTBEAT_DEAD)
+    }
 }
 
 impl Handler for Session {
@@ -482,6 +516,7 @@ impl Handler for Session {
     }
 
     fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
+        self.pinged = true;
         Ok(().into())
     }
 
@@ -490,7 +525,7 @@ impl Handler for Session {
     }
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         match self.shared.store.stat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -498,7 +533,7 @@ impl Handler for Session {
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         match self.shared.store.lstat(self.who()?, &req.path) {
             Ok(attr) => Ok(attr.into()),
             Err(e) => self.active_attr(&req.path, e),
@@ -507,7 +542,8 @@ impl Handler for Session {
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let file = self.handle(req.handle)?.clone();
-        self.promise(&file.rel, false);
+        // The handle shows the subject could open it.
+        self.promise(&file.rel, false, Rights(0));
         match self.growing.get(&req.handle) {
             Some(run) => Ok(growing_attr(&file, run)?.into()),
             None => Ok(store(file.stat())?.into()),
@@ -519,7 +555,14 @@ impl Handler for Session {
             return Err(WireError::new(Code(24), "too many open handles on this connection"));
             // EMFILE
         }
-        self.promise(&req.path, false);
+        let mut need = Rights(0);
+        if req.flags & open_flags::READ != 0 {
+            need = need.union(Rights::READ);
+        }
+        if req.flags & open_flags::WRITE != 0 {
+            need = need.union(Rights::WRITE);
+        }
+        self.promise(&req.path, false, if need.0 == 0 { Rights::LIST } else { need });
         let (file, attr, run) = match self.shared.store.open(self.who()?, &req.path, req.flags, req.mode) {
             Ok(file) => {
                 if req.flags & (open_flags::CREATE | open_flags::TRUNCATE) != 0 {
@@ -590,7 +633,7 @@ impl Handler for Session {
     }
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::READ);
         let (file, attr) = match self.shared.store.open(self.who()?, &req.path, open_flags::READ, 0) {
             Ok(file) => {
                 let attr = store(file.stat())?;
@@ -621,7 +664,7 @@ impl Handler for Session {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
-        self.promise(&req.path, true);
+        self.promise(&req.path, true, Rights::LIST);
         Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))
     }
 
@@ -646,7 +689,7 @@ impl Handler for Session {
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
-        self.promise(&req.path, false);
+        self.promise(&req.path, false, Rights::LIST);
         Ok(store(self.shared.store.readlink(self.who()?, &req.path))?.into())
     }
 
@@ -705,7 +748,8 @@ impl Handler for Session {
         };
         self.shared.callbacks.watch_export(&self.shared);
         self.callbacks_on = true;
-        Ok(self.shared.callbacks.enable(self.client_id, req.max, to).into())
+        let who = self.who()?.to_string();
+        Ok(self.shared.callbacks.enable(self.client_id, &who, req.max, to).into())
     }
 
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
@@ -713,8 +757,10 @@ impl Handler for Session {
     }
 
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
+        // Rights change beneath too (ACLs are inherited): every promise there breaks, so
+        // its holder asks again under the new rights.
         Ok(self
-            .changing(&[&req.path], self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?
+            .naming(&[&req.path], self.shared.store.acl_set(self.who()?, &req.path, &req.subject, req.rights))?
             .into())
     }
 
@@ -928,6 +974,9 @@ impl Handler for Session {
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {
         let mut report = store(self.shared.store.stats(self.who()?, req.top))?;
         report.clients = self.shared.registry.count() as u64;
+        let callbacks = &self.shared.callbacks;
+        (report.promises_held, report.promises_refused) = (callbacks.held() as u64, callbacks.refused());
+        report.watches = callbacks.watches() as u64;
         Ok(report.into())
     }
 }

@@ -791,6 +791,7 @@ impl Store {
             busiest: self.counters.busiest(top.min(10_000) as usize),
             clients: 0,
             devices,
+            ..Default::default()
         })
     }
 

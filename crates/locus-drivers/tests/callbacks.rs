@@ -1,0 +1,134 @@
+//! The Locus driver's callbacks through a TCP relay that a test can freeze: a link that
+//! stops forwarding without closing (a hung peer, a cut cable) is noticed within seconds
+//! at both ends, and nothing cached before it is trusted after.
+
+use locus_drivers::{Break, Driver};
+use locus_testkit::TestServer;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Forwards every connection made to it to `to`; while frozen, holds what it reads
+/// instead of passing it on, and closes nothing.
+struct Relay {
+    addr: SocketAddr,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let f = frozen.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                // A frozen relay does not even take new connections on.
+                while f.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let Ok(server) = TcpStream::connect(to) else { continue };
+                for (mut from, mut into) in
+                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    let f = f.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = from.read(&mut buf).unwrap_or(0);
+                            // Frozen: nothing passes, not even the end of the stream.
+                            while f.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(20));
+                            }
+                            if n == 0 || into.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Relay { addr, frozen }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    fn thaw(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_frozen_link_is_noticed_within_seconds_and_nothing_cached_before_is_trusted() {
+    let srv = TestServer::start();
+    srv.put_local("d/f", b"one");
+    srv.put_local("e/g", b"unchanged");
+    let relay = Relay::start(srv.addr);
+    let mut options = srv.options("admin");
+    options.addr = relay.addr.to_string();
+    let mut d = locus_drivers::locus::LocusDriver::with_options(options).expect("connects through the relay");
+    let breaks = d.callbacks(1000).expect("the server promises callbacks");
+    assert_eq!(d.lstat("/d/f").unwrap().size, 3);
+    // A promise nothing will break: only the end of the connection its breaks go to
+    // takes it away.
+    d.lstat("/e/g").unwrap();
+    assert!(d.callbacks_held());
+    assert_eq!(srv.shared().callbacks.held(), 2);
+    // Heartbeats have started on the connection breaks go to.
+    std::thread::sleep(locus_client::HEARTBEAT_EVERY + Duration::from_millis(500));
+    while breaks.try_recv().is_ok() {}
+
+    relay.freeze();
+    let frozen = Instant::now();
+    // Another client changes the file meanwhile: its break cannot get through.
+    std::fs::write(srv.local("d/f"), b"two, longer").unwrap();
+    // The driver says every promise is gone, within the heartbeat's bound (2 s between
+    // pings, 4 s for an answer; slack for a loaded machine)...
+    loop {
+        match breaks.recv_timeout(Duration::from_secs(20)) {
+            Ok(Break::All) => break,
+            Ok(Break::Paths(_)) => continue,
+            Err(e) => panic!("no Break::All within 20 s of the freeze: {e}"),
+        }
+    }
+    let noticed = frozen.elapsed();
+    assert!(noticed < Duration::from_secs(12), "noticed after {noticed:?}");
+    assert!(!d.callbacks_held(), "no promise is trusted while the listener is down");
+    // ...and the server drops the promises of the connection that stopped answering.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.shared().callbacks.held() > 0 {
+        assert!(Instant::now() < deadline, "the server still holds promises 20 s after the freeze");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let dropped = frozen.elapsed();
+    assert!(dropped < Duration::from_secs(16), "the server dropped them after {dropped:?}");
+    eprintln!("frozen link noticed by the driver after {noticed:?}, by the server after {dropped:?}");
+
+    // Once the link works again, the driver asks the server, and sees the change.
+    relay.thaw();
+    assert_eq!(d.lstat("/d/f").unwrap().size, 11);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        // Promised again once the listener is back.
+        d.lstat("/d/f").unwrap();
+        if d.callbacks_held() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "callbacks not held again 20 s after the thaw");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::write(srv.local("d/f"), b"three").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match breaks.recv_timeout(Duration::from_millis(200)) {
+            Ok(Break::Paths(p)) if p.contains(&"/d/f".to_string()) => break,
+            _ => assert!(Instant::now() < deadline, "no break for /d/f after the reconnection"),
+        }
+    }
+}
