@@ -314,9 +314,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("HTTP on {at}: {e}"))?;
                 let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
                 let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
+                let exposed = !locus_server::http::is_loopback(&listener);
                 let shared = server.shared().clone();
                 if config.head.is_none() && head_options.is_none() {
                     eprintln!("  web console: {}://{public}/", if config.tls { "https" } else { "http" });
+                    if exposed && !config.tls {
+                        eprintln!("  (plain HTTP off loopback: the console takes no logins; add --tls)");
+                    }
                     let tls = match config.tls {
                         true => Some(config::tls_acceptor(&config.state_dir).map_err(|e| e.to_string())?),
                         false => None,
@@ -329,6 +333,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                     tokio::spawn(locus_console::serve(listener, shared, console));
                 } else {
                     eprintln!("  HTTP: http://{public}/");
+                    if exposed {
+                        eprintln!("  (plain HTTP off loopback: Bearer tokens are refused, shared URLs work)");
+                    }
                     tokio::spawn(locus_server::http::serve(listener, shared));
                 }
                 Some(public)

@@ -194,8 +194,11 @@ fn a_star_in_an_acl_admits_no_chirp_host_subject() {
     let server = serve_chirp(work.path());
     let (dir, addr) = (work.path(), server.chirp);
     let cat = |method: &str| chirp(dir, method, addr, &["cat", "/pub/a.txt"]);
-    let denied =
-        |out: &Output| !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Permission denied");
+    // `chirp cat` exits 0 even when refused: what counts is what it printed.
+    let denied = |out: &Output| {
+        !String::from_utf8_lossy(&out.stdout).contains("public")
+            && String::from_utf8_lossy(&out.stderr).contains("Permission denied")
+    };
 
     // The steps: `*` is "anyone holding a Locus token", not "anyone reaching the port".
     server.acl_set("/pub", "*", "rl");
