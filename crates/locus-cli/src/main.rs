@@ -140,7 +140,8 @@ enum Command {
     Share {
         /// The file, as a locus:// URL of a head started with --http-port.
         url: String,
-        /// Seconds the URL stays valid.
+        /// Seconds the URL stays valid (at most the head's --share-max-ttl, a week by
+        /// default; a longer ask is refused).
         #[arg(long, default_value_t = 3600)]
         ttl: u64,
     },
@@ -233,7 +234,8 @@ enum AclCommand {
     Set {
         /// The directory, as a locus:// URL.
         url: String,
-        /// A subject name, or `*` for every authenticated subject.
+        /// A subject name; `*` for every subject holding a Locus token (Chirp's host
+        /// subjects match only entries naming them, or patterns such as `address:10.0.*`).
         subject: String,
         /// Letters from rwldax (read, write, list, delete, admin, execute code), or `-`.
         rights: String,

@@ -34,8 +34,9 @@ pub struct ServeArgs {
     /// Serve TLS with the certificate in the state directory (self-signed on first use).
     #[arg(long)]
     tls: bool,
-    /// Write the port actually bound to this file (useful with port 0); lines `chirp
-    /// PORT` and `http PORT` follow with --chirp-port and --http-port.
+    /// Write the port actually bound to this file (useful with port 0); lines `metrics
+    /// PORT`, `chirp PORT` and `http PORT` follow with --metrics, --chirp-port and
+    /// --http-port.
     #[arg(long)]
     port_file: Option<PathBuf>,
     /// Connections served at once.
@@ -103,9 +104,20 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = locus_storelet::Limits::default().wall.as_secs())]
     storelet_time_s: u64,
     /// Serve Prometheus metrics at http://ADDR/metrics (operations by name and result,
-    /// service times, bytes, connections, code runs per subject, limits tripped).
-    #[arg(long, value_name = "ADDR")]
+    /// service times, bytes, connections, code runs per subject, limits tripped). A bare
+    /// PORT listens on loopback (127.0.0.1:PORT); another address must be written out
+    /// (0.0.0.0:9100).
+    #[arg(long, value_name = "PORT|ADDR")]
     metrics: Option<String>,
+    /// Scrapes of --metrics must send `Authorization: Bearer TOKEN`, TOKEN being this
+    /// file's contents (Prometheus: `authorization: {credentials_file: FILE}`). Use a
+    /// token of its own, not a subject's: plain HTTP carries it readable.
+    #[arg(long, value_name = "FILE", requires = "metrics")]
+    metrics_token_file: Option<PathBuf>,
+    /// The longest lifetime, in seconds, `locus share --ttl` may give a URL on this head;
+    /// longer asks are refused (EINVAL), and URLs expiring further ahead are not honoured.
+    #[arg(long, value_name = "SECS", default_value_t = locus_server::head::SHARE_MAX_TTL.as_secs(), requires = "head")]
+    share_max_ttl: u64,
     /// MiB the active files' result cache may hold (least recently used results go first).
     #[arg(long, default_value_t = locus_server::ServerConfig::new("", "").active_cache_bytes >> 20)]
     active_cache_mb: u64,
@@ -166,6 +178,17 @@ pub struct ServeArgs {
     /// Milliseconds between the console's load samples (it keeps the last hour).
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     load_sample_ms: u64,
+}
+
+/// The metrics token kept in `file` (surrounding whitespace dropped); an empty or
+/// unreadable file is an error, not an open endpoint.
+fn read_metrics_token(file: &Path) -> Result<String, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("--metrics-token-file {}: {e}", file.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("--metrics-token-file {}: the file must hold one token", file.display()));
+    }
+    Ok(token.to_string())
 }
 
 /// Parses a Chirp authentication method's name.
@@ -233,6 +256,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         head.inline_max = args.inline_max;
         head.replication = args.replication.max(1);
         head.capability_ttl = std::time::Duration::from_secs(args.capability_ttl_s.max(1));
+        head.share_max_ttl = std::time::Duration::from_secs(args.share_max_ttl);
         let host = args.listen.rsplit_once(':').map_or(args.listen.as_str(), |(h, _)| h);
         head.http = args.http_port.map(|port| format!("{host}:{port}"));
         config.head = Some(head);
@@ -287,13 +311,23 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             "  active-file handlers: {} (read again on change or SIGHUP)",
             config.state_dir.join(locus_server::active::HANDLERS_FILE).display()
         );
-        if let Some(addr) = &args.metrics {
-            let metrics = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("metrics on {addr}: {e}"))?;
-            let at = metrics.local_addr().map_err(|e| e.to_string())?;
-            eprintln!("  metrics: http://{at}/metrics");
-            tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone()));
-        }
         let mut ports = format!("{}\n", addr.port());
+        if let Some(spec) = &args.metrics {
+            let addr = locus_server::metrics::listen_address(spec).map_err(|e| format!("--metrics {e}"))?;
+            let token = match &args.metrics_token_file {
+                Some(file) => Some(read_metrics_token(file)?),
+                None => None,
+            };
+            let metrics = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("metrics on {addr}: {e}"))?;
+            let at = metrics.local_addr().map_err(|e| e.to_string())?;
+            let guarded = if token.is_some() { " (bearer token required)" } else { "" };
+            eprintln!("  metrics: http://{at}/metrics{guarded}");
+            if token.is_none() && !at.ip().to_canonical().is_loopback() {
+                eprintln!("  warning: metrics are open to anyone reaching {at}; see --metrics-token-file");
+            }
+            ports.push_str(&format!("metrics {}\n", at.port()));
+            tokio::spawn(locus_server::metrics::serve(metrics, server.shared().clone(), token));
+        }
         if let Some(port) = args.chirp_port {
             let at = std::net::SocketAddr::new(addr.ip(), port);
             let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("Chirp on {at}: {e}"))?;
@@ -314,9 +348,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("HTTP on {at}: {e}"))?;
                 let host = advertise.rsplit_once(':').map_or(advertise.as_str(), |(h, _)| h);
                 let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
+                let exposed = !locus_server::http::is_loopback(&listener);
                 let shared = server.shared().clone();
                 if config.head.is_none() && head_options.is_none() {
                     eprintln!("  web console: {}://{public}/", if config.tls { "https" } else { "http" });
+                    if exposed && !config.tls {
+                        eprintln!("  (plain HTTP off loopback: the console takes no logins; add --tls)");
+                    }
                     let tls = match config.tls {
                         true => Some(config::tls_acceptor(&config.state_dir).map_err(|e| e.to_string())?),
                         false => None,
@@ -329,6 +367,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                     tokio::spawn(locus_console::serve(listener, shared, console));
                 } else {
                     eprintln!("  HTTP: http://{public}/");
+                    if exposed {
+                        eprintln!("  (plain HTTP off loopback: Bearer tokens are refused, shared URLs work)");
+                    }
                     tokio::spawn(locus_server::http::serve(listener, shared));
                 }
                 Some(public)

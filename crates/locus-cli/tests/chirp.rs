@@ -107,3 +107,122 @@ fn locus_serve_offers_only_the_methods_it_is_told() {
     let refused = chirp(work.path(), "unix", addr, &["ls", "/"]);
     assert!(String::from_utf8_lossy(&refused.stderr).contains("Permission denied"), "{refused:?}");
 }
+
+/// `locus serve --chirp-port 0` (every Chirp method offered, as by default) exporting
+/// `work/root`, with its own LOCUS_HOME; killed when dropped.
+struct Served {
+    child: std::process::Child,
+    /// The native URL, `locus://127.0.0.1:PORT`.
+    url: String,
+    chirp: SocketAddr,
+    home: std::path::PathBuf,
+    token: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_chirp(work: &Path) -> Served {
+    let home = work.join("home");
+    let state = work.join("state");
+    let port_file = work.join("ports");
+    std::fs::create_dir_all(&home).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--chirp-port", "0"])
+        .arg("--root")
+        .arg(work.join("root"))
+        .arg("--state")
+        .arg(&state)
+        .arg("--port-file")
+        .arg(&port_file)
+        .env("LOCUS_HOME", &home)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("locus serve");
+    let mut served =
+        Served { child, url: String::new(), chirp: ([127, 0, 0, 1], 0).into(), home, token: String::new() };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let ports = std::fs::read_to_string(&port_file).unwrap_or_default();
+        let chirp = ports.lines().find_map(|l| l.strip_prefix("chirp ")?.trim().parse::<u16>().ok());
+        if let (Some(native), Some(chirp)) = (ports.lines().next().and_then(|l| l.trim().parse::<u16>().ok()), chirp) {
+            served.url = format!("locus://127.0.0.1:{native}");
+            served.chirp = ([127, 0, 0, 1], chirp).into();
+            break;
+        }
+        assert!(served.child.try_wait().unwrap().is_none(), "locus serve exited at start");
+        assert!(std::time::Instant::now() < deadline, "locus serve did not report its ports");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let tokens = std::fs::read_to_string(state.join("tokens")).unwrap();
+    served.token = tokens.lines().find_map(|l| l.strip_prefix("admin ")).unwrap().trim().to_string();
+    served
+}
+
+impl Served {
+    /// `locus acl set URL/dir SUBJECT RIGHTS` as the admin, as an operator types it.
+    fn acl_set(&self, dir: &str, subject: &str, rights: &str) {
+        let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+            .args(["acl", "set", &format!("{}{dir}", self.url), subject, rights])
+            .env("LOCUS_HOME", &self.home)
+            .env("LOCUS_TOKEN", format!("admin:{}", self.token))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "acl set {subject} {rights}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// CCTools' `chirp` client must be here (coop-computing-tools).
+fn require_chirp() -> bool {
+    let present = Command::new("sh").args(["-c", "command -v chirp"]).output().is_ok_and(|o| o.status.success());
+    locus_testkit::require("chirp", present, "apt-get install coop-computing-tools")
+}
+
+#[test]
+fn a_star_in_an_acl_admits_no_chirp_host_subject() {
+    if !require_chirp() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("root/pub")).unwrap();
+    std::fs::write(work.path().join("root/pub/a.txt"), "public to token holders\n").unwrap();
+    let server = serve_chirp(work.path());
+    let (dir, addr) = (work.path(), server.chirp);
+    let cat = |method: &str| chirp(dir, method, addr, &["cat", "/pub/a.txt"]);
+    // `chirp cat` exits 0 even when refused: what counts is what it printed.
+    let denied = |out: &Output| {
+        !String::from_utf8_lossy(&out.stdout).contains("public")
+            && String::from_utf8_lossy(&out.stderr).contains("Permission denied")
+    };
+
+    // The steps: `*` is "anyone holding a Locus token", not "anyone reaching the port".
+    server.acl_set("/pub", "*", "rl");
+    assert_eq!(ok(dir, "address", addr, &["whoami"]).trim(), "address:127.0.0.1");
+    let refused = cat("address");
+    assert!(denied(&refused), "`*` let an anonymous address subject read: {refused:?}");
+    // The hostname method, where the reverse name resolves back (localhost here), is no better.
+    let host = chirp(dir, "hostname", addr, &["whoami"]);
+    let host = String::from_utf8_lossy(&host.stdout).trim().to_string();
+    assert!(host.starts_with("hostname:"), "{host}");
+    assert!(denied(&cat("hostname")), "`*` let {host} read");
+
+    // An entry that names the address grants it.
+    server.acl_set("/pub", "address:127.0.0.1", "rl");
+    assert_eq!(ok(dir, "address", addr, &["cat", "/pub/a.txt"]), "public to token holders\n");
+    server.acl_set("/pub", "address:127.0.0.1", "-");
+    assert!(denied(&cat("address")), "the removed entry still granted");
+    // So does a Chirp pattern that matches it, and not one that does not.
+    server.acl_set("/pub", "address:10.0.*", "rl");
+    assert!(denied(&cat("address")), "address:10.0.* matched 127.0.0.1");
+    server.acl_set("/pub", "address:127.0.*", "rl");
+    assert_eq!(ok(dir, "address", addr, &["cat", "/pub/a.txt"]), "public to token holders\n");
+    // Patterns are per method: the address pattern gives the hostname subject nothing.
+    assert!(denied(&cat("hostname")), "address:127.0.* admitted {host}");
+    server.acl_set("/pub", &host, "rl");
+    assert_eq!(ok(dir, "hostname", addr, &["cat", "/pub/a.txt"]), "public to token holders\n");
+}

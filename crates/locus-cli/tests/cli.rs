@@ -349,3 +349,65 @@ fn get_into_a_pipe_writes_through_it() {
     assert_eq!(reader.join().unwrap(), b"through the pipe");
     assert!(std::os::unix::fs::FileTypeExt::is_fifo(&std::fs::metadata(&fifo).unwrap().file_type()));
 }
+
+/// One `GET path` on a fresh connection to the loopback `port`, with extra header lines.
+fn http_get(port: u16, path: &str, headers: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: locus\r\n{headers}\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
+}
+
+#[test]
+fn serve_metrics_on_a_bare_port_listens_on_loopback_and_wants_the_files_token() {
+    let home = tempfile::tempdir().unwrap();
+    let (port_file, log) = (home.path().join("ports"), home.path().join("serve.log"));
+    let token_file = home.path().join("metrics-token");
+    std::fs::write(&token_file, "from-a-file\n").unwrap();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "0", "--metrics-token-file"])
+        .arg(&token_file)
+        .arg("--port-file")
+        .arg(&port_file)
+        .arg("--root")
+        .arg(home.path().join("export"))
+        .arg("--state")
+        .arg(home.path().join("state"))
+        .env("LOCUS_HOME", home.path())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = loop {
+        let ports = std::fs::read_to_string(&port_file).unwrap_or_default();
+        if let Some(p) = ports.lines().find_map(|l| l.strip_prefix("metrics ")?.trim().parse::<u16>().ok()) {
+            break p;
+        }
+        assert!(server.try_wait().unwrap().is_none(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(Instant::now() < deadline, "server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains(&format!("metrics: http://127.0.0.1:{port}/metrics (bearer token required)")), "{said}");
+    let bare = http_get(port, "/metrics", "");
+    assert!(bare.starts_with("HTTP/1.1 401"), "{bare}");
+    let good = http_get(port, "/metrics", "Authorization: Bearer from-a-file\r\n");
+    assert!(good.starts_with("HTTP/1.1 200 OK") && good.contains("locus_connections"), "{good}");
+    let _ = server.kill();
+    let _ = server.wait();
+    // A token file that holds no token is an error, not an open endpoint.
+    std::fs::write(&token_file, "\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "0", "--metrics-token-file"])
+        .arg(&token_file)
+        .arg("--root")
+        .arg(home.path().join("export"))
+        .arg("--state")
+        .arg(home.path().join("state"))
+        .env("LOCUS_HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("one token"), "{out:?}");
+}

@@ -620,7 +620,7 @@ fn next_id(tx: &mut dyn Tx) -> Result<u64> {
 
 fn rights(tx: &mut dyn Tx, subject: &str, dir: &str) -> Result<Rights> {
     let entries = acl(tx, dir)?;
-    Ok(entries.iter().filter(|e| e.subject == subject || e.subject == "*").fold(Rights(0), |r, e| r.union(e.rights)))
+    Ok(entries.iter().filter(|e| e.admits(subject)).fold(Rights(0), |r, e| r.union(e.rights)))
 }
 
 fn acl(tx: &mut dyn Tx, dir: &str) -> Result<Vec<AclEntry>> {

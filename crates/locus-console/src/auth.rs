@@ -85,8 +85,18 @@ fn session_id(req: &Req) -> Option<&str> {
         .find_map(|kv| kv.trim().strip_prefix(COOKIE)?.strip_prefix('='))
 }
 
-/// `POST /api/login` with `{"token": "..."}`: starts a session, or refuses (401).
+/// Why a login is refused on a plain-HTTP console off loopback.
+pub const TOKEN_REFUSED: &str = "this console speaks plain HTTP on a non-loopback address, where a token would \
+     cross the network readable, so it takes no logins: serve it over TLS (locus serve --tls) or on a loopback \
+     address (--listen 127.0.0.1:PORT)";
+
+/// `POST /api/login` with `{"token": "..."}`: starts a session, or refuses (401; 403
+/// when the console takes no tokens, see [`TOKEN_REFUSED`]).
 pub async fn login(console: &Console, req: Req) -> Resp {
+    if !console.tokens_safe {
+        tracing::warn!("console login refused: plain HTTP on a non-loopback address");
+        return error(StatusCode::FORBIDDEN, TOKEN_REFUSED);
+    }
     let body = match small_body(req, 4096).await {
         Ok(b) => b,
         Err(r) => return r,

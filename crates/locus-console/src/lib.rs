@@ -57,6 +57,8 @@ pub struct Console {
     shared: Arc<Shared>,
     sessions: auth::Sessions,
     load: load::LoadHistory,
+    /// Logins may send a token: the console speaks TLS, or listens on loopback only.
+    tokens_safe: bool,
 }
 
 /// How long a client may take over the TLS handshake.
@@ -80,10 +82,13 @@ const ASSETS: [(&str, &str, &[u8]); 5] = [
 
 /// Serves the console on `listener` until the task is dropped; samples the load meanwhile.
 /// Needs a multi-threaded runtime (uploads write to the store with `block_in_place`).
+/// A token is taken at login only over TLS or on a loopback address (plain HTTP
+/// elsewhere would carry it across the network readable).
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, config: ConsoleConfig) {
     let console = Arc::new(Console {
         sessions: auth::Sessions::new(config.session_ttl, config.tls.is_some()),
         load: load::LoadHistory::new(&config),
+        tokens_safe: config.tls.is_some() || locus_server::http::is_loopback(&listener),
         shared,
     });
     let sampler = console.clone();

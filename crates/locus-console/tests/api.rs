@@ -104,6 +104,26 @@ fn a_token_logs_in_and_a_wrong_one_is_refused() {
 }
 
 #[test]
+fn a_plain_http_console_off_loopback_takes_no_token() {
+    // Listening on every interface over plain HTTP: a token sent at login would cross the
+    // network readable. (The test reaches that port through loopback, sending nothing off
+    // this host; what counts is where the console listens.)
+    let s = TestServer::start();
+    let exposed = s.console_on("0.0.0.0", Default::default());
+    let refused = http(exposed, "POST", "/api/login", &[CHANGE], br#"{"token":"admin:admin-token"}"#);
+    assert_eq!(refused.status, 403, "{}", String::from_utf8_lossy(&refused.body));
+    assert!(refused.header("set-cookie").is_none(), "no session was started");
+    let why = refused.json()["error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("TLS") && why.contains("loopback"), "{why}");
+    // The same server's console on loopback takes the same token.
+    let local = s.console(Default::default());
+    let cookie = login(local, "admin:admin-token");
+    assert_eq!(http(local, "GET", "/api/whoami", &[("Cookie", &cookie)], b"").status, 200);
+    // A session made there is no way in at the exposed door either: sessions are per console.
+    assert_eq!(http(exposed, "GET", "/api/whoami", &[("Cookie", &cookie)], b"").status, 401);
+}
+
+#[test]
 fn the_tree_lists_previews_downloads_and_uploads_within_the_acls() {
     let (s, at) = start();
     s.put_local("docs/readme.txt", b"hello, console\n");

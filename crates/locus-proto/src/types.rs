@@ -259,9 +259,71 @@ impl fmt::Debug for Rights {
 /// One line of a directory's access-control list.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AclEntry {
-    /// A subject name, or `*` for every authenticated subject.
+    /// A subject name; `*` for every subject that authenticated with a Locus token; or a
+    /// Chirp-style pattern of a host subject (`hostname:*.example.org`, `address:10.0.*`).
+    /// See [`acl_subject_matches`].
     pub subject: String,
     pub rights: Rights,
+}
+
+impl AclEntry {
+    /// Whether this entry grants its rights to `subject` (see [`acl_subject_matches`]).
+    pub fn admits(&self, subject: &str) -> bool {
+        acl_subject_matches(&self.subject, subject)
+    }
+}
+
+/// The Chirp authentication methods whose subjects (`METHOD:NAME`) name a peer's
+/// address, its host name or a local user: proofs weaker than a Locus token.
+pub const HOST_METHODS: [&str; 3] = ["unix", "hostname", "address"];
+
+/// The Chirp method of a host subject (`address` for `address:10.0.0.7`), or `None` for
+/// a subject that authenticated with a Locus token (their names hold no `:`).
+pub fn host_method(subject: &str) -> Option<&str> {
+    subject.split_once(':').map(|(m, _)| m).filter(|m| HOST_METHODS.contains(m))
+}
+
+/// Whether the ACL entry `entry` applies to `subject`. A subject matches its own name.
+/// `*` matches every subject that authenticated with a Locus token, never a host subject
+/// (Chirp's `unix:`, `hostname:`, `address:`), so turning on the Chirp endpoint widens no
+/// existing entry. A host subject also matches a pattern an administrator wrote for its
+/// method, where `*` stands for any run of characters, as in Chirp's ACLs:
+/// `hostname:*.example.org`, `address:10.0.*`, `unix:*`. Patterns never match token
+/// subjects.
+pub fn acl_subject_matches(entry: &str, subject: &str) -> bool {
+    if entry == subject {
+        return true;
+    }
+    match host_method(subject) {
+        None => entry == "*",
+        Some(method) => host_method(entry) == Some(method) && wildcard_match(entry, subject),
+    }
+}
+
+/// Glob matching where `*` in `pattern` stands for any run of bytes (none included) and
+/// every other byte stands for itself. Linear in practice: it backtracks only to the
+/// last `*` seen.
+pub fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < t.len() {
+        if i < p.len() && p[i] == b'*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == t[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            // Let the last `*` take one more byte and try again after it.
+            star = Some((si, sj + 1));
+            i = si + 1;
+            j = sj + 1;
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&b| b == b'*')
 }
 
 /// A value crossing between a client and a script: arguments and results.
@@ -468,6 +530,53 @@ pub struct Rebalance {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn star_admits_token_subjects_and_never_host_subjects() {
+        use super::acl_subject_matches as m;
+        assert!(m("*", "alice") && m("*", "admin"));
+        for host in ["address:127.0.0.1", "hostname:node7.example.org", "unix:alice", "address:::1"] {
+            assert!(!m("*", host), "{host}");
+            assert!(m(host, host), "{host} matches its own entry");
+        }
+        assert!(!m("alice", "unix:alice") && !m("unix:alice", "alice"));
+        assert!(!m("address:127.0.0.2", "address:127.0.0.1"));
+    }
+
+    #[test]
+    fn chirp_patterns_match_only_host_subjects_of_their_method() {
+        use super::acl_subject_matches as m;
+        assert!(m("address:127.0.*", "address:127.0.0.1"));
+        assert!(m("address:10.0.*", "address:10.0.3.7"));
+        assert!(!m("address:10.0.*", "address:10.1.0.7"));
+        assert!(!m("address:10.0.*", "address:110.0.0.7"), "patterns are anchored at both ends");
+        assert!(m("hostname:*.example.org", "hostname:node7.example.org"));
+        assert!(m("hostname:*.example.org", "hostname:a.b.example.org"));
+        assert!(!m("hostname:*.example.org", "hostname:example.org"));
+        assert!(!m("hostname:*.example.org", "hostname:node7.example.org.evil.net"));
+        assert!(m("unix:*", "unix:alice") && m("address:*", "address:::1"));
+        // A pattern is for its own method only, and never for token subjects.
+        assert!(!m("hostname:*", "address:10.0.0.7"));
+        assert!(!m("address:*", "hostname:node7"));
+        assert!(!m("*:*", "address:10.0.0.7") && !m("*a*", "address:10.0.0.7"));
+        assert!(!m("ali*", "alice") && !m("unix:*", "alice"));
+    }
+
+    #[test]
+    fn wildcard_matching() {
+        use super::wildcard_match as w;
+        for (p, t) in
+            [("", ""), ("*", ""), ("*", "abc"), ("a*c", "abbbc"), ("a*b*c", "aXbYbZc"), ("**", "x"), ("a*", "a")]
+        {
+            assert!(w(p, t), "{p} ~ {t}");
+        }
+        for (p, t) in [("", "a"), ("a", ""), ("a*c", "abd"), ("a*b*c", "acb"), ("abc", "abcd"), ("*c", "cb")] {
+            assert!(!w(p, t), "{p} !~ {t}");
+        }
+        // Many stars against a long text that fails at the end stays quick.
+        let text = "a".repeat(256);
+        assert!(!w(&format!("{}b", "*a".repeat(50)), &text));
+    }
+
     use super::*;
 
     #[test]

@@ -5,9 +5,12 @@
 //! and becomes the subject `METHOD:NAME`, spelled as Chirp spells it: `unix:alice` (the
 //! owner of a file the client made where the server asked, so both must share that
 //! directory, as on one host), `hostname:node7.example.org` (the reverse lookup of the
-//! client's address), `address:10.0.0.7`. These are ordinary Locus subjects: they hold
-//! exactly what ACLs grant those strings (`locus acl set / unix:alice rwl`), and nothing
-//! by default. Chirp's `ticket` and `globus` methods are not offered.
+//! client's address, accepted only when that name resolves back to the address),
+//! `address:10.0.0.7`. These host subjects hold exactly what ACL entries naming them or
+//! matching them as Chirp patterns grant (`locus acl set / unix:alice rwl`,
+//! `address:10.0.* rl`), and nothing by default: `*` never matches them, it stays "any
+//! subject holding a Locus token" ([`locus_proto::types::acl_subject_matches`]). Chirp's
+//! `ticket` and `globus` methods are not offered.
 //!
 //! **Commands.** Each command runs as a request of a [`Session`] acting as the subject,
 //! so ACL checks, callback breaks, I/O accounting and metrics (under the native
@@ -31,7 +34,7 @@ use locus_proto::ops::*;
 use locus_proto::types::{SetTime, Time};
 use locus_proto::{Code, Error as WireError, Operation};
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -194,7 +197,11 @@ impl Conn {
             let ip = peer.ip().to_canonical();
             let name = match method {
                 AuthMethod::Address => Some(ip.to_string()),
-                AuthMethod::Hostname => dns_lookup::lookup_addr(&ip).ok(),
+                AuthMethod::Hostname => confirmed_hostname(
+                    ip,
+                    |ip| dns_lookup::lookup_addr(ip).ok(),
+                    |name| dns_lookup::lookup_host(name).unwrap_or_default(),
+                ),
                 AuthMethod::Unix => match self.unix_challenge(config)? {
                     // The client gave up on the challenge: Chirp answers nothing to that.
                     Challenge::Declined => continue,
@@ -253,6 +260,25 @@ enum Challenge {
     /// The owner's user name, or none if the file is not there, not a regular file, or
     /// owned by a uid with no name.
     Owner(Option<String>),
+}
+
+/// The `hostname` method's name for a peer at `ip`: the reverse lookup of `ip`
+/// (`reverse`), accepted only when looking that name up (`forward`) gives `ip` back
+/// (forward-confirmed reverse DNS), so whoever controls a PTR record cannot claim
+/// another domain's names. The name must look like a host name (letters, digits, `-`,
+/// `.`, `_`; not an address); it is lower-cased. `None` fails the method, and the client
+/// may try another.
+fn confirmed_hostname(
+    ip: IpAddr,
+    reverse: impl Fn(&IpAddr) -> Option<String>,
+    forward: impl Fn(&str) -> Vec<IpAddr>,
+) -> Option<String> {
+    let name = reverse(&ip)?.trim_end_matches('.').to_ascii_lowercase();
+    let shaped = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+    if !shaped || name.parse::<IpAddr>().is_ok() {
+        return None;
+    }
+    forward(&name).into_iter().any(|a| a.to_canonical() == ip).then_some(name)
 }
 
 /// Chirp's rule for subject names: spaces and unprintable characters become `_`.
@@ -645,5 +671,36 @@ impl Client {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::confirmed_hostname;
+    use std::net::IpAddr;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_hostname_counts_only_when_it_resolves_back_to_the_peer() {
+        let peer = ip("192.0.2.7");
+        let reverse = |name: &'static str| move |_: &IpAddr| Some(name.to_string());
+        let forward = |addrs: &'static [&'static str]| move |_: &str| addrs.iter().map(|a| ip(a)).collect::<Vec<_>>();
+        // Confirmed: the name's addresses include the peer's (case and a final dot do not matter).
+        let name = confirmed_hostname(peer, reverse("Node7.Example.org."), forward(&["192.0.2.9", "192.0.2.7"]));
+        assert_eq!(name.as_deref(), Some("node7.example.org"));
+        // A PTR record naming someone else's host, whose addresses are not the peer's.
+        assert_eq!(confirmed_hostname(peer, reverse("trusted.example.org"), forward(&["198.51.100.1"])), None);
+        assert_eq!(confirmed_hostname(peer, reverse("trusted.example.org"), forward(&[])), None);
+        // No reverse name at all.
+        assert_eq!(confirmed_hostname(peer, |_| None, forward(&["192.0.2.7"])), None);
+        // Names that are addresses, patterns or not host names are refused outright.
+        for bad in ["192.0.2.7", "*.example.org", "a b", ""] {
+            assert_eq!(confirmed_hostname(peer, reverse(bad), forward(&["192.0.2.7"])), None, "{bad:?}");
+        }
+        // An IPv4 peer seen through a dual-stack socket is still confirmed by its IPv4 address.
+        assert!(confirmed_hostname(peer, reverse("n.example.org"), forward(&["::ffff:192.0.2.7"])).is_some());
     }
 }

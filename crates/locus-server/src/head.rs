@@ -50,7 +50,14 @@ pub struct HeadConfig {
     pub capability_ttl: Duration,
     /// `host:port` of the head's HTTP endpoint, for the URLs `share` makes.
     pub http: Option<String>,
+    /// The longest lifetime a shared URL may be given (`locus serve --share-max-ttl`);
+    /// a longer ask is refused with `EINVAL`, and a URL expiring further ahead is not
+    /// honoured, so a URL cannot be made to live forever.
+    pub share_max_ttl: Duration,
 }
+
+/// The default of [`HeadConfig::share_max_ttl`]: seven days.
+pub const SHARE_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl HeadConfig {
     /// The defaults, with the namespace at `meta`.
@@ -62,6 +69,7 @@ impl HeadConfig {
             replication: 1,
             capability_ttl: Duration::from_secs(60),
             http: None,
+            share_max_ttl: SHARE_MAX_TTL,
         }
     }
 }
@@ -1185,6 +1193,17 @@ impl Handler for HeadSession {
     fn share(&mut self, req: Share, _: Bytes) -> Reply<String> {
         let path = normalise(&req.path).map_err(meta_err)?;
         let (who, _) = self.need_entry(&path, Rights::READ)?;
+        let max = self.head.config.share_max_ttl.as_secs();
+        if req.ttl_s > max {
+            return Err(WireError::new(
+                Code::INVAL,
+                format!(
+                    "a shared URL may live at most {max} s on this head (asked {} s): ask for less, or start \
+                     the head with a larger --share-max-ttl",
+                    req.ttl_s
+                ),
+            ));
+        }
         let expires = capability::now().saturating_add(req.ttl_s);
         let sig = capability::url_signature(self.head.key(), &who, &path, expires);
         let encoded: String = path

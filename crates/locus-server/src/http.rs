@@ -5,6 +5,12 @@
 //!   by a URL signed with the cluster key (`share`). A large file on data nodes is
 //!   answered `307` to a data node's URL carrying a capability, so the bytes come
 //!   straight from the node (third-party transfer); anything else the head serves.
+//! - This door speaks plain HTTP, where a Bearer token (the secret the native protocol
+//!   never sends) would cross the network readable. So a token is taken only when the
+//!   door listens on a loopback address; elsewhere a request carrying one is refused
+//!   (`403`, saying why), and signed URLs are the way in. A signed URL whose expiry lies
+//!   further ahead than the head's `share_max_ttl` is refused too, so lowering that
+//!   bound also ends longer-lived URLs made before.
 //! - On a data node, `/o/OBJECT.VERSION?c=CAPABILITY` serves one object version to
 //!   whoever holds a valid capability for it.
 
@@ -65,8 +71,21 @@ pub fn text(status: StatusCode, body: impl Into<String>) -> Response<HttpBody> {
     r
 }
 
-/// Serves HTTP on `listener` until the task is dropped.
+/// Whether a listener's address is a loopback one, so what crosses it stays on this
+/// host (an unspecified address such as `0.0.0.0` is not: it takes every interface).
+pub fn is_loopback(listener: &tokio::net::TcpListener) -> bool {
+    listener.local_addr().is_ok_and(|a| a.ip().to_canonical().is_loopback())
+}
+
+/// Why a Bearer token is refused on a plain-HTTP door off loopback.
+pub const BEARER_REFUSED: &str = "a Bearer token is refused over plain HTTP on a non-loopback address, where \
+     it would cross the network readable: read through a shared URL (locus share) or the native protocol \
+     over TLS (locus serve --tls), or serve HTTP on a loopback address (--listen 127.0.0.1:PORT)";
+
+/// Serves HTTP on `listener` until the task is dropped. Bearer tokens are taken only
+/// when `listener` is on a loopback address (see the module's notes).
 pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let bearer = is_loopback(&listener);
     loop {
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
@@ -74,7 +93,7 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(answer(&shared, req).await) }
+                async move { Ok::<_, Infallible>(answer(&shared, req, bearer).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
@@ -82,9 +101,13 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     }
 }
 
-async fn answer(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>) -> Response<HttpBody> {
+/// Answers one request; `bearer` says whether Bearer tokens may be taken on this door.
+async fn answer(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>, bearer: bool) -> Response<HttpBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
+    }
+    if !bearer && req.headers().contains_key(header::AUTHORIZATION) {
+        return text(StatusCode::FORBIDDEN, BEARER_REFUSED);
     }
     match &shared.head {
         Some(head) => from_head(shared, head, &req).await,
@@ -107,8 +130,9 @@ fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, p
     let (who, expires, sig) = (query(req, "s")?, query(req, "e")?.parse::<u64>().ok()?, query(req, "sig")?);
     let who = percent_encoding::percent_decode_str(who).decode_utf8().ok()?;
     let good = capability::url_signature(head.key(), &who, path, expires);
-    (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && capability::now() <= expires)
-        .then(|| who.into_owned())
+    let now = capability::now();
+    let within = now <= expires && expires - now <= head.config.share_max_ttl.as_secs();
+    (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && within).then(|| who.into_owned())
 }
 
 async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {

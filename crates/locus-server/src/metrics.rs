@@ -7,6 +7,13 @@
 //! handlers included), runs stopped by each limit. A request answered later (a script,
 //! a storelet, an active file being made) counts when it is dispatched. The text is the OpenMetrics format of
 //! the `prometheus-client` crate, served at `GET /metrics` by a minimal HTTP responder.
+//!
+//! **Exposure.** The series name subjects and show the server's load, so the endpoint
+//! listens on loopback unless the operator writes another address (`--metrics PORT` is
+//! `127.0.0.1:PORT`, see [`listen_address`]), and can require a bearer token
+//! (`--metrics-token-file FILE`: scrapes send `Authorization: Bearer TOKEN`, as
+//! Prometheus' `authorization: { credentials_file: FILE }` does); the token is its own,
+//! never a subject's, since plain HTTP carries it readable.
 
 use crate::Shared;
 use locus_proto::Code;
@@ -131,13 +138,40 @@ fn read_now(shared: &Shared) -> Registry {
 /// Longest request head the responder reads.
 const MAX_REQUEST: usize = 8 << 10;
 
+/// Where `--metrics SPEC` listens: a bare port is on loopback (`9100` is
+/// `127.0.0.1:9100`); anything else is the address as written (`0.0.0.0:9100`,
+/// `[::1]:9100`), so exposing the endpoint beyond this host is always explicit.
+pub fn listen_address(spec: &str) -> Result<String, String> {
+    let spec = spec.trim();
+    if let Ok(port) = spec.parse::<u16>() {
+        return Ok(format!("127.0.0.1:{port}"));
+    }
+    match spec.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(spec.to_string()),
+        _ => Err(format!("{spec}: give a PORT (on loopback) or HOST:PORT")),
+    }
+}
+
+/// Whether the request head carries `Authorization: Bearer TOKEN` with this token.
+fn authorized(head: &[u8], token: &str) -> bool {
+    let Ok(text) = std::str::from_utf8(head) else { return false };
+    text.split("\r\n").skip(1).any(|line| {
+        let Some((name, value)) = line.split_once(':') else { return false };
+        let presented = value.trim().strip_prefix("Bearer ").map(str::trim);
+        name.trim().eq_ignore_ascii_case("authorization")
+            && presented.is_some_and(|p| locus_proto::auth::proofs_equal(p.as_bytes(), token.as_bytes()))
+    })
+}
+
 /// Serves `GET /metrics` on `listener` until the task is dropped. A minimal responder:
 /// one request per connection, anything else is 404, a head larger than 8 KiB or slower
-/// than 5 s is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+/// than 5 s is dropped. With a `token`, a scrape without `Authorization: Bearer TOKEN`
+/// is answered 401.
+pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, token: Option<String>) {
+    let token: Option<Arc<str>> = token.map(Into::into);
     loop {
         let Ok((mut sock, _)) = listener.accept().await else { continue };
-        let shared = shared.clone();
+        let (shared, token) = (shared.clone(), token.clone());
         tokio::spawn(async move {
             let mut head = Vec::new();
             let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -156,17 +190,54 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
                 return;
             }
             let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-            let (status, body) = if line.starts_with(b"GET /metrics ") {
+            let allowed = token.as_deref().is_none_or(|t| authorized(&head, t));
+            let (status, body) = if !allowed {
+                (
+                    "401 Unauthorized",
+                    "this endpoint needs 'Authorization: Bearer TOKEN' (--metrics-token-file)\n".to_string(),
+                )
+            } else if line.starts_with(b"GET /metrics ") {
                 ("200 OK", shared.metrics.render(&shared))
             } else {
                 ("404 Not Found", "try GET /metrics\n".to_string())
             };
+            let challenge = if allowed { "" } else { "WWW-Authenticate: Bearer realm=\"locus-metrics\"\r\n" };
             let reply = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\n{challenge}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = sock.write_all(reply.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{authorized, listen_address};
+
+    #[test]
+    fn a_bare_port_listens_on_loopback_and_other_addresses_are_as_written() {
+        assert_eq!(listen_address("9100").unwrap(), "127.0.0.1:9100");
+        assert_eq!(listen_address("0").unwrap(), "127.0.0.1:0");
+        assert_eq!(listen_address("0.0.0.0:9100").unwrap(), "0.0.0.0:9100");
+        assert_eq!(listen_address("[::1]:9100").unwrap(), "[::1]:9100");
+        assert_eq!(listen_address("localhost:9100").unwrap(), "localhost:9100");
+        for bad in [":9100", "host", "host:port", "99999", ""] {
+            assert!(listen_address(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_the_right_bearer_token_authorizes() {
+        let head = |auth: &str| format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}\r\n\r\n").into_bytes();
+        assert!(authorized(&head("Authorization: Bearer s3cret"), "s3cret"));
+        assert!(authorized(&head("authorization:   Bearer s3cret  "), "s3cret"));
+        assert!(!authorized(&head("Authorization: Bearer s3cre"), "s3cret"));
+        assert!(!authorized(&head("Authorization: Basic s3cret"), "s3cret"));
+        assert!(!authorized(&head("X-Authorization: Bearer s3cret"), "s3cret"));
+        assert!(!authorized(&head(""), "s3cret"));
+        // Not in the request line.
+        assert!(!authorized(b"GET /metrics?Authorization:%20Bearer%20s3cret HTTP/1.1\r\n\r\n", "s3cret"));
     }
 }

@@ -215,6 +215,16 @@ async fn http_for(server: &TestServer) -> String {
     addr
 }
 
+/// Serves HTTP for `server` on an ephemeral port of `ip` (`0.0.0.0`: every interface, as
+/// an operator exposing it would); answers that port's address on loopback, which
+/// reaches it too, so the test sends nothing off this host.
+async fn http_on(server: &TestServer, ip: &str) -> String {
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(locus_server::http::serve(listener, server.shared().clone()));
+    format!("127.0.0.1:{port}")
+}
+
 fn curl(args: &[&str]) -> (String, Vec<u8>) {
     let out =
         std::process::Command::new("curl").args(["-s", "-w", "\n%{http_code}"]).args(args).output().expect("curl");
@@ -278,6 +288,56 @@ async fn curl_follows_the_heads_redirect_to_a_data_node() {
     admin.write_file("/big", 0o644, &pattern(3 * MIB, 6)).await.unwrap();
     // The old version's URL still serves the old bytes while its capability is valid.
     assert_eq!(curl(&[&redirect]), ("200".into(), big));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bearer_token_is_taken_over_plain_http_only_on_loopback() {
+    let head = TestServer::head(None, |_| {});
+    let admin = head.client("admin").await;
+    admin.write_file("/small", 0o644, b"tiny").await.unwrap();
+    let bearer = "Authorization: Bearer admin:admin-token";
+    // On loopback the token never leaves the host: it is taken.
+    let local = http_for(&head).await;
+    assert_eq!(curl(&["-H", bearer, &format!("http://{local}/small")]), ("200".into(), b"tiny".to_vec()));
+    // Listening on every interface over plain HTTP, the same request is refused, saying why.
+    let exposed = http_on(&head, "0.0.0.0").await;
+    let (status, body) = curl(&["-H", bearer, &format!("http://{exposed}/small")]);
+    let why = String::from_utf8_lossy(&body);
+    assert_eq!(status, "403", "{why}");
+    assert!(why.contains("plain HTTP") && why.contains("loopback") && why.contains("TLS"), "{why}");
+    assert!(!why.contains("tiny"));
+    assert_eq!(curl(&["-H", "Authorization: Bearer admin:wrong", &format!("http://{exposed}/small")]).0, "403");
+    // Signed URLs are the way in there, and keep working.
+    let shared = admin.call(locus_proto::ops::Share { path: "/small".into(), ttl_s: 60 }).await.unwrap();
+    assert_eq!(curl(&[&format!("http://{exposed}{shared}")]), ("200".into(), b"tiny".to_vec()));
+    assert_eq!(curl(&[&format!("http://{exposed}/small")]).0, "401");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_url_lives_no_longer_than_the_heads_maximum() {
+    assert_eq!(HeadConfig::new("x").share_max_ttl, std::time::Duration::from_secs(7 * 24 * 3600), "a week");
+    let head = TestServer::head(None, |c| c.share_max_ttl = std::time::Duration::from_secs(600));
+    let admin = head.client("admin").await;
+    admin.write_file("/small", 0o644, b"tiny").await.unwrap();
+    let http = http_for(&head).await;
+    // A longer ask is refused, not shortened behind the asker's back.
+    let e = admin.call(locus_proto::ops::Share { path: "/small".into(), ttl_s: 601 }).await.unwrap_err();
+    assert_eq!(e.code(), Code::INVAL);
+    assert!(e.to_string().contains("at most 600 s"), "{e}");
+    let e = admin.call(locus_proto::ops::Share { path: "/small".into(), ttl_s: u64::MAX }).await.unwrap_err();
+    assert_eq!(e.code(), Code::INVAL);
+    let url = admin.call(locus_proto::ops::Share { path: "/small".into(), ttl_s: 600 }).await.unwrap();
+    assert_eq!(curl(&[&format!("http://{http}{url}")]), ("200".into(), b"tiny".to_vec()));
+    // A URL signed to live longer (as before the bound was lowered) is not honoured; one
+    // signed the same way within the bound is.
+    let key = head.shared().head.as_ref().unwrap().key().to_vec();
+    let signed = |ttl: u64| {
+        let expires = capability::now() + ttl;
+        let sig = capability::url_signature(&key, "admin", "/small", expires);
+        format!("http://{http}/small?s=admin&e={expires}&sig={sig}")
+    };
+    assert_eq!(curl(&[&signed(300)]).0, "200");
+    assert_eq!(curl(&[&signed(30 * 24 * 3600)]).0, "401");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

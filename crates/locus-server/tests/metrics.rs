@@ -5,8 +5,13 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 fn scrape(addr: std::net::SocketAddr, path: &str) -> String {
+    scrape_with(addr, path, "")
+}
+
+/// A scrape with extra header lines (each ending in CRLF).
+fn scrape_with(addr: std::net::SocketAddr, path: &str, headers: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: locus\r\n\r\n").unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: locus\r\n{headers}\r\n").unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     text
@@ -25,7 +30,7 @@ async fn the_metrics_endpoint_holds_the_series_of_known_operations() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(locus_server::metrics::serve(listener, srv.shared().clone()));
+    tokio::spawn(locus_server::metrics::serve(listener, srv.shared().clone(), None));
     let text = tokio::task::spawn_blocking(move || scrape(addr, "/metrics")).await.unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     for series in [
@@ -42,4 +47,22 @@ async fn the_metrics_endpoint_holds_the_series_of_known_operations() {
     assert!(text.trim_end().ends_with("# EOF"));
     let other = tokio::task::spawn_blocking(move || scrape(addr, "/other")).await.unwrap();
     assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+}
+
+#[tokio::test]
+async fn a_metrics_token_is_required_when_one_is_set() {
+    let srv = TestServer::start();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(locus_server::metrics::serve(listener, srv.shared().clone(), Some("scrape-me".into())));
+    let get = move |headers: &'static str| tokio::task::spawn_blocking(move || scrape_with(addr, "/metrics", headers));
+    let bare = get("").await.unwrap();
+    assert!(bare.starts_with("HTTP/1.1 401"), "{bare}");
+    assert!(bare.contains("WWW-Authenticate: Bearer") && !bare.contains("locus_connections"), "{bare}");
+    let wrong = get("Authorization: Bearer scrape-you\r\n").await.unwrap();
+    assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+    let admin = get("Authorization: Bearer admin:admin-token\r\n").await.unwrap();
+    assert!(admin.starts_with("HTTP/1.1 401"), "a subject's token is not the metrics token: {admin}");
+    let good = get("Authorization: Bearer scrape-me\r\n").await.unwrap();
+    assert!(good.starts_with("HTTP/1.1 200 OK") && good.contains("locus_connections"), "{good}");
 }

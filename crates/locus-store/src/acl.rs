@@ -31,12 +31,11 @@ pub struct Acl {
 }
 
 impl Acl {
-    /// The rights a subject holds: its own entry joined with the `*` entry.
+    /// The rights a subject holds: the union of every entry that admits it (its own,
+    /// `*` for a subject with a Locus token, Chirp patterns for a host subject; see
+    /// [`locus_proto::types::acl_subject_matches`]).
     pub fn rights_of(&self, subject: &str) -> Rights {
-        self.entries
-            .iter()
-            .filter(|e| e.subject == subject || e.subject == "*")
-            .fold(Rights(0), |r, e| r.union(e.rights))
+        self.entries.iter().filter(|e| e.admits(subject)).fold(Rights(0), |r, e| r.union(e.rights))
     }
 
     /// Sets one subject's rights; no rights removes its entry.
@@ -181,5 +180,17 @@ mod tests {
         let mut acl = acl;
         acl.set("alice", Rights(0));
         assert_eq!(acl.rights_of("alice").to_string(), "l");
+    }
+
+    #[test]
+    fn chirp_host_subjects_hold_only_what_names_or_patterns_grant() {
+        let acl = Acl::parse("* rl\naddress:127.0.0.1 w\naddress:10.0.* d\nhostname:*.example.org x\n").unwrap();
+        assert_eq!(acl.rights_of("alice").to_string(), "rl");
+        assert_eq!(acl.rights_of("address:127.0.0.1").to_string(), "w", "`*` adds nothing to a host subject");
+        assert_eq!(acl.rights_of("address:10.0.9.9").to_string(), "d");
+        assert_eq!(acl.rights_of("address:192.0.2.2"), Rights(0));
+        assert_eq!(acl.rights_of("hostname:n1.example.org").to_string(), "x");
+        assert_eq!(acl.rights_of("hostname:n1.example.net"), Rights(0));
+        assert_eq!(acl.rights_of("unix:alice"), Rights(0));
     }
 }

@@ -89,7 +89,15 @@ impl TestServer {
     /// Serves the web console beside the native protocol (`locus serve --http-port`), on
     /// an ephemeral port; returns its address.
     pub fn console(&self, config: locus_console::ConsoleConfig) -> SocketAddr {
-        self.beside(move |listener, shared| locus_console::serve(listener, shared, config))
+        self.console_on("127.0.0.1", config)
+    }
+
+    /// [`TestServer::console`] listening on `ip` (`0.0.0.0`: every interface, as an
+    /// operator who exposes it would); returns the port's address on loopback, which
+    /// reaches it too, so tests send nothing off this host.
+    pub fn console_on(&self, ip: &str, config: locus_console::ConsoleConfig) -> SocketAddr {
+        let at = self.beside_on(ip, move |listener, shared| locus_console::serve(listener, shared, config));
+        SocketAddr::from(([127, 0, 0, 1], at.port()))
     }
 
     /// Serves plain HTTP reads beside the native protocol (a head's or data node's
@@ -103,7 +111,16 @@ impl TestServer {
         &self,
         serve: impl FnOnce(tokio::net::TcpListener, Arc<locus_server::Shared>) -> F + Send + 'static,
     ) -> SocketAddr {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        self.beside_on("127.0.0.1", serve)
+    }
+
+    /// [`TestServer::beside`] with a listener on an ephemeral port of `ip`.
+    fn beside_on<F: std::future::Future<Output = ()> + Send + 'static>(
+        &self,
+        ip: &str,
+        serve: impl FnOnce(tokio::net::TcpListener, Arc<locus_server::Shared>) -> F + Send + 'static,
+    ) -> SocketAddr {
+        let listener = std::net::TcpListener::bind((ip, 0)).expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let shared = self.shared.clone();
