@@ -54,20 +54,22 @@ impl Journal {
     pub fn open(cache_dir: &Path, origin: &str) -> io::Result<Journal> {
         std::fs::create_dir_all(cache_dir)?;
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = cache_dir.join(format!("m-{}-{made}", std::process::id()));
-        // A directory left by an earlier process of the same id: its records stay, ours
-        // are numbered past them.
-        std::fs::create_dir_all(&dir)?;
+        // A directory left by an earlier process of the same id is not taken: its
+        // records are for a later mount to find.
+        let dir = loop {
+            let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = cache_dir.join(format!("m-{}-{made}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => break dir,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        };
         let lock = File::options().create(true).write(true).truncate(false).open(dir.join("lock"))?;
         if !try_lock(&lock) {
             return Err(io::Error::other(format!("{}: locked by another mount", dir.display())));
         }
-        let next = std::fs::read_dir(&dir)?
-            .filter_map(|e| e.ok()?.file_name().to_str()?.split('.').next()?.parse::<u64>().ok())
-            .max()
-            .map_or(0, |n| n + 1);
-        Ok(Journal { dir, _lock: lock, origin: origin.to_string(), next })
+        Ok(Journal { dir, _lock: lock, origin: origin.to_string(), next: 0 })
     }
 
     /// The mount's own directory.

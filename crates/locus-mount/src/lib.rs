@@ -894,12 +894,12 @@ impl LocusFs {
             if let Some(path) = self.inodes.path(ino).map(str::to_string) {
                 self.inodes.lookup(path);
             }
+            self.control.unsaved.fetch_add(1, Ordering::SeqCst);
         } else if !unsaved && copy.pinned {
             copy.pinned = false;
             self.inodes.forget(ino, 1);
+            self.control.unsaved.fetch_sub(1, Ordering::SeqCst);
         }
-        let count = self.copies.as_ref().map_or(0, |c| c.unsaved().len());
-        self.control.unsaved.store(count as u64, Ordering::SeqCst);
     }
 
     /// True for a failed store worth trying again later, its copy kept: the server
@@ -957,10 +957,9 @@ impl LocusFs {
         if let Some(copy) = self.copies.as_mut().and_then(|c| c.remove(ino)) {
             if copy.pinned {
                 self.inodes.forget(ino, 1);
+                self.control.unsaved.fetch_sub(1, Ordering::SeqCst);
             }
         }
-        let count = self.copies.as_ref().map_or(0, |c| c.unsaved().len());
-        self.control.unsaved.store(count as u64, Ordering::SeqCst);
     }
 
     /// Stores every unsaved copy, open or not (as `fsync` does), settles every write
@@ -1148,13 +1147,13 @@ impl LocusFs {
             false => self.try_store(ino, false),
         };
         let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
-        let never_made = !copy.at_server && !copy.unlinked;
+        if copy.unlinked {
+            self.copies.as_mut().map(|c| c.remove(ino));
+            return;
+        }
+        let never_made = !copy.at_server;
         match &stored {
-            Ok(()) if !copy.unlinked => return, // kept: it answers later opens while current
-            Ok(()) => {
-                self.copies.as_mut().map(|c| c.remove(ino));
-                return;
-            }
+            Ok(()) => return, // kept: it answers later opens while current
             Err(e) if Self::worth_keeping(e) => return self.kept(ino, e),
             Err(e) => {
                 let dir = self.copies.as_ref().map(|c| c.journal_dir().display().to_string()).unwrap_or_default();

@@ -319,7 +319,8 @@ impl Copies {
             }
             copy.bytes = Bytes::Disk(file, name);
         }
-        let recorded = record(&self.journal, copy, path);
+        // A removed file's copy is written on (its handles live on) but never stored.
+        let recorded = if copy.unlinked { Ok(()) } else { record(&self.journal, copy, path) };
         let after = copy.weight();
         self.reweigh(before, after);
         recorded
