@@ -231,7 +231,10 @@ fn unsaved_bytes_stay_under_cache_mb_by_storing_before_the_writer_goes_on() {
     }
     // Written through past the limit (behind, so it may take a moment to land).
     let at_server = || (0..12).any(|i| std::fs::read(s.local(&format!("d/f{i}"))).ok() == Some(block(i)));
-    assert!(within(Duration::from_secs(5), at_server), "every byte is still only in the cache: the limit held nothing back");
+    assert!(
+        within(Duration::from_secs(5), at_server),
+        "every byte is still only in the cache: the limit held nothing back"
+    );
     drop(files);
     for i in 0..12 {
         assert_eq!(std::fs::read(s.local(&format!("d/f{i}"))).unwrap(), block(i), "f{i}");
@@ -294,10 +297,7 @@ fn open_with_o_creat_and_o_rdonly_creates_the_file_in_every_mode() {
         assert!(out.status.success(), "{mode}: flock: {}", String::from_utf8_lossy(&out.stderr));
         for name in ["lock", "excl", "later", "flock"] {
             let at = s.local(&format!("d/{mode}.{name}"));
-            assert!(
-                within(Duration::from_secs(2), || at.exists()),
-                "{mode}: {mode}.{name} is not at the server"
-            );
+            assert!(within(Duration::from_secs(2), || at.exists()), "{mode}: {mode}.{name} is not at the server");
             assert_eq!(std::fs::metadata(&at).unwrap().len(), 0);
         }
     }

@@ -5,8 +5,11 @@
 //! its life. An unsaved copy is a named file `N.data` there, and its record `N.rec`
 //! names the mount (its URL), the remote path, and the server's version the writes
 //! were based on (size and modification time; none for a file made here), written to a
-//! temporary name, synced and renamed into place, so a record is whole or absent. The
-//! record goes once the server has the copy. A mount that starts finds the
+//! temporary name and renamed into place, so a record is whole or absent. The record
+//! goes once the server has the copy. Nothing is synced to the local disk on the way
+//! (a sync costs more than a small file's whole store): a killed mount loses nothing,
+//! since the files are in the kernel's cache; a copy that must outlive a failed store
+//! or the mount is synced then ([`sync`]), record, bytes and directory. A mount that starts finds the
 //! directories whose lock is free (their mount is gone) and takes over the records
 //! made for its own URL ([`Journal::orphans`]); files without a record there are clean
 //! copies, and go.
@@ -90,10 +93,22 @@ impl Journal {
         }
     }
 
-    /// Writes the record of the copy in `data` (path, base, mode), atomically and synced.
+    /// Writes the record of the copy in `data` (path, base, mode), atomically.
     pub fn record(&self, data: &Path, path: &str, base: Option<(u64, Time)>, mode: u32) -> io::Result<()> {
         let record = Record { origin: self.origin.clone(), path: path.to_string(), base, mode };
         write_record(data, &record)
+    }
+}
+
+impl Drop for Journal {
+    /// A mount that goes with nothing unsaved leaves no directory behind.
+    fn drop(&mut self) {
+        let empty =
+            std::fs::read_dir(&self.dir).is_ok_and(|d| d.filter_map(|e| e.ok()).all(|e| e.file_name() == "lock"));
+        if empty {
+            let _ = std::fs::remove_file(self.dir.join("lock"));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
     }
 }
 
@@ -102,12 +117,11 @@ pub fn record_path(data: &Path) -> PathBuf {
     data.with_extension("rec")
 }
 
-/// Writes `record` for `data` atomically: a temporary file, synced, renamed.
+/// Writes `record` for `data` atomically: a temporary file, renamed.
 pub fn write_record(data: &Path, record: &Record) -> io::Result<()> {
     let tmp = data.with_extension("rec.tmp");
     let mut f = File::create(&tmp)?;
     f.write_all(encode(record).as_bytes())?;
-    f.sync_data()?;
     std::fs::rename(&tmp, record_path(data))
 }
 
@@ -121,6 +135,9 @@ pub fn forget_record(data: &Path) {
 /// and the directory holding them.
 pub fn sync(file: &File, data: &Path) {
     let _ = file.sync_data();
+    if let Ok(record) = File::open(record_path(data)) {
+        let _ = record.sync_data();
+    }
     if let Some(dir) = data.parent() {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();

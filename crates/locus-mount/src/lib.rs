@@ -849,7 +849,8 @@ impl LocusFs {
         if copy.unlinked || !(copy.dirty || durable && !copy.durable) {
             return Ok(());
         }
-        let content = copy.contents().map_err(|e| DriverError::errno(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
+        let content =
+            copy.contents().map_err(|e| DriverError::errno(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
         let mode = copy.attr.mode & 0o7777;
         let path = self.path(ino).map_err(|e| DriverError::errno(e, "no path"))?;
         let attr = match durable {
@@ -927,8 +928,11 @@ impl LocusFs {
     fn retry_unsaved(&mut self) {
         self.retried = Instant::now();
         let Some(copies) = &self.copies else { return };
-        let idle: Vec<u64> =
-            copies.unsaved().into_iter().filter(|&ino| self.copies.as_ref().and_then(|c| c.dirty(ino)).is_some_and(|c| c.handles == 0)).collect();
+        let idle: Vec<u64> = copies
+            .unsaved()
+            .into_iter()
+            .filter(|&ino| self.copies.as_ref().and_then(|c| c.dirty(ino)).is_some_and(|c| c.handles == 0))
+            .collect();
         for ino in idle {
             match self.try_store(ino, false) {
                 Ok(()) => tracing::info!("{}: stored on a later try", self.path(ino).unwrap_or_default()),
@@ -978,7 +982,8 @@ impl LocusFs {
         let mut left = 0;
         let mut away = false;
         for ino in unsaved {
-            let stored = if away { Err(DriverError::errno(libc::EIO, "the server is away")) } else { self.try_store(ino, true) };
+            let stored =
+                if away { Err(DriverError::errno(libc::EIO, "the server is away")) } else { self.try_store(ino, true) };
             if let Err(e) = stored {
                 away |= Self::worth_keeping(&e);
                 left += 1;
@@ -1890,7 +1895,16 @@ impl Filesystem for LocusFs {
             self.store_all();
             self.closing = false;
             let s = self.statfs.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
-            return reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize as u32, s.namemax as u32, s.frsize as u32);
+            return reply.statfs(
+                s.blocks,
+                s.bfree,
+                s.bavail,
+                s.files,
+                s.ffree,
+                s.bsize as u32,
+                s.namemax as u32,
+                s.frsize as u32,
+            );
         }
         if self.retried.elapsed() >= RETRY_EVERY {
             self.retry_unsaved();

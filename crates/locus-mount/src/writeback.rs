@@ -146,14 +146,16 @@ pub fn now() -> Time {
 
 /// The copies of one mount, by inode.
 pub struct Copies {
-    journal: Journal,
     limit: u64,
+    /// (Before the journal: fields drop in order, and the journal's directory goes
+    /// with it only once the clean copies' files have.)
     copies: HashMap<u64, LocalCopy>,
     clock: u64,
     /// The copies' bytes in all, those held in memory, and those not yet stored.
     total: u64,
     in_memory: u64,
     unsaved: u64,
+    journal: Journal,
 }
 
 /// The most bytes of copies held in memory (the mount's own memory): beyond, clean idle
@@ -472,7 +474,10 @@ mod tests {
 
     /// The names in `dir` ending in `ext`.
     fn files(dir: &Path, ext: &str) -> usize {
-        std::fs::read_dir(dir).unwrap().filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|e| e == ext)).count()
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|e| e == ext))
+            .count()
     }
 
     #[test]
@@ -529,7 +534,10 @@ mod tests {
         let mut paths: Vec<_> = found[0].records.iter().map(|(r, _)| r.path.clone()).collect();
         paths.sort();
         assert_eq!(paths, ["/f1", "/f2", "/f4", "/f5", "/f6", "/f7", "/f8", "/f9"]);
-        assert_eq!(found[0].records.iter().find(|(r, _)| r.path == "/f1").map(|(_, d)| std::fs::read(d).unwrap()), Some(vec![2; 100]));
+        assert_eq!(
+            found[0].records.iter().find(|(r, _)| r.path == "/f1").map(|(_, d)| std::fs::read(d).unwrap()),
+            Some(vec![2; 100])
+        );
     }
 
     #[test]
