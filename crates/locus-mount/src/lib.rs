@@ -982,6 +982,10 @@ impl LocusFs {
         let mut left = 0;
         let mut away = false;
         for ino in unsaved {
+            // A store that failed just now (a signal's store, then `destroy`'s) is not
+            // waited for again.
+            let failed_now = self.copies.as_mut().and_then(|c| c.get(ino)).and_then(|c| c.failed);
+            away |= failed_now.is_some_and(|at| at.elapsed() < Duration::from_secs(2));
             let stored =
                 if away { Err(DriverError::errno(libc::EIO, "the server is away")) } else { self.try_store(ino, true) };
             if let Err(e) = stored {
