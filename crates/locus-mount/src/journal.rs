@@ -304,6 +304,7 @@ mod tests {
         let found = orphans(cache.path(), "locus://other:1/d", &other);
         assert!(found.iter().all(|o| o.records.is_empty()), "another origin's records are not taken");
         assert!(data.exists() && !clean.exists(), "a copy without a record is clean: it goes");
+        drop(found); // its lock, held while the records are handled
         let found = orphans(cache.path(), "locus://h:1/d", &other);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].dir, own);
