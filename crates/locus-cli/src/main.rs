@@ -169,7 +169,7 @@ enum Command {
         /// Where `--consistency afs` keeps local copies of files being written (default: $XDG_CACHE_HOME/locus/writeback or ~/.cache/locus/writeback).
         #[arg(long)]
         cache_dir: Option<PathBuf>,
-        /// The most MiB of local copies under `--consistency afs`; a file larger than an eighth of it is written through.
+        /// The most MiB of local copies under `--consistency afs`, and of those not stored yet (a writer past it waits while others are stored, or writes through); a file larger than an eighth of it is written through.
         #[arg(long, default_value_t = 1024)]
         cache_mb: u64,
     },
@@ -451,6 +451,7 @@ fn main() -> ExitCode {
                 consistency: consistency_named(&consistency),
                 cache_dir: cache_dir.unwrap_or(defaults.cache_dir),
                 cache_limit: cache_mb.saturating_mul(1 << 20),
+                origin: url.clone(),
                 ..defaults
             };
             mount::run(&url, &mountpoint, options, Duration::from_secs(retry_secs))

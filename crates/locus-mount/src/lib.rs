@@ -28,6 +28,7 @@
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.
 
 mod inodes;
+mod journal;
 mod listings;
 mod writeback;
 
@@ -42,6 +43,7 @@ use locus_proto::types::{open_flags, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use writeback::{Copies, Refused};
@@ -84,8 +86,12 @@ pub struct MountOptions {
     /// Where [`Consistency::Afs`] keeps its local copies.
     pub cache_dir: std::path::PathBuf,
     /// The most bytes of local copies (a file larger than an eighth of it is written
-    /// through instead).
+    /// through instead), and of copies not yet stored (a writer past it waits for
+    /// stores).
     pub cache_limit: u64,
+    /// What the mount shows (its URL): the journal's records name it, and a mount
+    /// stores at start only the unsaved copies an earlier mount of the same origin left.
+    pub origin: String,
 }
 
 impl Default for MountOptions {
@@ -96,6 +102,7 @@ impl Default for MountOptions {
             max_promises: 1 << 18,
             cache_dir: writeback::default_dir(),
             cache_limit: 1 << 30,
+            origin: String::new(),
         }
     }
 }
@@ -225,7 +232,39 @@ pub struct LocusFs {
     ahead_since: Option<u64>,
     /// Directories whose subdirectories were asked for ahead since then.
     walked: HashSet<u64>,
+    /// What the process running the mount asks of it from outside the FUSE loop.
+    control: Arc<Control>,
+    /// When unsaved copies no handle uses were last tried again.
+    retried: Instant,
+    /// Storing everything on request from outside the FUSE loop's own requests: the
+    /// kernel is not handed pages meanwhile.
+    closing: bool,
 }
+
+/// Between a mount and the process running it: a request to store everything before
+/// it goes (taken at the next `statfs` of the mount point, which the process makes to
+/// deliver it), and how many copies are not stored yet.
+#[derive(Default)]
+pub struct Control {
+    store_all: AtomicBool,
+    unsaved: AtomicU64,
+}
+
+impl Control {
+    /// Asks the mount to store every unsaved copy (and wait for every change sent
+    /// behind) when it answers the next `statfs`.
+    pub fn request_store(&self) {
+        self.store_all.store(true, Ordering::SeqCst);
+    }
+
+    /// Copies the mount holds that the server does not have yet.
+    pub fn unsaved(&self) -> u64 {
+        self.unsaved.load(Ordering::SeqCst)
+    }
+}
+
+/// How often unsaved copies whose store failed are tried again.
+const RETRY_EVERY: Duration = Duration::from_secs(5);
 
 /// The most content kept per handle in [`LocusFs::known`].
 const KNOWN_MAX: usize = 8 << 20;
@@ -332,12 +371,15 @@ impl LocusFs {
             }
         }
         let copies = match options.consistency {
-            Consistency::Afs => Copies::new(&options.cache_dir, options.cache_limit)
+            Consistency::Afs => Copies::new(&options.cache_dir, options.cache_limit, &options.origin)
                 .map_err(|e| tracing::warn!("{}: {e}; files are written through", options.cache_dir.display()))
                 .ok(),
             _ => None,
         };
-        LocusFs {
+        let mut fs = LocusFs {
+            control: Arc::default(),
+            retried: Instant::now(),
+            closing: false,
             callbacks,
             copies,
             copy_handles: HashMap::new(),
@@ -359,7 +401,14 @@ impl LocusFs {
             statfs: None,
             ahead_since: None,
             walked: HashSet::new(),
-        }
+        };
+        fs.recover();
+        fs
+    }
+
+    /// What the process running the mount uses to ask it to store before it goes.
+    pub fn control(&self) -> Arc<Control> {
+        self.control.clone()
     }
 
     /// How long what the server answers now may be trusted: until a break while the
@@ -394,6 +443,9 @@ impl LocusFs {
             self.forget(&path);
         }
         self.failed_behind(false);
+        if self.retried.elapsed() >= RETRY_EVERY {
+            self.retry_unsaved();
+        }
     }
 
     /// Drops what the mount knew of `path` and of its directory's entries.
@@ -772,47 +824,242 @@ impl LocusFs {
             }
             let path = self.path(ino).ok()?;
             let (content, attr) = if truncate { (Vec::new(), attr) } else { self.driver.read_file(&path).ok()? };
-            let started = self.copies.as_mut()?.start(ino, &content, attr, true);
+            let started = self.copies.as_mut()?.start(ino, &path, &content, attr, true);
             if let Err(e) = started {
                 tracing::warn!("local copy: {e}");
                 return None;
             }
         }
-        if truncate && self.copies.as_mut()?.truncate(ino, 0).is_err() {
-            return None;
+        if truncate {
+            let path = self.path(ino).ok()?;
+            if self.copies.as_mut()?.truncate(ino, &path, 0).is_err() {
+                return None;
+            }
+            self.sync_pin(ino);
         }
         Some((self.copy_handle(ino, flags), kept))
     }
 
     /// Stores the local copy of `ino` at the server if it has writes the server lacks
     /// (with `durable`, also if the server may not have them on disk yet, and asking that
-    /// it has before it answers); the pages it now holds go to the kernel's cache.
+    /// it has before it answers); the pages it now holds go to the kernel's cache. A
+    /// store that fails leaves the copy as it was, unsaved and journaled.
     fn store(&mut self, ino: u64, durable: bool) -> Result<(), i32> {
+        self.try_store(ino, durable).map_err(errno)
+    }
+
+    /// [`Self::store`], answering the driver's error.
+    fn try_store(&mut self, ino: u64, durable: bool) -> Result<(), DriverError> {
         let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return Ok(()) };
         if copy.unlinked || !(copy.dirty || durable && !copy.durable) {
             return Ok(());
         }
-        let content = copy.contents().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let content =
+            copy.contents().map_err(|e| DriverError::errno(e.raw_os_error().unwrap_or(libc::EIO), e.to_string()))?;
         let mode = copy.attr.mode & 0o7777;
-        let path = self.path(ino)?;
+        let path = self.path(ino).map_err(|e| DriverError::errno(e, "no path"))?;
         let attr = match durable {
             true => self.driver.write_file(&path, mode, &content),
             false => self.driver.store_file(&path, mode, &content),
         };
-        let attr = attr.map_err(errno)?;
-        if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
-            copy.stored(attr.clone(), durable);
+        let attr = match attr {
+            Ok(attr) => attr,
+            Err(e) => {
+                if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
+                    copy.failed = Some(Instant::now());
+                }
+                return Err(e);
+            }
+        };
+        if let Some(copies) = self.copies.as_mut() {
+            copies.stored(ino, attr.clone(), durable);
+            if let Some(copy) = copies.get(ino) {
+                copy.failed = None;
+            }
         }
+        self.sync_pin(ino);
         self.wrote_in(ino);
         self.remember(ino, &attr);
         self.seen.insert(ino, (attr.size, attr.mtime));
         self.file_known(ino, attr);
-        if let (true, Some(notifier)) = (content.len() <= KNOWN_MAX, self.notifier.get()) {
+        if let (true, Some(notifier), false) = (content.len() <= KNOWN_MAX, self.notifier.get(), self.closing) {
             if let Err(e) = notifier.store(ino, 0, &content) {
                 tracing::debug!("notify store: {e}");
             }
         }
         Ok(())
+    }
+
+    /// Keeps the mount's hold on the inode of a copy while it is unsaved (so its path
+    /// is known, and follows renames, until it is stored), and lets go after.
+    fn sync_pin(&mut self, ino: u64) {
+        let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
+        let unsaved = copy.unsaved.is_some();
+        if unsaved && !copy.pinned {
+            copy.pinned = true;
+            if let Some(path) = self.inodes.path(ino).map(str::to_string) {
+                self.inodes.lookup(path);
+            }
+            self.control.unsaved.fetch_add(1, Ordering::SeqCst);
+        } else if !unsaved && copy.pinned {
+            copy.pinned = false;
+            self.inodes.forget(ino, 1);
+            self.control.unsaved.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// True for a failed store worth trying again later, its copy kept: the server
+    /// could not be reached or was full; an answer that refuses the file (no right, a
+    /// removed directory) would only come again.
+    fn worth_keeping(e: &DriverError) -> bool {
+        e.class != locus_drivers::ErrorClass::Answer || [libc::ENOSPC, libc::EDQUOT, libc::EIO].contains(&e.errno)
+    }
+
+    /// A store of `ino` failed with `e` where the copy is kept: it is made durable on
+    /// the local disk and tried again later (and by the next mount, should this one go).
+    fn kept(&mut self, ino: u64, e: &DriverError) {
+        if let Some(copies) = self.copies.as_mut() {
+            copies.keep(ino);
+            let at = copies.journal_dir().display().to_string();
+            tracing::warn!(
+                "{}: not stored ({}); kept unsaved in {at}, to be tried again",
+                self.path(ino).unwrap_or_default(),
+                e.message
+            );
+        }
+    }
+
+    /// Tries again to store the unsaved copies no handle uses (their last store failed).
+    fn retry_unsaved(&mut self) {
+        self.retried = Instant::now();
+        let Some(copies) = &self.copies else { return };
+        let idle: Vec<u64> = copies
+            .unsaved()
+            .into_iter()
+            .filter(|&ino| self.copies.as_ref().and_then(|c| c.dirty(ino)).is_some_and(|c| c.handles == 0))
+            .collect();
+        for ino in idle {
+            match self.try_store(ino, false) {
+                Ok(()) => tracing::info!("{}: stored on a later try", self.path(ino).unwrap_or_default()),
+                Err(e) if Self::worth_keeping(&e) => {
+                    self.kept(ino, &e);
+                    break; // the server is away: the others would wait as long
+                }
+                Err(e) => {
+                    // Refused for good: the copy stays in the journal for whoever looks
+                    // (and the next mount tries once more), but this mount lets it go.
+                    tracing::warn!(
+                        "{}: refused ({}); its content is kept in {}",
+                        self.path(ino).unwrap_or_default(),
+                        e.message,
+                        self.copies.as_ref().map(|c| c.journal_dir().display().to_string()).unwrap_or_default()
+                    );
+                    self.copies.as_mut().map(|c| c.keep(ino));
+                    self.unpin_and_drop(ino);
+                }
+            }
+        }
+    }
+
+    /// Lets go of the copy of `ino` without touching its journal files.
+    fn unpin_and_drop(&mut self, ino: u64) {
+        if let Some(copy) = self.copies.as_mut().and_then(|c| c.remove(ino)) {
+            if copy.pinned {
+                self.inodes.forget(ino, 1);
+                self.control.unsaved.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Stores every unsaved copy, open or not (as `fsync` does), settles every write
+    /// sent behind and waits for every removal and rename sent behind: what a mount
+    /// does before it goes (a signal, `locus umount`, `destroy`). Copies whose store
+    /// fails stay journaled, on the local disk, for the next mount. Answers how many.
+    pub fn store_all(&mut self) -> usize {
+        let written: Vec<u64> = self.written.iter().copied().collect();
+        for h in written {
+            if let Err(e) = self.driver.settle(h) {
+                tracing::warn!("a write sent behind failed: {}", e.message);
+            }
+        }
+        self.failed_behind(true);
+        let unsaved = self.copies.as_ref().map(|c| c.unsaved()).unwrap_or_default();
+        let mut left = 0;
+        let mut away = false;
+        for ino in unsaved {
+            // A store that failed just now (a signal's store, then `destroy`'s) is not
+            // waited for again.
+            let failed_now = self.copies.as_mut().and_then(|c| c.get(ino)).and_then(|c| c.failed);
+            away |= failed_now.is_some_and(|at| at.elapsed() < Duration::from_secs(2));
+            let stored =
+                if away { Err(DriverError::errno(libc::EIO, "the server is away")) } else { self.try_store(ino, true) };
+            if let Err(e) = stored {
+                away |= Self::worth_keeping(&e);
+                left += 1;
+                self.kept(ino, &e);
+            }
+        }
+        if left > 0 {
+            tracing::warn!("{left} files not stored; the next mount of this URL over the same --cache-dir stores them");
+        }
+        left
+    }
+
+    /// Stores what mounts of the same origin over the same cache directory left unsaved
+    /// (killed, or the server away when they went): each copy is stored under its name
+    /// if the server still has the version it was based on (or, for a file made there,
+    /// still has no file by that name); else beside it, as `NAME.locus-conflict-TIME`,
+    /// never over the other writer's version. What cannot be stored now stays for the
+    /// next mount.
+    fn recover(&mut self) {
+        let Some(copies) = &self.copies else { return };
+        let own = copies.journal_dir().to_path_buf();
+        for orphans in journal::orphans(&self.options.cache_dir, &self.options.origin, &own) {
+            for (record, data) in &orphans.records {
+                match self.recover_one(record, data) {
+                    Ok(to) => {
+                        journal::forget_record(data);
+                        let _ = std::fs::remove_file(data);
+                        if to == record.path {
+                            tracing::info!("{to}: stored what an earlier mount left unsaved");
+                        } else {
+                            tracing::warn!(
+                                "{}: changed at the server since an earlier mount wrote it; its version is stored as {to}",
+                                record.path
+                            );
+                        }
+                    }
+                    Err(e) => tracing::warn!(
+                        "{}: left unsaved by an earlier mount, not stored now ({}); kept in {}",
+                        record.path,
+                        e.message,
+                        data.display()
+                    ),
+                }
+            }
+            orphans.tidy();
+        }
+    }
+
+    /// Stores one record's copy (see [`Self::recover`]); answers where it went.
+    fn recover_one(&mut self, record: &journal::Record, data: &Path) -> Result<String, DriverError> {
+        let content = std::fs::read(data).map_err(|e| DriverError::errno(libc::EIO, e.to_string()))?;
+        let now = match self.driver.lstat(&record.path) {
+            Ok(attr) => Some(attr),
+            Err(e) if e.errno == libc::ENOENT => None,
+            Err(e) => return Err(e),
+        };
+        let unchanged = match (&now, record.base) {
+            (Some(a), Some((size, mtime))) => a.is_file() && (a.size, a.mtime) == (size, mtime),
+            (None, None) => true,
+            _ => false,
+        };
+        let to = match unchanged {
+            true => record.path.clone(),
+            false => format!("{}.locus-conflict-{}", record.path, writeback::now().sec),
+        };
+        self.driver.write_file(&to, record.mode, &content)?;
+        Ok(to)
     }
 
     /// Moves `ino` off its local copy: stores it, then opens each of its handles at the
@@ -877,11 +1124,12 @@ impl LocusFs {
             ctime: now,
             ..Attr::default()
         };
-        let ino = self.inodes.lookup(path);
-        if let Err(e) = self.copies.as_mut()?.start(ino, &[], attr.clone(), false) {
+        let ino = self.inodes.lookup(path.clone());
+        if let Err(e) = self.copies.as_mut()?.start(ino, &path, &[], attr.clone(), false) {
             tracing::warn!("local copy: {e}");
             return None;
         }
+        self.sync_pin(ino);
         self.changed(parent, None);
         self.added(parent, name, &attr);
         self.remember(ino, &attr);
@@ -889,28 +1137,50 @@ impl LocusFs {
     }
 
     /// A handle on the copy of `ino` was closed. With the last, the copy is stored if it
-    /// still has to be (its flush said whether that worked), and dropped if it no longer
-    /// stands for a file: removed, or never made at the server because its store failed.
+    /// still has to be (its flush said whether that worked). A store that failed keeps
+    /// the copy, journaled on the local disk: where the server was away or full, the
+    /// mount still shows it and tries again later; where the server refused it, the
+    /// mount lets it go (a file never made at the server loses its name here) but its
+    /// content stays in the journal, logged, for the next mount to try. A removed copy
+    /// is dropped.
     fn release_copy(&mut self, ino: u64) {
         let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
         copy.handles -= 1;
         if copy.handles > 0 {
             return;
         }
-        let stored = self.store(ino, false);
-        if let Err(e) = stored {
-            tracing::warn!(
-                "{}: not stored (errno {e}); the local writes are dropped",
-                self.path(ino).unwrap_or_default()
-            );
-        }
+        // A store that failed just now (at the flush of this close) is not waited for
+        // again: the copy is kept for a later try.
+        let failed_now = copy.failed.is_some_and(|at| at.elapsed() < Duration::from_secs(2));
+        let stored = match failed_now {
+            true => Err(DriverError {
+                errno: libc::EIO,
+                message: "its store failed at close".into(),
+                class: locus_drivers::ErrorClass::Transient,
+            }),
+            false => self.try_store(ino, false),
+        };
         let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) else { return };
-        let never_made = !copy.at_server && !copy.unlinked;
-        if stored.is_ok() && !copy.unlinked {
-            // Kept: it answers the next open of the file while callbacks say it is current.
+        if copy.unlinked {
+            self.copies.as_mut().map(|c| c.remove(ino));
             return;
         }
-        self.copies.as_mut().map(|c| c.remove(ino));
+        let never_made = !copy.at_server;
+        match &stored {
+            Ok(()) => return, // kept: it answers later opens while current
+            Err(e) if Self::worth_keeping(e) => return self.kept(ino, e),
+            Err(e) => {
+                let dir = self.copies.as_ref().map(|c| c.journal_dir().display().to_string()).unwrap_or_default();
+                tracing::warn!(
+                    "{}: refused by the server (errno {}: {}); its content is kept in {dir}",
+                    self.path(ino).unwrap_or_default(),
+                    e.errno,
+                    e.message
+                );
+                self.copies.as_mut().map(|c| c.keep(ino));
+                self.unpin_and_drop(ino);
+            }
+        }
         if never_made {
             if let (Some((parent, name)), Ok(path)) = (self.entry_of(ino), self.path(ino)) {
                 self.listings.removed(parent, &name);
@@ -925,10 +1195,11 @@ impl LocusFs {
     fn copy_unlinked(&mut self, ino: Option<u64>) -> bool {
         let Some((ino, copies)) = ino.zip(self.copies.as_mut()) else { return false };
         let Some(copy) = copies.get(ino) else { return false };
-        let local_only = !copy.at_server;
-        copy.unlinked = true;
-        if copy.handles == 0 {
-            copies.remove(ino);
+        let (local_only, idle) = (!copy.at_server, copy.handles == 0);
+        copies.unlink(ino);
+        self.sync_pin(ino);
+        if idle {
+            self.copies.as_mut().map(|c| c.remove(ino));
         }
         local_only
     }
@@ -1007,7 +1278,7 @@ impl Filesystem for LocusFs {
             self.attrs.remove(&ino);
             self.listings.forget(ino);
             if let Some(copies) = &mut self.copies {
-                if copies.get(ino).is_some_and(|c| c.handles == 0) {
+                if copies.get(ino).is_some_and(|c| c.handles == 0 && c.unsaved.is_none()) {
                     copies.remove(ino);
                 }
             }
@@ -1058,8 +1329,10 @@ impl Filesystem for LocusFs {
         let copied = self.copies.as_mut().and_then(|c| c.get(ino)).map(|c| c.handles > 0 || c.dirty);
         if let (Some(true), Some(size), None, None, None, None, None) = (copied, size, mode, uid, gid, atime, mtime) {
             // A size set on a file being written back is set in its copy.
-            match self.copies.as_mut().map(|c| c.truncate(ino, size)) {
+            let path = ok_or_reply!(self.path(ino), reply);
+            match self.copies.as_mut().map(|c| c.truncate(ino, &path, size)) {
                 Some(Ok(())) => {
+                    self.sync_pin(ino);
                     self.file_changed(ino);
                     let attr = self.unstored(ino).unwrap_or_default();
                     return reply.attr(&self.ttl(), &file_attr(ino, &attr));
@@ -1240,6 +1513,14 @@ impl Filesystem for LocusFs {
         self.listings.removed(newparent, newname.to_str().unwrap_or_default());
         self.listings.added(newparent, newname.to_str().unwrap_or_default(), attr);
         self.inodes.rename(&from, &to);
+        if let Some(copies) = self.copies.as_mut() {
+            // Unsaved copies beneath a renamed directory: their records follow.
+            for ino in copies.unsaved() {
+                if let Some(path) = self.inodes.path(ino) {
+                    copies.moved(ino, path);
+                }
+            }
+        }
         reply.ok();
     }
 
@@ -1321,12 +1602,24 @@ impl Filesystem for LocusFs {
         reply: ReplyCreate,
     ) {
         if let Some((ino, attr)) = self.create_locally(req, parent, name, mode & !umask) {
-            let fh = self.copy_handle(ino, flags);
+            // Made by this open: stored at its close even where it is opened read-only.
+            let fh = self.copy_handle(ino, flags | libc::O_CREAT);
             return reply.created(&self.ttl(), &file_attr(ino, &attr), 0, fh, 0);
         }
         let path = ok_or_reply!(self.child(parent, name), reply);
         let flags = locus_flags(flags) | open_flags::CREATE;
-        let opened = ok_or_reply!(self.driver.open(&path, flags, mode & !umask & 0o7777).map_err(errno), reply);
+        // The server creates only for a writer; `open(O_CREAT | O_RDONLY)` (lock and
+        // marker files, `flock FILE CMD`) makes the file as a local disk does, on a
+        // handle that also may write. Should the file be there already and refuse
+        // writing, it is opened for reading as asked.
+        let as_writer = if flags & open_flags::WRITE == 0 { flags | open_flags::WRITE } else { flags };
+        let opened = match self.driver.open(&path, as_writer, mode & !umask & 0o7777) {
+            Err(e) if as_writer != flags && e.errno == libc::EACCES && flags & open_flags::EXCLUSIVE == 0 => {
+                self.driver.open(&path, flags & !open_flags::CREATE, 0)
+            }
+            opened => opened,
+        };
+        let opened = ok_or_reply!(opened.map_err(errno), reply);
         self.changed(parent, None);
         self.added(parent, name, &opened.attr);
         let ino = self.inodes.lookup(path);
@@ -1392,14 +1685,25 @@ impl Filesystem for LocusFs {
     ) {
         if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
             let append = flags & open_flags::APPEND != 0;
-            match self.copies.as_mut().map(|c| c.write(ino, offset as u64, data, append)) {
+            let path = ok_or_reply!(self.path(ino), reply);
+            let mut result = self.copies.as_mut().map(|c| c.write(ino, &path, offset as u64, data, append));
+            if matches!(result, Some(Err(Refused::Full))) {
+                // Unsaved copies fill the cache: the writer waits while those no handle
+                // uses are stored, then, if that was not enough, this file is stored and
+                // written through (a server away past the retry window is its error).
+                self.retry_unsaved();
+                result = self.copies.as_mut().map(|c| c.write(ino, &path, offset as u64, data, append));
+            }
+            match result {
                 Some(Ok(_)) => {
+                    self.sync_pin(ino);
                     self.file_changed(ino);
                     return reply.written(data.len() as u32);
                 }
                 Some(Err(Refused::Io(e))) => return reply.error(e.raw_os_error().unwrap_or(libc::EIO)),
-                // Grown past what a copy holds: written through from here on.
-                Some(Err(Refused::TooLarge)) | None => ok_or_reply!(self.spill(ino), reply),
+                // Grown past what a copy holds, or no room left for unsaved bytes:
+                // written through from here on.
+                Some(Err(Refused::TooLarge | Refused::Full)) | None => ok_or_reply!(self.spill(ino), reply),
             }
         }
         // Written behind: an error shows at the flush (close) or fsync of the file.
@@ -1431,8 +1735,9 @@ impl Filesystem for LocusFs {
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
         if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
-            // Closing a file opened for writing stores it: its errors show here.
-            if flags & open_flags::WRITE != 0 {
+            // Closing a file opened for writing (or made by this open) stores it: its
+            // errors show here.
+            if flags & (open_flags::WRITE | open_flags::CREATE) != 0 {
                 ok_or_reply!(self.store(ino, false), reply);
             }
             return reply.ok();
@@ -1513,8 +1818,10 @@ impl Filesystem for LocusFs {
         }
     }
 
+    /// The kernel let go of the mount (unmounted): everything unsaved is stored now.
     fn destroy(&mut self) {
-        self.failed_behind(true);
+        self.closing = true;
+        self.store_all();
     }
 
     fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen) {
@@ -1590,6 +1897,27 @@ impl Filesystem for LocusFs {
     }
 
     fn statfs(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyStatfs) {
+        if self.control.store_all.swap(false, Ordering::SeqCst) {
+            // The process running the mount asks it to store before it goes, and waits
+            // for this answer (the server is not asked for counts now: it may be away).
+            self.closing = true;
+            self.store_all();
+            self.closing = false;
+            let s = self.statfs.as_ref().map(|(s, _)| s.clone()).unwrap_or_default();
+            return reply.statfs(
+                s.blocks,
+                s.bfree,
+                s.bavail,
+                s.files,
+                s.ffree,
+                s.bsize as u32,
+                s.namemax as u32,
+                s.frsize as u32,
+            );
+        }
+        if self.retried.elapsed() >= RETRY_EVERY {
+            self.retry_unsaved();
+        }
         // Counts of free space a second old are as good as new to anyone asking.
         let s = match &self.statfs {
             Some((s, at)) if at.elapsed() < Duration::from_secs(1) => s.clone(),
