@@ -351,6 +351,10 @@ enum BenchCommand {
     /// A head, data nodes and clients in network namespaces on rate-limited links:
     /// aggregate read throughput with third-party transfer on and off (needs root).
     Cluster(locus_bench::cluster::ClusterArgs),
+    /// Mixed clients (small ops, large files, scripts, storelets, afs mounts) against one
+    /// server for N minutes: throughput and p99 over time; RSS, descriptors and threads
+    /// at start, end and after the clients leave. Fails if a check fails.
+    Soak(locus_bench::soak::SoakArgs),
 }
 
 /// The agent's options from `locus run`'s flags.
@@ -459,6 +463,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Cluster(args)) => locus_bench::cluster::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Soak(args)) => locus_bench::soak::run(args, cli.json).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
