@@ -154,13 +154,7 @@ impl Pace {
 }
 
 /// Runs `op` at `rate` until `stop`, recording each call under `kind`.
-fn paced(
-    stop: &AtomicBool,
-    meters: &Meters,
-    kind: &str,
-    rate: f64,
-    mut op: impl FnMut(u64) -> Result<(), String>,
-) {
+fn paced(stop: &AtomicBool, meters: &Meters, kind: &str, rate: f64, mut op: impl FnMut(u64) -> Result<(), String>) {
     let mut pace = Pace::new(rate);
     let mut i = 0u64;
     while pace.wait(stop) {
@@ -256,13 +250,14 @@ fn small_op(c: &blocking::Client, dir: &str, i: u64, payload: &[u8]) -> Result<(
     let f = format!("{dir}/f{}", i as usize % SMALL_FILES);
     match i % 7 {
         0 => c.run(|c| c.stat(&f)).map(drop).map_err(e),
-        1 => c.run(|c| async {
-            let h = c.open(&f, open_flags::READ, 0).await?;
-            let data = c.pread(h.handle, 0, 4096).await;
-            c.close(h.handle).await?;
-            data.map(drop)
-        })
-        .map_err(e),
+        1 => c
+            .run(|c| async {
+                let h = c.open(&f, open_flags::READ, 0).await?;
+                let data = c.pread(h.handle, 0, 4096).await;
+                c.close(h.handle).await?;
+                data.map(drop)
+            })
+            .map_err(e),
         2 => c.run(|c| c.write_file(&f, 0o644, payload)).map(drop).map_err(e),
         3 => {
             let got = c.run(|c| c.read_file(&f)).map_err(e)?;
@@ -309,9 +304,10 @@ fn mount_op(dir: &Path, m: usize, i: u64) -> Result<(), String> {
         }
         2 => {
             let shared = dir.join("shared");
-            std::fs::read_dir(&shared).map_err(|x| e("ls", &shared, x))?.try_for_each(|d| d.map(drop)).map_err(
-                |x| e("ls", &shared, x),
-            )
+            std::fs::read_dir(&shared)
+                .map_err(|x| e("ls", &shared, x))?
+                .try_for_each(|d| d.map(drop))
+                .map_err(|x| e("ls", &shared, x))
         }
         3 => {
             let f = dir.join(format!("shared/s{}", (i / 5) as usize % SHARED_FILES));
@@ -587,7 +583,8 @@ pub fn run(args: SoakArgs, json: bool) -> Result<(), BenchError> {
     while left.elapsed().as_secs_f64() < args.settle_secs {
         std::thread::sleep(Duration::from_millis(500));
         after = resources(pid);
-        if after.fds <= start_res.fds && after.threads <= start_res.threads && left.elapsed() >= Duration::from_secs(3) {
+        if after.fds <= start_res.fds && after.threads <= start_res.threads && left.elapsed() >= Duration::from_secs(3)
+        {
             break;
         }
     }
@@ -607,7 +604,9 @@ pub fn run(args: SoakArgs, json: bool) -> Result<(), BenchError> {
             start: t0,
             end: t1,
             pass: t0 > 0.0 && (t1 / t0 - 1.0).abs() <= 0.10,
-            rule: format!("median total ops/s of the last {compare} intervals within 10% of the first {compare} after warm-up"),
+            rule: format!(
+                "median total ops/s of the last {compare} intervals within 10% of the first {compare} after warm-up"
+            ),
         },
         Check {
             name: "RSS growth after warm-up (KiB)".into(),
