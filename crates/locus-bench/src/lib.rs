@@ -20,6 +20,8 @@
 //! - [`peers`]: starting and stopping the servers under test.
 //! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
 //!   traversal and a local `find`, and the file service under hostile storelets.
+//! - [`soak`]: `locus bench soak`, mixed clients against one server for minutes:
+//!   throughput and p99 over time, and the server's memory, descriptors and threads.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
 
 pub mod active;
@@ -34,6 +36,7 @@ pub mod pingpong;
 pub mod placement;
 pub mod proxy;
 pub mod scripts;
+pub mod soak;
 pub mod stats;
 pub mod storelets;
 

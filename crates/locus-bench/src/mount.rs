@@ -204,7 +204,13 @@ pub(crate) fn mount(exe: &Path, url: &str, dir: &Path, token: &str) -> Result<Mo
 }
 
 /// `locus mount FLAGS URL DIR` as admin, once mounted.
-fn mount_with(exe: &Path, url: &str, dir: &Path, token: &str, flags: &[&str]) -> Result<Mounted, BenchError> {
+pub(crate) fn mount_with(
+    exe: &Path,
+    url: &str,
+    dir: &Path,
+    token: &str,
+    flags: &[&str],
+) -> Result<Mounted, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::io("mkdir", e))?;
     let dir = dir.canonicalize().map_err(|e| BenchError::io("mount point", e))?;
     let child = Command::new(exe)

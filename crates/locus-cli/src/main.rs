@@ -357,6 +357,10 @@ enum BenchCommand {
     /// full disk, a cut link, each during writes; checks that every acknowledged write
     /// reads back and nothing is half-written (needs root).
     Faults(locus_bench::faults::FaultsArgs),
+    /// Mixed clients (small ops, large files, scripts, storelets, afs mounts) against one
+    /// server for N minutes: throughput and p99 over time; RSS, descriptors and threads
+    /// at start, end and after the clients leave. Fails if a check fails.
+    Soak(locus_bench::soak::SoakArgs),
 }
 
 /// The agent's options from `locus run`'s flags.
@@ -467,6 +471,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Faults(args)) => locus_bench::faults::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Soak(args)) => locus_bench::soak::run(args, cli.json).map_err(|e| e.to_string()),
         Command::Token { subject, state } => serve::add_token(&subject, &state),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
