@@ -643,6 +643,27 @@ impl LocusFs {
         }
     }
 
+    /// A name of the file `ino` was made or removed here: the link count the kernel and
+    /// this cache keep for its other names (other inodes here, one per path) is stale.
+    fn links_changed(&mut self, ino: Option<u64>) {
+        let Some((server_ino, dev)) = ino.and_then(|i| self.attrs.get(&i)).map(|(a, _)| (a.ino, a.dev)) else {
+            return;
+        };
+        let others: Vec<u64> = self
+            .attrs
+            .iter()
+            .filter(|(i, (a, _))| Some(**i) != ino && a.ino == server_ino && a.dev == dev && !a.is_dir())
+            .map(|(i, _)| *i)
+            .collect();
+        for other in others {
+            self.attrs.remove(&other);
+            if let Some(notifier) = self.notifier.get() {
+                // A negative offset: the attributes only, the cached pages stay.
+                let _ = notifier.inval_inode(other, -1, 0);
+            }
+        }
+    }
+
     /// The attributes of `ino` changed here (written, truncated, chmod): its entry in
     /// its directory's listing no longer describes it.
     fn file_changed(&mut self, ino: u64) {
@@ -1443,6 +1464,7 @@ impl Filesystem for LocusFs {
                 self.removed_in(parent);
             }
         }
+        self.links_changed(self.inodes.peek(&path));
         self.changed(parent, Some(&path));
         self.listings.removed(parent, name.to_str().unwrap_or_default());
         self.inodes.unlinked(&path);
@@ -1532,6 +1554,7 @@ impl Filesystem for LocusFs {
             ok_or_reply!(self.spill(ino), reply);
         }
         ok_or_reply!(self.driver.link(&from, &to).map_err(errno), reply);
+        self.links_changed(Some(ino));
         self.changed(newparent, Some(&from));
         self.file_changed(ino);
         let attr = ok_or_reply!(self.lstat(&to), reply);
