@@ -32,6 +32,7 @@ pub mod error;
 pub mod export_watch;
 pub mod head;
 pub mod http;
+pub mod keys;
 pub mod metrics;
 pub mod node;
 pub mod script_host;
@@ -143,8 +144,8 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     /// The cluster this server heads, if it is a head.
     pub head: Option<Arc<head::Head>>,
-    /// The cluster key, once this server has joined a head as a data node.
-    node_key: parking_lot::RwLock<Option<Arc<Vec<u8>>>>,
+    /// The cluster's keys, once this server has joined a head as a data node.
+    node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
 }
 
 /// What the frame loop needs of a connection's session besides its operations.
@@ -317,14 +318,15 @@ impl Server {
 }
 
 impl Shared {
-    /// The cluster key, once this server has joined a head as a data node.
-    pub fn node_key(&self) -> Option<Arc<Vec<u8>>> {
+    /// The cluster's keys (current, and the previous one until its time is up), once
+    /// this server has joined a head as a data node.
+    pub fn node_key(&self) -> Option<Arc<locus_proto::capability::KeyRing>> {
         self.node_key.read().clone()
     }
 
-    /// Makes this server a data node of the cluster whose key this is.
-    pub fn set_node_key(&self, key: Vec<u8>) {
-        *self.node_key.write() = Some(Arc::new(key));
+    /// Makes this server a data node of the cluster whose keys these are.
+    pub fn set_node_key(&self, keys: locus_proto::capability::KeyRing) {
+        *self.node_key.write() = Some(Arc::new(keys));
     }
 
     /// Saves the I/O accounting to the state directory (logged if it cannot be).
