@@ -120,24 +120,6 @@ fn killing_a_head_loses_no_acknowledged_write() {
     let (pa, pb, pn) = (free_port(), free_port(), free_port());
     let url = pg.url();
     let mut a = serve(dir.path(), "a", pa, &["--head", "--meta", &url]);
-    // A second head without the first's wrap key refuses to start, naming the file;
-    // with a copy (what the operator does) it serves.
-    let wrap = dir.path().join("a/state/cluster-wrap.key");
-    let lacking = dir.path().join("lacking");
-    std::fs::create_dir_all(&lacking).unwrap();
-    let out = locus(&dir.path().join("home"))
-        .args(["serve", "--head", "--listen", "127.0.0.1:0", "--meta", &url, "--state"])
-        .arg(&lacking)
-        .arg("--root")
-        .arg(&lacking)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("cluster-wrap.key"), "{said}");
-    std::fs::create_dir_all(dir.path().join("b/state")).unwrap();
-    std::fs::copy(&wrap, dir.path().join("b/state/cluster-wrap.key")).unwrap();
-    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
-    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let connect = |port: u16| {
         let opts = locus_client::ConnectOptions {
@@ -149,8 +131,38 @@ fn killing_a_head_loses_no_acknowledged_write() {
         };
         rt.block_on(Client::connect(&opts)).unwrap()
     };
-    // Wait until the node has joined: a large file then lands on it.
+    // Once the first head answers, it has made the namespace's keys.
     let writer = connect(pa);
+    // A second head without the first's wrap key refuses to start, naming the file;
+    // with a copy (what the operator does) it serves.
+    let wrap = dir.path().join("a/state/cluster-wrap.key");
+    let lacking = dir.path().join("lacking");
+    std::fs::create_dir_all(lacking.join("state")).unwrap();
+    std::fs::create_dir_all(lacking.join("export")).unwrap();
+    let mut refused = locus(&dir.path().join("home"))
+        .args(["serve", "--head", "--listen", "127.0.0.1:0", "--meta", &url, "--state"])
+        .arg(lacking.join("state"))
+        .arg("--root")
+        .arg(lacking.join("export"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refused.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = refused.kill();
+            panic!("a head without the wrap key started");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = refused.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("cluster-wrap.key"), "{said}");
+    std::fs::create_dir_all(dir.path().join("b/state")).unwrap();
+    std::fs::copy(&wrap, dir.path().join("b/state/cluster-wrap.key")).unwrap();
+    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
+    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
+    // Wait until the node has joined: a large file then lands on it.
     let deadline = Instant::now() + Duration::from_secs(10);
     while rt.block_on(writer.write_file("/probe", 0o644, &vec![1u8; 100_000])).is_err() {
         assert!(Instant::now() < deadline, "the data node did not join");
