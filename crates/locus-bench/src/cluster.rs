@@ -313,7 +313,7 @@ fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
         tls_ca: None,
         tls_name: None,
-            deadlines: Default::default(),
+        deadlines: Default::default(),
     };
     rt.block_on(Client::connect(&opts)).map_err(|e| BenchError::Setup(format!("head: {e}")))
 }

@@ -261,7 +261,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         if config.head.is_some() {
             let path = config.state_dir.join(config::TOKENS_FILE);
             match &node_token {
-                Some(token) => eprintln!("  data nodes join with LOCUS_TOKEN={node}:{token} (kept in {})", path.display()),
+                Some(token) => {
+                    eprintln!("  data nodes join with LOCUS_TOKEN={node}:{token} (kept in {})", path.display())
+                }
                 None => eprintln!("  data nodes join with the {node} token in {}", path.display()),
             }
             eprintln!(

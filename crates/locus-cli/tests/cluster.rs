@@ -283,7 +283,15 @@ fn a_hung_data_node_stalls_neither_reads_nor_the_head() {
     let through_head = {
         let c = connect();
         rt.spawn(async move {
-            let h = c.call(locus_client::ops::Open { path: "/big".into(), flags: locus_client::types::open_flags::READ, mode: 0 }).await.unwrap().handle;
+            let h = c
+                .call(locus_client::ops::Open {
+                    path: "/big".into(),
+                    flags: locus_client::types::open_flags::READ,
+                    mode: 0,
+                })
+                .await
+                .unwrap()
+                .handle;
             let read = c.call_with(locus_client::ops::Pread { handle: h, offset: 0, len: 1 << 20 }, &[]);
             tokio::time::timeout(Duration::from_secs(40), read).await
         })

@@ -105,7 +105,11 @@ pub struct Deadlines {
 
 impl Default for Deadlines {
     fn default() -> Self {
-        Deadlines { connect: Duration::from_secs(10), request: Duration::from_secs(60), node_read: Duration::from_secs(10) }
+        Deadlines {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            node_read: Duration::from_secs(10),
+        }
     }
 }
 

@@ -556,10 +556,7 @@ impl Meta {
     pub fn settings(&self) -> Result<Vec<(String, String)>> {
         self.tx(|tx| {
             let rows = tx.query("SELECT name, value FROM settings ORDER BY name", &[])?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| Some((r[0].text()?.to_string(), r[1].text()?.to_string())))
-                .collect())
+            Ok(rows.iter().filter_map(|r| Some((r[0].text()?.to_string(), r[1].text()?.to_string()))).collect())
         })
     }
 

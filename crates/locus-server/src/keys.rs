@@ -84,7 +84,13 @@ pub fn seal_for_node(keys: &KeyRing, token: &[u8], node_nonce: &[u8], addr: &str
 
 /// The node's side of a join: the ring the head sealed, or `None` if it does not open
 /// (another token, nonce or address, or altered on the way).
-pub fn open_from_head(token: &[u8], node_nonce: &[u8], head_nonce: &[u8], addr: &str, sealed: &[u8]) -> Option<KeyRing> {
+pub fn open_from_head(
+    token: &[u8],
+    node_nonce: &[u8],
+    head_nonce: &[u8],
+    addr: &str,
+    sealed: &[u8],
+) -> Option<KeyRing> {
     let k = transport_key(token, node_nonce, head_nonce);
     let plain = unseal(&k, b"join", addr.as_bytes(), sealed)?;
     locus_proto::codec::decode(&plain).ok()

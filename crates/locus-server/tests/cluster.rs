@@ -347,9 +347,7 @@ fn recording_relay(to: std::net::SocketAddr) -> (String, std::sync::Arc<std::syn
         for client in listener.incoming() {
             let Ok(client) = client else { return };
             let server = std::net::TcpStream::connect(to).unwrap();
-            for (mut from, mut into) in
-                [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-            {
+            for (mut from, mut into) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
                 let record = record.clone();
                 std::thread::spawn(move || {
                     let mut buf = [0u8; 64 << 10];
@@ -467,7 +465,9 @@ async fn a_rotated_key_signs_nothing_after_its_capabilities_expire() {
     let rotated_at = std::time::Instant::now();
     node.join(&head);
     // Reads work right after the rotation, from the node.
-    let served = |n: &TestServer| n.shared().store.counters().ops().iter().find(|o| o.op == "object_read").map_or(0, |o| o.count);
+    let served = |n: &TestServer| {
+        n.shared().store.counters().ops().iter().find(|o| o.op == "object_read").map_or(0, |o| o.count)
+    };
     let before = served(&node);
     assert_eq!(admin.read_file("/big").await.unwrap(), data);
     assert!(served(&node) > before, "the read went to the node");
