@@ -19,6 +19,7 @@ fn main() {
         credentials: Credentials { subject: "admin".into(), token: args[2].clone() },
         tls_ca: None,
         tls_name: None,
+        deadlines: Default::default(),
     };
     let b = blocking::Client::connect(&opts).unwrap();
     if args.get(3).is_some_and(|a| a == "scripts") {

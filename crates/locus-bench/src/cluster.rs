@@ -148,7 +148,7 @@ impl Net {
         for d in [&root, &state] {
             std::fs::create_dir_all(d).map_err(|e| BenchError::io("server dirs", e))?;
         }
-        std::fs::write(state.join("tokens"), format!("admin {TOKEN}\n")).map_err(|e| BenchError::io("tokens", e))?;
+        std::fs::write(state.join("tokens"), format!("admin {TOKEN}\nlocus-node {TOKEN}\n")).map_err(|e| BenchError::io("tokens", e))?;
         Ok((root, state))
     }
 }
@@ -286,9 +286,11 @@ fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Ne
     std::thread::sleep(Duration::from_millis(500));
     for i in 1..=nodes {
         let (root, state) = net.server_dirs(&format!("n{i}"))?;
+        // Data nodes join as locus-node (which may do nothing else at the head).
+        let node_token = format!("locus-node:{TOKEN}");
         let c = net.locus(
             &format!("n{i}"),
-            &[],
+            &[("LOCUS_TOKEN", node_token.as_str())],
             &[
                 "serve",
                 "--data-node",
@@ -313,6 +315,7 @@ fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
         tls_ca: None,
         tls_name: None,
+        deadlines: Default::default(),
     };
     rt.block_on(Client::connect(&opts)).map_err(|e| BenchError::Setup(format!("head: {e}")))
 }

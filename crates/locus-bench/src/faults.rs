@@ -454,9 +454,14 @@ impl World {
         }
         let tokens = state.join("tokens");
         if !tokens.exists() {
-            std::fs::write(&tokens, format!("admin {TOKEN}\n")).map_err(|e| BenchError::io("tokens", e))?;
+            std::fs::write(&tokens, format!("admin {TOKEN}\n{NODE} {TOKEN}\n"))
+                .map_err(|e| BenchError::io("tokens", e))?;
         }
         let (mut c, log) = self.locus(name, netns)?;
+        if flags.contains(&"--data-node") {
+            // Data nodes join as the node subject, which may do nothing else at a head.
+            c.env("LOCUS_TOKEN", format!("{NODE}:{TOKEN}"));
+        }
         c.args(["serve", "--listen", addr, "--threads", "2"]).arg("--root").arg(&root).arg("--state").arg(&state);
         c.args(flags);
         let child = c.spawn().map_err(|e| BenchError::io("locus serve", e))?;
@@ -491,12 +496,16 @@ fn sh(args: &[&str]) -> Result<(), BenchError> {
 // ---------------------------------------------------------------------------------
 // Client workloads (native protocol)
 
+/// The subject data nodes join a head as.
+const NODE: &str = locus_proto::capability::NODE_SUBJECT;
+
 fn options(addr: &str) -> ConnectOptions {
     ConnectOptions {
         addr: addr.to_string(),
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
         tls_ca: None,
         tls_name: None,
+        deadlines: Default::default(),
     }
 }
 
@@ -1010,6 +1019,11 @@ fn head_kill_postgres(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOut
     let world = World::new(exe)?;
     let (a_addr, b_addr) = (local_addr()?, local_addr()?);
     let (mut a, _nodes) = cluster(&world, &a_addr, &["--meta", &meta], 1)?;
+    // Every head of a namespace holds the wrap key of the cluster key (made by the first).
+    let wrap = locus_server::keys::WRAP_FILE;
+    std::fs::create_dir_all(world.path("head-b/state")).map_err(|e| BenchError::io("head-b state", e))?;
+    std::fs::copy(world.path(&format!("head/state/{wrap}")), world.path(&format!("head-b/state/{wrap}")))
+        .map_err(|e| BenchError::io("copy the wrap key", e))?;
     let _b = world.serve("head-b", &b_addr, &["--head", "--meta", &meta], None)?;
     let load = Workload::start(&world, seed, vec![a_addr.clone(), b_addr.clone()], 4, Work::Puts, 1 << 20)?;
     let mut out = RunOutcome::default();

@@ -152,6 +152,7 @@ impl LocusDriver {
             credentials: Credentials { subject: "admin".into(), token: token.into() },
             tls_ca: None,
             tls_name: None,
+            deadlines: Default::default(),
         };
         let client = blocking::Client::connect(&opts).map_err(|e| e.to_string())?;
         let read = client.run(|c| c.open("/small", of::READ, 0)).map_err(|e| e.to_string())?.handle;

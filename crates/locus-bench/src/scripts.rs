@@ -251,6 +251,7 @@ pub fn connect(addr: std::net::SocketAddr, token: &str) -> Result<blocking::Clie
         credentials: Credentials { subject: "admin".into(), token: token.into() },
         tls_ca: None,
         tls_name: None,
+        deadlines: Default::default(),
     };
     blocking::Client::connect(&opts).map_err(|e| e.to_string())
 }

@@ -3,7 +3,7 @@
 
 use crate::output;
 use crate::Command;
-use crate::{AclCommand, RebalanceCommand, ScriptCommand, StoreletCommand};
+use crate::{AclCommand, ClusterCommand, RebalanceCommand, ScriptCommand, StoreletCommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
@@ -260,6 +260,11 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let u = parse(&url)?;
             let req = locus_proto::ops::Share { path: u.path.clone(), ttl_s: ttl };
             println!("{}", conns.get(&u).await?.call(req).await.map_err(|e| err(&u, e))?);
+        }
+        Command::Cluster(ClusterCommand::RotateKey { url }) => {
+            let u = parse(&url)?;
+            conns.get(&u).await?.call(locus_proto::ops::KeyRotate {}).await.map_err(|e| err(&u, e))?;
+            eprintln!("cluster key rotated: data nodes learn it when they next join (within seconds)");
         }
         Command::Storelet(StoreletCommand::Ps { url }) => {
             let u = parse(&url)?;

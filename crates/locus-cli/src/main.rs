@@ -145,6 +145,9 @@ enum Command {
         #[arg(long, default_value_t = 3600)]
         ttl: u64,
     },
+    /// Administer a cluster head.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Register and call Lua scripts that run at the server.
     #[command(subcommand)]
     Script(ScriptCommand),
@@ -239,6 +242,17 @@ enum AclCommand {
         subject: String,
         /// Letters from rwldax (read, write, list, delete, admin, execute code), or `-`.
         rights: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    /// Replace the cluster key (needs the `a` right at the head's root): data nodes learn
+    /// the new key within seconds; capabilities and shared URLs signed with the old one
+    /// stop working once the longest-lived capability has expired.
+    RotateKey {
+        /// The head, as a locus:// URL.
+        url: String,
     },
 }
 

@@ -141,8 +141,9 @@ pub struct ServeArgs {
     /// Seconds a third-party read capability stays valid.
     #[arg(long, default_value_t = 60, requires = "head")]
     capability_ttl_s: u64,
-    /// Serve as a data node of the head at this URL (locus://HOST:PORT/); its
-    /// credentials must hold the admin right there. Default root and state:
+    /// Serve as a data node of the head at this URL (locus://HOST:PORT/). The node
+    /// joins as the subject locus-node, whose token the head makes on first start (in
+    /// its tokens file): give it as LOCUS_TOKEN=locus-node:TOKEN. Default root and state:
     /// ~/.locus/nodes/PORT/.
     #[arg(long, value_name = "HEAD_URL")]
     data_node: Option<String>,
@@ -269,8 +270,18 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         None => None,
     };
     config.prepare().map_err(|e| e.to_string())?;
-    let (tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
+    let (mut tokens, created) = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?;
     let admin_token = tokens.get(config::ADMIN_SUBJECT).map(|t| String::from_utf8_lossy(t).into_owned());
+    // A head makes the token its data nodes join with (they hold no admin token).
+    let node = locus_proto::capability::NODE_SUBJECT;
+    let node_token = match (&config.head, tokens.get(node)) {
+        (Some(_), None) => {
+            let token = append_token(&config.state_dir, node)?;
+            tokens = Tokens::load_or_create(&config.state_dir).map_err(|e| e.to_string())?.0;
+            Some(token)
+        }
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&args.listen)
@@ -305,6 +316,19 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 eprintln!("  new admin token: {token} (use LOCUS_TOKEN=admin:{token})")
             }
             _ => {}
+        }
+        if config.head.is_some() {
+            let path = config.state_dir.join(config::TOKENS_FILE);
+            match &node_token {
+                Some(token) => {
+                    eprintln!("  data nodes join with LOCUS_TOKEN={node}:{token} (kept in {})", path.display())
+                }
+                None => eprintln!("  data nodes join with the {node} token in {}", path.display()),
+            }
+            eprintln!(
+                "  cluster wrap key: {} (every head of this namespace needs a copy, mode 0600)",
+                config.state_dir.join(locus_server::keys::WRAP_FILE).display()
+            );
         }
         eprintln!("  try: locus ls {scheme}://{addr}/");
         eprintln!(
@@ -508,12 +532,19 @@ pub fn add_token(subject: &str, state: &Path) -> Result<(), String> {
     if Tokens::parse(&existing).map_err(|e| e.to_string())?.get(subject).is_some() {
         return Err(format!("{subject} already has a token in {}", path.display()));
     }
-    let token = config::new_token();
-    let mut f = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    writeln!(f, "{subject} {token}").map_err(|e| e.to_string())?;
+    let token = append_token(state, subject)?;
     println!("{subject}:{token}");
     eprintln!("(a running server picks new tokens up when restarted)");
     Ok(())
+}
+
+/// Appends a new token for `subject` to the token file in `state`; answers it.
+fn append_token(state: &Path, subject: &str) -> Result<String, String> {
+    let path = state.join(config::TOKENS_FILE);
+    let token = config::new_token();
+    let mut f = std::fs::OpenOptions::new().append(true).open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    writeln!(f, "{subject} {token}").map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(token)
 }
 
 #[cfg(test)]

@@ -83,13 +83,18 @@ fn wait_for_port(port: u16) {
     }
 }
 
-/// `locus serve FLAGS` on `port` with its own directories and the test's admin token.
+/// `locus serve FLAGS` on `port` with its own directories and the test's admin and
+/// data-node tokens; a data node joins with the latter.
 fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Child {
     let (root, state) = (dir.join(name).join("export"), dir.join(name).join("state"));
     std::fs::create_dir_all(&root).unwrap();
     std::fs::create_dir_all(&state).unwrap();
-    std::fs::write(state.join("tokens"), "admin admin-token\n").unwrap();
-    let child = locus(&dir.join("home"))
+    std::fs::write(state.join("tokens"), "admin admin-token\nlocus-node node-token\n").unwrap();
+    let mut command = locus(&dir.join("home"));
+    if flags.contains(&"--data-node") {
+        command.env("LOCUS_TOKEN", "locus-node:node-token");
+    }
+    let child = command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")
         .arg(&root)
@@ -115,8 +120,6 @@ fn killing_a_head_loses_no_acknowledged_write() {
     let (pa, pb, pn) = (free_port(), free_port(), free_port());
     let url = pg.url();
     let mut a = serve(dir.path(), "a", pa, &["--head", "--meta", &url]);
-    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
-    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let connect = |port: u16| {
         let opts = locus_client::ConnectOptions {
@@ -124,11 +127,42 @@ fn killing_a_head_loses_no_acknowledged_write() {
             credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
             tls_ca: None,
             tls_name: None,
+            deadlines: Default::default(),
         };
         rt.block_on(Client::connect(&opts)).unwrap()
     };
-    // Wait until the node has joined: a large file then lands on it.
+    // Once the first head answers, it has made the namespace's keys.
     let writer = connect(pa);
+    // A second head without the first's wrap key refuses to start, naming the file;
+    // with a copy (what the operator does) it serves.
+    let wrap = dir.path().join("a/state/cluster-wrap.key");
+    let lacking = dir.path().join("lacking");
+    std::fs::create_dir_all(lacking.join("state")).unwrap();
+    std::fs::create_dir_all(lacking.join("export")).unwrap();
+    let mut refused = locus(&dir.path().join("home"))
+        .args(["serve", "--head", "--listen", "127.0.0.1:0", "--meta", &url, "--state"])
+        .arg(lacking.join("state"))
+        .arg("--root")
+        .arg(lacking.join("export"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while refused.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = refused.kill();
+            panic!("a head without the wrap key started");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = refused.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("cluster-wrap.key"), "{said}");
+    std::fs::create_dir_all(dir.path().join("b/state")).unwrap();
+    std::fs::copy(&wrap, dir.path().join("b/state/cluster-wrap.key")).unwrap();
+    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
+    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
+    // Wait until the node has joined: a large file then lands on it.
     let deadline = Instant::now() + Duration::from_secs(10);
     while rt.block_on(writer.write_file("/probe", 0o644, &vec![1u8; 100_000])).is_err() {
         assert!(Instant::now() < deadline, "the data node did not join");
@@ -163,4 +197,122 @@ fn killing_a_head_loses_no_acknowledged_write() {
         let _ = c.kill();
         let _ = c.wait();
     }
+}
+
+/// Stops a process (SIGSTOP) so it hangs rather than dies; continues it when dropped.
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(child: &std::process::Child) -> Stopped {
+        assert!(Command::new("kill").args(["-STOP", &child.id().to_string()]).status().unwrap().success());
+        Stopped(child.id())
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0.to_string()]).status();
+    }
+}
+
+/// Ends the processes of a test however it ends.
+struct Reap(Vec<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A data node that hangs (SIGSTOP, not killed): reads of a file on two replicas fail
+/// over to the other within the client's deadlines, and the head goes on answering
+/// other requests, its own reads from the nodes included.
+#[test]
+fn a_hung_data_node_stalls_neither_reads_nor_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ph, p1, p2) = (free_port(), free_port(), free_port());
+    let head_url = format!("locus://127.0.0.1:{ph}/");
+    let head = serve(dir.path(), "h", ph, &["--head", "--replication", "2"]);
+    let n1 = serve(dir.path(), "n1", p1, &["--data-node", &head_url]);
+    let n2 = serve(dir.path(), "n2", p2, &["--data-node", &head_url]);
+    let procs = Reap(vec![head, n1, n2]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let deadlines = locus_client::Deadlines {
+        connect: Duration::from_secs(5),
+        request: Duration::from_secs(30),
+        node_read: Duration::from_secs(2),
+    };
+    let connect = || {
+        let opts = locus_client::ConnectOptions {
+            addr: format!("127.0.0.1:{ph}"),
+            credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
+            tls_ca: None,
+            tls_name: None,
+            deadlines,
+        };
+        rt.block_on(Client::connect(&opts)).unwrap()
+    };
+    let admin = connect();
+    // Both nodes have joined once a file goes to two of them.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(admin.write_file("/probe", 0o644, &vec![1u8; 200_000])).is_err() {
+        assert!(Instant::now() < deadline, "the data nodes did not join");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    rt.block_on(admin.write_file("/big", 0o644, &data)).unwrap();
+    let located = rt.block_on(admin.call(locus_client::ops::Locate { path: "/big".into() })).unwrap();
+    let nodes = located.location.expect("a large file is on the nodes").nodes;
+    assert_eq!(nodes.len(), 2);
+    // Hang the node reads go to first.
+    let first = if nodes[0].ends_with(&format!(":{p1}")) { &procs.0[1] } else { &procs.0[2] };
+    let stopped = Stopped::new(first);
+
+    // A third-party read fails over to the other replica.
+    let t = Instant::now();
+    let got = rt.block_on(async { tokio::time::timeout(Duration::from_secs(40), admin.read_file("/big")).await });
+    assert_eq!(got.expect("the read did not fail over in 40 s").unwrap(), data);
+    eprintln!("read with a hung replica: {:?}", t.elapsed());
+
+    // A read through the head (its own calls to the nodes) while other clients are
+    // answered promptly.
+    let through_head = {
+        let c = connect();
+        rt.spawn(async move {
+            let h = c
+                .call(locus_client::ops::Open {
+                    path: "/big".into(),
+                    flags: locus_client::types::open_flags::READ,
+                    mode: 0,
+                })
+                .await
+                .unwrap()
+                .handle;
+            let read = c.call_with(locus_client::ops::Pread { handle: h, offset: 0, len: 1 << 20 }, &[]);
+            tokio::time::timeout(Duration::from_secs(40), read).await
+        })
+    };
+    let other = connect();
+    for i in 0..5 {
+        let t = Instant::now();
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), async {
+                assert_eq!(other.stat("/big").await.unwrap().size, data.len() as u64);
+                other.write_file(&format!("/small{i}"), 0o644, b"small").await.unwrap();
+                assert_eq!(other.read_file(&format!("/small{i}")).await.unwrap(), b"small");
+            })
+            .await
+            .expect("the head answered within 5 s while a node hangs")
+        });
+        assert!(t.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, bytes) = rt.block_on(through_head).unwrap().expect("the head's read did not fail over in 40 s").unwrap();
+    assert_eq!(bytes, data[..1 << 20]);
+    drop(stopped);
+    drop(procs);
 }

@@ -14,6 +14,10 @@ pub enum ClientError {
     /// The connection is closed; the request's fate is unknown.
     #[error("connection closed")]
     Closed,
+    /// The server (or a data node) did not answer within a deadline; the request's fate
+    /// is unknown, and the connection it was sent on is given up.
+    #[error("timed out: {0}")]
+    TimedOut(String),
     /// The server said something this client does not understand.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -31,6 +35,7 @@ impl ClientError {
         match self {
             ClientError::Remote(e) => e.code,
             ClientError::Io(_) | ClientError::Closed => Code::IO,
+            ClientError::TimedOut(_) => Code::TIMEDOUT,
             ClientError::Protocol(_) => Code::PROTO,
             ClientError::Auth(_) => Code::AUTH_FAILED,
             ClientError::Config(_) => Code::INVAL,
@@ -44,7 +49,7 @@ impl ClientError {
 
     /// True for failures that a retry on a new connection may cure (the server went away).
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClientError::Io(_) | ClientError::Closed)
+        matches!(self, ClientError::Io(_) | ClientError::Closed | ClientError::TimedOut(_))
     }
 }
 

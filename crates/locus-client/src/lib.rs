@@ -33,6 +33,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -107,6 +108,34 @@ pub struct ConnectOptions {
     pub tls_ca: Option<PathBuf>,
     /// Host name the server's certificate must carry (defaults to the host of `addr`).
     pub tls_name: Option<String>,
+    /// How long to wait for the server before giving up on it.
+    pub deadlines: Deadlines,
+}
+
+/// How long a client waits before it gives up on a server (or data node) that does not
+/// answer: one that hangs, rather than dies, then costs a bounded wait, and reads fail
+/// over to the next replica or the head. Streams are bounded by progress: each frame
+/// must come (or go) within `request`, however long the whole transfer takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Connecting, TLS and the handshake.
+    pub connect: Duration,
+    /// A request's reply; each frame of a streamed reply; each frame sent. Operations
+    /// that carry out long work (`rebalance_apply`, storelet runs) are bounded by the
+    /// server's own limits instead.
+    pub request: Duration,
+    /// One read at a data node, before the client tries the next replica or the head.
+    pub node_read: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            node_read: Duration::from_secs(10),
+        }
+    }
 }
 
 impl ConnectOptions {
@@ -120,7 +149,13 @@ impl ConnectOptions {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
         });
-        Ok(ConnectOptions { addr: authority, credentials, tls_ca, tls_name: Some(url.host.clone()) })
+        Ok(ConnectOptions {
+            addr: authority,
+            credentials,
+            tls_ca,
+            tls_name: Some(url.host.clone()),
+            deadlines: Deadlines::default(),
+        })
     }
 }
 
@@ -133,19 +168,40 @@ pub struct Client {
     /// Third-party reads: where the open handles of a cluster head's large files can be
     /// read from, and the connections to data nodes.
     nodes: Arc<nodes::NodeReads>,
+    /// How long to wait for the server.
+    deadlines: Deadlines,
 }
 
 /// The reply of an operation sent with [`Client::start_with`], not yet waited for.
 pub struct Pending<R> {
     rx: oneshot::Receiver<Result<Frame>>,
     decode: fn(&[u8]) -> Result<R>,
+    /// When the reply is overdue (counted from when the request was sent), and the
+    /// connection to give up on then.
+    deadline: tokio::time::Instant,
+    conn: std::sync::Weak<Inner>,
 }
 
 impl<R> Pending<R> {
-    /// Waits for the reply.
+    /// Waits for the reply (at most until its deadline).
     pub async fn wait(self) -> Result<R> {
-        let frame = self.rx.await.map_err(|_| ClientError::Closed)??;
-        (self.decode)(&frame.meta)
+        let decode = self.decode;
+        let frame = self.frame().await?;
+        decode(&frame.meta)
+    }
+
+    async fn frame(self) -> Result<Frame> {
+        match tokio::time::timeout_at(self.deadline, self.rx).await {
+            Ok(frame) => frame.map_err(|_| ClientError::Closed)?,
+            Err(_) => Err(self.conn.upgrade().map_or(ClientError::Closed, |inner| abandon(&inner))),
+        }
+    }
+
+    /// Moves the reply's deadline to `after` from now, when that is sooner (a read at a
+    /// data node waits less than a request to the head).
+    pub fn within(mut self, after: Duration) -> Self {
+        self.deadline = self.deadline.min(tokio::time::Instant::now() + after);
+        self
     }
 
     /// The reply if it has come, without waiting: `None` while it has not (it arrives
@@ -160,8 +216,9 @@ impl<R> Pending<R> {
 
     /// Waits for the reply and its data (a `pread` sent ahead).
     pub async fn wait_with_data(self) -> Result<(R, Bytes)> {
-        let frame = self.rx.await.map_err(|_| ClientError::Closed)??;
-        Ok(((self.decode)(&frame.meta)?, frame.data))
+        let decode = self.decode;
+        let frame = self.frame().await?;
+        Ok((decode(&frame.meta)?, frame.data))
     }
 }
 
@@ -169,6 +226,9 @@ impl<R> Pending<R> {
 /// drops the pages when they come.
 pub struct PendingListing {
     pages: mpsc::UnboundedReceiver<Result<Frame>>,
+    /// How long each page may take, and the connection to give up on then.
+    deadline: Duration,
+    conn: std::sync::Weak<Inner>,
     /// The entries of the pages come so far.
     got: Vec<DirEntry>,
     /// Set once the last page (or an error) came.
@@ -202,10 +262,10 @@ impl PendingListing {
         self.ended.as_ref().map(|r| r.as_ref().map(|()| &self.got[..]))
     }
 
-    /// Waits for the whole listing.
+    /// Waits for the whole listing (each page within the request deadline).
     pub async fn wait(mut self) -> Result<Vec<DirEntry>> {
         while self.ended.is_none() {
-            let frame = self.pages.recv().await.unwrap_or(Err(ClientError::Closed));
+            let frame = next_frame(&mut self.pages, self.deadline, &self.conn).await;
             self.take(frame);
         }
         self.ended.take().expect("ended").map(|()| self.got)
@@ -216,8 +276,19 @@ impl PendingListing {
 pub const PUT_CHUNK: usize = 1 << 20;
 
 impl Client {
-    /// Connects and authenticates.
+    /// Connects and authenticates, within the options' connect deadline.
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
+        match tokio::time::timeout(opts.deadlines.connect, Self::connect_now(opts)).await {
+            Ok(client) => client,
+            Err(_) => Err(ClientError::TimedOut(format!(
+                "{} did not answer the connection within {:?}",
+                opts.addr, opts.deadlines.connect
+            ))),
+        }
+    }
+
+    /// Connects and authenticates, however long it takes.
+    async fn connect_now(opts: &ConnectOptions) -> Result<Client> {
         let tcp = TcpStream::connect(&opts.addr).await?;
         tcp.set_nodelay(true)?;
         keepalive(std::os::fd::AsRawFd::as_raw_fd(&tcp));
@@ -258,7 +329,8 @@ impl Client {
             dead: Arc::new(tokio::sync::Notify::new()),
         });
         tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner), inner.dead.clone()));
-        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes: Arc::default() };
+        let nodes = Arc::new(nodes::NodeReads::with_deadlines(opts.deadlines));
+        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines };
 
         let challenge = client
             .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
@@ -329,6 +401,7 @@ impl Client {
         let (weak, template) = (Arc::downgrade(&self.inner), self.clone());
         // The task must not keep the connection open: it holds it only to ping.
         let (client_id, subject, nodes) = (template.client_id, template.subject.clone(), template.nodes.clone());
+        let deadlines = template.deadlines;
         drop(template);
         tokio::spawn(async move {
             loop {
@@ -338,7 +411,7 @@ impl Client {
                     return;
                 }
                 let dead = inner.dead.clone();
-                let client = Client { inner, client_id, subject: subject.clone(), nodes: nodes.clone() };
+                let client = Client { inner, client_id, subject: subject.clone(), nodes: nodes.clone(), deadlines };
                 match tokio::time::timeout(HEARTBEAT_TIMEOUT, client.ping()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(ClientError::Remote(_))) => {}
@@ -378,18 +451,46 @@ impl Client {
             meta_len: meta.len() as u32,
             data_len: data.len() as u32,
         };
-        let mut w = self.inner.writer.lock().await;
-        let r = async {
+        // A peer that stops reading fills the socket: a frame that cannot go out within
+        // the request deadline gives the connection up (a frame may be half sent).
+        let written = tokio::time::timeout(self.deadlines.request, async {
+            let mut w = self.inner.writer.lock().await;
             w.write_all(&h.encode()).await?;
             w.write_all(meta).await?;
             w.write_all(data).await?;
             w.flush().await
-        }
+        })
         .await;
-        if r.is_err() {
-            self.inner.waiters.lock().remove(&id);
+        match written {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.inner.waiters.lock().remove(&id);
+                Err(e.into())
+            }
+            Err(_) => Err(abandon(&self.inner)),
         }
-        Ok(r?)
+    }
+
+    /// Waits for a single reply within `limit`; gives the connection up if it does not
+    /// come (the server, or the link, hangs).
+    async fn reply_within(&self, limit: Option<Duration>, rx: oneshot::Receiver<Result<Frame>>) -> Result<Frame> {
+        let Some(limit) = limit else { return rx.await.map_err(|_| ClientError::Closed)? };
+        match tokio::time::timeout(limit, rx).await {
+            Ok(frame) => frame.map_err(|_| ClientError::Closed)?,
+            Err(_) => Err(abandon(&self.inner)),
+        }
+    }
+
+    /// The deadline of operation `op`'s reply: none for operations that carry out long
+    /// work the server bounds itself.
+    fn deadline_of(&self, op: u16) -> Option<Duration> {
+        let long = [<RebalanceApply as Operation>::INFO.code, <RebalancePlan as Operation>::INFO.code];
+        (!long.contains(&op)).then_some(self.deadlines.request)
+    }
+
+    /// This connection's deadlines.
+    pub fn deadlines(&self) -> Deadlines {
+        self.deadlines
     }
 
     /// Sends one request frame without waiting for (or routing) any reply; returns its id.
@@ -405,7 +506,7 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         let id = self.register(Waiter::One(tx))?;
         self.send(op, id, false, meta, data).await?;
-        rx.await.map_err(|_| ClientError::Closed)?
+        self.reply_within(self.deadline_of(op), rx).await
     }
 
     /// Runs an operation and decodes its reply.
@@ -436,7 +537,12 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         let id = self.register(waiter(tx))?;
         self.send(O::INFO.code, id, false, &codec::encode(&req), data).await?;
-        Ok(Pending { rx, decode: |meta| Ok(codec::decode::<O::Reply>(meta)?) })
+        Ok(Pending {
+            rx,
+            decode: |meta| Ok(codec::decode::<O::Reply>(meta)?),
+            deadline: tokio::time::Instant::now() + self.deadlines.request,
+            conn: Arc::downgrade(&self.inner),
+        })
     }
 
     /// Runs a streamed-reply operation; frames arrive on the returned channel until one
@@ -576,7 +682,8 @@ impl Client {
     /// read several directories soon (a tree walk) sends for them all at once.
     pub async fn start_readdir(&self, path: &str) -> Result<PendingListing> {
         let pages = self.call_stream(Readdir { path: path.into() }).await?;
-        Ok(PendingListing { pages, got: Vec::new(), ended: None })
+        let (deadline, conn) = (self.deadlines.request, Arc::downgrade(&self.inner));
+        Ok(PendingListing { pages, deadline, conn, got: Vec::new(), ended: None })
     }
 
     /// Streams the file at `path` into `sink`, calling `progress` with the byte count so
@@ -594,12 +701,13 @@ impl Client {
             }
         }
         let mut rx = self.call_stream(Get { path: path.into() }).await?;
-        let first = rx.recv().await.ok_or(ClientError::Closed)??;
+        let (limit, conn) = (self.deadlines.request, Arc::downgrade(&self.inner));
+        let first = next_frame(&mut rx, limit, &conn).await?;
         let attr: Attr = codec::decode(&first.meta)?;
         let mut more = first.header.more();
         let mut done = 0u64;
         while more {
-            let frame = rx.recv().await.ok_or(ClientError::Closed)??;
+            let frame = next_frame(&mut rx, limit, &conn).await?;
             sink.write_all(&frame.data).await?;
             done += frame.data.len() as u64;
             progress(done, &attr);
@@ -657,7 +765,7 @@ impl Client {
             std::mem::swap(&mut chunk, &mut next);
             n = m;
         }
-        let f = rx.await.map_err(|_| ClientError::Closed)??;
+        let f = self.reply_within(self.commit_deadline(sent), rx).await?;
         Ok(codec::decode(&f.meta)?)
     }
 
@@ -677,8 +785,15 @@ impl Client {
                 break;
             }
         }
-        let f = rx.await.map_err(|_| ClientError::Closed)??;
+        let f = self.reply_within(self.commit_deadline(data.len() as u64), rx).await?;
         Ok(codec::decode(&f.meta)?)
+    }
+
+    /// How long the reply to an upload of `bytes` may take once they are sent: the
+    /// server stores them (a cluster head, on its data nodes) before it answers, so the
+    /// request deadline grows by a second per 10 MiB.
+    fn commit_deadline(&self, bytes: u64) -> Option<Duration> {
+        Some(self.deadlines.request + Duration::from_secs(bytes / (10 << 20)))
     }
 
     /// Writes a whole file from memory.
@@ -930,6 +1045,41 @@ pub struct StoreletOutput {
 pub fn script_id(source: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(source.as_bytes()))
+}
+
+/// The next frame of a streamed reply, within `limit` of asking; gives the connection
+/// up if none comes (a stream that makes progress is never cut).
+async fn next_frame(
+    rx: &mut mpsc::UnboundedReceiver<Result<Frame>>,
+    limit: Duration,
+    conn: &std::sync::Weak<Inner>,
+) -> Result<Frame> {
+    match tokio::time::timeout(limit, rx.recv()).await {
+        Ok(frame) => frame.unwrap_or(Err(ClientError::Closed)),
+        Err(_) => Err(conn.upgrade().map_or(ClientError::Closed, |inner| abandon(&inner))),
+    }
+}
+
+/// Gives a connection up after a reply did not come in time: it is closed to new
+/// requests, every request waiting on it fails with [`ClientError::TimedOut`] (their
+/// fate is unknown), and its sending side is shut so the server ends it when it wakes.
+/// Answers the error for the request that timed out.
+fn abandon(inner: &Arc<Inner>) -> ClientError {
+    let why = || ClientError::TimedOut("the server did not answer in time; the connection was given up".into());
+    *inner.closed.lock() = true;
+    inner.pushes.lock().take();
+    for (_, w) in inner.waiters.lock().drain() {
+        match w {
+            Waiter::One(tx) | Waiter::Into(tx, _) => drop(tx.send(Err(why()))),
+            Waiter::Many(tx) => drop(tx.send(Err(why()))),
+        }
+    }
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let shut = async { inner.writer.lock().await.get_mut().shutdown().await };
+        let _ = tokio::time::timeout(Duration::from_secs(1), shut).await;
+    });
+    why()
 }
 
 async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<usize> {

@@ -4,8 +4,12 @@
 //!
 //! Bytes never mix versions: a capability names one immutable version, nodes serve only
 //! that one, and a fallback through the head checks that the head still has it.
+//!
+//! Every read at a node has a deadline ([`crate::Deadlines::node_read`]): a node that
+//! hangs rather than dies is marked slow for [`SLOW_FOR`], during which reads go to the
+//! other replicas first and connections to it are not tried again.
 
-use crate::{credentials::Credentials, Client, ClientError, ConnectOptions, Pending, Result};
+use crate::{credentials::Credentials, Client, ClientError, ConnectOptions, Deadlines, Pending, Result};
 use bytes::Bytes;
 use locus_proto::ops::{Close, ObjectRead, Open, Pread};
 use locus_proto::types::{open_flags, Attr, Location};
@@ -13,6 +17,7 @@ use locus_proto::Code;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 /// Bytes per third-party read request.
@@ -20,15 +25,54 @@ pub const CHUNK: u32 = 1 << 20;
 /// Requests a whole-file read keeps in flight.
 const WINDOW: usize = 8;
 
+/// How long a node that did not answer in time is passed over.
+pub const SLOW_FOR: Duration = Duration::from_secs(15);
+
 /// The locations of a connection's open handles and its connections to data nodes.
 #[derive(Default)]
 pub struct NodeReads {
     head: AtomicBool,
     locations: Mutex<HashMap<u64, Location>>,
-    conns: tokio::sync::Mutex<HashMap<String, Client>>,
+    conns: Mutex<HashMap<String, Client>>,
+    /// Nodes that did not answer in time, and when.
+    slow: Mutex<HashMap<String, Instant>>,
+    deadlines: Deadlines,
 }
 
 impl NodeReads {
+    /// Node reads with these deadlines (connections to nodes use them too).
+    pub fn with_deadlines(deadlines: Deadlines) -> Self {
+        NodeReads { deadlines, ..Default::default() }
+    }
+
+    /// True while `addr` is passed over for not answering in time lately.
+    pub fn is_slow(&self, addr: &str) -> bool {
+        let mut slow = self.slow.lock();
+        match slow.get(addr) {
+            Some(at) if at.elapsed() < SLOW_FOR => true,
+            Some(_) => {
+                slow.remove(addr);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Notes how a call to `addr` failed: one that did not answer in time has its
+    /// connection dropped and is passed over for [`SLOW_FOR`].
+    pub fn note(&self, addr: &str, e: &ClientError) {
+        if matches!(e, ClientError::TimedOut(_)) {
+            self.slow.lock().insert(addr.to_string(), Instant::now());
+            self.conns.lock().remove(addr);
+        }
+    }
+
+    /// A location's nodes, those that answered lately first.
+    fn in_order<'a>(&self, location: &'a Location) -> Vec<&'a String> {
+        let (mut good, slow): (Vec<_>, Vec<_>) = location.nodes.iter().partition(|a| !self.is_slow(a));
+        good.extend(slow);
+        good
+    }
     /// Records whether the server is a cluster head. Third-party reads are off when
     /// `LOCUS_THIRD_PARTY=0` (everything then goes through the head), and over TLS,
     /// since data nodes speak plain TCP.
@@ -57,23 +101,38 @@ impl NodeReads {
     }
 
     /// A connection to data node `addr` as `subject` (with its token at the nodes),
-    /// made if there is none open.
+    /// made if there is none open. A node passed over for not answering lately is not
+    /// tried (the error says so) until [`SLOW_FOR`] has passed.
     pub async fn connect(&self, addr: &str, subject: &str, token: &str) -> Result<Client> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(addr) {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+        if let Some(c) = self.conns.lock().get(addr).filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        if self.is_slow(addr) {
+            return Err(ClientError::TimedOut(format!("data node {addr} did not answer in time lately")));
         }
         let opts = ConnectOptions {
             addr: addr.to_string(),
             credentials: Credentials { subject: subject.to_string(), token: token.to_string() },
             tls_ca: None,
             tls_name: None,
+            deadlines: self.deadlines,
         };
-        let c = Client::connect(&opts).await?;
-        conns.insert(addr.to_string(), c.clone());
-        Ok(c)
+        // Connect without holding the pool: one hung node must not hold up the others.
+        let c = match Client::connect(&opts).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.note(addr, &e);
+                return Err(e);
+            }
+        };
+        let mut conns = self.conns.lock();
+        match conns.get(addr).filter(|c| !c.is_closed()) {
+            Some(other) => Ok(other.clone()),
+            None => {
+                conns.insert(addr.to_string(), c.clone());
+                Ok(c)
+            }
+        }
     }
 
     /// A connection to `addr` as the subject a location's capability names.
@@ -81,24 +140,46 @@ impl NodeReads {
         self.connect(addr, &location.capability.subject, &location.node_token).await
     }
 
-    /// Reads from the first node that answers; the last node's error if none does.
+    /// Reads from the first node that answers in time (those that answered lately
+    /// first); the last node's error if none does.
     pub async fn read(&self, location: &Location, offset: u64, len: u32) -> Result<Bytes> {
         let mut last = ClientError::Protocol("a location with no nodes".into());
-        for addr in &location.nodes {
+        for addr in self.in_order(location) {
             let req = ObjectRead { capability: location.capability.clone(), offset, len };
-            match async { self.conn(addr, location).await?.call_with(req, &[]).await }.await {
+            let read = async {
+                let pending = self.conn(addr, location).await?.start_with(req, &[]).await?;
+                pending.within(self.deadlines.node_read).wait_with_data().await
+            };
+            match read.await {
                 Ok((_, data)) => return Ok(data),
-                Err(e) => last = e,
+                Err(e) => {
+                    self.note(addr, &e);
+                    last = e;
+                }
             }
         }
         Err(last)
     }
 
-    /// Sends a read to the first node without waiting for it.
+    /// Sends a read to the first node (that answered lately) without waiting for it;
+    /// its reply is due within [`Deadlines::node_read`].
     pub async fn read_ahead(&self, location: &Location, offset: u64, len: u32) -> Result<Pending<()>> {
-        let addr = location.nodes.first().ok_or_else(|| ClientError::Protocol("a location with no nodes".into()))?;
+        Ok(self.read_ahead_from(location, offset, len).await?.1)
+    }
+
+    /// [`NodeReads::read_ahead`], answering also the node it went to.
+    async fn read_ahead_from(&self, location: &Location, offset: u64, len: u32) -> Result<(String, Pending<()>)> {
+        let addr =
+            *self.in_order(location).first().ok_or_else(|| ClientError::Protocol("a location with no nodes".into()))?;
         let req = ObjectRead { capability: location.capability.clone(), offset, len };
-        self.conn(addr, location).await?.start_with(req, &[]).await
+        let sent = async { self.conn(addr, location).await?.start_with(req, &[]).await }.await;
+        match sent {
+            Ok(p) => Ok((addr.clone(), p.within(self.deadlines.node_read))),
+            Err(e) => {
+                self.note(addr, &e);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -115,23 +196,29 @@ pub(crate) async fn get(
 ) -> Result<Attr> {
     let nodes = &head.nodes;
     let size = location.capability.size;
-    let mut sent: VecDeque<(u64, Option<Pending<()>>)> = VecDeque::new();
+    let mut sent: VecDeque<(u64, Option<(String, Pending<()>)>)> = VecDeque::new();
     let mut next = 0u64;
     let mut done = 0u64;
     let mut fallback: Option<u64> = None;
     while done < size {
         while sent.len() < WINDOW && next < size {
             let len = (size - next).min(CHUNK as u64) as u32;
-            let pending = if fallback.is_none() { nodes.read_ahead(location, next, len).await.ok() } else { None };
+            let pending = match fallback {
+                None => nodes.read_ahead_from(location, next, len).await.ok(),
+                Some(_) => None,
+            };
             sent.push_back((next, pending));
             next += len as u64;
         }
         let (at, pending) = sent.pop_front().expect("a request is in flight while bytes remain");
         let len = (size - at).min(CHUNK as u64) as u32;
         let data = match pending {
-            Some(p) => match p.wait_with_data().await {
+            Some((addr, p)) => match p.wait_with_data().await {
                 Ok((_, d)) => Some(d),
-                Err(_) => nodes.read(location, at, len).await.ok(),
+                Err(e) => {
+                    nodes.note(&addr, &e);
+                    nodes.read(location, at, len).await.ok()
+                }
             },
             None => None,
         };

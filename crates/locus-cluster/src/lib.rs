@@ -521,18 +521,48 @@ impl Meta {
         })
     }
 
-    /// The cluster key, created by the first head to ask.
-    pub fn cluster_key(&self, fresh: &[u8]) -> Result<Vec<u8>> {
+    /// A setting's value (the cluster's sealed keys live in one), if it has one.
+    pub fn setting(&self, name: &str) -> Result<Option<String>> {
         self.tx(|tx| {
-            tx.exec(
-                "INSERT INTO settings (name, value) VALUES ('cluster_key', $1) ON CONFLICT (name) DO NOTHING",
-                &[Val::Text(hex::encode(fresh))],
-            )?;
-            let rows = tx.query("SELECT value FROM settings WHERE name = 'cluster_key'", &[])?;
-            let text =
-                rows.first().and_then(|r| r[0].text()).ok_or_else(|| MetaError::Engine("no cluster key".into()))?;
-            hex::decode(text).map_err(|_| MetaError::Engine("malformed cluster key".into()))
+            let rows = tx.query("SELECT value FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
+            Ok(rows.first().and_then(|r| r[0].text()).map(str::to_string))
         })
+    }
+
+    /// Sets a setting to what `f` makes of its current value, in one transaction (so
+    /// two heads that change it at once do not lose either change); answers the value.
+    /// `f` answering the value it was given leaves the row as it is.
+    pub fn update_setting(
+        &self,
+        name: &str,
+        mut f: impl FnMut(Option<&str>) -> Result<String> + Send,
+    ) -> Result<String> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT value FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
+            let old = rows.first().and_then(|r| r[0].text()).map(str::to_string);
+            let new = f(old.as_deref())?;
+            if old.as_deref() != Some(new.as_str()) {
+                tx.exec("DELETE FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
+                tx.exec(
+                    "INSERT INTO settings (name, value) VALUES ($1, $2)",
+                    &[Val::Text(name.into()), Val::Text(new.clone())],
+                )?;
+            }
+            Ok(new)
+        })
+    }
+
+    /// Every setting, by name (what a dump of the table shows).
+    pub fn settings(&self) -> Result<Vec<(String, String)>> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT name, value FROM settings ORDER BY name", &[])?;
+            Ok(rows.iter().filter_map(|r| Some((r[0].text()?.to_string(), r[1].text()?.to_string()))).collect())
+        })
+    }
+
+    /// Removes a setting.
+    pub fn remove_setting(&self, name: &str) -> Result<()> {
+        self.tx(|tx| tx.exec("DELETE FROM settings WHERE name = $1", &[Val::Text(name.into())]).map(drop))
     }
 
     /// Queues a version's bytes for removal once `after` (seconds since the epoch) has
@@ -703,8 +733,13 @@ mod tests {
         assert_eq!(meta.remove("/c/b/f", false).unwrap().version, 9);
         meta.remove("/c/b", true).unwrap();
         assert_ne!(meta.next_id().unwrap(), meta.next_id().unwrap());
-        let key = meta.cluster_key(b"first").unwrap();
-        assert_eq!(meta.cluster_key(b"second").unwrap(), key);
+        assert_eq!(meta.setting("k").unwrap(), None);
+        assert_eq!(meta.update_setting("k", |old| Ok(old.unwrap_or("first").to_string())).unwrap(), "first");
+        assert_eq!(meta.update_setting("k", |old| Ok(old.unwrap_or("second").to_string())).unwrap(), "first");
+        assert_eq!(meta.update_setting("k", |_| Ok("third".into())).unwrap(), "third");
+        assert_eq!(meta.setting("k").unwrap().as_deref(), Some("third"));
+        meta.remove_setting("k").unwrap();
+        assert_eq!(meta.setting("k").unwrap(), None);
         let n = meta.join_node("10.0.0.2:9610", None, 5).unwrap();
         assert_eq!(meta.join_node("10.0.0.2:9610", Some("10.0.0.2:9611"), 6).unwrap(), n);
         assert_eq!(meta.nodes().unwrap()[0].http.as_deref(), Some("10.0.0.2:9611"));

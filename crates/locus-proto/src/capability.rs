@@ -12,6 +12,10 @@ use sha2::Sha256;
 /// The subject a head authenticates as at its data nodes (to store and drop objects).
 pub const HEAD_SUBJECT: &str = "locus-head";
 
+/// The subject data nodes authenticate as at their head: it may join (and so receive
+/// the cluster's keys, sealed) and do nothing else there.
+pub const NODE_SUBJECT: &str = "locus-node";
+
 fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     for part in parts {
@@ -79,6 +83,77 @@ pub fn node_token(key: &[u8], subject: &str) -> String {
     hex::encode(mac(key, &[b"locus node token", subject.as_bytes()]))
 }
 
+/// The keys of a cluster: the current one, and the one it replaced, which nodes still
+/// accept until `previous_until` so that capabilities signed before a rotation run out
+/// their lifetime, and no longer.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyRing {
+    /// Signs capabilities (after the grace that follows a rotation).
+    pub current: Vec<u8>,
+    /// The key before the last rotation.
+    pub previous: Option<Vec<u8>>,
+    /// Seconds since the epoch after which `previous` is refused everywhere.
+    pub previous_until: u64,
+    /// When the last rotation happened (seconds since the epoch).
+    pub rotated_at: u64,
+}
+
+impl KeyRing {
+    /// A ring holding one key.
+    pub fn new(current: Vec<u8>) -> Self {
+        KeyRing { current, ..Default::default() }
+    }
+
+    /// The keys a node accepts at `now`: the current one, and the previous one until
+    /// its time is up.
+    pub fn valid(&self, now: u64) -> Vec<&[u8]> {
+        let mut keys = vec![&self.current[..]];
+        if let Some(p) = self.previous.as_ref().filter(|_| now <= self.previous_until) {
+            keys.push(p);
+        }
+        keys
+    }
+
+    /// The key a head signs with at `now`: the previous one during `grace` seconds after
+    /// a rotation (while the nodes learn the new one), the current one after.
+    pub fn signing(&self, now: u64, grace: u64) -> &[u8] {
+        match &self.previous {
+            Some(p) if now < self.rotated_at.saturating_add(grace) && now <= self.previous_until => p,
+            _ => &self.current,
+        }
+    }
+
+    /// The ring after replacing the key with `fresh` at `now`: the key signing until
+    /// now stays valid for `grace` (while nodes learn the new key) plus `lifetime` (the
+    /// longest a capability it signed lives), then is refused.
+    pub fn rotate(&self, fresh: Vec<u8>, now: u64, grace: u64, lifetime: u64) -> KeyRing {
+        KeyRing {
+            previous: Some(self.signing(now, grace).to_vec()),
+            current: fresh,
+            previous_until: now.saturating_add(grace).saturating_add(lifetime),
+            rotated_at: now,
+        }
+    }
+
+    /// Checks a capability against every key valid at `now`.
+    pub fn verify(&self, c: &Capability, subject: &str, now: u64) -> Result<(), Refusal> {
+        let mut refusal = Refusal::Forged;
+        for key in self.valid(now) {
+            match verify(key, c, subject, now) {
+                Ok(()) => return Ok(()),
+                Err(Refusal::Forged) => {}
+                Err(other) => refusal = other,
+            }
+        }
+        Err(refusal)
+    }
+
+    /// The tokens `subject` may authenticate with at the nodes at `now`.
+    pub fn node_tokens(&self, subject: &str, now: u64) -> Vec<String> {
+        self.valid(now).into_iter().map(|k| node_token(k, subject)).collect()
+    }
+}
+
 /// Now, in seconds since the epoch: the clock capabilities and signed URLs expire by.
 pub fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -107,6 +182,21 @@ mod tests {
             change(&mut forged);
             assert_eq!(verify(key, &forged, &forged.subject.clone(), 999), Err(Refusal::Forged));
         }
+    }
+
+    #[test]
+    fn a_rotated_key_is_accepted_only_until_its_time_is_up() {
+        let ring = KeyRing::new(b"old".to_vec());
+        let before = sign(b"old", "alice", 1, 1, 10, u64::MAX);
+        let rotated = ring.rotate(b"new".to_vec(), 1000, 15, 60);
+        assert_eq!(rotated.signing(1000, 15), b"old");
+        assert_eq!(rotated.signing(1015, 15), b"new");
+        assert_eq!(rotated.verify(&before, "alice", 1075), Ok(()));
+        assert_eq!(rotated.verify(&before, "alice", 1076), Err(Refusal::Forged));
+        let after = sign(b"new", "alice", 1, 1, 10, 2000);
+        assert_eq!(rotated.verify(&after, "alice", 1001), Ok(()));
+        assert_eq!(rotated.node_tokens("alice", 1001).len(), 2);
+        assert_eq!(rotated.node_tokens("alice", 1076), [node_token(b"new", "alice")]);
     }
 
     #[test]

@@ -145,12 +145,14 @@ macro_rules! operation_table {
             0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> Attr;
             /// Removes an object version at a data node (the head only, once no read can need it).
             0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
-            /// A data node joins a head (admin right needed), announcing its address and free space; the head replies with the node's id and the cluster key.
-            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64 } -> NodeWelcome;
+            /// A data node joins a head (as the subject `locus-node`), announcing its address, free space and a fresh nonce; the head replies with the node's id and the cluster's keys sealed under a key derived from the node's token and both nonces.
+            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8> } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
             /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`), read-only; replies stream as `storelet_run`'s.
             0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)> } -> StoreletEvent;
+            /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
+            0x67 KeyRotate key_rotate Unary {} -> ();
         }
     };
 }

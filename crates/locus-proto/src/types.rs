@@ -147,8 +147,12 @@ pub struct ViewFile {
 pub struct NodeWelcome {
     /// The node's id in the cluster (stable across restarts for the same address).
     pub node: u64,
-    /// The cluster key: signs capabilities and derives node tokens.
-    pub key: Vec<u8>,
+    /// The head's nonce of this join: with the node's and the node's token it derives
+    /// the key `keys` is sealed with.
+    pub nonce: Vec<u8>,
+    /// The cluster's [`crate::capability::KeyRing`], encoded and sealed (AEAD) under a
+    /// key only the node and its head can derive: the keys never cross the wire in clear.
+    pub sealed: Vec<u8>,
 }
 
 /// Timestamps to set with `utimes`.

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use locus_client::nodes::NodeReads;
 use locus_client::Client;
 use locus_cluster::{normalise, split, Content, Entry, Kind as EntryKind, Meta, MetaError, Node};
-use locus_proto::capability::{self, HEAD_SUBJECT};
+use locus_proto::capability::{self, KeyRing, HEAD_SUBJECT, NODE_SUBJECT};
 use locus_proto::frame::Kind;
 use locus_proto::ops::*;
 use locus_proto::types::*;
@@ -54,6 +54,9 @@ pub struct HeadConfig {
     /// a longer ask is refused with `EINVAL`, and a URL expiring further ahead is not
     /// honoured, so a URL cannot be made to live forever.
     pub share_max_ttl: Duration,
+    /// After a key rotation, how long the head goes on signing with the old key while
+    /// the data nodes learn the new one (they rejoin every [`crate::node::REJOIN_EVERY`]).
+    pub key_grace: Duration,
 }
 
 /// The default of [`HeadConfig::share_max_ttl`]: seven days.
@@ -70,6 +73,7 @@ impl HeadConfig {
             capability_ttl: Duration::from_secs(60),
             http: None,
             share_max_ttl: SHARE_MAX_TTL,
+            key_grace: crate::node::REJOIN_EVERY + Duration::from_secs(5),
         }
     }
 }
@@ -85,7 +89,10 @@ const LOCAL_NODE: u64 = 0;
 pub struct Head {
     pub config: HeadConfig,
     pub meta: Meta,
-    key: Vec<u8>,
+    /// The cluster's keys as last read from the namespace.
+    keys: parking_lot::RwLock<KeyRing>,
+    /// The wrap key that seals them in the namespace.
+    sealing: crate::keys::HeadKeys,
     /// Object versions kept by the head itself while it has no data nodes.
     objects: PathBuf,
     /// Private copies of files open for writing and uploads in progress.
@@ -145,9 +152,8 @@ impl Head {
     pub fn open(config: HeadConfig, state_dir: &std::path::Path) -> Result<Head, crate::ServerError> {
         let cfg = |e: MetaError| crate::ServerError::Config(format!("cluster namespace at {}: {e}", config.meta));
         let meta = Meta::open(&config.meta, crate::config::ADMIN_SUBJECT).map_err(cfg)?;
-        let mut fresh = vec![0u8; 32];
-        getrandom::fill(&mut fresh).expect("the OS provides randomness");
-        let key = meta.cluster_key(&fresh).map_err(cfg)?;
+        let (sealing, keys) = crate::keys::HeadKeys::open(&meta, state_dir)
+            .map_err(|e| crate::ServerError::Config(format!("cluster key: {e}")))?;
         let objects = state_dir.join("objects");
         let staging = state_dir.join("staging");
         for dir in [&objects, &staging] {
@@ -162,7 +168,8 @@ impl Head {
         Ok(Head {
             config,
             meta,
-            key,
+            keys: parking_lot::RwLock::new(keys),
+            sealing,
             objects,
             staging,
             nodes: Mutex::new((None, Vec::new())),
@@ -197,9 +204,33 @@ impl Head {
         self.nodes.lock().0 = None;
     }
 
-    /// The cluster key (signs capabilities; shared with the data nodes).
-    pub fn key(&self) -> &[u8] {
-        &self.key
+    /// The key this head signs capabilities and URLs with now (shared with the data
+    /// nodes): the current one, or the one before during the grace after a rotation.
+    pub fn key(&self) -> Vec<u8> {
+        self.keys.read().signing(capability::now(), self.config.key_grace.as_secs()).to_vec()
+    }
+
+    /// The cluster's keys, as the nodes get them.
+    pub fn keys(&self) -> KeyRing {
+        self.keys.read().clone()
+    }
+
+    /// Reads the keys again from the namespace (another head may have rotated them).
+    pub fn refresh_keys(&self) {
+        match self.sealing.load(&self.meta) {
+            Ok(keys) => *self.keys.write() = keys,
+            Err(e) => tracing::warn!("cannot read the cluster key again: {e}"),
+        }
+    }
+
+    /// Replaces the cluster key: nodes learn the new one when they next join; the head
+    /// signs with the old one for [`HeadConfig::key_grace`] more, and nodes accept it
+    /// until the last capability it signed has expired.
+    pub fn rotate_key(&self) -> Result<(), String> {
+        let lifetime = (self.config.capability_ttl + Duration::from_secs(2)).as_secs();
+        let keys = self.sealing.rotate(&self.meta, self.config.key_grace.as_secs(), lifetime)?;
+        *self.keys.write() = keys;
+        Ok(())
     }
 
     /// Where `subject` can read `e`'s current version from, when it is large enough and
@@ -228,10 +259,11 @@ impl Head {
         let addrs: Vec<String> =
             ids.iter().filter_map(|id| nodes.iter().find(|n| n.id == *id)).map(|n| n.addr.clone()).collect();
         let expires = capability::now() + self.config.capability_ttl.as_secs();
+        let key = self.key();
         Ok(Location {
             nodes: addrs,
-            capability: capability::sign(&self.key, subject, e.object, e.version, e.size, expires),
-            node_token: capability::node_token(&self.key, subject),
+            capability: capability::sign(&key, subject, e.object, e.version, e.size, expires),
+            node_token: capability::node_token(&key, subject),
         })
     }
 
@@ -289,7 +321,7 @@ impl Head {
 
     /// The head's connection to a data node (for storing, dropping and running).
     async fn writer(&self, node: &Node) -> Result<Client, WireError> {
-        let token = capability::node_token(&self.key, HEAD_SUBJECT);
+        let token = capability::node_token(&self.key(), HEAD_SUBJECT);
         self.reads
             .connect(&node.addr, HEAD_SUBJECT, &token)
             .await
@@ -350,10 +382,10 @@ impl Head {
     ) -> Result<(), WireError> {
         let client = self.writer(node).await?;
         let mut file = tokio::fs::File::open(staged).await.map_err(|e| io_err("staged copy", e))?;
-        let stored = client
-            .upload(ObjectPut { object, version }, &mut file, |_| {})
-            .await
-            .map_err(|e| WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr)))?;
+        let stored = client.upload(ObjectPut { object, version }, &mut file, |_| {}).await.map_err(|e| {
+            self.reads.note(&node.addr, &e);
+            WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr))
+        })?;
         if stored.size != size {
             return Err(WireError::new(
                 Code::IO,
@@ -424,7 +456,13 @@ impl Head {
                 }
                 let Some(node) = nodes.iter().find(|n| n.id == *id) else { continue };
                 let done = match self.writer(node).await {
-                    Ok(c) => c.call(ObjectDrop { object: g.object, version: g.version }).await.is_ok(),
+                    Ok(c) => match c.call(ObjectDrop { object: g.object, version: g.version }).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            self.reads.note(&node.addr, &e);
+                            false
+                        }
+                    },
                     Err(_) => false,
                 };
                 all &= done;
@@ -444,6 +482,7 @@ impl Head {
             loop {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let Some(head) = head.upgrade() else { return };
+                head.refresh_keys();
                 head.collect_garbage().await;
             }
         });
@@ -618,11 +657,16 @@ impl HeadSession {
         HeadSession { inner, head, handles: HashMap::new(), next_handle: 1, puts: HashMap::new(), current: (0, false) }
     }
 
+    /// The subject of the connection: never the nodes' or the head's own subject, which
+    /// act through `node_join` (and at the nodes) only.
     fn who(&self) -> Result<String, WireError> {
-        self.inner
-            .subject()
-            .map(str::to_string)
-            .ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
+        match self.inner.subject() {
+            None => Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first")),
+            Some(s @ (NODE_SUBJECT | HEAD_SUBJECT)) => {
+                Err(WireError::new(Code::ACCES, format!("{s} may only join the cluster as a data node")))
+            }
+            Some(s) => Ok(s.to_string()),
+        }
     }
 
     /// Checks that the subject holds `need` in directory `dir`.
@@ -1205,7 +1249,7 @@ impl Handler for HeadSession {
             ));
         }
         let expires = capability::now().saturating_add(req.ttl_s);
-        let sig = capability::url_signature(self.head.key(), &who, &path, expires);
+        let sig = capability::url_signature(&self.head.key(), &who, &path, expires);
         let encoded: String = path
             .split('/')
             .map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
@@ -1225,11 +1269,33 @@ impl Handler for HeadSession {
     }
 
     fn node_join(&mut self, req: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
-        self.need("/", Rights::ADMIN)?;
+        // Only the nodes' own subject joins; its token seals the keys for the node.
+        let subject =
+            self.inner.subject().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))?;
+        let token = match self.inner.token_of(NODE_SUBJECT) {
+            Some(token) if subject == NODE_SUBJECT => token,
+            _ => return Err(WireError::new(
+                Code::ACCES,
+                format!(
+                    "data nodes join as {NODE_SUBJECT} (make its token at the head with `locus token {NODE_SUBJECT}`)"
+                ),
+            )),
+        };
+        if req.nonce.len() < 16 {
+            return Err(WireError::new(Code::INVAL, "a join needs a fresh nonce of at least 16 bytes"));
+        }
         let node = self.head.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
         self.head.forget_nodes();
         self.head.placed.lock().remove(&node);
         tracing::info!(node, addr = %req.addr, free = req.free, "data node joined");
-        Ok(NodeWelcome { node, key: self.head.key().to_vec() }.into())
+        let (nonce, sealed) = crate::keys::seal_for_node(&self.head.keys(), &token, &req.nonce, &req.addr);
+        Ok(NodeWelcome { node, nonce, sealed }.into())
+    }
+
+    fn key_rotate(&mut self, _: KeyRotate, _: Bytes) -> Reply<()> {
+        let who = self.need("/", Rights::ADMIN)?;
+        self.head.rotate_key().map_err(|e| WireError::new(Code::IO, format!("cannot rotate the cluster key: {e}")))?;
+        tracing::info!(by = %who, "cluster key rotated");
+        Ok(().into())
     }
 }

@@ -129,7 +129,7 @@ fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, p
     }
     let (who, expires, sig) = (query(req, "s")?, query(req, "e")?.parse::<u64>().ok()?, query(req, "sig")?);
     let who = percent_encoding::percent_decode_str(who).decode_utf8().ok()?;
-    let good = capability::url_signature(head.key(), &who, path, expires);
+    let good = capability::url_signature(&head.key(), &who, path, expires);
     let now = capability::now();
     let within = now <= expires && expires - now <= head.config.share_max_ttl.as_secs();
     (locus_proto::auth::proofs_equal(good.as_bytes(), sig.as_bytes()) && within).then(|| who.into_owned())
@@ -292,7 +292,7 @@ fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<
     let Some(cap) = query(req, "c").and_then(decode_capability) else {
         return text(StatusCode::FORBIDDEN, "a capability (c=...) is needed");
     };
-    if let Err(why) = capability::verify(&key, &cap, &cap.subject, capability::now()) {
+    if let Err(why) = key.verify(&cap, &cap.subject, capability::now()) {
         return text(StatusCode::FORBIDDEN, format!("capability refused: {why:?}"));
     }
     if (cap.object, cap.version) != (object, version) {

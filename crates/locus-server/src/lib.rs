@@ -32,6 +32,7 @@ pub mod error;
 pub mod export_watch;
 pub mod head;
 pub mod http;
+pub mod keys;
 pub mod login;
 pub mod metrics;
 pub mod node;
@@ -144,8 +145,8 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     /// The cluster this server heads, if it is a head.
     pub head: Option<Arc<head::Head>>,
-    /// The cluster key, once this server has joined a head as a data node.
-    node_key: parking_lot::RwLock<Option<Arc<Vec<u8>>>>,
+    /// The cluster's keys, once this server has joined a head as a data node.
+    node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
     /// The address the native protocol listens on, once [`Server::run`] has started:
     /// which addresses name this server in a login (see [`login`]).
     listen: std::sync::OnceLock<std::net::SocketAddr>,
@@ -363,8 +364,9 @@ impl Server {
 }
 
 impl Shared {
-    /// The cluster key, once this server has joined a head as a data node.
-    pub fn node_key(&self) -> Option<Arc<Vec<u8>>> {
+    /// The cluster's keys (current, and the previous one until its time is up), once
+    /// this server has joined a head as a data node.
+    pub fn node_key(&self) -> Option<Arc<locus_proto::capability::KeyRing>> {
         self.node_key.read().clone()
     }
 
@@ -375,9 +377,9 @@ impl Shared {
         login::names_this_server(&self.config.names, listen, local, dialled)
     }
 
-    /// Makes this server a data node of the cluster whose key this is.
-    pub fn set_node_key(&self, key: Vec<u8>) {
-        *self.node_key.write() = Some(Arc::new(key));
+    /// Makes this server a data node of the cluster whose keys these are.
+    pub fn set_node_key(&self, keys: locus_proto::capability::KeyRing) {
+        *self.node_key.write() = Some(Arc::new(keys));
     }
 
     /// Saves the I/O accounting to the state directory (logged if it cannot be).

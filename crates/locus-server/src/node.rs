@@ -2,11 +2,16 @@
 //!
 //! It keeps object versions under [`crate::session::OBJECTS_DIR`] in its export, serves
 //! them to any subject that presents a capability the head signed, and stores and drops
-//! them only for the head. It learns the cluster key when it joins, and joins again
-//! every [`REJOIN_EVERY`] to report its free space (and to rejoin a restarted head).
+//! them only for the head. It learns the cluster's keys when it joins (sealed for it:
+//! see [`crate::keys`]), and joins again every [`REJOIN_EVERY`] to report its free space,
+//! to rejoin a restarted head and to learn a rotated key.
+//!
+//! A node authenticates at its head as [`NODE_SUBJECT`], which may join and nothing
+//! else: a node holds no admin token of its head.
 
 use crate::Shared;
 use locus_client::{Client, ConnectOptions};
+use locus_proto::capability::NODE_SUBJECT;
 use locus_proto::ops::NodeJoin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,14 +25,30 @@ fn free_bytes(shared: &Shared) -> u64 {
 }
 
 /// Joins the head once: the head records the node (`advertise` is the address clients
-/// reach it at) and answers the cluster key, which the node then trusts.
+/// reach it at) and answers the cluster's keys, sealed for this node, which it then
+/// trusts. `head` must hold the credentials of [`NODE_SUBJECT`] at the head.
 pub async fn join(shared: &Shared, head: &ConnectOptions, advertise: &str, http: Option<&str>) -> Result<u64, String> {
+    if head.credentials.subject != NODE_SUBJECT {
+        return Err(format!(
+            "a data node joins its head as {NODE_SUBJECT}, not {} (make its token at the head with `locus token \
+             {NODE_SUBJECT}`, then give it to the node as LOCUS_TOKEN={NODE_SUBJECT}:TOKEN)",
+            head.credentials.subject
+        ));
+    }
     let client = Client::connect(head).await.map_err(|e| format!("head at {}: {e}", head.addr))?;
-    let welcome = client
-        .call(NodeJoin { addr: advertise.to_string(), http: http.map(str::to_string), free: free_bytes(shared) })
-        .await
-        .map_err(|e| format!("head at {} refused the node: {e}", head.addr))?;
-    shared.set_node_key(welcome.key);
+    let mut nonce = vec![0u8; 32];
+    getrandom::fill(&mut nonce).expect("the OS provides randomness");
+    let join = NodeJoin {
+        addr: advertise.to_string(),
+        http: http.map(str::to_string),
+        free: free_bytes(shared),
+        nonce: nonce.clone(),
+    };
+    let welcome = client.call(join).await.map_err(|e| format!("head at {} refused the node: {e}", head.addr))?;
+    let token = head.credentials.token.as_bytes();
+    let keys = crate::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
+        .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
+    shared.set_node_key(keys);
     Ok(welcome.node)
 }
 

@@ -195,6 +195,12 @@ impl Session {
         self.shared.config.limits.max_data.min(locus_proto::Limits::CLIENT.max_data)
     }
 
+    /// The token `subject` has in this server's token file (a head seals the cluster's
+    /// keys for its nodes with theirs).
+    pub(crate) fn token_of(&self, subject: &str) -> Option<Vec<u8>> {
+        self.shared.tokens.get(subject).map(<[u8]>::to_vec)
+    }
+
     /// The authenticated subject.
     pub fn subject(&self) -> Option<&str> {
         self.subject.as_deref()
@@ -250,8 +256,8 @@ impl Session {
         Ok(self.naming(&[&req.path], put.finish())?.into())
     }
 
-    /// The cluster key, on a data node that has joined its head.
-    fn node_key(&self) -> Result<Arc<Vec<u8>>, WireError> {
+    /// The cluster's keys, on a data node that has joined its head.
+    fn node_key(&self) -> Result<Arc<locus_proto::capability::KeyRing>, WireError> {
         self.shared
             .node_key()
             .ok_or_else(|| WireError::new(Code::NOTSUP, "this server is not a data node that has joined a head"))
@@ -497,9 +503,9 @@ impl Handler for Session {
         // A data node knows its own subjects, and every subject of its cluster by the
         // token the cluster key derives for it.
         let own = self.shared.tokens.get(&req.subject).map(<[u8]>::to_vec);
-        let derived =
-            self.shared.node_key().map(|key| locus_proto::capability::node_token(&key, &req.subject).into_bytes());
-        let token = [own, derived].into_iter().flatten().find(|t| {
+        let now = locus_proto::capability::now();
+        let derived = self.shared.node_key().map_or_else(Vec::new, |keys| keys.node_tokens(&req.subject, now));
+        let token = own.into_iter().chain(derived.into_iter().map(String::into_bytes)).find(|t| {
             auth::proofs_equal(&auth::client_proof(t, &server_nonce, &req.nonce, &req.subject, &bind), &req.proof)
         });
         let Some(token) = token else {
@@ -883,7 +889,7 @@ impl Handler for Session {
     fn object_read(&mut self, req: ObjectRead, _: Bytes) -> Reply<()> {
         let key = self.node_key()?;
         let cap = &req.capability;
-        if let Err(why) = locus_proto::capability::verify(&key, cap, self.who()?, locus_proto::capability::now()) {
+        if let Err(why) = key.verify(cap, self.who()?, locus_proto::capability::now()) {
             tracing::warn!(
                 subject = self.who()?,
                 object = cap.object,
@@ -969,6 +975,10 @@ impl Handler for Session {
 
     fn node_join(&mut self, _: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
         Err(WireError::new(Code::NOTSUP, "this server is not a cluster head (start one with locus serve --head)"))
+    }
+
+    fn key_rotate(&mut self, _: KeyRotate, _: Bytes) -> Reply<()> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head: it has no cluster key to rotate"))
     }
 
     fn stats(&mut self, req: Stats, _: Bytes) -> Reply<StatsReport> {

@@ -167,6 +167,12 @@ async fn postgres_heads_share_the_namespace_and_survive_a_head_dying() {
     let a = TestServer::head(Some(&url), |_| {});
     let b = TestServer::head(Some(&url), |_| {});
     let _node = TestServer::data_node(&a);
+    // Both heads hold the same keys (they share the wrap key); the database only sealed.
+    let keys = a.shared().head.as_ref().unwrap().keys();
+    assert_eq!(b.shared().head.as_ref().unwrap().keys(), keys);
+    for (name, value) in locus_cluster::Meta::open(&url, "admin").unwrap().settings().unwrap() {
+        assert!(!holds_key(value.as_bytes(), &keys.current), "setting {name} holds the cluster key");
+    }
     let writer = a.client("admin").await;
     writer.mkdir("/acked", 0o755).await.unwrap();
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -250,7 +256,7 @@ async fn curl_follows_the_heads_redirect_to_a_data_node() {
     let node = TestServer::data_node(&head);
     let head_http = http_for(&head).await;
     let node_http = http_for(&node).await;
-    locus_server::node::join(node.shared(), &head.options("admin"), &node.addr.to_string(), Some(&node_http))
+    locus_server::node::join(node.shared(), &head.options("locus-node"), &node.addr.to_string(), Some(&node_http))
         .await
         .unwrap();
     let admin = head.client("admin").await;
@@ -380,4 +386,162 @@ async fn a_storelet_runs_on_every_node_over_the_files_it_holds() {
     let alice = head.client("alice").await;
     let e = alice.storelet_run(&find, "/src", vec!["/".into()], false).await.unwrap_err();
     assert_eq!(e.code(), Code::ACCES);
+}
+
+/// True when `key` appears in `bytes` raw or in hex (either case).
+fn holds_key(bytes: &[u8], key: &[u8]) -> bool {
+    let lower = hex::encode(key);
+    let upper = lower.to_uppercase();
+    [key, lower.as_bytes(), upper.as_bytes()].iter().any(|k| bytes.windows(k.len()).any(|w| w == *k))
+}
+
+/// Relays one connection at a time from a local port to `to`, recording every byte
+/// that passes either way.
+fn recording_relay(to: std::net::SocketAddr) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let server = std::net::TcpStream::connect(to).unwrap();
+            for (mut from, mut into) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                let record = record.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64 << 10];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 || into.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        record.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_key_never_crosses_the_node_link_in_clear() {
+    let head = TestServer::head(None, |_| {});
+    let node = TestServer::start();
+    let (relay, seen) = recording_relay(head.addr);
+    let mut options = head.options(locus_proto::capability::NODE_SUBJECT);
+    options.addr = relay;
+    locus_server::node::join(node.shared(), &options, &node.addr.to_string(), None).await.unwrap();
+    let keys = head.shared().head.as_ref().unwrap().keys();
+    // The node has the keys, and they did not cross the link.
+    assert_eq!(*node.shared().node_key().expect("the node joined"), keys);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() > 100, "the relay saw the join ({} bytes)", seen.len());
+    assert!(!holds_key(&seen, &keys.current), "the cluster key crossed the node's link in clear");
+    // A join whose token is not the nodes' cannot open what the head sealed.
+    let mut wrong = head.options(locus_proto::capability::NODE_SUBJECT);
+    wrong.credentials.token = "admin-token".into();
+    assert!(locus_server::node::join(node.shared(), &wrong, &node.addr.to_string(), None).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_key_rests_sealed_and_only_heads_with_the_wrap_key_open_it() {
+    let head = TestServer::head(None, |_| {});
+    let keys = head.shared().head.as_ref().unwrap().keys();
+    let admin = head.client("admin").await;
+    admin.write_file("/f", 0o644, b"some data").await.unwrap();
+    // Neither the database file nor its log holds the key.
+    let db = head.state_dir().join("meta.db");
+    for file in [db.clone(), head.state_dir().join("meta.db-wal")] {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(!holds_key(&bytes, &keys.current), "{} holds the cluster key", file.display());
+    }
+    let meta = locus_cluster::Meta::open(db.to_str().unwrap(), "admin").unwrap();
+    for (name, value) in meta.settings().unwrap() {
+        assert!(!holds_key(value.as_bytes(), &keys.current), "setting {name} holds the cluster key");
+    }
+    // The wrap key is the head's own, readable by it alone.
+    let wrap = head.state_dir().join(locus_server::keys::WRAP_FILE);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&wrap).unwrap().permissions().mode() & 0o777, 0o600);
+    // Another head on the same namespace without the wrap key fails, naming the file;
+    // with a copy it has the same keys.
+    let other = tempfile::tempdir().unwrap();
+    let config = HeadConfig::new(db.to_str().unwrap());
+    let err = locus_server::head::Head::open(config.clone(), other.path()).err().expect("refused without the wrap key");
+    assert!(err.to_string().contains(locus_server::keys::WRAP_FILE), "{err}");
+    std::fs::copy(&wrap, other.path().join(locus_server::keys::WRAP_FILE)).unwrap();
+    let second = locus_server::head::Head::open(config, other.path()).unwrap();
+    assert_eq!(second.keys(), keys);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_credential_joins_and_does_nothing_else() {
+    let head = TestServer::head(None, |_| {});
+    let _node = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    admin.mkdir("/d", 0o755).await.unwrap();
+    admin.acl_set("/", "*", Rights::parse("rl").unwrap()).await.unwrap();
+    let node = head.client(locus_proto::capability::NODE_SUBJECT).await;
+    assert_eq!(code(node.readdir("/").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(node.stat("/d").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(node.acl_set("/", "locus-node", Rights::parse("rwlda").unwrap()).await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(node.write_file("/x", 0o644, b"x").await.unwrap_err()), Code::ACCES);
+    assert_eq!(code(node.call(locus_proto::ops::KeyRotate {}).await.unwrap_err()), Code::ACCES);
+    // An admin's credentials do not make a data node.
+    let other = TestServer::start();
+    let err = locus_server::node::join(other.shared(), &head.options("admin"), &other.addr.to_string(), None)
+        .await
+        .unwrap_err();
+    assert!(err.contains("locus-node"), "{err}");
+    let join = locus_proto::ops::NodeJoin { addr: "127.0.0.1:1".into(), http: None, free: 1, nonce: vec![7; 32] };
+    assert_eq!(code(admin.call(join).await.unwrap_err()), Code::ACCES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_key_signs_nothing_after_its_capabilities_expire() {
+    let head = TestServer::head(None, |h| {
+        h.capability_ttl = std::time::Duration::from_secs(2);
+        h.key_grace = std::time::Duration::from_secs(1);
+    });
+    let node = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    let data = pattern(2 * MIB, 9);
+    admin.write_file("/big", 0o644, &data).await.unwrap();
+    let (_, loc) = located(&admin, "/big").await;
+    let old = head.shared().head.as_ref().unwrap().key();
+    // A capability the old key signs for far in the future: what a thief would make.
+    let c = &loc.capability;
+    let mut stolen = loc.clone();
+    stolen.capability = capability::sign(&old, &c.subject, c.object, c.version, c.size, capability::now() + 3600);
+    assert_eq!(NodeReads::default().read(&stolen, 0, 10).await.unwrap(), data[..10]);
+
+    // Only an admin rotates.
+    admin.acl_set("/", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    let alice = head.client("alice").await;
+    assert_eq!(code(alice.call(locus_proto::ops::KeyRotate {}).await.unwrap_err()), Code::ACCES);
+    admin.call(locus_proto::ops::KeyRotate {}).await.unwrap();
+    let rotated_at = std::time::Instant::now();
+    node.join(&head);
+    // Reads work right after the rotation, from the node.
+    let served = |n: &TestServer| {
+        n.shared().store.counters().ops().iter().find(|o| o.op == "object_read").map_or(0, |o| o.count)
+    };
+    let before = served(&node);
+    assert_eq!(admin.read_file("/big").await.unwrap(), data);
+    assert!(served(&node) > before, "the read went to the node");
+
+    // Once the old key's capabilities have run out (grace 1 s + lifetime 2 s + 2 s),
+    // nothing it signs is accepted, and new reads still work.
+    tokio::time::sleep(std::time::Duration::from_secs(6).saturating_sub(rotated_at.elapsed())).await;
+    assert_ne!(head.shared().head.as_ref().unwrap().key(), old);
+    // Tokens the old key derives no longer log in; its capabilities are refused even
+    // over a connection that logged in with the new key's token.
+    assert_eq!(code(NodeReads::default().read(&stolen, 0, 10).await.unwrap_err()), Code::AUTH_FAILED);
+    let (_, fresh) = located(&admin, "/big").await;
+    stolen.node_token = fresh.node_token.clone();
+    assert_eq!(code(NodeReads::default().read(&stolen, 0, 10).await.unwrap_err()), Code::ACCES);
+    assert_eq!(NodeReads::default().read(&fresh, 0, 10).await.unwrap(), data[..10]);
+    assert_eq!(admin.read_file("/big").await.unwrap(), data);
 }

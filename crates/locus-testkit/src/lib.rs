@@ -59,7 +59,12 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut config = ServerConfig::new(dir.path().join("export"), dir.path().join("state"));
         adjust(&mut config);
-        let tokens = Tokens::from_pairs([("admin", "admin-token"), ("alice", "alice-token"), ("bob", "bob-token")]);
+        let tokens = Tokens::from_pairs([
+            ("admin", "admin-token"),
+            ("alice", "alice-token"),
+            ("bob", "bob-token"),
+            (locus_proto::capability::NODE_SUBJECT, "locus-node-token"),
+        ]);
         let server = Server::new(config, tokens).expect("server starts");
         let shared = server.shared().clone();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -158,6 +163,7 @@ impl TestServer {
             credentials: Credentials { subject: subject.into(), token: format!("{subject}-token") },
             tls_ca: None,
             tls_name: None,
+            deadlines: Default::default(),
         }
     }
 
@@ -194,9 +200,17 @@ impl TestServer {
     }
 
     /// Starts a cluster head whose namespace is at `meta` (a PostgreSQL URL), or in a
-    /// SQLite file in its state directory; `adjust` may change its policy.
+    /// SQLite file in its state directory; `adjust` may change its policy. Heads on one
+    /// PostgreSQL database share a wrap key (as an operator copies it between heads),
+    /// made here from the database's URL.
     pub fn head(meta: Option<&str>, adjust: impl FnOnce(&mut locus_server::head::HeadConfig)) -> TestServer {
         Self::start_with(|config| {
+            if let Some(url) = meta {
+                let db = url.split('?').next().unwrap_or(url);
+                std::fs::create_dir_all(&config.state_dir).expect("state dir");
+                let wrap = locus_proto::capability::node_token(db.as_bytes(), "test wrap key");
+                std::fs::write(config.state_dir.join(locus_server::keys::WRAP_FILE), wrap).expect("wrap key");
+            }
             let url = meta.map_or_else(|| config.state_dir.join("meta.db").display().to_string(), str::to_string);
             let mut head = locus_server::head::HeadConfig::new(url);
             adjust(&mut head);
@@ -204,11 +218,19 @@ impl TestServer {
         })
     }
 
-    /// Starts a data node and has it join `head` (as `admin`) before returning.
+    /// Starts a data node and has it join `head` (as `locus-node`) before returning.
     pub fn data_node(head: &TestServer) -> TestServer {
         let node = TestServer::start();
         std::fs::create_dir_all(node.root().join(locus_server::session::OBJECTS_DIR)).expect("objects dir");
-        let (shared, options, addr) = (node.shared().clone(), head.options("admin"), node.addr.to_string());
+        node.join(head);
+        node
+    }
+
+    /// Has this data node join `head` once more (as it does every ten seconds): it
+    /// reports its free space and learns the cluster's keys.
+    pub fn join(&self, head: &TestServer) {
+        let options = head.options(locus_proto::capability::NODE_SUBJECT);
+        let (shared, addr) = (self.shared().clone(), self.addr.to_string());
         // On a thread of its own: the caller may be inside a runtime already.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -217,7 +239,6 @@ impl TestServer {
         .join()
         .expect("join thread")
         .expect("the node joins the head");
-        node
     }
 
     /// The temporary directory holding export and state; the place for scratch files.
