@@ -330,7 +330,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 config.state_dir.join(locus_server::keys::WRAP_FILE).display()
             );
         }
-        eprintln!("  try: locus ls {scheme}://{addr}/");
+        // A wildcard address is no place to dial: a client here reaches it on loopback.
+        let dial = if addr.ip().is_unspecified() { format!("127.0.0.1:{}", addr.port()) } else { addr.to_string() };
+        eprintln!("  try: locus ls {scheme}://{dial}/");
         eprintln!(
             "  active-file handlers: {} (read again on change or SIGHUP)",
             config.state_dir.join(locus_server::active::HANDLERS_FILE).display()

@@ -105,6 +105,10 @@ async fn the_native_protocol_refuses_every_path_trick() {
     }
     assert_eq!(beside(&s.root()), before, "something was made beside the export root");
     assert!(std::fs::read(s.root().parent().unwrap().join("canary")).unwrap() == CANARY, "the canary was changed");
+    // The state directory (tokens, keys, results of code runs) is the server's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(s.state_dir()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "state directory mode {mode:o}");
 }
 
 /// One Chirp session on a fresh connection: writes `lines` after authenticating by

@@ -271,3 +271,26 @@ async fn a_cluster_storelet_sees_only_what_its_subject_may_read() {
     assert!(!listed.contains("private") && !listed.contains("secret"), "{listed}");
     assert!(!listed.contains("hidden"), "{listed}");
 }
+
+/// A refused directory renamed (or moved in) while code runs over its parent does not
+/// appear in the run's view under its new name: names in a directory code runs over are
+/// not changed until the run ends (`EBUSY`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_during_a_run_cannot_bring_a_refused_directory_into_its_view() {
+    let srv = server();
+    let (admin, alice) = acl_tree(&srv).await;
+    // alice may rename in /data (d on it, w to make names there).
+    admin.acl_set("/data", "alice", Rights::parse("rlwd").unwrap()).await.unwrap();
+    let run = {
+        let alice = srv.client("alice").await;
+        let name = format!("/data/{}", inv("sh", &["sleep 1; ls -R; cat p2/secret.txt"]));
+        tokio::spawn(async move { text(&alice, &name).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let e = alice.rename("/data/private", "/data/p2").await.unwrap_err();
+    assert_eq!(e.code(), Code::BUSY, "{e}");
+    let out = run.await.unwrap().unwrap_or_default();
+    assert!(!out.contains("secret"), "the run saw the refused directory: {out}");
+    // Once the run is over, names change again.
+    alice.rename("/data/pub.txt", "/data/pub2.txt").await.unwrap();
+}

@@ -52,23 +52,67 @@ fn try_lock(file: &File) -> bool {
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
+/// Whether `path` is this user's own: a real directory or file (no symbolic link),
+/// owned by the effective user.
+fn owned(path: &Path, dir: bool) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| {
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        m.uid() == me && if dir { m.file_type().is_dir() } else { m.file_type().is_file() }
+    })
+}
+
+/// Makes `cache_dir` (0700) if it is missing, and refuses one that is not this user's
+/// own or that others may read or write into: unsaved copies are the user's data, and
+/// a planted record would be uploaded by the next mount.
+pub fn private_dir(cache_dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(cache_dir)?;
+    if !owned(cache_dir, true) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: the write-back cache must be a directory of your own", cache_dir.display()),
+        ));
+    }
+    let mode = std::fs::metadata(cache_dir)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(cache_dir, std::fs::Permissions::from_mode(mode & 0o700))?;
+    }
+    Ok(())
+}
+
+/// Opens (making it 0600 if missing) a file that must not be a symbolic link.
+fn open_private(path: &Path, create_new: bool) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = File::options();
+    o.read(true).write(true).mode(0o600).custom_flags(libc::O_NOFOLLOW);
+    if create_new {
+        o.create_new(true);
+    } else {
+        o.create(true).truncate(false);
+    }
+    o.open(path)
+}
+
 impl Journal {
     /// Makes this mount's directory in `cache_dir`, locked, for records of `origin`.
     pub fn open(cache_dir: &Path, origin: &str) -> io::Result<Journal> {
-        std::fs::create_dir_all(cache_dir)?;
+        use std::os::unix::fs::DirBuilderExt;
+        private_dir(cache_dir)?;
         static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // A directory left by an earlier process of the same id is not taken: its
         // records are for a later mount to find.
         let dir = loop {
             let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let dir = cache_dir.join(format!("m-{}-{made}", std::process::id()));
-            match std::fs::create_dir(&dir) {
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
                 Ok(()) => break dir,
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
             }
         };
-        let lock = File::options().create(true).write(true).truncate(false).open(dir.join("lock"))?;
+        let lock = open_private(&dir.join("lock"), false)?;
         if !try_lock(&lock) {
             return Err(io::Error::other(format!("{}: locked by another mount", dir.display())));
         }
@@ -85,7 +129,7 @@ impl Journal {
         loop {
             let name = self.dir.join(format!("{}.data", self.next));
             self.next += 1;
-            match File::options().read(true).write(true).create_new(true).open(&name) {
+            match open_private(&name, true) {
                 Ok(file) => return Ok((file, name)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
@@ -120,7 +164,8 @@ pub fn record_path(data: &Path) -> PathBuf {
 /// Writes `record` for `data` atomically: a temporary file, renamed.
 pub fn write_record(data: &Path, record: &Record) -> io::Result<()> {
     let tmp = data.with_extension("rec.tmp");
-    let mut f = File::create(&tmp)?;
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = open_private(&tmp, true)?;
     f.write_all(encode(record).as_bytes())?;
     std::fs::rename(&tmp, record_path(data))
 }
@@ -171,15 +216,19 @@ impl Orphans {
 /// `origin` (files there without a record, or with a torn one, are clean copies and
 /// temporaries: they are removed). `own` is the caller's directory, skipped.
 pub fn orphans(cache_dir: &Path, origin: &str, own: &Path) -> Vec<Orphans> {
+    if let Err(e) = private_dir(cache_dir) {
+        tracing::warn!("unsaved copies not recovered: {e}");
+        return Vec::new();
+    }
     let Ok(entries) = std::fs::read_dir(cache_dir) else { return Vec::new() };
     let mut found = Vec::new();
     for entry in entries.filter_map(|e| e.ok()) {
         let dir = entry.path();
         let is_journal = entry.file_name().to_str().is_some_and(|n| n.starts_with("m-"));
-        if !is_journal || dir == own || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+        if !is_journal || dir == own || !owned(&dir, true) {
             continue;
         }
-        let Ok(lock) = File::options().create(true).write(true).truncate(false).open(dir.join("lock")) else {
+        let Ok(lock) = open_private(&dir.join("lock"), false) else {
             continue;
         };
         if !try_lock(&lock) {
@@ -190,8 +239,12 @@ pub fn orphans(cache_dir: &Path, origin: &str, own: &Path) -> Vec<Orphans> {
             std::fs::read_dir(&dir).map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect()).unwrap_or_default();
         for name in &names {
             match name.extension().and_then(|e| e.to_str()) {
-                Some("data") => {
-                    let record = std::fs::read_to_string(record_path(name)).ok().and_then(|t| decode(&t));
+                // Only this user's own regular files: nothing planted, nothing linked.
+                Some("data") if owned(name, false) => {
+                    let rec = record_path(name);
+                    let record = owned(&rec, false)
+                        .then(|| std::fs::read_to_string(&rec).ok().and_then(|t| decode(&t)))
+                        .flatten();
                     match record {
                         Some(r) if r.origin == origin => records.push((r, name.clone())),
                         Some(_) => {} // another server's: left for a mount of it
@@ -276,6 +329,31 @@ fn decode(text: &str) -> Option<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsaved_copies_are_private_and_planted_records_are_ignored() {
+        use std::os::unix::fs::PermissionsExt;
+        let cache = tempfile::tempdir().unwrap();
+        let dir = cache.path().join("wb");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut j = Journal::open(&dir, "locus://h:1/").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "the cache directory is made private");
+        assert_eq!(mode(j.dir()), 0o700);
+        let (_f, data) = j.data_file().unwrap();
+        j.record(&data, "/x", None, 0o644).unwrap();
+        assert_eq!(mode(&data), 0o600);
+        assert_eq!(mode(&record_path(&data)), 0o600);
+        // A dead mount's journal whose data is a symbolic link (to a secret) is not taken.
+        let planted = dir.join("m-1-0");
+        std::fs::create_dir(&planted).unwrap();
+        std::fs::write(cache.path().join("secret"), b"key").unwrap();
+        std::os::unix::fs::symlink(cache.path().join("secret"), planted.join("0.data")).unwrap();
+        write_record(&planted.join("0.data"), &Record { origin: "locus://h:1/".into(), path: "/stolen".into(), base: None, mode: 0o644 }).unwrap();
+        let found = orphans(&dir, "locus://h:1/", j.dir());
+        assert!(found.iter().all(|o| o.records.is_empty()), "a linked copy was taken for recovery");
+    }
 
     #[test]
     fn records_read_back_and_a_dead_mounts_journal_is_found_by_its_origin_only() {

@@ -451,14 +451,17 @@ fn write_into(copy: &mut LocalCopy, at: u64, end: u64, data: &[u8]) -> Result<()
 }
 
 /// Where a mount keeps its copies by default: `$XDG_CACHE_HOME/locus/writeback`, else
-/// `~/.cache/locus/writeback`, else a directory of the user's in the system's temporary
+/// `~/.cache/locus/writeback`, else `$XDG_RUNTIME_DIR/locus/writeback`, else a directory of the user's in the system's temporary
 /// directory.
 pub fn default_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").filter(|d| !d.is_empty()).map(|h| PathBuf::from(h).join(".cache")));
-    match base {
+    // Without a home, the per-user runtime directory (private by design); `/tmp` last, where
+    // `journal::private_dir` refuses a directory another user made first.
+    let runtime = || std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()).map(PathBuf::from);
+    match base.or_else(runtime) {
         Some(base) => base.join("locus").join("writeback"),
         None => std::env::temp_dir().join(format!("locus-writeback-{}", unsafe { libc::getuid() })),
     }

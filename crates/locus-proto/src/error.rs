@@ -19,6 +19,7 @@ impl Code {
     pub const AGAIN: Code = Code(11);
     pub const NOMEM: Code = Code(12);
     pub const ACCES: Code = Code(13);
+    pub const BUSY: Code = Code(16);
     pub const EXIST: Code = Code(17);
     pub const XDEV: Code = Code(18);
     pub const NOTDIR: Code = Code(20);
@@ -91,6 +92,7 @@ impl Code {
             11 => "EAGAIN",
             12 => "ENOMEM",
             13 => "EACCES",
+            16 => "EBUSY",
             17 => "EEXIST",
             18 => "EXDEV",
             20 => "ENOTDIR",

@@ -158,6 +158,13 @@ impl ServerConfig {
         for dir in [&self.root, &self.state_dir].into_iter().chain(&self.devices) {
             std::fs::create_dir_all(dir).map_err(|e| ServerError::io(format!("create {}", dir.display()), e))?;
         }
+        // The state holds tokens, keys and results of code runs over protected files: the
+        // server's alone.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let private = std::fs::Permissions::from_mode(0o700);
+            std::fs::set_permissions(&self.state_dir, private).map_err(|e| ServerError::io("state dir", e))?;
+        }
         let state = self.state_dir.canonicalize().map_err(|e| ServerError::io("state dir", e))?;
         let mut seen: Vec<PathBuf> = Vec::new();
         for dir in std::iter::once(&self.root).chain(&self.devices) {

@@ -117,14 +117,20 @@ pub fn names_this_server(names: &[ServerName], listen: SocketAddr, local: Socket
     }
     let listen_ip = listen.ip().to_canonical();
     let wildcard = listen_ip.is_unspecified();
+    // A loopback name or address names this server only for a connection that arrived on
+    // loopback: otherwise a relay on the client's own machine could use it.
+    let came_by_loopback = local.ip().to_canonical().is_loopback();
     if let Ok(ip) = host.parse::<IpAddr>() {
         let ip = ip.to_canonical();
+        if ip.is_loopback() && !came_by_loopback {
+            return false;
+        }
         // `0.0.0.0` takes IPv4 only; `[::]` both (Linux's default dual stack).
         let family = listen.is_ipv6() || ip.is_ipv4();
         return ip == listen_ip || ip == local.ip().to_canonical() || (wildcard && family && is_local_address(ip));
     }
     if LOOPBACK_NAMES.contains(&host.as_str()) {
-        return listen_ip.is_loopback() || wildcard;
+        return (listen_ip.is_loopback() || wildcard) && came_by_loopback;
     }
     hostname() == Some(host.as_str())
 }
@@ -176,5 +182,18 @@ mod tests {
         assert!(ok("127.0.0.1:9610") && ok("127.0.0.2:9610") && ok("localhost:9610"));
         assert!(!ok("192.0.2.1:9610"), "a documentation address is no interface of ours");
         assert!(!ok("[::1]:9610"), "0.0.0.0 does not listen on IPv6");
+    }
+
+    #[test]
+    fn loopback_names_count_only_for_a_connection_that_came_by_loopback() {
+        // A client elsewhere whose `localhost:9610` is a relay to this server's
+        // 192.0.2.2:9610 made its proof for its own loopback: refused.
+        let listen: SocketAddr = "0.0.0.0:9610".parse().unwrap();
+        let local: SocketAddr = "192.0.2.2:9610".parse().unwrap();
+        let ok = |d: &str| names_this_server(&[], listen, local, d);
+        assert!(ok("192.0.2.2:9610"), "the address it arrived at");
+        for relayed in ["127.0.0.1:9610", "127.0.0.5:9610", "localhost:9610", "[::1]:9610"] {
+            assert!(!ok(relayed), "{relayed}");
+        }
     }
 }

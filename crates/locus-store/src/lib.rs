@@ -97,6 +97,10 @@ pub struct Store {
     namespace: Arc<parking_lot::Mutex<()>>,
     /// Where interrupted moves are recorded (the state directory's `intents`).
     intents: Option<PathBuf>,
+    /// The directories code is running over now (see [`view::LiveViews`]): a rename or
+    /// link into or within one waits until the run ends (`EBUSY`), so a view never shows
+    /// what was refused when it was made.
+    views: view::LiveViews,
 }
 
 /// A name located beneath the root: the directory holding it, opened, and the final
@@ -245,6 +249,7 @@ impl Store {
             devices: all,
             namespace: Arc::default(),
             intents,
+            views: view::LiveViews::default(),
         };
         if acl::read_acl(store.root.as_fd())?.is_none() {
             store.write_acl(store.root.as_fd(), initial_acl)?;
@@ -586,6 +591,8 @@ impl Store {
     pub fn rename(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::DELETE)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
+        self.views.not_within(&a.rel, from)?;
+        self.views.not_within(&b.rel, to)?;
         if self.multi() {
             return self.rename_across(&a, &b, from);
         }
@@ -658,6 +665,7 @@ impl Store {
     pub fn link(&self, who: &str, from: &str, to: &str) -> Result<()> {
         let a = self.locate_checked(who, from, false, Rights::READ)?;
         let b = self.locate_checked(who, to, false, Rights::WRITE)?;
+        self.views.not_within(&b.rel, to)?;
         let _names = self.names_lock();
         self.not_elsewhere(&b)?;
         let (a_alt, a_dev) = self.home(&a)?;

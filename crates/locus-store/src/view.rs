@@ -11,8 +11,11 @@
 //! When nothing is to be hidden on an export of one device, the view is the directory
 //! itself. Otherwise it is a read-only overlay of a layer of whiteouts (one for each
 //! hidden name, made in the state directory for this view and removed with it) over the
-//! directory's copies on every device. The subtree is walked once when the view is made:
-//! a directory renamed or granted meanwhile is shown as it was then.
+//! directory's copies on every device. The subtree is walked once when the view is made,
+//! and while the view lives no name in its directory may be renamed or linked
+//! (`EBUSY`, [`LiveViews`]): the whiteouts hide names, so a refused directory renamed or
+//! moved in during the run would otherwise appear under its new name. A grant or a
+//! refusal made during the run takes effect at the next run.
 //!
 //! A writable run cannot be given an overlay: it is refused (`EACCES`) where something
 //! would have to be hidden, and (`EROFS`) on an export of several devices.
@@ -23,10 +26,55 @@ use locus_proto::types::Rights;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use std::os::fd::{AsFd, OwnedFd};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Names hidden in one view at most (a tree with more refused corners is refused).
 const MAX_HIDDEN: usize = 100_000;
+
+/// The directories live code views show (relative to the root, `.` for the root), each
+/// with how many views hold it. A view is made once, from the tree as it is: a rename
+/// could otherwise bring a refused directory in under a name the view does not hide.
+#[derive(Default)]
+pub(crate) struct LiveViews(Arc<Mutex<HashMap<String, usize>>>);
+
+impl LiveViews {
+    fn hold(&self, rel: &str) -> ViewHold {
+        *self.0.lock().entry(rel.to_string()).or_default() += 1;
+        ViewHold { views: self.0.clone(), rel: rel.to_string() }
+    }
+
+    /// Refuses (`EBUSY`) a change of the name `rel` (`path` for messages) when it lies in
+    /// a directory code is running over now.
+    pub(crate) fn not_within(&self, rel: &str, path: &str) -> Result<()> {
+        let views = self.0.lock();
+        let inside = |v: &String| v == "." || rel == v || rel.strip_prefix(v.as_str()).is_some_and(|r| r.starts_with('/'));
+        if views.keys().any(inside) {
+            return Err(StoreError::Os { op: "change names where code is running over", path: path.to_string(), errno: Errno::BUSY });
+        }
+        Ok(())
+    }
+}
+
+/// One view's hold on its directory, let go with the view.
+struct ViewHold {
+    views: Arc<Mutex<HashMap<String, usize>>>,
+    rel: String,
+}
+
+impl Drop for ViewHold {
+    fn drop(&mut self) {
+        let mut views = self.views.lock();
+        if let Some(n) = views.get_mut(&self.rel) {
+            *n -= 1;
+            if *n == 0 {
+                views.remove(&self.rel);
+            }
+        }
+    }
+}
 
 /// A directory as code run for one subject sees it (see the module documentation).
 pub struct CodeView {
@@ -40,6 +88,8 @@ pub struct CodeView {
     pub hidden: Vec<PathBuf>,
     /// The whiteout layer's directory, removed with the view.
     scratch: Option<PathBuf>,
+    /// Keeps names in the directory from changing while the view lives.
+    _hold: ViewHold,
 }
 
 impl Drop for CodeView {
@@ -100,6 +150,8 @@ impl Store {
             return Err(StoreError::Os { op: "run writable code in", path: path.to_string(), errno: Errno::ROFS });
         }
         let rel = if t.rel.is_empty() { ".".to_string() } else { t.rel.clone() };
+        // Held before the tree is read: a rename racing the walk is refused, not missed.
+        let hold = self.views.hold(&rel);
         let others: Vec<OwnedFd> = if self.multi() {
             (1..self.devices.len()).filter_map(|d| self.dir_on(d, &rel).ok().flatten()).collect()
         } else {
@@ -108,7 +160,7 @@ impl Store {
         let hidden = self.hidden_from(who, &rel, &dir0)?;
         if hidden.is_empty() && others.is_empty() {
             let layer = rustix::io::fcntl_dupfd_cloexec(&dir0, 0).ctx("dup", path)?;
-            return Ok(CodeView { dir: dir0, layers: vec![layer], hidden, scratch: None });
+            return Ok(CodeView { dir: dir0, layers: vec![layer], hidden, scratch: None, _hold: hold });
         }
         if write {
             return Err(StoreError::Os {
@@ -146,7 +198,7 @@ impl Store {
                 WARNED.call_once(|| tracing::warn!("cannot mount overlays ({e}): code sees device 0's files only"));
                 let dir0 = layers.swap_remove(0);
                 let layer = rustix::io::fcntl_dupfd_cloexec(&dir0, 0).ctx("dup", path)?;
-                return Ok(CodeView { dir: dir0, layers: vec![layer], hidden, scratch });
+                return Ok(CodeView { dir: dir0, layers: vec![layer], hidden, scratch, _hold: hold });
             }
             Err(e) => {
                 if let Some(s) = &scratch {
@@ -160,7 +212,7 @@ impl Store {
                 });
             }
         };
-        Ok(CodeView { dir, layers, hidden, scratch })
+        Ok(CodeView { dir, layers, hidden, scratch, _hold: hold })
     }
 
     /// The names beneath `rel` (device 0's `dir0`) that `who` may not see, relative to
