@@ -315,6 +315,11 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             (Some(token), true) => {
                 eprintln!("  new admin token: {token} (use LOCUS_TOKEN=admin:{token})")
             }
+            (None, true) if args.data_node.is_none() => eprintln!(
+                "  admin token in {} (use LOCUS_TOKEN=admin:TOKEN, or a line `HOST:PORT admin TOKEN` in {})",
+                config.state_dir.join(config::TOKENS_FILE).display(),
+                credentials_file().display()
+            ),
             _ => {}
         }
         if config.head.is_some() {
