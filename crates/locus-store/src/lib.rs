@@ -1010,7 +1010,10 @@ impl PutFile {
 /// under `roots` (every device): those made before this store opened cannot belong to a
 /// live upload. A crash during a put must not leak its partial bytes forever.
 fn sweep_stale_uploads(roots: Vec<PathBuf>) {
-    let opened = std::time::SystemTime::now();
+    // File times come from a coarser clock than this one: an upload begun just after the
+    // store opened can carry a time a little before it. Two seconds of margin keep every
+    // live upload (a server killed less than that before this start leaks its last one).
+    let opened = std::time::SystemTime::now() - std::time::Duration::from_secs(2);
     let prefix = format!("{RESERVED_PREFIX}_put_");
     let sweep = move || {
         let mut dirs = roots;
@@ -1051,16 +1054,20 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
         let stale = dir.path().join(format!("a/b/{}_put_0123", super::RESERVED_PREFIX));
         std::fs::write(&stale, b"partial").unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        std::fs::File::options().write(true).open(&stale).unwrap().set_modified(old).unwrap();
         let kept = dir.path().join("a/b/.__locus_putnot");
         std::fs::write(&kept, b"a user's file").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // An upload begun as the store opens is no one's leftover.
+        let live = dir.path().join(format!("a/{}_put_4567", super::RESERVED_PREFIX));
+        std::fs::write(&live, b"in progress").unwrap();
         let _store = super::Store::new(dir.path(), &super::Acl::default()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while stale.exists() {
             assert!(std::time::Instant::now() < deadline, "the stale upload is still there");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        assert!(kept.exists());
+        assert!(kept.exists() && live.exists());
     }
 
     use super::*;
