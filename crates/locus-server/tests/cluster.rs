@@ -427,7 +427,11 @@ fn recording_relay(to: std::net::SocketAddr) -> (String, std::sync::Arc<std::syn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_key_never_crosses_the_node_link_in_clear() {
-    let head = TestServer::head(None, |_| {});
+    // The node dials the relay: the head is told that address names it.
+    let head = TestServer::start_with(|c| {
+        c.names.push("127.0.0.1:*".parse().unwrap());
+        c.head = Some(locus_server::head::HeadConfig::new(c.state_dir.join("meta.db").display().to_string()));
+    });
     let node = TestServer::start();
     let (relay, seen) = recording_relay(head.addr);
     let mut options = head.options(locus_proto::capability::NODE_SUBJECT);
