@@ -148,7 +148,8 @@ impl Net {
         for d in [&root, &state] {
             std::fs::create_dir_all(d).map_err(|e| BenchError::io("server dirs", e))?;
         }
-        std::fs::write(state.join("tokens"), format!("admin {TOKEN}\nlocus-node {TOKEN}\n")).map_err(|e| BenchError::io("tokens", e))?;
+        std::fs::write(state.join("tokens"), format!("admin {TOKEN}\nlocus-node {TOKEN}\n"))
+            .map_err(|e| BenchError::io("tokens", e))?;
         Ok((root, state))
     }
 }

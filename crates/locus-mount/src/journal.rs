@@ -350,7 +350,11 @@ mod tests {
         std::fs::create_dir(&planted).unwrap();
         std::fs::write(cache.path().join("secret"), b"key").unwrap();
         std::os::unix::fs::symlink(cache.path().join("secret"), planted.join("0.data")).unwrap();
-        write_record(&planted.join("0.data"), &Record { origin: "locus://h:1/".into(), path: "/stolen".into(), base: None, mode: 0o644 }).unwrap();
+        write_record(
+            &planted.join("0.data"),
+            &Record { origin: "locus://h:1/".into(), path: "/stolen".into(), base: None, mode: 0o644 },
+        )
+        .unwrap();
         let found = orphans(&dir, "locus://h:1/", j.dir());
         assert!(found.iter().all(|o| o.records.is_empty()), "a linked copy was taken for recovery");
     }

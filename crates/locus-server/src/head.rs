@@ -1274,12 +1274,14 @@ impl Handler for HeadSession {
             self.inner.subject().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))?;
         let token = match self.inner.token_of(NODE_SUBJECT) {
             Some(token) if subject == NODE_SUBJECT => token,
-            _ => return Err(WireError::new(
-                Code::ACCES,
-                format!(
+            _ => {
+                return Err(WireError::new(
+                    Code::ACCES,
+                    format!(
                     "data nodes join as {NODE_SUBJECT} (make its token at the head with `locus token {NODE_SUBJECT}`)"
                 ),
-            )),
+                ))
+            }
         };
         if req.nonce.len() < 16 {
             return Err(WireError::new(Code::INVAL, "a join needs a fresh nonce of at least 16 bytes"));

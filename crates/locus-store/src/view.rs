@@ -23,11 +23,11 @@
 use crate::error::OsContext;
 use crate::{Result, Store, StoreError, ACL_FILE, RESERVED_PREFIX};
 use locus_proto::types::Rights;
+use parking_lot::Mutex;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
-use std::os::fd::{AsFd, OwnedFd};
-use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -50,9 +50,14 @@ impl LiveViews {
     /// a directory code is running over now.
     pub(crate) fn not_within(&self, rel: &str, path: &str) -> Result<()> {
         let views = self.0.lock();
-        let inside = |v: &String| v == "." || rel == v || rel.strip_prefix(v.as_str()).is_some_and(|r| r.starts_with('/'));
+        let inside =
+            |v: &String| v == "." || rel == v || rel.strip_prefix(v.as_str()).is_some_and(|r| r.starts_with('/'));
         if views.keys().any(inside) {
-            return Err(StoreError::Os { op: "change names where code is running over", path: path.to_string(), errno: Errno::BUSY });
+            return Err(StoreError::Os {
+                op: "change names where code is running over",
+                path: path.to_string(),
+                errno: Errno::BUSY,
+            });
         }
         Ok(())
     }
