@@ -996,7 +996,7 @@ impl Postgres {
             if !locus_testkit::TestPostgres::installed() {
                 return Err(setup("PostgreSQL is not installed (apt-get install postgresql)"));
             }
-            self.0 = Some(locus_testkit::TestPostgres::start().ok_or_else(|| setup("PostgreSQL did not start"))?);
+            self.0 = Some(locus_testkit::TestPostgres::start());
         }
         let pg = self.0.as_ref().ok_or_else(|| setup("PostgreSQL"))?;
         let n = NEXT_DB.fetch_add(1, Ordering::Relaxed);

@@ -46,14 +46,14 @@ fn a_sqlite_head_killed_and_restarted_loses_nothing() {
 
 #[test]
 fn a_postgres_head_killed_leaves_the_other_serving_everything() {
-    if locus_testkit::require("postgresql", locus_testkit::TestPostgres::installed(), "apt-get install postgresql") {
+    if locus_testkit::require_postgres() {
         run("head-kill-postgres");
     }
 }
 
 #[test]
 fn postgres_restarted_under_load_loses_nothing() {
-    if locus_testkit::require("postgresql", locus_testkit::TestPostgres::installed(), "apt-get install postgresql") {
+    if locus_testkit::require_postgres() {
         run("postgres-restart");
     }
 }

@@ -27,6 +27,11 @@ pub fn require(what: &str, present: bool, install: &str) -> bool {
     panic!("this test needs {what}, which is missing here ({install}); set LOCUS_TEST_SKIP_MISSING={what} to skip it");
 }
 
+/// [`require`] for PostgreSQL (`initdb` and `pg_ctl` under `/usr/lib/postgresql`).
+pub fn require_postgres() -> bool {
+    require("postgresql", TestPostgres::installed(), "apt-get install postgresql; .ci/run installs it")
+}
+
 /// [`require`] for FUSE: `/dev/fuse` and `fusermount3`.
 pub fn require_fuse() -> bool {
     let fusermount = std::process::Command::new("sh")
@@ -292,18 +297,17 @@ impl TestPostgres {
         postgres_bin().is_some()
     }
 
-    /// Starts one. When PostgreSQL is not installed the test fails saying so, or (with
-    /// `LOCUS_TEST_SKIP_MISSING`, see [`require`]) this answers None and the test returns.
-    pub fn start() -> Option<TestPostgres> {
-        let bin = postgres_bin();
-        if !require("postgresql", bin.is_some(), "apt-get install postgresql; .ci/run installs it") {
-            return None;
-        }
-        let bin = bin?;
-        let dir = tempfile::tempdir().ok()?;
+    /// Starts one; a test calls [`require_postgres`] first. Any step that fails fails the
+    /// caller with a message saying which (never a silent skip).
+    pub fn start() -> TestPostgres {
+        let bin = postgres_bin().expect("PostgreSQL is installed (call require_postgres first)");
+        let dir = tempfile::tempdir().expect("a temporary directory for PostgreSQL");
         let data = dir.path().join("data");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
-        let as_postgres = |args: &[&str]| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port for PostgreSQL")
+            .port();
+        let as_postgres = |args: &[&std::ffi::OsStr]| {
             let ok = std::process::Command::new("runuser")
                 .args(["-u", "postgres", "--"])
                 .args(args)
@@ -312,23 +316,32 @@ impl TestPostgres {
                 .is_ok_and(|s| s.success());
             assert!(ok, "postgres: {args:?} failed");
         };
-        std::process::Command::new("chown").args(["postgres", dir.path().to_str()?]).status().ok()?;
-        let initdb = bin.join("initdb");
-        let pg_ctl = bin.join("pg_ctl");
-        as_postgres(&[initdb.to_str()?, "-D", data.to_str()?, "-A", "trust", "-U", "postgres"]);
-        let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
+        let chowned = std::process::Command::new("chown").arg("postgres").arg(dir.path()).status();
+        assert!(chowned.is_ok_and(|s| s.success()), "chown postgres {}", dir.path().display());
+        let (initdb, pg_ctl) = (bin.join("initdb"), bin.join("pg_ctl"));
         as_postgres(&[
-            pg_ctl.to_str()?,
-            "-D",
-            data.to_str()?,
-            "-o",
-            &opts,
-            "-w",
-            "-l",
-            data.join("log").to_str()?,
-            "start",
+            initdb.as_os_str(),
+            "-D".as_ref(),
+            data.as_os_str(),
+            "-A".as_ref(),
+            "trust".as_ref(),
+            "-U".as_ref(),
+            "postgres".as_ref(),
         ]);
-        Some(TestPostgres { dir, port, pg_ctl, opts })
+        let opts = format!("-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on", dir.path().display());
+        let log = data.join("log");
+        as_postgres(&[
+            pg_ctl.as_os_str(),
+            "-D".as_ref(),
+            data.as_os_str(),
+            "-o".as_ref(),
+            opts.as_ref(),
+            "-w".as_ref(),
+            "-l".as_ref(),
+            log.as_os_str(),
+            "start".as_ref(),
+        ]);
+        TestPostgres { dir, port, pg_ctl, opts }
     }
 
     /// Stops the database abruptly (`-m immediate`: no shutdown checkpoint, as a crash
