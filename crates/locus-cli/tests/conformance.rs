@@ -6,12 +6,13 @@
 //! README's "POSIX semantics" section names as design choices (`DESIGNED`).
 //! `bench/posix_conformance.sh` prints the same table beside sshfs.
 
-use locus_mount::is_mounted;
+mod common;
+
+use common::{spawn_mount, Mount};
 use locus_testkit::TestServer;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// Differences from a local directory that are design choices (README, "POSIX
 /// semantics"): an export holds regular files, directories and symbolic links only, and
@@ -43,39 +44,10 @@ fn python(dir: &Path) -> Command {
     c
 }
 
-struct Mount {
-    child: Child,
-    mnt: PathBuf,
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if is_mounted(&self.mnt) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_locus")).arg("umount").arg(&self.mnt).status();
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn mount(s: &TestServer, mode: &str) -> Mount {
-    let mnt = s.scratch().join(format!("mnt-{mode}"));
-    std::fs::create_dir_all(&mnt).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["mount", &s.url("/"), "--consistency", mode])
-        .arg("--cache-dir")
-        .arg(s.scratch().join(format!("cache-{mode}")))
-        .arg(&mnt)
-        .env("LOCUS_HOME", s.scratch().join("home"))
-        .env("LOCUS_TOKEN", "admin:admin-token")
-        .spawn()
-        .expect("locus mount");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !is_mounted(&mnt) {
-        assert!(Instant::now() < deadline, "not mounted after 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Mount { child, mnt }
+    let cache = s.scratch().join(format!("cache-{mode}"));
+    let flags = ["--consistency", mode, "--cache-dir", cache.to_str().unwrap()];
+    spawn_mount(&s.url("/"), &s.scratch().join(format!("mnt-{mode}")), &s.scratch().join("home"), "admin-token", &flags)
 }
 
 /// Every check local passes that `target` fails, design choices aside.

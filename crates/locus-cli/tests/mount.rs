@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{admin_token, serve, start_chirp, start_locus_chirp, wait_for_port};
+use common::{admin_token, serve, start_chirp, start_locus_chirp, wait_for_port, Mount};
 use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn sh(dir: &Path, script: &str) -> Output {
@@ -22,21 +22,6 @@ fn sh(dir: &Path, script: &str) -> Output {
     out
 }
 
-struct Mount {
-    child: Child,
-    mnt: std::path::PathBuf,
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if mounted(&self.mnt) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_locus")).arg("umount").arg(&self.mnt).status();
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn mount(s: &TestServer, path: &str) -> Mount {
     mount_url(&s.url(path), s.scratch())
 }
@@ -47,23 +32,7 @@ fn mount_url(url: &str, scratch: &Path) -> Mount {
 
 /// `locus mount URL SCRATCH/mnt FLAGS...` as admin, once the mount is there.
 fn mount_with(url: &str, scratch: &Path, token: &str, flags: &[&str]) -> Mount {
-    let mnt = scratch.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mnt = mnt.canonicalize().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["mount", url])
-        .args(flags)
-        .arg(&mnt)
-        .env("LOCUS_HOME", scratch.join("home"))
-        .env("LOCUS_TOKEN", format!("admin:{token}"))
-        .spawn()
-        .expect("locus mount");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !mounted(&mnt) {
-        assert!(Instant::now() < deadline, "not mounted after 10 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Mount { child, mnt }
+    common::spawn_mount(url, &scratch.join("mnt"), &scratch.join("home"), token, flags)
 }
 
 #[test]

@@ -6,51 +6,16 @@
 
 mod common;
 
-use common::{admin_token, serve};
-use locus_mount::is_mounted as mounted;
+use common::{admin_token, serve, spawn_mount, Mount};
 use locus_testkit::TestServer;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Mount {
-    child: Child,
-    mnt: PathBuf,
-}
-
-impl Drop for Mount {
-    fn drop(&mut self) {
-        if mounted(&self.mnt) {
-            let _ = Command::new(env!("CARGO_BIN_EXE_locus")).arg("umount").arg(&self.mnt).status();
-        }
-        if mounted(&self.mnt) {
-            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).status();
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `locus mount URL DIR/NAME FLAGS...` with `token` as admin, once the mount is there.
 fn mount(url: &str, dir: &Path, name: &str, token: &str, flags: &[&str]) -> Mount {
-    let mnt = dir.join(name);
-    std::fs::create_dir_all(&mnt).unwrap();
-    let mnt = mnt.canonicalize().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["mount", url])
-        .args(flags)
-        .arg(&mnt)
-        .env("LOCUS_HOME", dir.join("home"))
-        .env("LOCUS_TOKEN", format!("admin:{token}"))
-        .spawn()
-        .expect("locus mount");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !mounted(&mnt) {
-        assert!(Instant::now() < deadline, "not mounted after 20 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Mount { child, mnt }
+    spawn_mount(url, &dir.join(name), &dir.join("home"), token, flags)
 }
 
 /// Makes the mount write back in its root: a file stored there tells it the server

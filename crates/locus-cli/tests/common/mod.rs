@@ -89,3 +89,44 @@ pub fn python_venv(name: &str, packages: &[&str]) -> PathBuf {
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("the repository")
 }
+
+/// A `locus mount` process and its mount point, unmounted (lazily if need be) and
+/// stopped when dropped.
+pub struct Mount {
+    pub child: Child,
+    pub mnt: PathBuf,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if locus_mount::is_mounted(&self.mnt) {
+            let _ = Command::new(env!("CARGO_BIN_EXE_locus")).arg("umount").arg(&self.mnt).status();
+        }
+        if locus_mount::is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.mnt).status();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `locus mount URL MNT FLAGS...` as admin with `token` and `home` as `LOCUS_HOME`, once
+/// the mount is there (within 20 s).
+pub fn spawn_mount(url: &str, mnt: &Path, home: &Path, token: &str, flags: &[&str]) -> Mount {
+    std::fs::create_dir_all(mnt).unwrap();
+    let mnt = mnt.canonicalize().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["mount", url])
+        .args(flags)
+        .arg(&mnt)
+        .env("LOCUS_HOME", home)
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
+        .spawn()
+        .expect("locus mount");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !locus_mount::is_mounted(&mnt) {
+        assert!(Instant::now() < deadline, "not mounted after 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Mount { child, mnt }
+}
