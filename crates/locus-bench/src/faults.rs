@@ -825,6 +825,27 @@ fn stale_temp_files(dir: &Path) -> u64 {
     n
 }
 
+/// Waits (at most 30 s) until a new write of `len` bytes through `addr` is acknowledged,
+/// and records how long after the fault that was.
+fn await_recovery(load: &Workload, out: &mut RunOutcome, fault: Instant, addr: &str, len: usize, what: &str) {
+    let back = load.probe(addr, "probe", len, Duration::from_secs(30));
+    recovered(out, fault, back, what);
+}
+
+/// Lets the workload run on a little, stops it, and checks everything through `addr`.
+fn finish(
+    world: &World,
+    load: Workload,
+    rng: &mut Rng,
+    addr: &str,
+    mut out: RunOutcome,
+) -> Result<RunOutcome, BenchError> {
+    std::thread::sleep(rng.range_ms(200, 600));
+    load.stop(&mut out);
+    check_through(world, addr, &[], &mut out)?;
+    Ok(out)
+}
+
 fn recovered(out: &mut RunOutcome, fault: Instant, back: Option<Instant>, what: &str) {
     match back {
         Some(t) => out.recovery_s = t.duration_since(fault).as_secs_f64(),
@@ -851,12 +872,8 @@ fn server_kill(exe: &Path, seed: u64, work: Work) -> Result<RunOutcome, BenchErr
     server.kill9();
     std::thread::sleep(rng.range_ms(0, 300));
     let _server = world.serve("srv", &addr, &[], None)?;
-    let back = load.probe(&addr, "probe", 1000, Duration::from_secs(30));
-    recovered(&mut out, fault, back, "the restarted server");
-    std::thread::sleep(rng.range_ms(200, 600));
-    load.stop(&mut out);
-    check_through(&world, &addr, &[], &mut out)?;
-    Ok(out)
+    await_recovery(&load, &mut out, fault, &addr, 1000, "the restarted server");
+    finish(&world, load, &mut rng, &addr, out)
 }
 
 fn disk_full(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
@@ -972,12 +989,8 @@ fn head_kill_sqlite(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     let fault = Instant::now();
     head.kill9();
     let _head = world.serve("head", &head_addr, &["--head"], None)?;
-    let back = load.probe(&head_addr, "probe", 200_000, Duration::from_secs(30));
-    recovered(&mut out, fault, back, "the restarted head");
-    std::thread::sleep(rng.range_ms(200, 600));
-    load.stop(&mut out);
-    check_through(&world, &head_addr, &[], &mut out)?;
-    Ok(out)
+    await_recovery(&load, &mut out, fault, &head_addr, 200_000, "the restarted head");
+    finish(&world, load, &mut rng, &head_addr, out)
 }
 
 /// PostgreSQL for the runs of a scenario: one cluster (started on first use), a new
@@ -1031,12 +1044,8 @@ fn head_kill_postgres(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOut
     std::thread::sleep(rng.range_ms(100, 1200));
     let fault = Instant::now();
     a.kill9();
-    let back = load.probe(&b_addr, "probe", 200_000, Duration::from_secs(30));
-    recovered(&mut out, fault, back, "puts through the other head");
-    std::thread::sleep(rng.range_ms(200, 600));
-    load.stop(&mut out);
-    check_through(&world, &b_addr, &[], &mut out)?;
-    Ok(out)
+    await_recovery(&load, &mut out, fault, &b_addr, 200_000, "puts through the other head");
+    finish(&world, load, &mut rng, &b_addr, out)
 }
 
 fn postgres_restart(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOutcome, BenchError> {
@@ -1057,10 +1066,7 @@ fn postgres_restart(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOutco
     let back = load.probe(&head_addr, "probe", 200_000, Duration::from_secs(30));
     recovered(&mut out, fault, back, "the head after PostgreSQL restarted");
     eprintln!("postgres-restart seed {seed}: PostgreSQL accepted connections again after {pg_back:.2} s, the head stored a file after {:.2} s", out.recovery_s);
-    std::thread::sleep(rng.range_ms(200, 600));
-    load.stop(&mut out);
-    check_through(&world, &head_addr, &[], &mut out)?;
-    Ok(out)
+    finish(&world, load, &mut rng, &head_addr, out)
 }
 
 // ---------------------------------------------------------------------------------
