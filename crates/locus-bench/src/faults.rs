@@ -73,7 +73,7 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "mount-kill-rm",
         "kill -9 of an afs mount right after `rm -r` of a tree it answered; a new mount over the same cache dir",
     ),
-    ("mount-link-cut", "the link to the server down for 4 s (> the mount's 2 s retry window) during afs write-back"),
+    ("mount-link-cut", "the link to the server down for 12 s (the heartbeat's 6 s, the mount's 2 s retry window, 4 s more) during afs write-back"),
 ];
 
 const TOKEN: &str = "faults-bench-token";
@@ -1366,7 +1366,10 @@ fn mount_link_cut(exe: &Path, seed: u64) -> Result<RunOutcome, BenchError> {
     std::thread::sleep(rng.range_ms(300, 900));
     let fault = Instant::now();
     sh(&["ip", "link", "set", "lf-root", "down"])?;
-    std::thread::sleep(Duration::from_secs(retry_s + 2));
+    // Down long enough for the heartbeat to give the connection up and the retry window
+    // to pass after it: closes then fail to store, and the mount must keep their copies.
+    let heartbeat = locus_client::HEARTBEAT_EVERY + locus_client::HEARTBEAT_TIMEOUT;
+    std::thread::sleep(heartbeat + Duration::from_secs(retry_s + 4));
     sh(&["ip", "link", "set", "lf-root", "up"])?;
     std::thread::sleep(rng.range_ms(500, 1500));
     stop.store(true, Ordering::Relaxed);

@@ -263,6 +263,79 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     assert!(started.elapsed() >= Duration::from_secs(2), "gave up after {:?}", started.elapsed());
 }
 
+/// How many of `path`'s pages the kernel holds in its page cache (opening the file as
+/// any program would, so the mount decides at this open whether they stay).
+fn cached_pages(path: &Path) -> usize {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    // SAFETY: a read-only shared mapping of a file we hold open, unmapped below; mincore
+    // writes one byte per page into a vector of that many.
+    unsafe {
+        let at = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        assert_ne!(at, libc::MAP_FAILED, "mmap {}", path.display());
+        let mut resident = vec![0u8; len.div_ceil(page)];
+        assert_eq!(libc::mincore(at, len, resident.as_mut_ptr()), 0, "mincore");
+        libc::munmap(at, len);
+        resident.iter().filter(|&&b| b & 1 == 1).count()
+    }
+}
+
+#[test]
+fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
+    if !fuse_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let (root, state) = (work.path().join("root"), work.path().join("state"));
+    std::fs::create_dir_all(root.join("d")).unwrap();
+    let same: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("same.bin"), &same).unwrap();
+    std::fs::write(root.join("changed.txt"), "before\n").unwrap();
+    std::fs::write(root.join("d/x"), "x").unwrap();
+    std::fs::write(root.join("gone.txt"), "gone").unwrap();
+    let port = locus_bench::peers::free_port().unwrap();
+    let mut server = serve(&root, &state, port);
+    let token = admin_token(&state);
+    // A long attribute timeout: only callbacks (and their loss) make changes show.
+    let flags = ["--attr-timeout-ms", "600000", "--retry-secs", "10"];
+    let m = mount_with(&format!("locus://127.0.0.1:{port}/"), work.path(), &token, &flags);
+    let mnt = m.mnt.clone();
+    assert_eq!(std::fs::read(mnt.join("same.bin")).unwrap(), same);
+    assert_eq!(std::fs::read_to_string(mnt.join("changed.txt")).unwrap(), "before\n");
+    assert_eq!(listed(&mnt.join("d")), ["x"]);
+    assert_eq!(std::fs::read_to_string(mnt.join("gone.txt")).unwrap(), "gone");
+    let pages = same.len() / 4096;
+    assert_eq!(cached_pages(&mnt.join("same.bin")), pages, "read once: every page cached");
+
+    // The server goes (its promises with it) and comes back; meanwhile a file and a
+    // directory change beside it.
+    server.kill().unwrap();
+    server.wait().unwrap();
+    std::fs::write(root.join("changed.txt"), "after, and longer\n").unwrap();
+    std::fs::write(root.join("d/y"), "y").unwrap();
+    std::fs::remove_file(root.join("gone.txt")).unwrap();
+    let _server = common::KillOnDrop(serve(&root, &state, port));
+    // The lost promises make the kernel look again: the new size shows.
+    assert!(
+        within(Duration::from_secs(15), || std::fs::metadata(mnt.join("changed.txt")).is_ok_and(|m| m.len() == 18)),
+        "the change made while the server was away does not show"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // Revalidated, not dropped: the unchanged file keeps its pages, the changed file and
+    // directory read as the server has them now.
+    assert_eq!(cached_pages(&mnt.join("same.bin")), pages, "the unchanged file's pages were dropped");
+    assert_eq!(std::fs::read(mnt.join("same.bin")).unwrap(), same);
+    assert_eq!(std::fs::read_to_string(mnt.join("changed.txt")).unwrap(), "after, and longer\n");
+    assert_eq!(listed(&mnt.join("d")), ["x", "y"]);
+    // A file removed meanwhile, whose pages were cached too, is gone at its next look.
+    let e = std::fs::read_to_string(mnt.join("gone.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
+    assert!(within(Duration::from_secs(2), || !listed(&mnt).contains(&"gone.txt".to_string())));
+    assert!(within(Duration::from_secs(2), || !mnt.join("gone.txt").exists()));
+}
+
 #[test]
 fn nfs_mode_shows_changes_by_others_within_the_attribute_timeout_and_our_own_at_once() {
     if !fuse_available() {

@@ -175,6 +175,7 @@ impl LocusDriver {
     /// Connects with explicit connection options (address and credentials).
     pub fn with_options(options: ConnectOptions) -> Result<LocusDriver> {
         let client = Client::connect(&options).map_err(err)?;
+        client.keep_alive();
         Ok(LocusDriver {
             options,
             client: Some(client),
@@ -199,7 +200,12 @@ impl LocusDriver {
         let window = self.retry;
         crate::retry_transient(window, || {
             if self.client.is_none() {
-                self.client = Some(Client::connect(&self.options).map_err(err)?);
+                // A connect to a silent address may not outlast the window either.
+                let mut options = self.options.clone();
+                options.deadlines.connect = options.deadlines.connect.min(window.max(Duration::from_secs(1)));
+                let client = Client::connect(&options).map_err(err)?;
+                client.keep_alive();
+                self.client = Some(client);
                 self.generation += 1;
             }
             self.keep_promises()?;

@@ -133,3 +133,49 @@ fn a_frozen_link_is_noticed_within_seconds_and_nothing_cached_before_is_trusted(
         }
     }
 }
+
+#[test]
+fn a_call_over_a_frozen_link_fails_after_the_heartbeat_and_the_retry_window() {
+    let srv = TestServer::start_with(|c| c.names.push("127.0.0.1:*".parse().unwrap()));
+    srv.put_local("d/f", b"one");
+    let relay = Relay::start(srv.addr);
+    let mut options = srv.options("admin");
+    options.addr = relay.addr.to_string();
+    let mut d = locus_drivers::locus::LocusDriver::with_options(options).expect("connects through the relay");
+    d.set_retry(Duration::from_secs(1));
+    assert_eq!(d.lstat("/d/f").unwrap().size, 3);
+
+    // A store sent into a link that says nothing: the call's own heartbeat gives the
+    // connection up (2 s between pings, 4 s for an answer), reconnecting fails for the
+    // retry window, and the call fails as the server being away, long before the 60 s
+    // request deadline.
+    relay.freeze();
+    let frozen = Instant::now();
+    let e = d.store_file("/d/g", 0o644, b"kept by the caller").unwrap_err();
+    let failed = frozen.elapsed();
+    assert!(e.is_transient(), "{e}");
+    assert!(failed < Duration::from_secs(20), "failed after {failed:?}");
+    assert!(failed >= locus_client::HEARTBEAT_TIMEOUT, "failed after {failed:?}: before any ping could go unanswered");
+    relay.thaw();
+    d.store_file("/d/g", 0o644, b"kept by the caller").unwrap();
+    assert_eq!(std::fs::read(srv.local("d/g")).unwrap(), b"kept by the caller");
+}
+
+#[test]
+fn something_other_than_a_locus_server_at_the_address_is_a_connection_failure_retried() {
+    // A peer that answers, but not as Locus does (another service, or a middlebox while
+    // the route to the server is gone): the server may be back there later.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in listener.incoming().flatten() {
+            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let srv = TestServer::start();
+    let mut options = srv.options("admin");
+    options.addr = addr.to_string();
+    let e = locus_drivers::locus::LocusDriver::with_options(options).err().expect("not a Locus server");
+    assert!(e.is_transient(), "{e}");
+    assert!(e.to_string().contains("not a Locus peer"), "{e}");
+}

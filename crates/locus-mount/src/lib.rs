@@ -111,6 +111,15 @@ impl Default for MountOptions {
 /// in practice.
 const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// What each file's pages in the kernel's cache hold: the size and modification time
+/// the file had when the mount last let the kernel cache them (shared with the thread
+/// that takes breaks, which keeps those pages when a connection is lost).
+type Seen = Arc<parking_lot::Mutex<HashMap<u64, (u64, Time)>>>;
+
+/// How many handles the kernel holds on each inode (open files and mappings), shared
+/// with the thread that takes breaks.
+type OpenFiles = Arc<parking_lot::Mutex<HashMap<u64, usize>>>;
+
 /// Breaks that arrived and that the mount's own caches have not taken in yet.
 #[derive(Default)]
 struct Broken {
@@ -134,18 +143,29 @@ fn take_breaks(
     index: inodes::PathIndex,
     notifier: Arc<OnceLock<fuser::Notifier>>,
     broken: Arc<parking_lot::Mutex<Broken>>,
+    seen: Seen,
+    open_files: OpenFiles,
 ) {
     use locus_drivers::Break;
     for b in breaks {
-        let paths = match b {
+        // A break names what changed: its names, attributes and pages go. A lost
+        // connection (every promise gone) says only that anything may have changed: the
+        // kernel forgets names and attributes, except that a file whose pages it holds,
+        // and that no one has open, keeps its name and pages and only its attributes are
+        // asked for again. Its next open compares the server's size and modification
+        // time with those the pages were cached at (`seen`), and keeps them only if they
+        // are the same (a new size drops them at once); a name the server no longer has
+        // goes at its next look (`found_gone`). The cache is revalidated, not thrown
+        // away.
+        let (paths, all) = match b {
             Break::Paths(paths) => {
                 tracing::debug!(?paths, "callback broken");
                 broken.lock().paths.extend(paths.iter().cloned());
-                paths
+                (paths, false)
             }
             Break::All => {
                 broken.lock().all = true;
-                index.lock().keys().cloned().collect()
+                (index.lock().keys().cloned().collect(), true)
             }
         };
         let Some(notifier) = notifier.get() else { continue };
@@ -157,6 +177,10 @@ fn take_breaks(
             };
             // Errors say the kernel has nothing cached there: nothing to drop.
             if let Some(ino) = ino {
+                if all && seen.lock().contains_key(&ino) && !open_files.lock().contains_key(&ino) {
+                    let _ = notifier.inval_inode(ino, -1, 0);
+                    continue;
+                }
                 let _ = notifier.inval_inode(ino, 0, 0);
             }
             if let Some((dir, name)) = parent {
@@ -186,7 +210,12 @@ pub struct LocusFs {
     options: MountOptions,
     /// Size and modification time of each file when last opened, to keep its cached
     /// pages only while it is unchanged.
-    seen: HashMap<u64, (u64, Time)>,
+    seen: Seen,
+    /// Where the mount reports a name it found gone at the server after a lost
+    /// connection (its kernel entry was kept for its cached pages), to drop it.
+    gone: Option<std::sync::mpsc::Sender<locus_drivers::Break>>,
+    /// The kernel's handles on each inode ([`LocusFs::opened_file`]).
+    open_files: OpenFiles,
     /// Server handles open on each inode: how a file removed while open is still
     /// described (the kernel asks for its attributes without a handle).
     open: HashMap<u64, Vec<u64>>,
@@ -362,11 +391,22 @@ impl LocusFs {
         let inodes = Inodes::new(base);
         let notifier = Arc::new(OnceLock::new());
         let broken = Arc::new(parking_lot::Mutex::new(Broken::default()));
+        let (seen, open_files) = (Seen::default(), OpenFiles::default());
         let callbacks = breaks.is_some();
-        if let Some(breaks) = breaks {
-            let (index, n, b) = (inodes.index(), notifier.clone(), broken.clone());
-            let taker = std::thread::Builder::new().name("locus-breaks".into());
-            if let Err(e) = taker.spawn(move || take_breaks(breaks, index, n, b)) {
+        let mut gone = None;
+        if let Some(from_server) = breaks {
+            // The mount's own breaks (names found gone after a lost connection) join
+            // the server's on the way to the thread that tells the kernel.
+            let (tx, breaks) = std::sync::mpsc::channel();
+            gone = Some(tx.clone());
+            let (index, n, b, s, o) =
+                (inodes.index(), notifier.clone(), broken.clone(), seen.clone(), open_files.clone());
+            let forward = move || from_server.into_iter().try_for_each(|b| tx.send(b));
+            let spawned = std::thread::Builder::new()
+                .name("locus-breaks".into())
+                .spawn(move || take_breaks(breaks, index, n, b, s, o))
+                .and_then(|_| std::thread::Builder::new().name("locus-breaks-in".into()).spawn(forward));
+            if let Err(e) = spawned {
                 tracing::warn!("no thread for callback breaks: {e}");
             }
         }
@@ -389,7 +429,9 @@ impl LocusFs {
             inodes,
             listings: Listings::default(),
             options,
-            seen: HashMap::new(),
+            seen,
+            gone,
+            open_files,
             open: HashMap::new(),
             attrs: HashMap::new(),
             lazy: HashMap::new(),
@@ -428,9 +470,10 @@ impl LocusFs {
         }
         let broken = std::mem::take(&mut *self.broken.lock());
         if broken.all {
+            // (`seen` stays: what the kernel's pages hold, which the next open compares
+            // with what the server answers then.)
             self.drop_fetched(|_| true);
             self.attrs.clear();
-            self.seen.clear();
             self.listings.clear();
             self.removable.clear();
         }
@@ -448,12 +491,20 @@ impl LocusFs {
         }
     }
 
+    /// The server says `ino`'s name is gone, which the kernel still holds (kept with its
+    /// pages across a lost connection): the kernel is told to drop it.
+    fn found_gone(&mut self, ino: u64) {
+        if let (Some(gone), Some(path)) = (&self.gone, self.inodes.path(ino)) {
+            let _ = gone.send(locus_drivers::Break::Paths(vec![path.to_string()]));
+        }
+    }
+
     /// Drops what the mount knew of `path` and of its directory's entries.
     fn forget(&mut self, path: &str) {
         if let Some(ino) = self.inodes.peek(path) {
             self.drop_fetched(|i| i == ino);
             self.attrs.remove(&ino);
-            self.seen.remove(&ino);
+            self.seen.lock().remove(&ino);
             self.listings.forget(ino);
             self.removable.remove(&ino);
         }
@@ -577,7 +628,7 @@ impl LocusFs {
     fn open_whole(&mut self, ino: u64) -> Option<(u64, bool)> {
         let content = self.fetch_small(ino)?;
         let now = self.fresh(ino).map(|a| (a.size, a.mtime))?;
-        let keep = self.seen.insert(ino, now) == Some(now);
+        let keep = self.seen.lock().insert(ino, now) == Some(now);
         let fh = self.next_lazy;
         self.next_lazy += 1;
         self.lazy.insert(fh, (ino, None));
@@ -901,7 +952,7 @@ impl LocusFs {
         self.sync_pin(ino);
         self.wrote_in(ino);
         self.remember(ino, &attr);
-        self.seen.insert(ino, (attr.size, attr.mtime));
+        self.seen.lock().insert(ino, (attr.size, attr.mtime));
         self.file_known(ino, attr);
         if let (true, Some(notifier), false) = (content.len() <= KNOWN_MAX, self.notifier.get(), self.closing) {
             if let Err(e) = notifier.store(ino, 0, &content) {
@@ -1245,6 +1296,114 @@ fn is_active(path: &str) -> bool {
     locus_proto::active::may_invoke(path.rsplit('/').next().unwrap_or(path))
 }
 
+impl LocusFs {
+    /// Opens `ino` for the kernel: answers the handle and the `FOPEN_*` flags.
+    fn open_handle(&mut self, ino: u64, flags: i32) -> Result<(u64, u32), i32> {
+        let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
+        // A handle that cannot write has nothing to flush: its close costs the kernel no
+        // request (a compiler opens and closes each header it reads).
+        let no_flush = if read_only { FOPEN_NOFLUSH } else { 0 };
+        if flags & libc::O_TRUNC != 0 {
+            self.file_changed(ino);
+        }
+        if read_only && self.active(ino) {
+            // Read past the size the kernel knows: the output may still be growing, and
+            // the server answers each read when its bytes are there (0 at the end).
+            let path = self.path(ino)?;
+            let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno)?;
+            self.open.entry(ino).or_default().push(opened.handle);
+            return Ok((opened.handle, fuser::consts::FOPEN_DIRECT_IO | no_flush));
+        }
+        if !read_only || self.unstored(ino).is_some() {
+            if let Some((fh, kept)) = self.open_copy(ino, flags) {
+                return Ok((fh, no_flush | if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }));
+            }
+        }
+        let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
+        if read_only && cached.is_some() && self.seen.lock().get(&ino) == cached.as_ref() {
+            // Unchanged within the attribute timeout and its pages are cached: the kernel
+            // may well read nothing from the server.
+            let fh = self.next_lazy;
+            self.next_lazy += 1;
+            self.lazy.insert(fh, (ino, None));
+            return Ok((fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush));
+        }
+        if read_only {
+            if let Some((fh, keep)) = self.open_whole(ino) {
+                return Ok((fh, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }));
+            }
+        }
+        let path = self.path(ino)?;
+        let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno)?;
+        // Keep the cached pages only if the file is as it was when last opened.
+        let now = (opened.attr.size, opened.attr.mtime);
+        let keep = self.seen.lock().insert(ino, now) == Some(now);
+        self.open.entry(ino).or_default().push(opened.handle);
+        self.remember(ino, &opened.attr);
+        if !read_only && opened.attr.size == 0 && opened.attr.is_file() {
+            self.known.insert(opened.handle, Vec::new());
+        }
+        if !read_only {
+            self.wrote_in(ino);
+        }
+        Ok((opened.handle, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }))
+    }
+
+    /// Makes `name` in `parent` and opens it for the kernel: answers its inode, its
+    /// attributes and the handle.
+    fn create_handle(
+        &mut self,
+        req: &Request<'_>,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(u64, Attr, u64), i32> {
+        if let Some((ino, attr)) = self.create_locally(req, parent, name, mode) {
+            // Made by this open: stored at its close even where it is opened read-only.
+            let fh = self.copy_handle(ino, flags | libc::O_CREAT);
+            return Ok((ino, attr, fh));
+        }
+        let path = self.child(parent, name)?;
+        let flags = locus_flags(flags) | open_flags::CREATE;
+        // The server creates only for a writer; `open(O_CREAT | O_RDONLY)` (lock and
+        // marker files, `flock FILE CMD`) makes the file as a local disk does, on a
+        // handle that also may write. Should the file be there already and refuse
+        // writing, it is opened for reading as asked.
+        let as_writer = if flags & open_flags::WRITE == 0 { flags | open_flags::WRITE } else { flags };
+        let opened = match self.driver.open(&path, as_writer, mode & 0o7777) {
+            Err(e) if as_writer != flags && e.errno == libc::EACCES && flags & open_flags::EXCLUSIVE == 0 => {
+                self.driver.open(&path, flags & !open_flags::CREATE, 0)
+            }
+            opened => opened,
+        };
+        let opened = opened.map_err(errno)?;
+        self.changed(parent, None);
+        self.added(parent, name, &opened.attr);
+        let ino = self.inodes.lookup(path);
+        self.remember(ino, &opened.attr);
+        self.seen.lock().insert(ino, (opened.attr.size, opened.attr.mtime));
+        self.open.entry(ino).or_default().push(opened.handle);
+        if opened.attr.size == 0 {
+            self.known.insert(opened.handle, Vec::new());
+        }
+        self.wrote_in(ino);
+        Ok((ino, opened.attr, opened.handle))
+    }
+
+    /// Counts the kernel's handles on `ino` (`by` is 1 at an open, -1 at a release):
+    /// the pages of a file open when a connection is lost are dropped, not kept to be
+    /// revalidated, since reading them asks the mount nothing.
+    fn opened_file(&mut self, ino: u64, by: isize) {
+        let mut open = self.open_files.lock();
+        let count = open.entry(ino).or_default();
+        *count = count.saturating_add_signed(by);
+        if *count == 0 {
+            open.remove(&ino);
+        }
+    }
+}
+
 impl Filesystem for LocusFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
         let _ = config.set_max_write(1 << 20);
@@ -1321,6 +1480,9 @@ impl Filesystem for LocusFs {
             Some(h) => self.driver.fstat(h).map_err(errno),
             None => self.path(ino).and_then(|p| self.lstat(&p)),
         };
+        if let (Err(libc::ENOENT), None) = (&attr, by_handle) {
+            self.found_gone(ino);
+        }
         let attr = ok_or_reply!(attr, reply);
         if active {
             return reply.attr(&Duration::ZERO, &file_attr(ino, &attr));
@@ -1401,7 +1563,7 @@ impl Filesystem for LocusFs {
             };
             attr.atime = at(atime, attr.atime);
             attr.mtime = at(mtime, attr.mtime);
-            self.seen.remove(&ino);
+            self.seen.lock().remove(&ino);
             self.written.insert(h);
             return reply.attr(&self.ttl(), &file_attr(ino, &attr));
         }
@@ -1564,54 +1726,13 @@ impl Filesystem for LocusFs {
 
     fn open(&mut self, _req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen) {
         self.absorb();
-        let read_only = flags & (libc::O_ACCMODE | libc::O_TRUNC | libc::O_CREAT) == libc::O_RDONLY;
-        // A handle that cannot write has nothing to flush: its close costs the kernel no
-        // request (a compiler opens and closes each header it reads).
-        let no_flush = if read_only { FOPEN_NOFLUSH } else { 0 };
-        if flags & libc::O_TRUNC != 0 {
-            self.file_changed(ino);
-        }
-        if read_only && self.active(ino) {
-            // Read past the size the kernel knows: the output may still be growing, and
-            // the server answers each read when its bytes are there (0 at the end).
-            let path = ok_or_reply!(self.path(ino), reply);
-            let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
-            self.open.entry(ino).or_default().push(opened.handle);
-            return reply.opened(opened.handle, fuser::consts::FOPEN_DIRECT_IO | no_flush);
-        }
-        if !read_only || self.unstored(ino).is_some() {
-            if let Some((fh, kept)) = self.open_copy(ino, flags) {
-                return reply.opened(fh, no_flush | if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
+        match self.open_handle(ino, flags) {
+            Ok((fh, open_flags)) => {
+                self.opened_file(ino, 1);
+                reply.opened(fh, open_flags)
             }
+            Err(e) => reply.error(e),
         }
-        let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
-        if read_only && cached.is_some() && self.seen.get(&ino) == cached.as_ref() {
-            // Unchanged within the attribute timeout and its pages are cached: the kernel
-            // may well read nothing from the server.
-            let fh = self.next_lazy;
-            self.next_lazy += 1;
-            self.lazy.insert(fh, (ino, None));
-            return reply.opened(fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush);
-        }
-        if read_only {
-            if let Some((fh, keep)) = self.open_whole(ino) {
-                return reply.opened(fh, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
-            }
-        }
-        let path = ok_or_reply!(self.path(ino), reply);
-        let opened = ok_or_reply!(self.driver.open(&path, locus_flags(flags), 0).map_err(errno), reply);
-        // Keep the cached pages only if the file is as it was when last opened.
-        let now = (opened.attr.size, opened.attr.mtime);
-        let keep = self.seen.insert(ino, now) == Some(now);
-        self.open.entry(ino).or_default().push(opened.handle);
-        self.remember(ino, &opened.attr);
-        if !read_only && opened.attr.size == 0 && opened.attr.is_file() {
-            self.known.insert(opened.handle, Vec::new());
-        }
-        if !read_only {
-            self.wrote_in(ino);
-        }
-        reply.opened(opened.handle, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 });
     }
 
     fn create(
@@ -1624,36 +1745,13 @@ impl Filesystem for LocusFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        if let Some((ino, attr)) = self.create_locally(req, parent, name, mode & !umask) {
-            // Made by this open: stored at its close even where it is opened read-only.
-            let fh = self.copy_handle(ino, flags | libc::O_CREAT);
-            return reply.created(&self.ttl(), &file_attr(ino, &attr), 0, fh, 0);
-        }
-        let path = ok_or_reply!(self.child(parent, name), reply);
-        let flags = locus_flags(flags) | open_flags::CREATE;
-        // The server creates only for a writer; `open(O_CREAT | O_RDONLY)` (lock and
-        // marker files, `flock FILE CMD`) makes the file as a local disk does, on a
-        // handle that also may write. Should the file be there already and refuse
-        // writing, it is opened for reading as asked.
-        let as_writer = if flags & open_flags::WRITE == 0 { flags | open_flags::WRITE } else { flags };
-        let opened = match self.driver.open(&path, as_writer, mode & !umask & 0o7777) {
-            Err(e) if as_writer != flags && e.errno == libc::EACCES && flags & open_flags::EXCLUSIVE == 0 => {
-                self.driver.open(&path, flags & !open_flags::CREATE, 0)
+        match self.create_handle(req, parent, name, mode & !umask, flags) {
+            Ok((ino, attr, fh)) => {
+                self.opened_file(ino, 1);
+                reply.created(&self.ttl(), &file_attr(ino, &attr), 0, fh, 0)
             }
-            opened => opened,
-        };
-        let opened = ok_or_reply!(opened.map_err(errno), reply);
-        self.changed(parent, None);
-        self.added(parent, name, &opened.attr);
-        let ino = self.inodes.lookup(path);
-        self.remember(ino, &opened.attr);
-        self.seen.insert(ino, (opened.attr.size, opened.attr.mtime));
-        self.open.entry(ino).or_default().push(opened.handle);
-        if opened.attr.size == 0 {
-            self.known.insert(opened.handle, Vec::new());
+            Err(e) => reply.error(e),
         }
-        self.wrote_in(ino);
-        reply.created(&self.ttl(), &file_attr(ino, &opened.attr), 0, opened.handle, 0);
     }
 
     fn read(
@@ -1748,7 +1846,7 @@ impl Filesystem for LocusFs {
         }
         // Our own write changed the file: its next open must not trust the old pages
         // (until the flush learns what the file is now).
-        self.seen.remove(&ino);
+        self.seen.lock().remove(&ino);
         if let Some((attr, _)) = self.attrs.get_mut(&ino) {
             attr.size = attr.size.max(offset as u64 + data.len() as u64);
         }
@@ -1775,7 +1873,7 @@ impl Filesystem for LocusFs {
         // what the file now is, an open that finds it so keeps them.
         let attr = ok_or_reply!(self.driver.settle_stat(fh).map_err(errno), reply);
         if self.open.get(&ino).is_some_and(|h| h.len() == 1) {
-            self.seen.insert(ino, (attr.size, attr.mtime));
+            self.seen.lock().insert(ino, (attr.size, attr.mtime));
             let content = self.known.get(&fh).filter(|c| c.len() as u64 == attr.size);
             if let (Some(content), Some(notifier)) = (content, self.notifier.get()) {
                 if let Err(e) = notifier.store(ino, 0, content) {
@@ -1798,6 +1896,7 @@ impl Filesystem for LocusFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.opened_file(ino, -1);
         if self.copy_handles.remove(&fh).is_some() {
             self.release_copy(ino);
             return reply.ok();

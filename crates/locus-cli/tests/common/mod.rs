@@ -36,6 +36,16 @@ pub fn serve_with(root: &Path, state: &Path, port: u16, flags: &[&std::ffi::OsSt
     child
 }
 
+/// A child process killed (and waited for) when the test lets go of it, pass or fail.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The admin token a `locus serve` wrote to its state directory.
 pub fn admin_token(state: &Path) -> String {
     let tokens = std::fs::read_to_string(state.join("tokens")).unwrap();
