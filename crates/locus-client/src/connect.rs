@@ -1,0 +1,267 @@
+//! Making a connection: where to (`ConnectOptions`), how long to wait
+//! (`Deadlines`), TCP keepalive, TLS, the preamble and the login handshake.
+
+use crate::credentials;
+use crate::error::Result;
+use crate::nodes;
+use crate::receive::read_loop;
+use crate::BoxRead;
+use crate::BoxWrite;
+use crate::Client;
+use crate::ClientError;
+use crate::Credentials;
+use crate::Inner;
+use crate::LocusUrl;
+use locus_proto::auth;
+use locus_proto::frame::{self};
+use locus_proto::ops::*;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+
+/// How often a connection with [`Client::keep_alive`] pings the server.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a heartbeat's ping may go unanswered before the server is taken for gone.
+pub const HEARTBEAT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// Turns TCP keepalive on for a connection's socket: probes after 10 s idle, every 2 s,
+/// 3 times (the server does the same on its end).
+pub(crate) fn keepalive(socket: RawFd) {
+    let set = |level, name, v: libc::c_int| {
+        let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `socket` is the connection's open socket; `v` is an int of the size given.
+        unsafe { libc::setsockopt(socket, level, name, (&v as *const libc::c_int).cast(), size) };
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2);
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
+}
+
+/// How to reach and authenticate to a server.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    /// `HOST:PORT`, as the user wrote it: the login proof covers it, so the server checks
+    /// that it names the server.
+    pub addr: String,
+    pub credentials: Credentials,
+    /// Connect with TLS, trusting the certificate(s) in this PEM file.
+    pub tls_ca: Option<PathBuf>,
+    /// Host name the server's certificate must carry (defaults to the host of `addr`).
+    pub tls_name: Option<String>,
+    /// How long to wait for the server before giving up on it.
+    pub deadlines: Deadlines,
+}
+
+/// How long a client waits before it gives up on a server (or data node) that does not
+/// answer: one that hangs, rather than dies, then costs a bounded wait, and reads fail
+/// over to the next replica or the head. Streams are bounded by progress: each frame
+/// must come (or go) within `request`, however long the whole transfer takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Connecting, TLS and the handshake.
+    pub connect: Duration,
+    /// A request's reply; each frame of a streamed reply; each frame sent. Operations
+    /// that carry out long work (`rebalance_apply`, storelet runs) are bounded by the
+    /// server's own limits instead.
+    pub request: Duration,
+    /// One read at a data node, before the client tries the next replica or the head.
+    pub node_read: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_secs(10),
+            request: Duration::from_secs(60),
+            node_read: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Options for `url`, with credentials found as [`Credentials::find`] does and, for a
+    /// `locus+tls://` URL, the CA file in `LOCUS_TLS_CA` or the local server's certificate.
+    pub fn for_url(url: &LocusUrl) -> Result<ConnectOptions> {
+        let authority = url.authority();
+        let credentials = Credentials::find(&authority)?;
+        let tls_ca = url.tls.then(|| {
+            std::env::var_os("LOCUS_TLS_CA")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
+        });
+        Ok(ConnectOptions {
+            addr: authority,
+            credentials,
+            tls_ca,
+            tls_name: Some(url.host.clone()),
+            deadlines: Deadlines::default(),
+        })
+    }
+}
+
+pub(crate) async fn tls_connect(
+    tcp: TcpStream,
+    ca: &std::path::Path,
+    opts: &ConnectOptions,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let pem = std::fs::read(ca).map_err(|e| ClientError::Config(format!("TLS CA file {}: {e}", ca.display())))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut &pem[..]) {
+        let cert = cert.map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
+        roots.add(cert).map_err(|e| ClientError::Config(format!("TLS CA file: {e}")))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Config(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let host = opts.tls_name.clone().unwrap_or_else(|| {
+        opts.addr.rsplit_once(':').map(|(h, _)| h.trim_matches(['[', ']']).to_string()).unwrap_or_default()
+    });
+    let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| ClientError::Config(e.to_string()))?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    Ok(connector.connect(name, tcp).await?)
+}
+
+impl Client {
+    /// Connects and authenticates, within the options' connect deadline.
+    pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
+        match tokio::time::timeout(opts.deadlines.connect, Self::connect_now(opts)).await {
+            Ok(client) => client,
+            Err(_) => Err(ClientError::TimedOut(format!(
+                "{} did not answer the connection within {:?}",
+                opts.addr, opts.deadlines.connect
+            ))),
+        }
+    }
+
+    /// Connects and authenticates, however long it takes.
+    pub(crate) async fn connect_now(opts: &ConnectOptions) -> Result<Client> {
+        let tcp = TcpStream::connect(&opts.addr).await?;
+        tcp.set_nodelay(true)?;
+        keepalive(std::os::fd::AsRawFd::as_raw_fd(&tcp));
+        let socket = opts.tls_ca.is_none().then(|| std::os::fd::AsRawFd::as_raw_fd(&tcp));
+        // The login proof covers this TLS session's exporter secret (none on plain TCP).
+        let mut exporter = Vec::new();
+        let (r, w): (BoxRead, BoxWrite) = match &opts.tls_ca {
+            None => {
+                let (r, w) = tcp.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(ca) => {
+                let tls = tls_connect(tcp, ca, opts).await?;
+                exporter = tls
+                    .get_ref()
+                    .1
+                    .export_keying_material(vec![0; auth::TLS_EXPORTER_LEN], auth::TLS_EXPORTER_LABEL, None)
+                    .map_err(|e| ClientError::Protocol(format!("TLS exporter: {e}")))?;
+                let (r, w) = tokio::io::split(tls);
+                (Box::new(r), Box::new(w))
+            }
+        };
+        let mut reader = BufReader::with_capacity(256 * 1024, r);
+        let mut writer = BufWriter::with_capacity(128 * 1024, w);
+        writer.write_all(&frame::preamble(frame::VERSION)).await?;
+        writer.flush().await?;
+        let mut pre = [0u8; 8];
+        reader.read_exact(&mut pre).await?;
+        // Something other than a Locus server answered at this address (another service,
+        // or a middlebox while the route to ours is gone): ours may be back later, so
+        // this fails as a connection does, which callers retry.
+        frame::parse_preamble(&pre).map_err(|e| {
+            ClientError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", opts.addr)))
+        })?;
+
+        let inner = Arc::new(Inner {
+            writer: tokio::sync::Mutex::new(writer),
+            waiters: Mutex::new(HashMap::new()),
+            closed: Mutex::new(false),
+            next_id: AtomicU32::new(1),
+            pushes: Mutex::new(None),
+            unpromised: Mutex::new(Vec::new()),
+            dead: Arc::new(tokio::sync::Notify::new()),
+        });
+        tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner), inner.dead.clone()));
+        let nodes = Arc::new(nodes::NodeReads::with_deadlines(opts.deadlines));
+        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines };
+
+        let challenge = client
+            .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
+            .await?;
+        // An older server would take a proof that is not bound to it: never send one.
+        if challenge.version < frame::MIN_VERSION {
+            return Err(ClientError::Protocol(format!(
+                "the server at {} speaks Locus protocol {}, older than this client's {}: upgrade the server",
+                opts.addr,
+                challenge.version,
+                frame::VERSION
+            )));
+        }
+        let mut nonce = vec![0u8; auth::NONCE_LEN];
+        getrandom::fill(&mut nonce).expect("the OS provides randomness");
+        let c = &opts.credentials;
+        let bind = auth::Binding { server: &opts.addr, tls: &exporter };
+        let proof = auth::client_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject, &bind);
+        let auth = Auth { subject: c.subject.clone(), nonce: nonce.clone(), proof, server: opts.addr.clone() };
+        let welcome = match client.call(auth).await {
+            Ok(w) => w,
+            Err(ClientError::Remote(e)) => return Err(ClientError::Auth(e.message)),
+            Err(e) => return Err(e),
+        };
+        let expected = auth::server_proof(c.token.as_bytes(), &challenge.nonce, &nonce, &c.subject, &bind);
+        if !auth::proofs_equal(&expected, &welcome.proof) {
+            return Err(ClientError::Auth("the server could not prove it knows the token".into()));
+        }
+        client.client_id = welcome.client_id;
+        client.subject = welcome.subject;
+        client.nodes.set_head(welcome.head, opts.tls_ca.is_none());
+        Ok(client)
+    }
+
+    /// Connects to the server of a URL with credentials found for it.
+    pub async fn connect_url(url: &LocusUrl) -> Result<Client> {
+        Client::connect(&ConnectOptions::for_url(url)?).await
+    }
+
+    /// Sends a heartbeat on this connection, every [`HEARTBEAT_EVERY`], while it is
+    /// open: the server then keeps it only while they come (it is where callback
+    /// breaks go), and a ping unanswered for [`HEARTBEAT_TIMEOUT`] ends the connection
+    /// here (a frozen server or a cut link), so pushes' subscribers see the end and
+    /// calls fail as transient. Needs a runtime that runs while the client is idle.
+    pub fn keep_alive(&self) {
+        let (weak, template) = (Arc::downgrade(&self.inner), self.clone());
+        // The task must not keep the connection open: it holds it only to ping.
+        let (client_id, subject, nodes) = (template.client_id, template.subject.clone(), template.nodes.clone());
+        let deadlines = template.deadlines;
+        drop(template);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(HEARTBEAT_EVERY).await;
+                let Some(inner) = weak.upgrade() else { return };
+                if *inner.closed.lock() {
+                    return;
+                }
+                let dead = inner.dead.clone();
+                let client = Client { inner, client_id, subject: subject.clone(), nodes: nodes.clone(), deadlines };
+                match tokio::time::timeout(HEARTBEAT_TIMEOUT, client.ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(ClientError::Remote(_))) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        dead.notify_one();
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
