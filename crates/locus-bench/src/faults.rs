@@ -1033,7 +1033,7 @@ fn head_kill_postgres(exe: &Path, seed: u64, pg: &mut Postgres) -> Result<RunOut
     let (a_addr, b_addr) = (local_addr()?, local_addr()?);
     let (mut a, _nodes) = cluster(&world, &a_addr, &["--meta", &meta], 1)?;
     // Every head of a namespace holds the wrap key of the cluster key (made by the first).
-    let wrap = locus_server::keys::WRAP_FILE;
+    let wrap = locus_server::cluster::keys::WRAP_FILE;
     std::fs::create_dir_all(world.path("head-b/state")).map_err(|e| BenchError::io("head-b state", e))?;
     std::fs::copy(world.path(&format!("head/state/{wrap}")), world.path(&format!("head-b/state/{wrap}")))
         .map_err(|e| BenchError::io("copy the wrap key", e))?;

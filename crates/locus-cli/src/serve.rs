@@ -116,7 +116,7 @@ pub struct ServeArgs {
     metrics_token_file: Option<PathBuf>,
     /// The longest lifetime, in seconds, `locus share --ttl` may give a URL on this head;
     /// longer asks are refused (EINVAL), and URLs expiring further ahead are not honoured.
-    #[arg(long, value_name = "SECS", default_value_t = locus_server::head::SHARE_MAX_TTL.as_secs(), requires = "head")]
+    #[arg(long, value_name = "SECS", default_value_t = locus_server::cluster::SHARE_MAX_TTL.as_secs(), requires = "head")]
     share_max_ttl: u64,
     /// MiB the active files' result cache may hold (least recently used results go first).
     #[arg(long, default_value_t = locus_server::ServerConfig::new("", "").active_cache_bytes >> 20)]
@@ -130,10 +130,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "URL", requires = "head")]
     meta: Option<String>,
     /// Files of at least this many bytes are read from data nodes, not through the head.
-    #[arg(long, default_value_t = locus_server::head::HeadConfig::new("").tp_threshold, requires = "head")]
+    #[arg(long, default_value_t = locus_server::cluster::HeadConfig::new("").tp_threshold, requires = "head")]
     tp_threshold: u64,
     /// Files of at most this many bytes live in the namespace instead of on data nodes.
-    #[arg(long, default_value_t = locus_server::head::HeadConfig::new("").inline_max, requires = "head")]
+    #[arg(long, default_value_t = locus_server::cluster::HeadConfig::new("").inline_max, requires = "head")]
     inline_max: u64,
     /// Data nodes that hold each file version (2 keeps every byte readable when one dies).
     #[arg(long, default_value_t = 1, requires = "head")]
@@ -252,7 +252,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
     config.active_cache_bytes = args.active_cache_mb << 20;
     if args.head {
         let meta = args.meta.clone().unwrap_or_else(|| config.state_dir.join("meta.db").display().to_string());
-        let mut head = locus_server::head::HeadConfig::new(meta);
+        let mut head = locus_server::cluster::HeadConfig::new(meta);
         head.tp_threshold = args.tp_threshold;
         head.inline_max = args.inline_max;
         head.replication = args.replication.max(1);
@@ -332,7 +332,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             }
             eprintln!(
                 "  cluster wrap key: {} (every head of this namespace needs a copy, mode 0600)",
-                config.state_dir.join(locus_server::keys::WRAP_FILE).display()
+                config.state_dir.join(locus_server::cluster::keys::WRAP_FILE).display()
             );
         }
         // A wildcard address is no place to dial: a client here reaches it on loopback.
@@ -415,7 +415,7 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
         if let Some(head) = head_options {
             eprintln!("  data node of {}, reached at {advertise}", head.addr);
-            tokio::spawn(locus_server::node::serve_head(server.shared().clone(), head, advertise, http));
+            tokio::spawn(locus_server::cluster::node::serve_head(server.shared().clone(), head, advertise, http));
         }
         let shared = server.shared().clone();
         tokio::spawn(async move {

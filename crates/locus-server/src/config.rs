@@ -61,7 +61,7 @@ pub struct ServerConfig {
     /// How large reads leave on plain TCP.
     pub sendfile: Sendfile,
     /// Serve as a cluster head with this namespace and policy (`locus serve --head`).
-    pub head: Option<crate::head::HeadConfig>,
+    pub head: Option<crate::cluster::HeadConfig>,
     /// How long a connection that has just answered keeps polling its socket for the
     /// next request before it sleeps (zero: never polls). See [`crate::transport::IdlePoll`].
     pub poll_window: std::time::Duration,

@@ -14,7 +14,7 @@
 //! - On a data node, `/o/OBJECT.VERSION?c=CAPABILITY` serves one object version to
 //!   whoever holds a valid capability for it.
 
-use crate::head::{attr_of, Head};
+use crate::cluster::{attr_of, Head};
 use crate::Shared;
 use bytes::Bytes;
 use hyper::body::{Body, Frame};
@@ -298,7 +298,7 @@ fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<
     if (cap.object, cap.version) != (object, version) {
         return text(StatusCode::FORBIDDEN, "capability refused: it is for another object");
     }
-    let path = shared.config.root.join(crate::session::OBJECTS_DIR).join(format!("{object}.{version}"));
+    let path = shared.config.root.join(crate::cluster::objects::OBJECTS_DIR).join(format!("{object}.{version}"));
     let file = match std::fs::File::open(&path) {
         Ok(f) => Arc::new(f),
         Err(_) => return text(StatusCode::NOT_FOUND, "that version is gone from this node"),

@@ -26,16 +26,14 @@
 pub mod active;
 pub mod callbacks;
 pub mod chirp;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod error;
 pub mod export_watch;
-pub mod head;
 pub mod http;
-pub mod keys;
 pub mod login;
 pub mod metrics;
-pub mod node;
 pub mod script_host;
 pub mod session;
 pub mod splice;
@@ -144,7 +142,7 @@ pub struct Shared {
     /// Counts of requests for Prometheus.
     pub metrics: metrics::Metrics,
     /// The cluster this server heads, if it is a head.
-    pub head: Option<Arc<head::Head>>,
+    pub head: Option<Arc<cluster::Head>>,
     /// The cluster's keys, once this server has joined a head as a data node.
     node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
     /// The address the native protocol listens on, once [`Server::run`] has started:
@@ -256,7 +254,7 @@ impl Server {
             ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
         })?;
         let head = match &config.head {
-            Some(h) => Some(Arc::new(head::Head::open(h.clone(), &config.state_dir)?)),
+            Some(h) => Some(Arc::new(cluster::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
         };
         let callbacks = callbacks::Callbacks::new(config.promises);
@@ -518,7 +516,7 @@ async fn serve(
     session.set_link(link);
     let result = match &shared.head {
         Some(head) => {
-            let mut session = head::HeadSession::new(session, head.clone());
+            let mut session = cluster::HeadSession::new(session, head.clone());
             frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
         }
         None => {

@@ -5,6 +5,7 @@
 //! connection ends for any reason: handles close, unfinished uploads are removed.
 
 use crate::active::{self, Found, Run};
+use crate::dispatch::Reply;
 use crate::dispatch::{Answer, Encoded, Handler};
 use crate::transport::Body;
 use crate::{Outbox, Shared};
@@ -17,14 +18,6 @@ use locus_store::{OpenFile, PutFile, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Where a data node keeps objects, under its export.
-pub const OBJECTS_DIR: &str = "objects";
-
-/// The path of one version of an object on a data node.
-pub fn object_path(object: u64, version: u64) -> String {
-    format!("/{OBJECTS_DIR}/{object}.{version}")
-}
-
 /// A `readdir` answer: the entries in pages of [`READDIR_PAGE`] (one empty page for an
 /// empty directory).
 pub(crate) fn listing(entries: &[DirEntry]) -> Answer<Vec<DirEntry>> {
@@ -35,60 +28,12 @@ pub(crate) fn listing(entries: &[DirEntry]) -> Answer<Vec<DirEntry>> {
     Answer::paged(pages)
 }
 
-/// Where a data node lays out the files of a cluster-wide run, under its export.
-pub const VIEWS_DIR: &str = "views";
-
-/// A directory of hard links to object versions (and copies of inline files) under
-/// their names in a cluster-wide run: what the node's share of the run sees. Removed
-/// when dropped.
-struct View {
-    /// The directory, relative to the export.
-    rel: String,
-    abs: std::path::PathBuf,
-}
-
-impl View {
-    fn make(root: &std::path::Path, files: &[ViewFile]) -> Result<View, WireError> {
-        let mut id = [0u8; 8];
-        getrandom::fill(&mut id).expect("the OS provides randomness");
-        let name = hex::encode(id);
-        let abs = root.join(VIEWS_DIR).join(&name);
-        let io = crate::head::io_err;
-        std::fs::create_dir_all(&abs).map_err(|e| io("view", e))?;
-        let view = View { rel: format!("/{VIEWS_DIR}/{name}"), abs };
-        for f in files {
-            let parts: Vec<&str> = f.path.split('/').filter(|p| !p.is_empty()).collect();
-            if parts.is_empty() || parts.iter().any(|p| *p == "." || *p == ".." || p.contains('\0')) {
-                return Err(WireError::new(Code::INVAL, format!("{:?}: not a relative path", f.path)));
-            }
-            let to = parts.iter().fold(view.abs.clone(), |p, part| p.join(part));
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io(&f.path, e))?;
-            }
-            match &f.inline {
-                Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
-                None => {
-                    let from = root.join(OBJECTS_DIR).join(format!("{}.{}", f.object, f.version));
-                    std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?
-                }
-            }
-        }
-        Ok(view)
-    }
-}
-
-impl Drop for View {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.abs);
-    }
-}
-
 /// Directory entries per reply frame of `readdir`.
 const READDIR_PAGE: usize = 2048;
 
 /// State of one connection.
 pub struct Session {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) client_id: u64,
     subject: Option<String>,
     server_nonce: Option<Vec<u8>>,
@@ -99,7 +44,7 @@ pub struct Session {
     /// Id and MORE flag of the request frame being handled (for streamed uploads).
     current: (u32, bool),
     /// Storelet runs this connection started: cancelled if it goes away first.
-    storelet_runs: Vec<Arc<locus_storelet::RunControl>>,
+    pub(crate) storelet_runs: Vec<Arc<locus_storelet::RunControl>>,
     /// Where script replies go; none in a script's own session (scripts cannot call scripts).
     outbox: Option<Outbox>,
     /// Handles on active files whose run is still going, and the run.
@@ -128,9 +73,7 @@ impl Drop for Session {
     }
 }
 
-type Reply<T> = Result<Answer<T>, WireError>;
-
-fn store<T>(r: Result<T, StoreError>) -> Result<T, WireError> {
+pub(crate) fn store<T>(r: Result<T, StoreError>) -> Result<T, WireError> {
     r.map_err(WireError::from)
 }
 
@@ -240,7 +183,7 @@ impl Session {
     }
 
     /// Starts (or, for a one-frame upload, does) a `put` as `who`.
-    fn start_put(&mut self, who: &str, req: Put, data: Bytes, durable: bool) -> Reply<Attr> {
+    pub(crate) fn start_put(&mut self, who: &str, req: Put, data: Bytes, durable: bool) -> Reply<Attr> {
         let (id, more) = self.current;
         if more && self.puts.len() >= self.shared.config.max_handles {
             return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
@@ -254,21 +197,6 @@ impl Session {
             return Ok(Answer::deferred());
         }
         Ok(self.naming(&[&req.path], put.finish())?.into())
-    }
-
-    /// The cluster's keys, on a data node that has joined its head.
-    fn node_key(&self) -> Result<Arc<locus_proto::capability::KeyRing>, WireError> {
-        self.shared
-            .node_key()
-            .ok_or_else(|| WireError::new(Code::NOTSUP, "this server is not a data node that has joined a head"))
-    }
-
-    /// Checks that the caller is the cluster's head.
-    fn check_from_head(&self) -> Result<(), WireError> {
-        match self.who()? {
-            locus_proto::capability::HEAD_SUBJECT => Ok(()),
-            _ => Err(WireError::new(Code::ACCES, "only the cluster's head stores and drops objects")),
-        }
     }
 
     /// Promises this client a break when `path` (with `listing`, a directory being
@@ -316,7 +244,7 @@ impl Session {
         Ok(r)
     }
 
-    fn who(&self) -> Result<&str, WireError> {
+    pub(crate) fn who(&self) -> Result<&str, WireError> {
         self.subject.as_deref().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
     }
 
@@ -886,87 +814,20 @@ impl Handler for Session {
         Ok(Located { attr, location: None }.into())
     }
 
-    fn object_read(&mut self, req: ObjectRead, _: Bytes) -> Reply<()> {
-        let key = self.node_key()?;
-        let cap = &req.capability;
-        if let Err(why) = key.verify(cap, self.who()?, locus_proto::capability::now()) {
-            tracing::warn!(
-                subject = self.who()?,
-                object = cap.object,
-                version = cap.version,
-                ?why,
-                "capability refused"
-            );
-            return Err(WireError::new(Code::ACCES, format!("capability refused: {why:?}")));
-        }
-        let file = store(self.shared.store.open(
-            crate::config::ADMIN_SUBJECT,
-            &object_path(cap.object, cap.version),
-            open_flags::READ,
-            0,
-        ))
-        .map_err(|e| {
-            if e.code == Code::NOENT {
-                WireError::new(Code::NOENT, "that version is gone from this node")
-            } else {
-                e
-            }
-        })?;
-        let len = (req.len.min(self.shared.config.limits.max_data) as u64).min(cap.size.saturating_sub(req.offset));
-        Ok(Answer::with_body((), Body::File { file: Arc::new(file), offset: req.offset, len }))
+    fn object_read(&mut self, req: ObjectRead, data: Bytes) -> Reply<()> {
+        self.serve_object_read(req, data)
     }
 
     fn object_put(&mut self, req: ObjectPut, data: Bytes) -> Reply<Attr> {
-        self.node_key()?;
-        self.check_from_head()?;
-        let put = Put { path: object_path(req.object, req.version), mode: 0o600 };
-        self.start_put(crate::config::ADMIN_SUBJECT, put, data, true)
+        self.store_object(req, data)
     }
 
-    fn object_drop(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {
-        self.node_key()?;
-        self.check_from_head()?;
-        match self.shared.store.unlink(crate::config::ADMIN_SUBJECT, &object_path(req.object, req.version)) {
-            Err(StoreError::Os { errno, .. }) if errno == rustix::io::Errno::NOENT => Ok(().into()),
-            other => Ok(store(other)?.into()),
-        }
+    fn object_drop(&mut self, req: ObjectDrop, data: Bytes) -> Reply<()> {
+        self.drop_object(req, data)
     }
 
     fn node_run(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
-        self.node_key()?;
-        self.check_from_head()?;
-        let view = View::make(&self.shared.config.root, &req.files)?;
-        let dir = store(self.shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
-        let submission = crate::storelet_host::Submission {
-            subject: req.subject,
-            wasm: data,
-            args: req.args,
-            env: req.env,
-            view: dir,
-            write: false,
-            record_inputs: false,
-            native: None,
-            active_file: None,
-        };
-        let (control, mut events) = self.shared.storelets.submit(submission)?;
-        self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
-        self.storelet_runs.push(control);
-        // The view goes once the run's last event has been handed on.
-        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
-        let queued = events.queued.clone();
-        tokio::spawn(async move {
-            let mut view = Some(view);
-            while let Some(frame) = events.frames.recv().await {
-                if !frame.more {
-                    view.take();
-                }
-                if tx.send(frame).is_err() {
-                    break;
-                }
-            }
-        });
-        let stream = crate::transport::EventStream { frames, queued };
-        Ok(Answer::events(stream))
+        self.run_share(req, data)
     }
 
     fn share(&mut self, _: Share, _: Bytes) -> Reply<String> {

@@ -6,7 +6,7 @@ use locus_client::Client;
 use locus_proto::capability;
 use locus_proto::types::{open_flags, Location, Rights};
 use locus_proto::Code;
-use locus_server::head::HeadConfig;
+use locus_server::cluster::HeadConfig;
 use locus_testkit::TestServer;
 
 const MIB: usize = 1 << 20;
@@ -17,7 +17,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn objects_on(node: &TestServer) -> usize {
-    std::fs::read_dir(node.root().join(locus_server::session::OBJECTS_DIR)).map_or(0, |d| d.count())
+    std::fs::read_dir(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).map_or(0, |d| d.count())
 }
 
 fn code(e: locus_client::ClientError) -> Code {
@@ -257,9 +257,14 @@ async fn curl_follows_the_heads_redirect_to_a_data_node() {
     let node = TestServer::data_node(&head);
     let head_http = http_for(&head).await;
     let node_http = http_for(&node).await;
-    locus_server::node::join(node.shared(), &head.options("locus-node"), &node.addr.to_string(), Some(&node_http))
-        .await
-        .unwrap();
+    locus_server::cluster::node::join(
+        node.shared(),
+        &head.options("locus-node"),
+        &node.addr.to_string(),
+        Some(&node_http),
+    )
+    .await
+    .unwrap();
     let admin = head.client("admin").await;
     let big = pattern(3 * MIB, 5);
     admin.write_file("/big", 0o644, &big).await.unwrap();
@@ -380,7 +385,7 @@ async fn a_storelet_runs_on_every_node_over_the_files_it_holds() {
     // Each node ran its share, and the views it made for them are gone.
     for n in &nodes {
         assert!(n.shared().storelets.stats("admin", true).recent.iter().any(|r| r.subject == "admin"));
-        let views = n.root().join(locus_server::session::VIEWS_DIR);
+        let views = n.root().join(locus_server::cluster::objects::VIEWS_DIR);
         assert_eq!(std::fs::read_dir(views).map_or(0, |d| d.count()), 0);
     }
     // The x right at the root is needed, as on a single server.
@@ -431,13 +436,13 @@ async fn the_cluster_key_never_crosses_the_node_link_in_clear() {
     // The node dials the relay: the head is told that address names it.
     let head = TestServer::start_with(|c| {
         c.names.push("127.0.0.1:*".parse().unwrap());
-        c.head = Some(locus_server::head::HeadConfig::new(c.state_dir.join("meta.db").display().to_string()));
+        c.head = Some(locus_server::cluster::HeadConfig::new(c.state_dir.join("meta.db").display().to_string()));
     });
     let node = TestServer::start();
     let (relay, seen) = recording_relay(head.addr);
     let mut options = head.options(locus_proto::capability::NODE_SUBJECT);
     options.addr = relay;
-    locus_server::node::join(node.shared(), &options, &node.addr.to_string(), None).await.unwrap();
+    locus_server::cluster::node::join(node.shared(), &options, &node.addr.to_string(), None).await.unwrap();
     let keys = head.shared().head.as_ref().unwrap().keys();
     // The node has the keys, and they did not cross the link.
     assert_eq!(*node.shared().node_key().expect("the node joined"), keys);
@@ -447,7 +452,7 @@ async fn the_cluster_key_never_crosses_the_node_link_in_clear() {
     // A join whose token is not the nodes' cannot open what the head sealed.
     let mut wrong = head.options(locus_proto::capability::NODE_SUBJECT);
     wrong.credentials.token = "admin-token".into();
-    assert!(locus_server::node::join(node.shared(), &wrong, &node.addr.to_string(), None).await.is_err());
+    assert!(locus_server::cluster::node::join(node.shared(), &wrong, &node.addr.to_string(), None).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -467,17 +472,18 @@ async fn the_cluster_key_rests_sealed_and_only_heads_with_the_wrap_key_open_it()
         assert!(!holds_key(value.as_bytes(), &keys.current), "setting {name} holds the cluster key");
     }
     // The wrap key is the head's own, readable by it alone.
-    let wrap = head.state_dir().join(locus_server::keys::WRAP_FILE);
+    let wrap = head.state_dir().join(locus_server::cluster::keys::WRAP_FILE);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&wrap).unwrap().permissions().mode() & 0o777, 0o600);
     // Another head on the same namespace without the wrap key fails, naming the file;
     // with a copy it has the same keys.
     let other = tempfile::tempdir().unwrap();
     let config = HeadConfig::new(db.to_str().unwrap());
-    let err = locus_server::head::Head::open(config.clone(), other.path()).err().expect("refused without the wrap key");
-    assert!(err.to_string().contains(locus_server::keys::WRAP_FILE), "{err}");
-    std::fs::copy(&wrap, other.path().join(locus_server::keys::WRAP_FILE)).unwrap();
-    let second = locus_server::head::Head::open(config, other.path()).unwrap();
+    let err =
+        locus_server::cluster::Head::open(config.clone(), other.path()).err().expect("refused without the wrap key");
+    assert!(err.to_string().contains(locus_server::cluster::keys::WRAP_FILE), "{err}");
+    std::fs::copy(&wrap, other.path().join(locus_server::cluster::keys::WRAP_FILE)).unwrap();
+    let second = locus_server::cluster::Head::open(config, other.path()).unwrap();
     assert_eq!(second.keys(), keys);
 }
 
@@ -496,7 +502,7 @@ async fn a_node_credential_joins_and_does_nothing_else() {
     assert_eq!(code(node.call(locus_proto::ops::KeyRotate {}).await.unwrap_err()), Code::ACCES);
     // An admin's credentials do not make a data node.
     let other = TestServer::start();
-    let err = locus_server::node::join(other.shared(), &head.options("admin"), &other.addr.to_string(), None)
+    let err = locus_server::cluster::node::join(other.shared(), &head.options("admin"), &other.addr.to_string(), None)
         .await
         .unwrap_err();
     assert!(err.contains("locus-node"), "{err}");

@@ -208,16 +208,16 @@ impl TestServer {
     /// SQLite file in its state directory; `adjust` may change its policy. Heads on one
     /// PostgreSQL database share a wrap key (as an operator copies it between heads),
     /// made here from the database's URL.
-    pub fn head(meta: Option<&str>, adjust: impl FnOnce(&mut locus_server::head::HeadConfig)) -> TestServer {
+    pub fn head(meta: Option<&str>, adjust: impl FnOnce(&mut locus_server::cluster::HeadConfig)) -> TestServer {
         Self::start_with(|config| {
             if let Some(url) = meta {
                 let db = url.split('?').next().unwrap_or(url);
                 std::fs::create_dir_all(&config.state_dir).expect("state dir");
                 let wrap = locus_proto::capability::node_token(db.as_bytes(), "test wrap key");
-                std::fs::write(config.state_dir.join(locus_server::keys::WRAP_FILE), wrap).expect("wrap key");
+                std::fs::write(config.state_dir.join(locus_server::cluster::keys::WRAP_FILE), wrap).expect("wrap key");
             }
             let url = meta.map_or_else(|| config.state_dir.join("meta.db").display().to_string(), str::to_string);
-            let mut head = locus_server::head::HeadConfig::new(url);
+            let mut head = locus_server::cluster::HeadConfig::new(url);
             adjust(&mut head);
             config.head = Some(head);
         })
@@ -226,7 +226,7 @@ impl TestServer {
     /// Starts a data node and has it join `head` (as `locus-node`) before returning.
     pub fn data_node(head: &TestServer) -> TestServer {
         let node = TestServer::start();
-        std::fs::create_dir_all(node.root().join(locus_server::session::OBJECTS_DIR)).expect("objects dir");
+        std::fs::create_dir_all(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).expect("objects dir");
         node.join(head);
         node
     }
@@ -239,7 +239,7 @@ impl TestServer {
         // On a thread of its own: the caller may be inside a runtime already.
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-            rt.block_on(locus_server::node::join(&shared, &options, &addr, None))
+            rt.block_on(locus_server::cluster::node::join(&shared, &options, &addr, None))
         })
         .join()
         .expect("join thread")

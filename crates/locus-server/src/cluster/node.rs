@@ -1,9 +1,9 @@
 //! A data node: an ordinary server that has joined a head (`locus serve --data-node`).
 //!
-//! It keeps object versions under [`crate::session::OBJECTS_DIR`] in its export, serves
+//! It keeps object versions under [`crate::cluster::objects::OBJECTS_DIR`] in its export, serves
 //! them to any subject that presents a capability the head signed, and stores and drops
 //! them only for the head. It learns the cluster's keys when it joins (sealed for it:
-//! see [`crate::keys`]), and joins again every [`REJOIN_EVERY`] to report its free space,
+//! see [`crate::cluster::keys`]), and joins again every [`REJOIN_EVERY`] to report its free space,
 //! to rejoin a restarted head and to learn a rotated key.
 //!
 //! A node authenticates at its head as [`NODE_SUBJECT`], which may join and nothing
@@ -46,7 +46,7 @@ pub async fn join(shared: &Shared, head: &ConnectOptions, advertise: &str, http:
     };
     let welcome = client.call(join).await.map_err(|e| format!("head at {} refused the node: {e}", head.addr))?;
     let token = head.credentials.token.as_bytes();
-    let keys = crate::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
+    let keys = crate::cluster::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
     shared.set_node_key(keys);
     Ok(welcome.node)
@@ -55,7 +55,7 @@ pub async fn join(shared: &Shared, head: &ConnectOptions, advertise: &str, http:
 /// Prepares the object directory and joins the head, then keeps reporting to it; a head
 /// that cannot be reached is retried.
 pub async fn serve_head(shared: Arc<Shared>, head: ConnectOptions, advertise: String, http: Option<String>) {
-    let objects = shared.config.root.join(crate::session::OBJECTS_DIR);
+    let objects = shared.config.root.join(crate::cluster::objects::OBJECTS_DIR);
     if let Err(e) = std::fs::create_dir_all(&objects) {
         tracing::error!("cannot create {}: {e}", objects.display());
     }

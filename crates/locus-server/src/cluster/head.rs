@@ -1,0 +1,243 @@
+//! The head's state: its configuration, the namespace ([`Meta`]), the pool of data
+//! nodes, the cluster's keys, and the collection of versions no capability can name any
+//! more.
+
+use crate::cluster::meta_err;
+use crate::cluster::writes::object_name;
+
+use locus_client::nodes::NodeReads;
+use locus_cluster::{Entry, Meta, MetaError, Node};
+use locus_proto::capability::{self, KeyRing};
+use locus_proto::ops::*;
+use locus_proto::Error as WireError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::future::Future;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How a head serves its cluster.
+#[derive(Clone, Debug)]
+pub struct HeadConfig {
+    /// Where the namespace is: a SQLite file's path, or a `postgres://` URL.
+    pub meta: String,
+    /// Files at least this large are read from data nodes (third-party transfer).
+    pub tp_threshold: u64,
+    /// Files at most this large live in the namespace, not on data nodes.
+    pub inline_max: u64,
+    /// Data nodes that hold each version.
+    pub replication: usize,
+    /// How long a capability is valid.
+    pub capability_ttl: Duration,
+    /// `host:port` of the head's HTTP endpoint, for the URLs `share` makes.
+    pub http: Option<String>,
+    /// The longest lifetime a shared URL may be given (`locus serve --share-max-ttl`);
+    /// a longer ask is refused with `EINVAL`, and a URL expiring further ahead is not
+    /// honoured, so a URL cannot be made to live forever.
+    pub share_max_ttl: Duration,
+    /// After a key rotation, how long the head goes on signing with the old key while
+    /// the data nodes learn the new one (they rejoin every [`crate::cluster::node::REJOIN_EVERY`]).
+    pub key_grace: Duration,
+}
+
+/// The default of [`HeadConfig::share_max_ttl`]: seven days.
+pub const SHARE_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+impl HeadConfig {
+    /// The defaults, with the namespace at `meta`.
+    pub fn new(meta: impl Into<String>) -> Self {
+        HeadConfig {
+            meta: meta.into(),
+            tp_threshold: 1 << 20,
+            inline_max: 64 << 10,
+            replication: 1,
+            capability_ttl: Duration::from_secs(60),
+            http: None,
+            share_max_ttl: SHARE_MAX_TTL,
+            key_grace: crate::cluster::node::REJOIN_EVERY + Duration::from_secs(5),
+        }
+    }
+}
+
+/// Extra time a replaced version is kept after its last capability expired.
+pub(crate) const GARBAGE_SLACK: Duration = Duration::from_secs(5);
+
+/// How long the list of data nodes is trusted before it is read again.
+pub(crate) const NODES_FRESH: Duration = Duration::from_secs(2);
+
+/// Node id of the head's own object directory, used when no data node has joined.
+pub(crate) const LOCAL_NODE: u64 = 0;
+
+/// The state every connection to a head shares.
+pub struct Head {
+    pub config: HeadConfig,
+    pub meta: Meta,
+    /// The cluster's keys as last read from the namespace.
+    pub(crate) keys: parking_lot::RwLock<KeyRing>,
+    /// The wrap key that seals them in the namespace.
+    pub(crate) sealing: crate::cluster::keys::HeadKeys,
+    /// Object versions kept by the head itself while it has no data nodes.
+    pub(crate) objects: PathBuf,
+    /// Private copies of files open for writing and uploads in progress.
+    pub(crate) staging: PathBuf,
+    pub(crate) nodes: Mutex<(Option<Instant>, Vec<Node>)>,
+    /// Bytes this head placed on each node since the node last reported its free space,
+    /// so that writes between reports spread instead of piling on one node.
+    pub(crate) placed: Mutex<HashMap<u64, u64>>,
+    /// Connections to the data nodes, as the head's own subject.
+    pub(crate) reads: NodeReads,
+    /// The runtime that talks to data nodes (connection threads are single-threaded and
+    /// must not block on their own I/O).
+    pub(crate) io: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        if let Some(rt) = self.io.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Head {
+    /// Opens the namespace (creating it on first start, with `admin` owning the root)
+    /// and the head's state under `state_dir`.
+    pub fn open(config: HeadConfig, state_dir: &std::path::Path) -> Result<Head, crate::ServerError> {
+        let cfg = |e: MetaError| crate::ServerError::Config(format!("cluster namespace at {}: {e}", config.meta));
+        let meta = Meta::open(&config.meta, crate::config::ADMIN_SUBJECT).map_err(cfg)?;
+        let (sealing, keys) = crate::cluster::keys::HeadKeys::open(&meta, state_dir)
+            .map_err(|e| crate::ServerError::Config(format!("cluster key: {e}")))?;
+        let objects = state_dir.join("objects");
+        let staging = state_dir.join("staging");
+        for dir in [&objects, &staging] {
+            std::fs::create_dir_all(dir).map_err(|e| crate::ServerError::io("create head state", e))?;
+        }
+        let io = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("locus-head-io")
+            .enable_all()
+            .build()
+            .map_err(|e| crate::ServerError::io("start the head's runtime", e))?;
+        Ok(Head {
+            config,
+            meta,
+            keys: parking_lot::RwLock::new(keys),
+            sealing,
+            objects,
+            staging,
+            nodes: Mutex::new((None, Vec::new())),
+            placed: Mutex::new(HashMap::new()),
+            reads: NodeReads::default(),
+            io: Some(io),
+        })
+    }
+
+    pub(crate) fn io(&self) -> &tokio::runtime::Handle {
+        self.io.as_ref().expect("present until drop").handle()
+    }
+
+    /// Runs `f` on the head's I/O runtime and waits for it, from a thread that must not
+    /// block its own runtime on it.
+    pub(crate) fn block<T: Send>(&self, f: impl Future<Output = T> + Send) -> T {
+        let handle = self.io().clone();
+        std::thread::scope(|s| s.spawn(move || handle.block_on(f)).join().expect("head I/O thread panicked"))
+    }
+
+    /// The data nodes that have joined (read again every [`NODES_FRESH`]).
+    pub fn nodes(&self) -> Result<Vec<Node>, WireError> {
+        let mut cached = self.nodes.lock();
+        if cached.0.is_none_or(|at| at.elapsed() > NODES_FRESH) {
+            cached.1 = self.meta.nodes().map_err(meta_err)?;
+            cached.0 = Some(Instant::now());
+        }
+        Ok(cached.1.clone())
+    }
+
+    pub(crate) fn forget_nodes(&self) {
+        self.nodes.lock().0 = None;
+    }
+
+    /// The key this head signs capabilities and URLs with now (shared with the data
+    /// nodes): the current one, or the one before during the grace after a rotation.
+    pub fn key(&self) -> Vec<u8> {
+        self.keys.read().signing(capability::now(), self.config.key_grace.as_secs()).to_vec()
+    }
+
+    /// The cluster's keys, as the nodes get them.
+    pub fn keys(&self) -> KeyRing {
+        self.keys.read().clone()
+    }
+
+    /// Reads the keys again from the namespace (another head may have rotated them).
+    pub fn refresh_keys(&self) {
+        match self.sealing.load(&self.meta) {
+            Ok(keys) => *self.keys.write() = keys,
+            Err(e) => tracing::warn!("cannot read the cluster key again: {e}"),
+        }
+    }
+
+    /// Replaces the cluster key: nodes learn the new one when they next join; the head
+    /// signs with the old one for [`HeadConfig::key_grace`] more, and nodes accept it
+    /// until the last capability it signed has expired.
+    pub fn rotate_key(&self) -> Result<(), String> {
+        let lifetime = (self.config.capability_ttl + Duration::from_secs(2)).as_secs();
+        let keys = self.sealing.rotate(&self.meta, self.config.key_grace.as_secs(), lifetime)?;
+        *self.keys.write() = keys;
+        Ok(())
+    }
+
+    /// Queues a replaced or removed version's bytes for removal once no capability for
+    /// it can still be valid.
+    pub(crate) fn retire(&self, old: &Entry) -> Result<(), WireError> {
+        let after = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
+        self.meta.add_garbage(old, after).map_err(meta_err)
+    }
+
+    /// Drops versions whose time has come from their nodes; answers how many.
+    pub async fn collect_garbage(&self) -> usize {
+        let Ok(due) = self.meta.due_garbage(capability::now()) else { return 0 };
+        let nodes = self.nodes().unwrap_or_default();
+        let mut dropped = 0;
+        for g in due {
+            let mut all = true;
+            for id in &g.nodes {
+                if *id == LOCAL_NODE {
+                    let _ = std::fs::remove_file(self.objects.join(object_name(g.object, g.version)));
+                    continue;
+                }
+                let Some(node) = nodes.iter().find(|n| n.id == *id) else { continue };
+                let done = match self.writer(node).await {
+                    Ok(c) => match c.call(ObjectDrop { object: g.object, version: g.version }).await {
+                        Ok(()) => true,
+                        Err(e) => {
+                            self.reads.note(&node.addr, &e);
+                            false
+                        }
+                    },
+                    Err(_) => false,
+                };
+                all &= done;
+            }
+            // A node that is down keeps its copy until it answers again.
+            if all && self.meta.forget_garbage(&g).is_ok() {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Runs [`Head::collect_garbage`] every few seconds on the head's runtime.
+    pub fn start_collector(self: &Arc<Self>) {
+        let head = Arc::downgrade(self);
+        self.io().spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let Some(head) = head.upgrade() else { return };
+                head.refresh_keys();
+                head.collect_garbage().await;
+            }
+        });
+    }
+}

@@ -1,0 +1,72 @@
+//! A cluster head (`locus serve --head`): the namespace lives in [`locus_cluster::Meta`]
+//! (SQLite, or PostgreSQL shared by several heads), file contents on data nodes.
+//!
+//! - Small files (up to [`HeadConfig::inline_max`]) live in the namespace itself.
+//! - Larger ones are objects on data nodes, one immutable object file per version,
+//!   written by the head and acknowledged once every replica has synced it and the
+//!   namespace has committed the new version.
+//! - A read of a file of at least [`HeadConfig::tp_threshold`] bytes is answered with
+//!   the nodes that hold its version and a capability: the client reads from them
+//!   (SPIRAL's third-party transfer). Anything else the head serves itself.
+//! - A version replaced or removed stays on its nodes until every capability for it
+//!   has expired ([`Head::collect_garbage`]): a read in flight never sees another one.
+//!
+//! Writes are whole-file, as in AFS: a handle opened for writing works on a private copy
+//! that becomes the file's new version when it is closed (or synced).
+//!
+//! The wing's rooms: `head` (the head's state: configuration, namespace, node pool,
+//! keys, garbage collection), `placement` (where a file's bytes are read from:
+//! locations, third-party reads), `writes` (staging a new version and committing it on
+//! nodes), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
+//! head's side of the protocol, [`HeadSession`]), and for data nodes `node` (joining
+//! a head), `objects` (the versions a node keeps, and the views of its runs) and
+//! `keys` (the cluster's keys sealed in transit and at rest). The plain server reaches
+//! the wing through [`HeadSession`] (a connection to a head) and the data-node methods
+//! of `objects` that its [`crate::session::Session`] delegates to.
+
+mod fanout;
+mod head;
+pub mod keys;
+pub mod node;
+pub mod objects;
+mod placement;
+mod session;
+mod writes;
+
+use locus_cluster::{Entry, Kind as EntryKind, MetaError};
+
+use locus_proto::types::*;
+use locus_proto::{Code, Error as WireError};
+
+pub use head::{Head, HeadConfig, SHARE_MAX_TTL};
+pub use session::HeadSession;
+
+fn meta_err(e: MetaError) -> WireError {
+    e.into()
+}
+
+/// An I/O error as a wire error with its errno, saying what failed.
+pub(crate) fn io_err(what: &str, e: std::io::Error) -> WireError {
+    WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
+}
+
+/// Attributes of a namespace entry, as `stat` gives them.
+pub fn attr_of(e: &Entry) -> Attr {
+    let t = Time { sec: e.mtime_ns.div_euclid(1_000_000_000), nsec: e.mtime_ns.rem_euclid(1_000_000_000) as u32 };
+    let kind = if e.kind == EntryKind::Dir { S_IFDIR } else { S_IFREG };
+    Attr {
+        dev: 0,
+        ino: e.object,
+        mode: kind | (e.mode & 0o7777),
+        nlink: if e.kind == EntryKind::Dir { 2 } else { 1 },
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        size: e.size,
+        blksize: 1 << 20,
+        blocks: e.size.div_ceil(512),
+        atime: t,
+        mtime: t,
+        ctime: t,
+    }
+}

@@ -1,0 +1,662 @@
+//! The head's side of the protocol: [`HeadSession`] answers each operation from
+//! the namespace and the nodes, checking rights on the namespace's ACLs.
+
+use crate::cluster::attr_of;
+use crate::cluster::fanout::merge_runs;
+use crate::cluster::io_err;
+use crate::cluster::meta_err;
+use crate::cluster::placement::later;
+use crate::cluster::placement::slice;
+use crate::cluster::placement::stream_file;
+use crate::cluster::writes::Staged;
+use crate::cluster::Head;
+use crate::dispatch::Reply;
+use crate::dispatch::{Answer, Encoded, Handler};
+use crate::session::Session;
+use crate::transport::{Body, EventStream};
+use crate::Connection;
+use bytes::Bytes;
+use locus_cluster::{normalise, split, Content, Entry, Kind as EntryKind, MetaError, Node};
+use locus_proto::capability::{self, HEAD_SUBJECT, NODE_SUBJECT};
+
+use locus_proto::ops::*;
+use locus_proto::types::*;
+use locus_proto::{Code, Error as WireError};
+use std::collections::HashMap;
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+/// An open handle on a head.
+pub(crate) struct HeadHandle {
+    pub(crate) entry: Entry,
+    pub(crate) staged: Option<Staged>,
+}
+
+/// One connection to a head. Authentication, `ping`, `whoami` and `stats` are the
+/// ordinary server's; the namespace and file operations are the cluster's.
+pub struct HeadSession {
+    pub(crate) inner: Session,
+    pub(crate) head: Arc<Head>,
+    pub(crate) handles: HashMap<u64, HeadHandle>,
+    pub(crate) next_handle: u64,
+    pub(crate) puts: HashMap<u32, Staged>,
+    pub(crate) current: (u32, bool),
+}
+
+pub(crate) fn not_here<T>(what: &str) -> Reply<T> {
+    Err(WireError::new(Code::NOTSUP, format!("{what} is not available on a cluster head yet")))
+}
+
+/// Refuses unless `rights` (in directory `dir`) include `need`.
+pub(crate) fn check(rights: Rights, need: Rights, dir: &str) -> Result<(), WireError> {
+    match rights.contains(need) {
+        true => Ok(()),
+        false => Err(WireError::new(Code::ACCES, format!("{dir}: permission denied (needs '{need}' right)"))),
+    }
+}
+
+/// The directory whose ACL governs `path`: itself for a directory, else its parent.
+pub(crate) fn governing(path: &str, is_dir: bool) -> &str {
+    if is_dir {
+        return path;
+    }
+    split(path).map_or("/", |(parent, _)| parent)
+}
+
+impl HeadSession {
+    /// A session for a new connection.
+    pub fn new(inner: Session, head: Arc<Head>) -> Self {
+        HeadSession { inner, head, handles: HashMap::new(), next_handle: 1, puts: HashMap::new(), current: (0, false) }
+    }
+
+    /// The subject of the connection: never the nodes' or the head's own subject, which
+    /// act through `node_join` (and at the nodes) only.
+    fn who(&self) -> Result<String, WireError> {
+        match self.inner.subject() {
+            None => Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first")),
+            Some(s @ (NODE_SUBJECT | HEAD_SUBJECT)) => {
+                Err(WireError::new(Code::ACCES, format!("{s} may only join the cluster as a data node")))
+            }
+            Some(s) => Ok(s.to_string()),
+        }
+    }
+
+    /// Checks that the subject holds `need` in directory `dir`.
+    /// True when `who` holds `r` and `l` in `dir` and in every directory above it up to
+    /// one `known` already says (answers are kept there).
+    fn readable_dir(&self, who: &str, dir: &str, known: &mut HashMap<String, bool>) -> Result<bool, WireError> {
+        if let Some(&yes) = known.get(dir) {
+            return Ok(yes);
+        }
+        let parent = governing(dir, false);
+        let yes = parent != dir
+            && self.readable_dir(who, parent, known)?
+            && self.head.meta.rights(who, dir).map_err(meta_err)?.contains(Rights::READ.union(Rights::LIST));
+        known.insert(dir.to_string(), yes);
+        Ok(yes)
+    }
+
+    fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
+        let who = self.who()?;
+        check(self.head.meta.rights(&who, dir).map_err(meta_err)?, need, dir)?;
+        Ok(who)
+    }
+
+    /// Checks that the subject holds `need` in the directory of `path`, and answers the
+    /// subject and the entry at `path` (one transaction).
+    fn need_entry(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
+        let who = self.who()?;
+        let dir = governing(path, false);
+        let (rights, entry) = self.head.meta.rights_and_get(&who, dir, path).map_err(meta_err)?;
+        check(rights, need, dir)?;
+        Ok((who, entry.ok_or_else(|| MetaError::NotFound(path.into()))?))
+    }
+
+    fn entry(&self, path: &str) -> Result<Entry, WireError> {
+        self.head.meta.get(path).map_err(meta_err)?.ok_or_else(|| MetaError::NotFound(path.into()).into())
+    }
+
+    /// A private copy of `path` to write: empty, or holding `base`'s bytes.
+    fn stage(&self, path: &str, mode: u32, base: Option<Entry>, copy: bool) -> Result<Staged, WireError> {
+        let mut name = [0u8; 12];
+        getrandom::fill(&mut name).expect("the OS provides randomness");
+        let tmp = self.head.staging.join(hex::encode(name));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| io_err("staging", e))?;
+        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy };
+        if let (true, Some(base)) = (copy, staged.base.clone()) {
+            let head = self.head.clone();
+            let mut at = 0u64;
+            while at < base.size {
+                let len = (base.size - at).min(4 << 20) as u32;
+                let data = self.head.block(head.clone().read(base.clone(), at, len))?;
+                if data.is_empty() {
+                    break;
+                }
+                staged.file.write_all_at(&data, at).map_err(|e| io_err(path, e))?;
+                at += data.len() as u64;
+            }
+        }
+        Ok(staged)
+    }
+
+    fn staged(&mut self, handle: u64) -> Result<&mut Staged, WireError> {
+        let h =
+            self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
+        h.staged.as_mut().ok_or_else(|| WireError::new(Code::BADF, "the handle is not open for writing"))
+    }
+
+    /// Appends a frame of upload `id` to its staged copy; after the last one, the copy
+    /// becomes the file's new version.
+    fn upload(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
+        let staged = self.puts.get_mut(&id).expect("the upload was started");
+        let at = staged.file.metadata().map_err(|e| io_err("staging", e))?.len();
+        if let Err(e) = staged.file.write_all_at(data, at) {
+            self.puts.remove(&id);
+            return Err(io_err("staging", e));
+        }
+        if more {
+            return Ok(Answer::deferred());
+        }
+        let staged = self.puts.remove(&id).expect("present");
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(attr_of(&head.commit(&staged).await?).into()) })
+    }
+
+    /// Commits a handle's private copy now, waiting for it (fsync).
+    fn commit_now(&mut self, handle: u64) -> Result<(), WireError> {
+        let head = self.head.clone();
+        let h =
+            self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
+        let Some(staged) = h.staged.as_mut().filter(|s| s.dirty) else { return Ok(()) };
+        let committed = head.block(head.clone().commit(staged))?;
+        staged.dirty = false;
+        staged.base = Some(committed.clone());
+        h.entry = committed;
+        Ok(())
+    }
+}
+
+impl Connection for HeadSession {
+    fn authenticated(&self) -> bool {
+        self.inner.authenticated()
+    }
+
+    fn set_current(&mut self, id: u32, more: bool) {
+        self.current = (id, more);
+    }
+
+    fn is_uploading(&self, id: u32) -> bool {
+        self.puts.contains_key(&id)
+    }
+
+    fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
+        self.upload(id, data, more).map(Answer::encode)
+    }
+}
+
+impl Handler for HeadSession {
+    fn hello(&mut self, req: Hello, data: Bytes) -> Reply<Challenge> {
+        self.inner.hello(req, data)
+    }
+
+    fn auth(&mut self, req: Auth, data: Bytes) -> Reply<Welcome> {
+        let mut answer = self.inner.auth(req, data)?;
+        answer.pages.iter_mut().for_each(|w| w.head = true);
+        Ok(answer)
+    }
+
+    fn ping(&mut self, req: Ping, data: Bytes) -> Reply<()> {
+        self.inner.ping(req, data)
+    }
+
+    fn whoami(&mut self, req: Whoami, data: Bytes) -> Reply<String> {
+        self.inner.whoami(req, data)
+    }
+
+    fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        Ok(attr_of(&self.need_entry(&path, Rights::LIST)?.1).into())
+    }
+
+    fn lstat(&mut self, req: Lstat, data: Bytes) -> Reply<Attr> {
+        self.stat(Stat { path: req.path }, data)
+    }
+
+    fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
+        let h = self.handles.get(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
+        let mut attr = attr_of(&h.entry);
+        if let Some(s) = &h.staged {
+            attr.size = s.file.metadata().map_err(|e| io_err(&s.path, e))?.len();
+        }
+        Ok(attr.into())
+    }
+
+    fn open(&mut self, req: Open, _: Bytes) -> Reply<Opened> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let writing = req.flags & (open_flags::WRITE | open_flags::TRUNCATE | open_flags::APPEND) != 0;
+        let need = if writing || req.flags & open_flags::CREATE != 0 { Rights::WRITE } else { Rights::READ };
+        let who = self.need(governing(&path, false), need)?;
+        let existing = self.head.meta.get(&path).map_err(meta_err)?;
+        let entry = match existing {
+            Some(_) if req.flags & open_flags::CREATE != 0 && req.flags & open_flags::EXCLUSIVE != 0 => {
+                return Err(MetaError::Exists(path).into())
+            }
+            Some(e) if e.kind == EntryKind::Dir && writing => return Err(MetaError::IsDir(path).into()),
+            Some(e) if e.kind != EntryKind::Dir && req.flags & open_flags::DIRECTORY != 0 => {
+                return Err(MetaError::NotDir(path).into())
+            }
+            Some(e) => e,
+            None if req.flags & open_flags::CREATE != 0 => {
+                let id = self.head.meta.next_id().map_err(meta_err)?;
+                let e = Entry::empty(path.clone(), EntryKind::File, req.mode, id);
+                match self.head.meta.create(&e) {
+                    Ok(()) => e,
+                    Err(MetaError::Exists(_)) => self.entry(&path)?,
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            None => return Err(MetaError::NotFound(path).into()),
+        };
+        let staged = if writing {
+            let truncate = req.flags & open_flags::TRUNCATE != 0;
+            Some(self.stage(&path, entry.mode, Some(entry.clone()), !truncate)?)
+        } else {
+            None
+        };
+        let location = if staged.is_none() { self.head.location(&who, &entry)? } else { None };
+        let attr = attr_of(&entry);
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        self.handles.insert(handle, HeadHandle { entry, staged });
+        Ok(Opened { handle, attr, location }.into())
+    }
+
+    fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {
+        let h = self.handles.remove(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
+        match h.staged.filter(|s| s.dirty) {
+            Some(staged) => {
+                let head = self.head.clone();
+                later(&self.head, async move { head.commit(&staged).await.map(|_| ().into()) })
+            }
+            None => Ok(().into()),
+        }
+    }
+
+    fn pread(&mut self, req: Pread, _: Bytes) -> Reply<()> {
+        let h = self.handles.get(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
+        if h.entry.kind == EntryKind::Dir {
+            return Err(MetaError::IsDir(h.entry.path.clone()).into());
+        }
+        let len = req.len.min(self.inner.max_data());
+        if let Some(s) = &h.staged {
+            let mut buf = vec![0u8; len as usize];
+            let n = s.file.read_at(&mut buf, req.offset).map_err(|e| io_err(&s.path, e))?;
+            buf.truncate(n);
+            return Ok(Answer::with_body((), Body::Bytes(buf.into())));
+        }
+        if let Content::Inline(bytes) = &h.entry.content {
+            return Ok(Answer::with_body((), Body::Bytes(slice(bytes, req.offset, len))));
+        }
+        let (head, entry) = (self.head.clone(), h.entry.clone());
+        later(
+            &self.head,
+            async move { Ok(Answer::with_body((), Body::Bytes(head.read(entry, req.offset, len).await?))) },
+        )
+    }
+
+    fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
+        let s = self.staged(req.handle)?;
+        s.file.write_all_at(&data, req.offset).map_err(|e| io_err(&s.path, e))?;
+        s.dirty = true;
+        Ok((data.len() as u64).into())
+    }
+
+    fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let (_, e) = self.need_entry(&path, Rights::READ)?;
+        if e.kind == EntryKind::Dir {
+            return Err(MetaError::IsDir(path).into());
+        }
+        stream_file(self.head.clone(), e)
+    }
+
+    fn put_cached(&mut self, req: PutCached, data: Bytes) -> Reply<Attr> {
+        // Data nodes store objects durably either way.
+        self.put(Put { path: req.path, mode: req.mode }, data)
+    }
+
+    fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::WRITE)?;
+        let base = self.head.meta.get(&path).map_err(meta_err)?;
+        if base.as_ref().is_some_and(|b| b.kind == EntryKind::Dir) {
+            return Err(MetaError::IsDir(path).into());
+        }
+        let staged = self.stage(&path, req.mode & 0o7777, base, false)?;
+        let id = self.current.0;
+        self.puts.insert(id, staged);
+        self.upload(id, &data, self.current.1)
+    }
+
+    fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(&path, Rights::LIST)?;
+        let entries: Vec<DirEntry> = self
+            .head
+            .meta
+            .list(&path)
+            .map_err(meta_err)?
+            .iter()
+            .map(|e| DirEntry { name: split(&e.path).map_or("", |(_, n)| n).to_string(), attr: attr_of(e) })
+            .collect();
+        Ok(crate::session::listing(&entries))
+    }
+
+    fn mkdir(&mut self, req: Mkdir, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::WRITE)?;
+        let id = self.head.meta.next_id().map_err(meta_err)?;
+        let e = Entry::empty(path, EntryKind::Dir, req.mode, id);
+        Ok(self.head.meta.create(&e).map_err(meta_err)?.into())
+    }
+
+    fn rmdir(&mut self, req: Rmdir, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::DELETE)?;
+        self.head.meta.remove(&path, true).map_err(meta_err)?;
+        Ok(().into())
+    }
+
+    fn unlink(&mut self, req: Unlink, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::DELETE)?;
+        let old = self.head.meta.remove(&path, false).map_err(meta_err)?;
+        self.head.retire(&old)?;
+        Ok(().into())
+    }
+
+    fn rename(&mut self, req: Rename, _: Bytes) -> Reply<()> {
+        let from = normalise(&req.from).map_err(meta_err)?;
+        let to = normalise(&req.to).map_err(meta_err)?;
+        self.need(governing(&from, false), Rights::DELETE)?;
+        self.need(governing(&to, false), Rights::WRITE)?;
+        if let Some(replaced) = self.head.meta.rename(&from, &to).map_err(meta_err)? {
+            self.head.retire(&replaced)?;
+        }
+        Ok(().into())
+    }
+
+    fn symlink(&mut self, _: Symlink, _: Bytes) -> Reply<()> {
+        not_here("symlink")
+    }
+
+    fn readlink(&mut self, _: Readlink, _: Bytes) -> Reply<String> {
+        not_here("readlink")
+    }
+
+    fn link(&mut self, _: Link, _: Bytes) -> Reply<()> {
+        not_here("link")
+    }
+
+    fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let (_, e) = self.need_entry(&path, Rights::WRITE)?;
+        if e.kind == EntryKind::Dir {
+            return Err(MetaError::IsDir(path).into());
+        }
+        let staged = self.stage(&path, e.mode, Some(e), req.size > 0)?;
+        staged.file.set_len(req.size).map_err(|err| io_err(&path, err))?;
+        self.head.block(self.head.clone().commit(&staged))?;
+        Ok(().into())
+    }
+
+    fn chmod(&mut self, req: Chmod, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::WRITE)?;
+        Ok(self.head.meta.set_mode(&path, req.mode).map_err(meta_err)?.into())
+    }
+
+    fn utimes(&mut self, req: Utimes, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(governing(&path, false), Rights::WRITE)?;
+        let ns = match req.mtime {
+            SetTime::Omit => return Ok(().into()),
+            SetTime::Now => locus_cluster::now_ns(),
+            SetTime::At(t) => t.sec * 1_000_000_000 + t.nsec as i64,
+        };
+        Ok(self.head.meta.set_mtime(&path, ns).map_err(meta_err)?.into())
+    }
+
+    fn fsync(&mut self, req: Fsync, _: Bytes) -> Reply<()> {
+        Ok(self.commit_now(req.handle)?.into())
+    }
+
+    fn statfs(&mut self, _: Statfs, _: Bytes) -> Reply<StatFs> {
+        self.who()?;
+        let free: u64 = self.head.nodes()?.iter().map(|n| n.free).sum();
+        let bsize = 4096;
+        Ok(StatFs {
+            bsize,
+            frsize: bsize,
+            blocks: free / bsize,
+            bfree: free / bsize,
+            bavail: free / bsize,
+            files: 0,
+            ffree: 0,
+            namemax: 255,
+        }
+        .into())
+    }
+
+    fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let e = self.entry(&path)?;
+        let mut need = Rights(0);
+        if req.mode & 4 != 0 {
+            need = need.union(if e.kind == EntryKind::Dir { Rights::LIST } else { Rights::READ });
+        }
+        if req.mode & 2 != 0 {
+            need = need.union(Rights::WRITE);
+        }
+        self.need(governing(&path, e.kind == EntryKind::Dir), need)?;
+        Ok(().into())
+    }
+
+    fn ftruncate(&mut self, req: Ftruncate, _: Bytes) -> Reply<()> {
+        let s = self.staged(req.handle)?;
+        s.file.set_len(req.size).map_err(|e| io_err(&s.path, e))?;
+        s.dirty = true;
+        Ok(().into())
+    }
+
+    fn callbacks(&mut self, _: Callbacks, _: Bytes) -> Reply<u32> {
+        // Several heads share a namespace in the database; none sees another's changes.
+        Err(WireError::new(Code::NOTSUP, "a cluster head does not promise callbacks"))
+    }
+
+    fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.who()?;
+        Ok(self.head.meta.acl(&path).map_err(meta_err)?.into())
+    }
+
+    fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        self.need(&path, Rights::ADMIN)?;
+        Ok(self.head.meta.acl_set(&path, &req.subject, req.rights).map_err(meta_err)?.into())
+    }
+
+    fn stats(&mut self, req: Stats, data: Bytes) -> Reply<StatsReport> {
+        self.inner.stats(req, data)
+    }
+
+    fn rebalance_plan(&mut self, _: RebalancePlan, _: Bytes) -> Reply<Rebalance> {
+        not_here("rebalancing")
+    }
+
+    fn rebalance_apply(&mut self, _: RebalanceApply, _: Bytes) -> Reply<Rebalance> {
+        not_here("rebalancing")
+    }
+
+    fn script_register(&mut self, _: ScriptRegister, _: Bytes) -> Reply<String> {
+        not_here("scripts")
+    }
+
+    fn script_call(&mut self, _: ScriptCall, _: Bytes) -> Reply<Vec<Value>> {
+        not_here("scripts")
+    }
+
+    /// Runs the module on every data node over the files of `dir` that the node holds
+    /// (small files, which live at the head, go to the node with the fewest), and
+    /// streams the nodes' output back as it comes; the result adds up their accounts.
+    fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {
+        if req.write {
+            return not_here("a writable storelet run");
+        }
+        let dir = normalise(&req.dir).map_err(meta_err)?;
+        let who = self.need("/", Rights::EXECUTE)?;
+        self.need(&dir, Rights::READ.union(Rights::LIST))?;
+        if self.entry(&dir)?.kind != EntryKind::Dir {
+            return Err(MetaError::NotDir(dir).into());
+        }
+        let nodes = self.head.nodes()?;
+        if nodes.is_empty() {
+            return not_here("a storelet run without data nodes");
+        }
+        let mut shares: Vec<(Node, Vec<ViewFile>)> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
+        let prefix = if dir == "/" { 0 } else { dir.len() };
+        // Only what the subject may read goes into the nodes' views: a file is left out
+        // when any directory between `dir` and it lacks `r` or `l` for the subject.
+        let mut readable: HashMap<String, bool> = HashMap::from([(dir.clone(), true)]);
+        for e in self.head.meta.files_under(&dir).map_err(meta_err)? {
+            if !self.readable_dir(&who, governing(&e.path, false), &mut readable)? {
+                continue;
+            }
+            let path = e.path[prefix..].trim_start_matches('/').to_string();
+            let (at, inline) = match e.content {
+                Content::Nodes(ids) => match shares.iter().position(|(n, _)| ids.first() == Some(&n.id)) {
+                    Some(i) => (i, None),
+                    None => continue,
+                },
+                Content::Inline(bytes) => {
+                    let fewest = (0..shares.len()).min_by_key(|&i| shares[i].1.len()).expect("nodes exist");
+                    (fewest, Some(bytes))
+                }
+            };
+            shares[at].1.push(ViewFile { path, object: e.object, version: e.version, inline });
+        }
+        let head = self.head.clone();
+        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stream = EventStream { frames, queued };
+        self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, tx));
+        Ok(Answer::events(stream))
+    }
+
+    fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
+        not_here("storelets")
+    }
+
+    fn storelet_cancel(&mut self, _: StoreletCancel, _: Bytes) -> Reply<()> {
+        not_here("storelets")
+    }
+
+    fn storelet_stats(&mut self, _: StoreletStats, _: Bytes) -> Reply<StoreletReport> {
+        not_here("storelets")
+    }
+
+    fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
+        Ok(Vec::new().into())
+    }
+
+    fn locate(&mut self, req: Locate, _: Bytes) -> Reply<Located> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let (who, e) = self.need_entry(&path, Rights::READ)?;
+        Ok(Located { attr: attr_of(&e), location: self.head.location(&who, &e)? }.into())
+    }
+
+    fn object_read(&mut self, _: ObjectRead, _: Bytes) -> Reply<()> {
+        not_here("object_read (a data node's operation)")
+    }
+
+    fn object_put(&mut self, _: ObjectPut, _: Bytes) -> Reply<Attr> {
+        not_here("object_put (a data node's operation)")
+    }
+
+    fn object_drop(&mut self, _: ObjectDrop, _: Bytes) -> Reply<()> {
+        not_here("object_drop (a data node's operation)")
+    }
+
+    fn share(&mut self, req: Share, _: Bytes) -> Reply<String> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let (who, _) = self.need_entry(&path, Rights::READ)?;
+        let max = self.head.config.share_max_ttl.as_secs();
+        if req.ttl_s > max {
+            return Err(WireError::new(
+                Code::INVAL,
+                format!(
+                    "a shared URL may live at most {max} s on this head (asked {} s): ask for less, or start \
+                     the head with a larger --share-max-ttl",
+                    req.ttl_s
+                ),
+            ));
+        }
+        let expires = capability::now().saturating_add(req.ttl_s);
+        let sig = capability::url_signature(&self.head.key(), &who, &path, expires);
+        let encoded: String = path
+            .split('/')
+            .map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
+            .collect::<Vec<_>>()
+            .join("/");
+        let subject = percent_encoding::utf8_percent_encode(&who, percent_encoding::NON_ALPHANUMERIC);
+        let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
+        Ok(match &self.head.config.http {
+            Some(http) => format!("http://{http}{rel}"),
+            None => rel,
+        }
+        .into())
+    }
+
+    fn node_run(&mut self, _: NodeRun, _: Bytes) -> Reply<StoreletEvent> {
+        not_here("node_run (a data node's operation)")
+    }
+
+    fn node_join(&mut self, req: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
+        // Only the nodes' own subject joins; its token seals the keys for the node.
+        let subject =
+            self.inner.subject().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))?;
+        let token = match self.inner.token_of(NODE_SUBJECT) {
+            Some(token) if subject == NODE_SUBJECT => token,
+            _ => {
+                return Err(WireError::new(
+                    Code::ACCES,
+                    format!(
+                    "data nodes join as {NODE_SUBJECT} (make its token at the head with `locus token {NODE_SUBJECT}`)"
+                ),
+                ))
+            }
+        };
+        if req.nonce.len() < 16 {
+            return Err(WireError::new(Code::INVAL, "a join needs a fresh nonce of at least 16 bytes"));
+        }
+        let node = self.head.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
+        self.head.forget_nodes();
+        self.head.placed.lock().remove(&node);
+        tracing::info!(node, addr = %req.addr, free = req.free, "data node joined");
+        let (nonce, sealed) = crate::cluster::keys::seal_for_node(&self.head.keys(), &token, &req.nonce, &req.addr);
+        Ok(NodeWelcome { node, nonce, sealed }.into())
+    }
+
+    fn key_rotate(&mut self, _: KeyRotate, _: Bytes) -> Reply<()> {
+        let who = self.need("/", Rights::ADMIN)?;
+        self.head.rotate_key().map_err(|e| WireError::new(Code::IO, format!("cannot rotate the cluster key: {e}")))?;
+        tracing::info!(by = %who, "cluster key rotated");
+        Ok(().into())
+    }
+}
