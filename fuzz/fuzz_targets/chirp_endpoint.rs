@@ -24,6 +24,7 @@ struct Target {
 fn target() -> &'static Target {
     static TARGET: OnceLock<Target> = OnceLock::new();
     TARGET.get_or_init(|| {
+        endpoint::ignore_sigpipe();
         let server = locus_testkit::TestServer::start();
         endpoint::furnish(&server.root());
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();

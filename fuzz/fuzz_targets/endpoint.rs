@@ -16,6 +16,15 @@ pub const QUICK: Duration = Duration::from_millis(500);
 /// a dead endpoint.
 pub const PATIENT: Duration = Duration::from_secs(20);
 
+/// Ignores SIGPIPE, as the `locus` program does (Rust's runtime sets it before `main`,
+/// which libFuzzer's `main` replaces): a write into a connection the peer closed (the
+/// server's `splice` of a file into a socket, say) then fails with `EPIPE` instead of
+/// killing the process.
+pub fn ignore_sigpipe() {
+    // SAFETY: setting a signal's disposition to "ignore" has no preconditions.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
 /// Sends `input` on a new connection to `addr`, closes the sending half (if
 /// `half_close`: an HTTP server may then drop the connection unanswered, so requests that
 /// must be answered say `Connection: close` instead) and reads the answer until the

@@ -28,6 +28,7 @@ struct Target {
 fn target() -> &'static Target {
     static TARGET: OnceLock<Target> = OnceLock::new();
     TARGET.get_or_init(|| {
+        endpoint::ignore_sigpipe();
         let plain = locus_testkit::TestServer::start();
         endpoint::furnish(&plain.root());
         let addr = plain.console(locus_console::ConsoleConfig::default());

@@ -160,21 +160,8 @@ enum Command {
         url: String,
         /// An existing, empty directory.
         mountpoint: PathBuf,
-        /// How long (ms) attributes, names, listings and cached pages of unchanged files are trusted before asking the server again, where no callback covers them (`--consistency nfs`, or a server without callbacks).
-        #[arg(long, default_value_t = 1000)]
-        attr_timeout_ms: u64,
-        /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO.
-        #[arg(long, default_value_t = 30)]
-        retry_secs: u64,
-        /// `sprite`: the server promises callbacks for what the mount caches and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (a change shows once its break has arrived, a one-way trip after the change is answered); writes go through as they are made. `afs`: as `sprite` for reads, and a file opened for writing is written in a local copy (under --cache-dir) and stored at the server when closed or synced, in one round trip: others see it after close, and a failed store shows as an error of close or fsync. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
-        #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
-        consistency: String,
-        /// Where `--consistency afs` keeps local copies of files being written (default: $XDG_CACHE_HOME/locus/writeback or ~/.cache/locus/writeback).
-        #[arg(long)]
-        cache_dir: Option<PathBuf>,
-        /// The most MiB of local copies under `--consistency afs`, and of those not stored yet (a writer past it waits while others are stored, or writes through); a file larger than an eighth of it is written through.
-        #[arg(long, default_value_t = 1024)]
-        cache_mb: u64,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
     /// Unmount a `locus mount`.
     Umount {
@@ -197,21 +184,8 @@ enum Command {
         /// A file of `LOGICAL REMOTE` lines (as Parrot's mount lists); `#` starts a comment.
         #[arg(long, value_name = "FILE")]
         mount_list: Option<PathBuf>,
-        /// Seconds to keep retrying an unreachable server before stopping the program.
-        #[arg(long, default_value_t = 30)]
-        retry_secs: u64,
-        /// How long (ms) attributes and listings are trusted before asking the server again, where no callback covers them.
-        #[arg(long, default_value_t = 1000)]
-        attr_timeout_ms: u64,
-        /// As `locus mount --consistency`, on the FUSE path: `sprite` (servers' callbacks let the kernel cache until another client changes a path; only while every mounted server has them), `afs` (as sprite, and files written are stored at close from a local copy) or `nfs` (--attr-timeout-ms).
-        #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
-        consistency: String,
-        /// As `locus mount --cache-dir`: where `--consistency afs` keeps local copies of files being written.
-        #[arg(long)]
-        cache_dir: Option<PathBuf>,
-        /// As `locus mount --cache-mb`: the most MiB of local copies under `--consistency afs`.
-        #[arg(long, default_value_t = 1024)]
-        cache_mb: u64,
+        #[command(flatten)]
+        cache: CacheArgs,
         /// How the program sees the namespace: `fuse` (a private mount namespace with a
         /// FUSE file system; fails if the kernel refuses), `trace` (ptrace and seccomp), or
         /// `auto` (fuse where possible, else trace; LOCUS_LOG=debug says why).
@@ -224,6 +198,51 @@ enum Command {
     /// Run benchmarks side by side with peers.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+/// How `locus mount` and `locus run` cache, and how long they wait for a server: the
+/// flags both take.
+#[derive(clap::Args)]
+struct CacheArgs {
+    /// How long (ms) attributes, names, listings and cached pages of unchanged files are trusted before asking the server again, where no callback covers them (`--consistency nfs`, or a server without callbacks).
+    #[arg(long, default_value_t = 1000)]
+    attr_timeout_ms: u64,
+    /// Seconds to keep retrying an unreachable server (with backoff) before calls fail with EIO (`locus run`: before the program is stopped, exit 75).
+    #[arg(long, default_value_t = 30)]
+    retry_secs: u64,
+    /// `sprite`: the server promises callbacks for what is cached and breaks them when another client changes it, so cached attributes, names, listings and pages are trusted until then (a change shows once its break has arrived, a one-way trip after the change is answered); writes go through as they are made (`locus run`: only while every mounted server has callbacks). `afs`: as `sprite` for reads, and a file opened for writing is written in a local copy (under --cache-dir) and stored at the server when closed or synced, in one round trip: others see it after close, and a failed store shows as an error of close or fsync. `nfs`: everything is trusted for --attr-timeout-ms, then asked again (another client's change may stay unseen that long).
+    #[arg(long, default_value = "sprite", value_parser = ["sprite", "afs", "nfs"])]
+    consistency: String,
+    /// Where `--consistency afs` keeps local copies of files being written (default: $XDG_CACHE_HOME/locus/writeback or ~/.cache/locus/writeback).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// The most MiB of local copies under `--consistency afs`, and of those not stored yet (a writer past it waits while others are stored, or writes through); a file larger than an eighth of it is written through.
+    #[arg(long, default_value_t = 1024)]
+    cache_mb: u64,
+}
+
+impl CacheArgs {
+    /// The mount's options for a mount of `origin` (its URL, or the program's namespace).
+    fn mount_options(&self, origin: &str) -> locus_mount::MountOptions {
+        let defaults = locus_mount::MountOptions::default();
+        locus_mount::MountOptions {
+            attr_timeout: Duration::from_millis(self.attr_timeout_ms),
+            consistency: match self.consistency.as_str() {
+                "nfs" => locus_mount::Consistency::Nfs,
+                "afs" => locus_mount::Consistency::Afs,
+                _ => locus_mount::Consistency::Sprite,
+            },
+            cache_dir: self.cache_dir.clone().unwrap_or(defaults.cache_dir),
+            cache_limit: self.cache_mb.saturating_mul(1 << 20),
+            origin: origin.to_string(),
+            ..defaults
+        }
+    }
+
+    /// How long an unreachable server is retried.
+    fn retry(&self) -> Duration {
+        Duration::from_secs(self.retry_secs)
+    }
 }
 
 #[derive(Subcommand)]
@@ -381,9 +400,7 @@ enum BenchCommand {
 fn agent_options(
     mounts: &[String],
     mount_list: Option<&std::path::Path>,
-    retry_secs: u64,
-    attr_timeout_ms: u64,
-    consistency: locus_mount::Consistency,
+    cache: &CacheArgs,
     interposition: locus_agent::Interposition,
 ) -> Result<locus_agent::RunOptions, String> {
     let mut all = Vec::new();
@@ -395,25 +412,16 @@ fn agent_options(
         let (logical, remote) = m.split_once('=').ok_or_else(|| format!("--mount {m}: expected LOGICAL=REMOTE"))?;
         all.push(locus_agent::parse_mount(logical, remote)?);
     }
-    let defaults = locus_mount::MountOptions::default();
+    let options = cache.mount_options("");
     Ok(locus_agent::RunOptions {
         mounts: all,
-        retry: Duration::from_secs(retry_secs),
-        attr_timeout: Duration::from_millis(attr_timeout_ms),
-        consistency,
-        cache_dir: defaults.cache_dir,
-        cache_limit: defaults.cache_limit,
+        retry: cache.retry(),
+        attr_timeout: options.attr_timeout,
+        consistency: options.consistency,
+        cache_dir: options.cache_dir,
+        cache_limit: options.cache_limit,
         interposition,
     })
-}
-
-/// `--consistency NAME` (clap has checked the name).
-fn consistency_named(name: &str) -> locus_mount::Consistency {
-    match name {
-        "nfs" => locus_mount::Consistency::Nfs,
-        "afs" => locus_mount::Consistency::Afs,
-        _ => locus_mount::Consistency::Sprite,
-    }
 }
 
 fn main() -> ExitCode {
@@ -429,31 +437,11 @@ fn main() -> ExitCode {
     } else {
         logs.init();
     }
-    if let Command::RunAgent {
-        mounts,
-        mount_list,
-        retry_secs,
-        attr_timeout_ms,
-        consistency,
-        cache_dir,
-        cache_mb,
-        interpose,
-        command,
-    } = cli.command
-    {
+    if let Command::RunAgent { mounts, mount_list, cache, interpose, command } = cli.command {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.
-        let consistency = consistency_named(&consistency);
-        let options =
-            agent_options(&mounts, mount_list.as_deref(), retry_secs, attr_timeout_ms, consistency, interpose);
-        return match options {
-            Ok(mut options) => {
-                if let Some(dir) = cache_dir {
-                    options.cache_dir = dir;
-                }
-                options.cache_limit = cache_mb.saturating_mul(1 << 20);
-                ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8)
-            }
+        return match agent_options(&mounts, mount_list.as_deref(), &cache, interpose) {
+            Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
             Err(msg) => {
                 eprintln!("locus: {msg}");
                 ExitCode::from(locus_agent::EXIT_SETUP as u8)
@@ -462,17 +450,8 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Serve(args) => serve::run(*args),
-        Command::Mount { url, mountpoint, attr_timeout_ms, retry_secs, consistency, cache_dir, cache_mb } => {
-            let defaults = locus_mount::MountOptions::default();
-            let options = locus_mount::MountOptions {
-                attr_timeout: Duration::from_millis(attr_timeout_ms),
-                consistency: consistency_named(&consistency),
-                cache_dir: cache_dir.unwrap_or(defaults.cache_dir),
-                cache_limit: cache_mb.saturating_mul(1 << 20),
-                origin: url.clone(),
-                ..defaults
-            };
-            mount::run(&url, &mountpoint, options, Duration::from_secs(retry_secs))
+        Command::Mount { url, mountpoint, cache } => {
+            mount::run(&url, &mountpoint, cache.mount_options(&url), cache.retry())
         }
         Command::Umount { mountpoint } => mount::umount(&mountpoint),
         Command::Bench(BenchCommand::Ops(args)) => locus_bench::ops::run(args).map_err(|e| e.to_string()),

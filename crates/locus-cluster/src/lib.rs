@@ -130,29 +130,12 @@ pub struct Garbage {
     pub nodes: Vec<u64>,
 }
 
-/// Splits a normalised path into its parent and last name (`/` has none).
-pub fn split(path: &str) -> Option<(&str, &str)> {
-    let i = path.rfind('/')?;
-    if path == "/" {
-        return None;
-    }
-    Some((if i == 0 { "/" } else { &path[..i] }, &path[i + 1..]))
-}
+pub use locus_proto::path::split;
 
-/// Normalises a client's path: absolute, no empty, `.` or `..` components, no NUL.
+/// Normalises a client's path ([`locus_proto::path::canonical`]), refusing `..` and NUL.
 pub fn normalise(path: &str) -> Result<String> {
-    let mut out = String::with_capacity(path.len() + 1);
-    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
-        if part == ".." || part.contains('\0') {
-            return Err(MetaError::Invalid(format!("{path}: '..' and NUL are not allowed in paths")));
-        }
-        out.push('/');
-        out.push_str(part);
-    }
-    if out.is_empty() {
-        out.push('/');
-    }
-    Ok(out)
+    locus_proto::path::canonical(path)
+        .ok_or_else(|| MetaError::Invalid(format!("{path}: '..' and NUL are not allowed in paths")))
 }
 
 /// The first path after every path under `dir` in byte order (`dir` + `0`, the byte

@@ -34,12 +34,6 @@ pub(crate) struct Broken {
     all: bool,
 }
 
-/// The directory and name of a path (`/` for a name at the root).
-pub(crate) fn split_path(path: &str) -> Option<(&str, &str)> {
-    let (dir, name) = path.rsplit_once('/')?;
-    Some((if dir.is_empty() { "/" } else { dir }, name))
-}
-
 /// Takes the server's callback breaks as they come: records them for the mount's own
 /// caches, then tells the kernel to drop the attributes, pages, names and listings they
 /// cover. It runs on a thread of its own, since a notification may wait for a request
@@ -78,7 +72,8 @@ pub(crate) fn take_breaks(
         for path in paths {
             let (ino, parent) = {
                 let index = index.lock();
-                let parent = split_path(&path).and_then(|(dir, name)| Some((*index.get(dir)?, name.to_string())));
+                let parent =
+                    locus_proto::path::split(&path).and_then(|(dir, name)| Some((*index.get(dir)?, name.to_string())));
                 (index.get(&path).copied(), parent)
             };
             // Errors say the kernel has nothing cached there: nothing to drop.
@@ -153,7 +148,7 @@ impl LocusFs {
             self.listings.forget(ino);
             self.removable.remove(&ino);
         }
-        if let Some(dir) = split_path(path).and_then(|(dir, _)| self.inodes.peek(dir)) {
+        if let Some(dir) = locus_proto::path::split(path).and_then(|(dir, _)| self.inodes.peek(dir)) {
             self.attrs.remove(&dir);
             self.listings.forget(dir);
             self.removable.remove(&dir);

@@ -2,7 +2,6 @@
 //! names in listed directories (and those read ahead), paths of inodes, and the
 //! bookkeeping when the mount itself changes something.
 
-use crate::breaks::split_path;
 use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::file_attr;
@@ -75,7 +74,7 @@ impl LocusFs {
 
     /// The directory inode and name under which `ino` was looked up.
     pub(crate) fn entry_of(&self, ino: u64) -> Option<(u64, String)> {
-        let (dir, name) = split_path(self.inodes.path(ino)?)?;
+        let (dir, name) = locus_proto::path::split(self.inodes.path(ino)?)?;
         Some((self.inodes.peek(dir)?, name.to_string()))
     }
 

@@ -150,4 +150,10 @@ impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Error { code, message: message.into() }
     }
+
+    /// An I/O error as a wire error with its errno, saying what failed.
+    pub fn io(what: &str, e: std::io::Error) -> Self {
+        // An error without an errno is EIO (5).
+        Error::new(Code::from_errno(e.raw_os_error().unwrap_or(5)), format!("{what}: {e}"))
+    }
 }

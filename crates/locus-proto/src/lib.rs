@@ -24,6 +24,7 @@ pub mod error;
 pub mod frame;
 pub mod fuzz;
 pub mod ops;
+pub mod path;
 pub mod types;
 
 pub use error::{Code, Error};

@@ -96,17 +96,13 @@ impl Run {
 
     /// A read-only handle on the output, which stays valid when the result is kept.
     pub fn reader(&self, rel: String, io: locus_store::FileIo) -> Result<OpenFile, WireError> {
-        let file = self.output.try_clone().map_err(|e| io_error("open result", e))?;
+        let file = self.output.try_clone().map_err(|e| WireError::io("open result", e))?;
         Ok(OpenFile::new(file, true, false, false, io, rel))
     }
 }
 
 fn gone() -> WireError {
     WireError::new(Code::IO, "the handler's run went away")
-}
-
-fn io_error(what: &str, e: std::io::Error) -> WireError {
-    WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(5)), format!("{what}: {e}"))
 }
 
 /// What a lookup of a missing name found.
@@ -277,8 +273,8 @@ impl ActiveFiles {
         // What the run sees: the directory less what `who` may not read.
         let view = shared.store.code_view(who, &dir_rel, false)?;
         let part = self.results.join(format!("{key}.part"));
-        let output = File::create(&part).map_err(|e| io_error("create result", e))?;
-        let reader = File::open(&part).map_err(|e| io_error("open result", e))?;
+        let output = File::create(&part).map_err(|e| WireError::io("create result", e))?;
+        let reader = File::open(&part).map_err(|e| WireError::io("open result", e))?;
         let run = Arc::new(Run { progress: watch::Sender::new(Progress::default()), output: reader });
         runs.insert(key.clone(), run.clone());
         drop(runs);
@@ -423,12 +419,12 @@ impl ActiveWatcher {
     /// Makes the output the kept result; false when something failed on the way.
     fn keep(&self, inputs: &Option<Inputs>) -> Result<(), WireError> {
         if let Some(e) = self.failed_write.lock().take() {
-            return Err(io_error("write result", e));
+            return Err(WireError::io("write result", e));
         }
         let file = self.output.lock().take().ok_or_else(gone)?;
-        file.sync_data().map_err(|e| io_error("sync result", e))?;
+        file.sync_data().map_err(|e| WireError::io("sync result", e))?;
         let _ = std::fs::remove_file(self.path("inputs"));
-        std::fs::rename(self.path("part"), self.path("out")).map_err(|e| io_error("keep result", e))?;
+        std::fs::rename(self.path("part"), self.path("out")).map_err(|e| WireError::io("keep result", e))?;
         let _ = std::fs::remove_file(self.path("err"));
         // Reused only when every input is known.
         if let Some(inputs) = inputs.as_ref().filter(|i| i.complete) {

@@ -174,30 +174,9 @@ impl State {
     }
 }
 
-/// The canonical form of a path for promises: `/a/b`, whatever slashes it came with;
-/// none for a path with `..` (the store refuses those, so nothing is promised on them).
-pub fn canonical(path: &str) -> Option<String> {
-    let mut out = String::with_capacity(path.len() + 1);
-    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
-        if part == ".." {
-            return None;
-        }
-        out.push('/');
-        out.push_str(part);
-    }
-    if out.is_empty() {
-        out.push('/');
-    }
-    Some(out)
-}
-
-/// The directory of a canonical path (`/` is its own).
-pub fn parent(path: &str) -> &str {
-    match path.rfind('/') {
-        Some(0) | None => "/",
-        Some(i) => &path[..i],
-    }
-}
+/// The canonical form of a path for promises (none for a path with `..`, which the
+/// store refuses, so nothing is promised on it).
+pub use locus_proto::path::{canonical, parent};
 
 impl Callbacks {
     /// Callbacks bounded by `limits`.

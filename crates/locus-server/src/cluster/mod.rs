@@ -36,18 +36,13 @@ mod writes;
 use locus_cluster::{Entry, Kind as EntryKind, MetaError};
 
 use locus_proto::types::*;
-use locus_proto::{Code, Error as WireError};
+use locus_proto::Error as WireError;
 
 pub use head::{Head, HeadConfig, SHARE_MAX_TTL};
 pub use session::HeadSession;
 
 fn meta_err(e: MetaError) -> WireError {
     e.into()
-}
-
-/// An I/O error as a wire error with its errno, saying what failed.
-pub(crate) fn io_err(what: &str, e: std::io::Error) -> WireError {
-    WireError::new(Code::from_errno(e.raw_os_error().unwrap_or(libc::EIO)), format!("{what}: {e}"))
 }
 
 /// Attributes of a namespace entry, as `stat` gives them.

@@ -41,7 +41,7 @@ impl View {
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let name = hex::encode(id);
         let abs = root.join(VIEWS_DIR).join(&name);
-        let io = crate::cluster::io_err;
+        let io = WireError::io;
         std::fs::create_dir_all(&abs).map_err(|e| io("view", e))?;
         let view = View { rel: format!("/{VIEWS_DIR}/{name}"), abs };
         for f in files {

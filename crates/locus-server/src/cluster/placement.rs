@@ -4,7 +4,6 @@
 
 use crate::cluster::attr_of;
 use crate::cluster::head::LOCAL_NODE;
-use crate::cluster::io_err;
 use crate::cluster::writes::object_name;
 use crate::cluster::Head;
 use crate::dispatch::Answer;
@@ -73,9 +72,9 @@ impl Head {
             Content::Inline(bytes) => Ok(slice(bytes, offset, len as u32)),
             Content::Nodes(ids) if ids.contains(&LOCAL_NODE) => {
                 let file = std::fs::File::open(self.objects.join(object_name(e.object, e.version)))
-                    .map_err(|err| io_err(&e.path, err))?;
+                    .map_err(|err| WireError::io(&e.path, err))?;
                 let mut buf = vec![0u8; len];
-                let n = file.read_at(&mut buf, offset).map_err(|err| io_err(&e.path, err))?;
+                let n = file.read_at(&mut buf, offset).map_err(|err| WireError::io(&e.path, err))?;
                 buf.truncate(n);
                 Ok(buf.into())
             }

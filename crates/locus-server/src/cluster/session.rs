@@ -3,7 +3,6 @@
 
 use crate::cluster::attr_of;
 use crate::cluster::fanout::merge_runs;
-use crate::cluster::io_err;
 use crate::cluster::meta_err;
 use crate::cluster::placement::later;
 use crate::cluster::placement::slice;
@@ -127,7 +126,7 @@ impl HeadSession {
             .write(true)
             .create_new(true)
             .open(&tmp)
-            .map_err(|e| io_err("staging", e))?;
+            .map_err(|e| WireError::io("staging", e))?;
         let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy };
         if let (true, Some(base)) = (copy, staged.base.clone()) {
             let head = self.head.clone();
@@ -138,7 +137,7 @@ impl HeadSession {
                 if data.is_empty() {
                     break;
                 }
-                staged.file.write_all_at(&data, at).map_err(|e| io_err(path, e))?;
+                staged.file.write_all_at(&data, at).map_err(|e| WireError::io(path, e))?;
                 at += data.len() as u64;
             }
         }
@@ -155,10 +154,10 @@ impl HeadSession {
     /// becomes the file's new version.
     fn upload(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
         let staged = self.puts.get_mut(&id).expect("the upload was started");
-        let at = staged.file.metadata().map_err(|e| io_err("staging", e))?.len();
+        let at = staged.file.metadata().map_err(|e| WireError::io("staging", e))?.len();
         if let Err(e) = staged.file.write_all_at(data, at) {
             self.puts.remove(&id);
-            return Err(io_err("staging", e));
+            return Err(WireError::io("staging", e));
         }
         if more {
             return Ok(Answer::deferred());
@@ -232,7 +231,7 @@ impl Handler for HeadSession {
         let h = self.handles.get(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
         let mut attr = attr_of(&h.entry);
         if let Some(s) = &h.staged {
-            attr.size = s.file.metadata().map_err(|e| io_err(&s.path, e))?.len();
+            attr.size = s.file.metadata().map_err(|e| WireError::io(&s.path, e))?.len();
         }
         Ok(attr.into())
     }
@@ -296,7 +295,7 @@ impl Handler for HeadSession {
         let len = req.len.min(self.inner.max_data());
         if let Some(s) = &h.staged {
             let mut buf = vec![0u8; len as usize];
-            let n = s.file.read_at(&mut buf, req.offset).map_err(|e| io_err(&s.path, e))?;
+            let n = s.file.read_at(&mut buf, req.offset).map_err(|e| WireError::io(&s.path, e))?;
             buf.truncate(n);
             return Ok(Answer::with_body((), Body::Bytes(buf.into())));
         }
@@ -312,7 +311,7 @@ impl Handler for HeadSession {
 
     fn pwrite(&mut self, req: Pwrite, data: Bytes) -> Reply<u64> {
         let s = self.staged(req.handle)?;
-        s.file.write_all_at(&data, req.offset).map_err(|e| io_err(&s.path, e))?;
+        s.file.write_all_at(&data, req.offset).map_err(|e| WireError::io(&s.path, e))?;
         s.dirty = true;
         Ok((data.len() as u64).into())
     }
@@ -411,7 +410,7 @@ impl Handler for HeadSession {
             return Err(MetaError::IsDir(path).into());
         }
         let staged = self.stage(&path, e.mode, Some(e), req.size > 0)?;
-        staged.file.set_len(req.size).map_err(|err| io_err(&path, err))?;
+        staged.file.set_len(req.size).map_err(|err| WireError::io(&path, err))?;
         self.head.block(self.head.clone().commit(&staged))?;
         Ok(().into())
     }
@@ -470,7 +469,7 @@ impl Handler for HeadSession {
 
     fn ftruncate(&mut self, req: Ftruncate, _: Bytes) -> Reply<()> {
         let s = self.staged(req.handle)?;
-        s.file.set_len(req.size).map_err(|e| io_err(&s.path, e))?;
+        s.file.set_len(req.size).map_err(|e| WireError::io(&s.path, e))?;
         s.dirty = true;
         Ok(().into())
     }

@@ -2,7 +2,6 @@
 //! the chosen nodes (or kept inline in the namespace), then committed.
 
 use crate::cluster::head::LOCAL_NODE;
-use crate::cluster::io_err;
 use crate::cluster::meta_err;
 use crate::cluster::Head;
 
@@ -90,8 +89,8 @@ impl Head {
             }
             if node.id == LOCAL_NODE {
                 let to = self.objects.join(object_name(object, version));
-                std::fs::copy(staged, &to).map_err(|e| io_err("store locally", e))?;
-                std::fs::File::open(&to).and_then(|f| f.sync_all()).map_err(|e| io_err("store locally", e))?;
+                std::fs::copy(staged, &to).map_err(|e| WireError::io("store locally", e))?;
+                std::fs::File::open(&to).and_then(|f| f.sync_all()).map_err(|e| WireError::io("store locally", e))?;
                 return Ok(vec![LOCAL_NODE]);
             }
             match self.store_on(&node, staged, object, version, size).await {
@@ -125,7 +124,7 @@ impl Head {
         size: u64,
     ) -> Result<(), WireError> {
         let client = self.writer(node).await?;
-        let mut file = tokio::fs::File::open(staged).await.map_err(|e| io_err("staged copy", e))?;
+        let mut file = tokio::fs::File::open(staged).await.map_err(|e| WireError::io("staged copy", e))?;
         let stored = client.upload(ObjectPut { object, version }, &mut file, |_| {}).await.map_err(|e| {
             self.reads.note(&node.addr, &e);
             WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr))
@@ -142,7 +141,7 @@ impl Head {
     /// Makes the staged copy the new version of its file and queues the old version's
     /// bytes for removal. Acknowledged (returns) only once both are durable.
     pub(crate) async fn commit(self: Arc<Self>, staged: &Staged) -> Result<Entry, WireError> {
-        let size = staged.file.metadata().map_err(|e| io_err(&staged.path, e))?.len();
+        let size = staged.file.metadata().map_err(|e| WireError::io(&staged.path, e))?.len();
         let version = self.meta.next_id().map_err(meta_err)?;
         let object = match &staged.base {
             Some(e) => e.object,
@@ -150,7 +149,7 @@ impl Head {
         };
         let content = if size <= self.config.inline_max {
             let mut bytes = vec![0u8; size as usize];
-            staged.file.read_exact_at(&mut bytes, 0).map_err(|e| io_err(&staged.path, e))?;
+            staged.file.read_exact_at(&mut bytes, 0).map_err(|e| WireError::io(&staged.path, e))?;
             Content::Inline(bytes)
         } else {
             let head = self.clone();
