@@ -15,12 +15,12 @@
 
 pub mod blocking;
 mod connect;
-pub mod consistency;
 pub mod credentials;
 pub mod error;
 pub mod nodes;
 mod pending;
 mod receive;
+pub mod script_cache;
 mod storelets;
 pub mod url;
 

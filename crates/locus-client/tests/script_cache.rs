@@ -1,18 +1,18 @@
 //! Two clients, one file, each consistency mode: what each guarantees, and NFS's
 //! staleness within its attribute timeout.
 
-use locus_client::consistency::{CachingClient, Mode};
+use locus_client::script_cache::{Scheme, ScriptCache};
 use locus_client::types::Rights;
 use locus_testkit::TestServer;
 use std::time::{Duration, Instant};
 
 /// Two caching clients of different subjects, each allowed to read, write and run code.
-async fn pair(s: &TestServer, mode: Mode) -> (CachingClient, CachingClient) {
+async fn pair(s: &TestServer, mode: Scheme) -> (ScriptCache, ScriptCache) {
     let admin = s.client("admin").await;
     for who in ["alice", "bob"] {
         admin.acl_set("/", who, Rights::parse("rwldx").unwrap()).await.unwrap();
     }
-    (CachingClient::new(s.client("alice").await, mode), CachingClient::new(s.client("bob").await, mode))
+    (ScriptCache::new(s.client("alice").await, mode), ScriptCache::new(s.client("bob").await, mode))
 }
 
 async fn wait_for(what: impl Fn() -> bool) {
@@ -27,7 +27,7 @@ async fn wait_for(what: impl Fn() -> bool) {
 async fn nfs_serves_stale_data_within_its_timeout_then_revalidates() {
     let s = TestServer::start();
     s.put_local("f", b"v1");
-    let (a, b) = pair(&s, Mode::Nfs { attr_timeout: Duration::from_millis(400) }).await;
+    let (a, b) = pair(&s, Scheme::TimedAttributes { attr_timeout: Duration::from_millis(400) }).await;
     assert_eq!(a.read("/f").await.unwrap(), b"v1");
     b.write("/f", b"v2 longer").await.unwrap();
     assert_eq!(a.read("/f").await.unwrap(), b"v1", "within the timeout the cache is trusted");
@@ -39,7 +39,7 @@ async fn nfs_serves_stale_data_within_its_timeout_then_revalidates() {
 async fn afs_shows_writes_at_close_and_breaks_callbacks() {
     let s = TestServer::start();
     s.put_local("f", b"v1");
-    let (a, b) = pair(&s, Mode::Afs).await;
+    let (a, b) = pair(&s, Scheme::CallbackOnOpen).await;
     assert_eq!(a.read("/f").await.unwrap(), b"v1");
     assert_eq!(b.read("/f").await.unwrap(), b"v1");
     b.write("/f", b"v2").await.unwrap();
@@ -59,7 +59,7 @@ async fn afs_shows_writes_at_close_and_breaks_callbacks() {
 async fn sprite_stops_caching_while_a_file_is_write_shared() {
     let s = TestServer::start();
     s.put_local("f", b"v1");
-    let (a, b) = pair(&s, Mode::Sprite).await;
+    let (a, b) = pair(&s, Scheme::UncacheWhenShared).await;
     assert_eq!(a.read("/f").await.unwrap(), b"v1");
     // not shared yet: a caches
     std::fs::write(s.local("f"), b"behind").unwrap();

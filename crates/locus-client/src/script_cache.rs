@@ -1,13 +1,16 @@
-//! Client-side caching with a choice of consistency, built on scripts and callbacks
-//! rather than hard-wired into the server (as Scriptable RPC builds AFS and Sprite on a
-//! simple protocol). Files are cached whole.
+//! A Scriptable RPC case study: client-side caching with a choice of consistency
+//! scheme, built on scripts and pushes rather than hard-wired into the server (as the
+//! paper builds AFS's and Sprite's protocols on a simple one). Files are cached whole.
+//! (`locus mount --consistency nfs|afs|sprite` is another thing: the mount's caching,
+//! built on the server's own callbacks; these schemes are named for what they do so that
+//! the two are not confused.)
 //!
-//! - [`Mode::Nfs`]: attributes are trusted for a timeout; after it a `stat` revalidates
+//! - [`Scheme::TimedAttributes`]: attributes are trusted for a timeout; after it a `stat` revalidates
 //!   the cached data. Another client's write can stay invisible for up to the timeout.
-//! - [`Mode::Afs`]: the first read registers a callback and fetches the file in one round
+//! - [`Scheme::CallbackOnOpen`]: the first read registers a callback and fetches the file in one round
 //!   trip (`afs.lua`); reads are then local until the server breaks the callback. Writes
 //!   stay local until `close`, which stores the file and breaks everyone else's callback.
-//! - [`Mode::Sprite`]: opens are recorded at the server (`sprite.lua`); while a file is
+//! - [`Scheme::UncacheWhenShared`]: opens are recorded at the server (`sprite.lua`); while a file is
 //!   write-shared nobody caches it and every read and write goes to the server, so
 //!   readers always see the last write.
 
@@ -21,15 +24,15 @@ use std::time::{Duration, Instant};
 const AFS: &str = include_str!("scripts/afs.lua");
 const SPRITE: &str = include_str!("scripts/sprite.lua");
 
-/// A consistency mode.
+/// A consistency scheme, each built from scripts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum Scheme {
     /// Attribute cache with this timeout.
-    Nfs { attr_timeout: Duration },
+    TimedAttributes { attr_timeout: Duration },
     /// Callback on open, write back on close, invalidation on callback break.
-    Afs,
+    CallbackOnOpen,
     /// No caching while a file is write-shared.
-    Sprite,
+    UncacheWhenShared,
 }
 
 #[derive(Default)]
@@ -44,10 +47,10 @@ struct Entry {
     uncacheable: bool,
 }
 
-/// A client that caches whole files under one consistency [`Mode`].
-pub struct CachingClient {
+/// A client that caches whole files under one consistency [`Scheme`].
+pub struct ScriptCache {
     client: Client,
-    mode: Mode,
+    mode: Scheme,
     cache: Arc<Mutex<HashMap<String, Entry>>>,
     /// Callbacks broken (AFS) or files made uncacheable (Sprite), by path, as they arrive.
     events: Arc<Mutex<HashSet<String>>>,
@@ -63,9 +66,9 @@ fn failed(values: &[Value]) -> Option<ClientError> {
     }
 }
 
-impl CachingClient {
+impl ScriptCache {
     /// Wraps a connection; it listens for the server's callback messages from now on.
-    pub fn new(client: Client, mode: Mode) -> CachingClient {
+    pub fn new(client: Client, mode: Scheme) -> ScriptCache {
         let cache: Arc<Mutex<HashMap<String, Entry>>> = Arc::default();
         let events: Arc<Mutex<HashSet<String>>> = Arc::default();
         let mut pushes = client.subscribe();
@@ -87,7 +90,7 @@ impl CachingClient {
                 }
             }
         });
-        CachingClient { client, mode, cache, events }
+        ScriptCache { client, mode, cache, events }
     }
 
     /// The connection underneath.
@@ -103,7 +106,7 @@ impl CachingClient {
     /// Reads a whole file under the mode's rules.
     pub async fn read(&self, path: &str) -> Result<Vec<u8>> {
         match self.mode {
-            Mode::Nfs { attr_timeout } => {
+            Scheme::TimedAttributes { attr_timeout } => {
                 if let Some(e) = self.cache.lock().get(path) {
                     if let (Some(data), Some(t)) = (&e.data, e.checked) {
                         if t.elapsed() < attr_timeout {
@@ -129,7 +132,7 @@ impl CachingClient {
                 (e.data, e.mtime, e.checked) = (Some(data.clone()), Some(stamp), Some(Instant::now()));
                 Ok(data)
             }
-            Mode::Afs => {
+            Scheme::CallbackOnOpen => {
                 if let Some(Entry { data: Some(d), .. }) = self.cache.lock().get(path) {
                     return Ok(d.clone());
                 }
@@ -141,7 +144,7 @@ impl CachingClient {
                 self.cache.lock().entry(path.to_string()).or_default().data = Some(out.to_vec());
                 Ok(out.to_vec())
             }
-            Mode::Sprite => {
+            Scheme::UncacheWhenShared => {
                 let cacheable = self.sprite_open(path, "r").await?;
                 if cacheable {
                     if let Some(Entry { data: Some(d), .. }) = self.cache.lock().get(path) {
@@ -163,7 +166,7 @@ impl CachingClient {
     /// until `close`; Sprite: kept until `close` unless the file is write-shared).
     pub async fn write(&self, path: &str, data: &[u8]) -> Result<()> {
         match self.mode {
-            Mode::Nfs { .. } => {
+            Scheme::TimedAttributes { .. } => {
                 let a = self.client.write_file(path, 0o644, data).await?;
                 let mut cache = self.cache.lock();
                 let e = cache.entry(path.to_string()).or_default();
@@ -171,13 +174,13 @@ impl CachingClient {
                     (Some(data.to_vec()), Some((a.mtime.sec, a.mtime.nsec, a.size)), Some(Instant::now()));
                 Ok(())
             }
-            Mode::Afs => {
+            Scheme::CallbackOnOpen => {
                 let mut cache = self.cache.lock();
                 let e = cache.entry(path.to_string()).or_default();
                 (e.data, e.dirty) = (Some(data.to_vec()), true);
                 Ok(())
             }
-            Mode::Sprite => {
+            Scheme::UncacheWhenShared => {
                 let cacheable = self.sprite_open(path, "w").await?;
                 if cacheable {
                     let mut cache = self.cache.lock();
@@ -205,8 +208,8 @@ impl CachingClient {
             }
         };
         match self.mode {
-            Mode::Nfs { .. } => Ok(()),
-            Mode::Afs => {
+            Scheme::TimedAttributes { .. } => Ok(()),
+            Scheme::CallbackOnOpen => {
                 if let Some(data) = dirty {
                     let (values, _) = self
                         .client
@@ -218,7 +221,7 @@ impl CachingClient {
                 }
                 Ok(())
             }
-            Mode::Sprite => {
+            Scheme::UncacheWhenShared => {
                 if let Some(data) = dirty {
                     self.client.write_file(path, 0o644, &data).await?;
                 }
