@@ -429,7 +429,7 @@ impl World {
             std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(|e| BenchError::io("log", e))?;
         c.env("LOCUS_HOME", self.path("home"))
             .env("LOCUS_TOKEN", format!("admin:{TOKEN}"))
-            .env("LOCUS_LOG", "warn,locus_server::node=info")
+            .env("LOCUS_LOG", "warn,locus_server::cluster::node=info")
             .env_remove("RUST_BACKTRACE")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

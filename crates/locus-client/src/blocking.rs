@@ -34,14 +34,6 @@ impl Client {
         self.rt.block_on(f(&self.inner))
     }
 
-    /// Pings the server every [`crate::HEARTBEAT_EVERY`] while a call runs, so that a
-    /// call over a link cut without a word fails within seconds (as transient) instead
-    /// of waiting out its request deadline (see [`crate::Client::keep_alive`]).
-    pub fn keep_alive(&self) {
-        let _entered = self.rt.enter();
-        self.inner.keep_alive();
-    }
-
     /// The async client underneath.
     pub fn inner(&self) -> &crate::Client {
         &self.inner

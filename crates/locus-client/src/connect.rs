@@ -174,12 +174,10 @@ impl Client {
         writer.flush().await?;
         let mut pre = [0u8; 8];
         reader.read_exact(&mut pre).await?;
-        // Something other than a Locus server answered at this address (another service,
-        // or a middlebox while the route to ours is gone): ours may be back later, so
-        // this fails as a connection does, which callers retry.
-        frame::parse_preamble(&pre).map_err(|e| {
-            ClientError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", opts.addr)))
-        })?;
+        // Something other than a Locus server answered at this address: a wrong address
+        // (see `NotLocus`), or, for a caller that reached a Locus server there before, a
+        // middlebox while the route to it is gone.
+        frame::parse_preamble(&pre).map_err(|e| ClientError::NotLocus(format!("{}: {e}", opts.addr)))?;
 
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(writer),

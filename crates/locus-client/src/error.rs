@@ -18,6 +18,11 @@ pub enum ClientError {
     /// is unknown, and the connection it was sent on is given up.
     #[error("timed out: {0}")]
     TimedOut(String),
+    /// Something other than a Locus server answered at the address: a mistake for a
+    /// first connection; a caller that reached a Locus server there before may take it
+    /// for the server being away (something else answers while the route to it is gone).
+    #[error("connection: {0}")]
+    NotLocus(String),
     /// The server said something this client does not understand.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -36,7 +41,7 @@ impl ClientError {
             ClientError::Remote(e) => e.code,
             ClientError::Io(_) | ClientError::Closed => Code::IO,
             ClientError::TimedOut(_) => Code::TIMEDOUT,
-            ClientError::Protocol(_) => Code::PROTO,
+            ClientError::Protocol(_) | ClientError::NotLocus(_) => Code::PROTO,
             ClientError::Auth(_) => Code::AUTH_FAILED,
             ClientError::Config(_) => Code::INVAL,
         }

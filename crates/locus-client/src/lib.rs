@@ -104,6 +104,17 @@ pub struct Client {
     deadlines: Deadlines,
 }
 
+/// Ends one connection when told to ([`Client::ender`]).
+#[derive(Clone)]
+pub struct ConnectionEnder(Arc<tokio::sync::Notify>);
+
+impl ConnectionEnder {
+    /// Ends the connection: its waiting requests fail, and so does every later one.
+    pub fn end(&self) {
+        self.0.notify_one();
+    }
+}
+
 /// Size of the data frames of a streamed `put`.
 pub const PUT_CHUNK: usize = 1 << 20;
 
@@ -128,6 +139,15 @@ impl Client {
     /// those replies said may be cached only for the client's own timeout.
     pub fn take_unpromised(&self) -> Vec<String> {
         std::mem::take(&mut *self.inner.unpromised.lock())
+    }
+
+    /// A handle that ends this connection from anywhere (another thread, another
+    /// runtime): the requests waiting on it fail at once, as when the connection is lost
+    /// (transient). For a caller that learns by other means that the link is dead (the
+    /// mount's callback listener, whose heartbeat found it silent), without pinging a
+    /// connection that may be busy with bulk data.
+    pub fn ender(&self) -> ConnectionEnder {
+        ConnectionEnder(self.inner.dead.clone())
     }
 
     /// Messages the server pushes to this client from now on.

@@ -1,4 +1,4 @@
-//! Protocol drivers behind one trait, so `locus mount` (and later `locus run`) work the
+//! Protocol drivers behind one trait, so `locus mount` and `locus run` work the
 //! same over every kind of remote storage, as Parrot's drivers do.
 //!
 //! - [`locus::LocusDriver`]: a Locus server, every operation.

@@ -19,6 +19,10 @@ pub const DEFAULT_RETRY: Duration = Duration::from_secs(30);
 /// A connection to a Locus server that reconnects when it is lost.
 pub struct LocusDriver {
     options: ConnectOptions,
+    /// Ends the current connection: the callback listener does, when its heartbeat
+    /// finds the link silent, so that a call waiting on it (a store at `close`) fails
+    /// within seconds as the server being away, not at the request deadline.
+    data_link: Arc<parking_lot::Mutex<Option<locus_client::ConnectionEnder>>>,
     client: Option<Client>,
     /// Counts connections; the upper 24 bits of every handle given out.
     generation: u64,
@@ -88,8 +92,14 @@ const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Keeps a connection open on which the server's breaks arrive, forwarding them; when it
 /// is lost, says so ([`Break::All`]) and connects again. The connection sends heartbeats
 /// ([`locus_client::Client::keep_alive`]): a server or link that stops answering (frozen,
-/// cut without a word) ends it within seconds, as a lost one does.
-fn listen(options: ConnectOptions, listener: Arc<AtomicU64>, breaks: mpsc::Sender<Break>) {
+/// cut without a word) ends it within seconds, as a lost one does, and then the driver's
+/// own connection (`data_link`) too: the server or link it shares is taken for gone.
+fn listen(
+    options: ConnectOptions,
+    listener: Arc<AtomicU64>,
+    breaks: mpsc::Sender<Break>,
+    data_link: Arc<parking_lot::Mutex<Option<locus_client::ConnectionEnder>>>,
+) {
     let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
     rt.block_on(async move {
         loop {
@@ -114,6 +124,9 @@ fn listen(options: ConnectOptions, listener: Arc<AtomicU64>, breaks: mpsc::Sende
                 }
             }
             listener.store(0, Ordering::SeqCst);
+            if let Some(link) = data_link.lock().as_ref() {
+                link.end();
+            }
             if breaks.send(Break::All).is_err() {
                 return;
             }
@@ -175,8 +188,9 @@ impl LocusDriver {
     /// Connects with explicit connection options (address and credentials).
     pub fn with_options(options: ConnectOptions) -> Result<LocusDriver> {
         let client = Client::connect(&options).map_err(err)?;
-        client.keep_alive();
+        let data_link = Arc::new(parking_lot::Mutex::new(Some(client.inner().ender())));
         Ok(LocusDriver {
+            data_link,
             options,
             client: Some(client),
             generation: 1,
@@ -200,11 +214,17 @@ impl LocusDriver {
         let window = self.retry;
         crate::retry_transient(window, || {
             if self.client.is_none() {
-                // A connect to a silent address may not outlast the window either.
+                // A connect to a silent address may not outlast the window by much either
+                // (at least 5 s, for a TLS handshake over a slow link).
                 let mut options = self.options.clone();
-                options.deadlines.connect = options.deadlines.connect.min(window.max(Duration::from_secs(1)));
-                let client = Client::connect(&options).map_err(err)?;
-                client.keep_alive();
+                options.deadlines.connect = options.deadlines.connect.min(window.max(Duration::from_secs(5)));
+                // This address had a Locus server: something else answering there now is
+                // the server being away, retried for the window.
+                let client = Client::connect(&options).map_err(|e| match e {
+                    ClientError::NotLocus(m) => DriverError::transient(m),
+                    e => err(e),
+                })?;
+                *self.data_link.lock() = Some(client.inner().ender());
                 self.client = Some(client);
                 self.generation += 1;
             }
@@ -347,9 +367,10 @@ impl Driver for LocusDriver {
         }
         let (tx, rx) = mpsc::channel();
         let listener = Arc::new(AtomicU64::new(0));
-        let (options, id, breaks) = (self.options.clone(), listener.clone(), tx.clone());
+        let (options, id, breaks, link) =
+            (self.options.clone(), listener.clone(), tx.clone(), self.data_link.clone());
         let thread = std::thread::Builder::new().name("locus-callbacks".into());
-        thread.spawn(move || listen(options, id, breaks)).ok()?;
+        thread.spawn(move || listen(options, id, breaks, link)).ok()?;
         // Wait briefly for the listener, so that the first answers are already promised.
         let started = std::time::Instant::now();
         while listener.load(Ordering::SeqCst) == 0 && started.elapsed() < Duration::from_secs(2) {

@@ -143,11 +143,13 @@ fn a_call_over_a_frozen_link_fails_after_the_heartbeat_and_the_retry_window() {
     options.addr = relay.addr.to_string();
     let mut d = locus_drivers::locus::LocusDriver::with_options(options).expect("connects through the relay");
     d.set_retry(Duration::from_secs(1));
+    let _breaks = d.callbacks(1000).expect("the server promises callbacks");
     assert_eq!(d.lstat("/d/f").unwrap().size, 3);
 
-    // A store sent into a link that says nothing: the call's own heartbeat gives the
-    // connection up (2 s between pings, 4 s for an answer), reconnecting fails for the
-    // retry window, and the call fails as the server being away, long before the 60 s
+    // A store sent into a link that says nothing: the callback listener's heartbeat
+    // finds the link silent (2 s between pings, 4 s for an answer) and ends the
+    // driver's connection too, reconnecting fails for the retry window (one attempt of
+    // at most 5 s), and the call fails as the server being away, long before the 60 s
     // request deadline.
     relay.freeze();
     let frozen = Instant::now();
@@ -162,20 +164,62 @@ fn a_call_over_a_frozen_link_fails_after_the_heartbeat_and_the_retry_window() {
 }
 
 #[test]
-fn something_other_than_a_locus_server_at_the_address_is_a_connection_failure_retried() {
-    // A peer that answers, but not as Locus does (another service, or a middlebox while
-    // the route to the server is gone): the server may be back there later.
+fn something_other_than_locus_at_the_address_is_a_mistake_at_first_and_the_server_away_later() {
+    let srv = TestServer::start_with(|c| c.names.push("127.0.0.1:*".parse().unwrap()));
+    srv.put_local("d/f", b"one");
+    // The first connection made to it is passed to the server, and can be cut; every
+    // later one is answered by something else (another service, or a middlebox while
+    // the route to the server is gone).
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let (to, cut) = (srv.addr, Arc::new(AtomicBool::new(false)));
+    let c = cut.clone();
     std::thread::spawn(move || {
-        for mut c in listener.incoming().flatten() {
-            let _ = c.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        for (n, mut client) in listener.incoming().flatten().enumerate() {
+            if n > 0 {
+                let _ = client.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+                continue;
+            }
+            let server = TcpStream::connect(to).unwrap();
+            for (mut from, mut into) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                let c = c.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    // Reads time out now and then, so that a cut is seen on an idle link.
+                    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+                    while !c.load(Ordering::SeqCst) {
+                        match from.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(n) if into.write_all(&buf[..n]).is_err() => break,
+                            Ok(_) => {}
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                            Err(_) => break,
+                        }
+                    }
+                    let _ = into.shutdown(std::net::Shutdown::Both);
+                });
+            }
         }
     });
-    let srv = TestServer::start();
     let mut options = srv.options("admin");
     options.addr = addr.to_string();
+    let mut d = locus_drivers::locus::LocusDriver::with_options(options.clone()).expect("the first connection is passed on");
+    d.set_retry(Duration::from_secs(1));
+    assert_eq!(d.lstat("/d/f").unwrap().size, 3);
+
+    // A first connection answered by something else is a mistake (a wrong port), said
+    // at once, not retried as if the server were away.
     let e = locus_drivers::locus::LocusDriver::with_options(options).err().expect("not a Locus server");
+    assert!(!e.is_transient(), "{e}");
+    assert!(e.to_string().contains("not a Locus peer"), "{e}");
+
+    // Where a Locus server answered before, something else answering is the server being
+    // away: retried for the window, then a transient failure (which a mount's write-back
+    // keeps its copy through), not an answer for good.
+    cut.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let e = d.lstat("/d/f").unwrap_err();
     assert!(e.is_transient(), "{e}");
     assert!(e.to_string().contains("not a Locus peer"), "{e}");
+    assert!(started.elapsed() >= Duration::from_millis(900), "retried for the window: {:?}", started.elapsed());
 }

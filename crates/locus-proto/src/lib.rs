@@ -1,7 +1,7 @@
 //! The Locus wire protocol, and nothing else: no I/O happens here.
 //!
 //! Everything that knows wire bytes lives in this crate so that the server, the client,
-//! the fuzzers and (later) the script bindings agree by construction.
+//! the fuzzers and the script bindings agree by construction.
 //!
 //! - [`ops`]: the operation table, the single source of truth for every request type,
 //!   its code, its reply type and its documentation.

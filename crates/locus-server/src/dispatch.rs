@@ -9,10 +9,10 @@ use locus_proto::types::*;
 use locus_proto::{Code, Error as WireError};
 use serde::Serialize;
 
-/// A reply computed elsewhere (a storelet's event stream), sent when it is ready.
 /// What a handler answers: a typed reply (with its pages, body or stream), or an error.
 pub type Reply<T> = Result<Answer<T>, WireError>;
 
+/// A reply computed elsewhere (a storelet's event stream), sent when it is ready.
 pub type Later = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Encoded, WireError>> + Send>>;
 
 /// A handler's successful answer: one or more metadata pages and a body.

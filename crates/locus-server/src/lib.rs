@@ -11,12 +11,15 @@
 //! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
 //! - [`error`]: the crate's error type, `ServerError`.
 //! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
-//! - [`head`]: a cluster head, whose namespace is in a database and whose file contents
-//!   are on data nodes.
+//! - [`cluster`]: the cluster's wing: a head, whose namespace is in a database and whose
+//!   file contents are on data nodes, and a data node's side (joining, objects, keys).
 //! - [`http`]: the HTTP endpoint of heads and data nodes (`GET` with `Range`, `HEAD`,
 //!   redirects to data nodes).
-//! - [`node`]: a data node, an ordinary server that has joined a head.
 //! - [`export_watch`]: inotify on the export, so changes made beside the server break callbacks.
+//! - [`script_host`]: the file service a script's `fs.*` calls reach (a nested session).
+//! - [`storelet_host`]: storelet runs and active-file handlers submitted, queued and run.
+//! - [`splice`]: file bytes into a socket without a copy through user space.
+//! - [`login`]: the login proof bound to the dialled address (and the TLS exporter).
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client

@@ -1,5 +1,7 @@
 //! Storelets: WebAssembly programs (WASI preview 1, so Go, Rust and C can target them)
-//! that clients upload to run beside the data, as ActiveStorage's StoreLets did.
+//! that clients upload to run beside the data, as ActiveStorage's StoreLets did; and
+//! ([`native`]) the native programs an administrator registers as active-file handlers,
+//! run confined under the same limits.
 //!
 //! - [`Runner`]: one wasmtime engine and linker, shared; modules validated, compiled
 //!   once and cached by content hash in memory and on disk (an entry whose checksum does
