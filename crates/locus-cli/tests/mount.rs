@@ -295,6 +295,8 @@ fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
     std::fs::write(root.join("changed.txt"), "before\n").unwrap();
     std::fs::write(root.join("d/x"), "x").unwrap();
     std::fs::write(root.join("gone.txt"), "gone").unwrap();
+    std::fs::write(root.join("d/deep.bin"), &same).unwrap();
+    std::fs::write(root.join("d/restored.txt"), "aaaa").unwrap();
     let port = locus_bench::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
@@ -304,10 +306,14 @@ fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
     let mnt = m.mnt.clone();
     assert_eq!(std::fs::read(mnt.join("same.bin")).unwrap(), same);
     assert_eq!(std::fs::read_to_string(mnt.join("changed.txt")).unwrap(), "before\n");
-    assert_eq!(listed(&mnt.join("d")), ["x"]);
+    assert_eq!(listed(&mnt.join("d")), ["deep.bin", "restored.txt", "x"]);
     assert_eq!(std::fs::read_to_string(mnt.join("gone.txt")).unwrap(), "gone");
+    assert_eq!(std::fs::read(mnt.join("d/deep.bin")).unwrap(), same);
+    assert_eq!(std::fs::read_to_string(mnt.join("d/restored.txt")).unwrap(), "aaaa");
+    assert!(!mnt.join("d/later.txt").exists(), "absent, and the kernel is told so until a break");
     let pages = same.len() / 4096;
     assert_eq!(cached_pages(&mnt.join("same.bin")), pages, "read once: every page cached");
+    assert_eq!(cached_pages(&mnt.join("d/deep.bin")), pages, "read once: every page cached");
 
     // The server goes (its promises with it) and comes back; meanwhile a file and a
     // directory change beside it.
@@ -316,19 +322,34 @@ fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
     std::fs::write(root.join("changed.txt"), "after, and longer\n").unwrap();
     std::fs::write(root.join("d/y"), "y").unwrap();
     std::fs::remove_file(root.join("gone.txt")).unwrap();
+    std::fs::write(root.join("d/later.txt"), "made while away").unwrap();
+    // Rewritten with the same size, its modification time set back (as `cp -p` or a
+    // restore would): only its change time tells.
+    let restored = root.join("d/restored.txt");
+    let mtime = std::fs::metadata(&restored).unwrap().modified().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&restored, "bbbb").unwrap();
+    std::fs::File::options().write(true).open(&restored).unwrap().set_modified(mtime).unwrap();
     let _server = common::KillOnDrop(serve(&root, &state, port));
     // The lost promises make the kernel look again: the new size shows.
     assert!(
         within(Duration::from_secs(15), || std::fs::metadata(mnt.join("changed.txt")).is_ok_and(|m| m.len() == 18)),
         "the change made while the server was away does not show"
     );
+    // The callback listener connects again too (every 0.5 s), and the next call takes
+    // the promises up again, which again says that everything may have changed.
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = std::fs::metadata(mnt.join("changed.txt"));
     std::thread::sleep(Duration::from_millis(300));
-    // Revalidated, not dropped: the unchanged file keeps its pages, the changed file and
-    // directory read as the server has them now.
+    // Revalidated, not dropped: the unchanged files keep their pages, at the top and
+    // below, and what changed reads as the server has it now.
     assert_eq!(cached_pages(&mnt.join("same.bin")), pages, "the unchanged file's pages were dropped");
+    assert_eq!(cached_pages(&mnt.join("d/deep.bin")), pages, "the unchanged file's pages were dropped (in d)");
+    assert_eq!(std::fs::read_to_string(mnt.join("d/restored.txt")).unwrap(), "bbbb", "same size and mtime, new bytes");
+    assert_eq!(std::fs::read_to_string(mnt.join("d/later.txt")).unwrap(), "made while away", "an absent name shows");
     assert_eq!(std::fs::read(mnt.join("same.bin")).unwrap(), same);
     assert_eq!(std::fs::read_to_string(mnt.join("changed.txt")).unwrap(), "after, and longer\n");
-    assert_eq!(listed(&mnt.join("d")), ["x", "y"]);
+    assert_eq!(listed(&mnt.join("d")), ["deep.bin", "later.txt", "restored.txt", "x", "y"]);
     // A file removed meanwhile, whose pages were cached too, is gone at its next look.
     let e = std::fs::read_to_string(mnt.join("gone.txt")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");

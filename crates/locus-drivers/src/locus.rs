@@ -367,8 +367,7 @@ impl Driver for LocusDriver {
         }
         let (tx, rx) = mpsc::channel();
         let listener = Arc::new(AtomicU64::new(0));
-        let (options, id, breaks, link) =
-            (self.options.clone(), listener.clone(), tx.clone(), self.data_link.clone());
+        let (options, id, breaks, link) = (self.options.clone(), listener.clone(), tx.clone(), self.data_link.clone());
         let thread = std::thread::Builder::new().name("locus-callbacks".into());
         thread.spawn(move || listen(options, id, breaks, link)).ok()?;
         // Wait briefly for the listener, so that the first answers are already promised.

@@ -192,7 +192,9 @@ fn something_other_than_locus_at_the_address_is_a_mistake_at_first_and_the_serve
                             Ok(0) => break,
                             Ok(n) if into.write_all(&buf[..n]).is_err() => break,
                             Ok(_) => {}
-                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::WouldBlock
+                                    || e.kind() == std::io::ErrorKind::TimedOut => {}
                             Err(_) => break,
                         }
                     }
@@ -203,7 +205,8 @@ fn something_other_than_locus_at_the_address_is_a_mistake_at_first_and_the_serve
     });
     let mut options = srv.options("admin");
     options.addr = addr.to_string();
-    let mut d = locus_drivers::locus::LocusDriver::with_options(options.clone()).expect("the first connection is passed on");
+    let mut d =
+        locus_drivers::locus::LocusDriver::with_options(options.clone()).expect("the first connection is passed on");
     d.set_retry(Duration::from_secs(1));
     assert_eq!(d.lstat("/d/f").unwrap().size, 3);
 

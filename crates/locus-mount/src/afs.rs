@@ -2,6 +2,7 @@
 //! copies ([`crate::writeback`]), storing them at close, `fsync` and exit, trying failed
 //! stores again, and storing what an earlier mount left in the journal.
 
+use crate::breaks::version;
 use crate::convert::errno;
 use crate::convert::is_active;
 use crate::convert::locus_flags;
@@ -121,7 +122,7 @@ impl LocusFs {
         self.sync_pin(ino);
         self.wrote_in(ino);
         self.remember(ino, &attr);
-        self.seen.lock().insert(ino, (attr.size, attr.mtime));
+        self.seen.lock().insert(ino, version(&attr));
         self.file_known(ino, attr);
         if let (true, Some(notifier), false) = (content.len() <= KNOWN_MAX, self.notifier.get(), self.closing) {
             if let Err(e) = notifier.store(ino, 0, &content) {

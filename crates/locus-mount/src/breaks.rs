@@ -11,7 +11,8 @@ use crate::Known;
 use crate::LocusFs;
 use crate::OnceLock;
 use crate::OsStr;
-use locus_drivers::Time;
+use locus_drivers::{Attr, Time};
+use std::collections::HashSet;
 
 /// How long the kernel and the mount trust what a held callback covers: until a break,
 /// in practice.
@@ -20,7 +21,46 @@ pub(crate) const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
 /// What each file's pages in the kernel's cache hold: the size and modification time
 /// the file had when the mount last let the kernel cache them (shared with the thread
 /// that takes breaks, which keeps those pages when a connection is lost).
-pub(crate) type Seen = Arc<parking_lot::Mutex<HashMap<u64, (u64, Time)>>>;
+pub(crate) type Seen = Arc<parking_lot::Mutex<HashMap<u64, Version>>>;
+
+/// Which version of a file pages were cached from: its size, modification and change
+/// times, and the server's inode number. A program can set the modification time back
+/// (`cp -p`, `rsync -t`, `touch -r`), not the change time; a file replaced by a rename
+/// has another inode.
+pub(crate) type Version = (u64, Time, Time, u64);
+
+/// The version `attr` describes.
+pub(crate) fn version(attr: &Attr) -> Version {
+    (attr.size, attr.mtime, attr.ctime, attr.ino)
+}
+
+/// Names the mount told the kernel are absent, to be trusted until a break (a negative
+/// entry under callbacks), by directory inode: what a lost connection must make the
+/// kernel forget, since it keeps the directories themselves (see [`take_breaks`]). At
+/// most [`ABSENT_MAX`] are kept; past that, a lost connection forgets directories
+/// whole, as a break does.
+#[derive(Default)]
+pub(crate) struct Absent {
+    names: HashSet<(u64, std::ffi::OsString)>,
+    overflowed: bool,
+}
+
+/// The most absent names [`Absent`] keeps.
+const ABSENT_MAX: usize = 1 << 16;
+
+impl Absent {
+    /// The kernel was told `name` is not in the directory `parent`.
+    pub(crate) fn insert(&mut self, parent: u64, name: &OsStr) {
+        if self.names.len() >= ABSENT_MAX {
+            self.overflowed = true;
+        } else {
+            self.names.insert((parent, name.to_os_string()));
+        }
+    }
+}
+
+/// Shared between the mount and the thread that takes breaks.
+pub(crate) type AbsentNames = Arc<parking_lot::Mutex<Absent>>;
 
 /// How many handles the kernel holds on each inode (open files and mappings), shared
 /// with the thread that takes breaks.
@@ -45,6 +85,7 @@ pub(crate) fn take_breaks(
     broken: Arc<parking_lot::Mutex<Broken>>,
     seen: Seen,
     open_files: OpenFiles,
+    absent: AbsentNames,
 ) {
     use locus_drivers::Break;
     for b in breaks {
@@ -52,11 +93,11 @@ pub(crate) fn take_breaks(
         // connection (every promise gone) says only that anything may have changed: the
         // kernel forgets names and attributes, except that a file whose pages it holds,
         // and that no one has open, keeps its name and pages and only its attributes are
-        // asked for again. Its next open compares the server's size and modification
-        // time with those the pages were cached at (`seen`), and keeps them only if they
-        // are the same (a new size drops them at once); a name the server no longer has
-        // goes at its next look (`found_gone`). The cache is revalidated, not thrown
-        // away.
+        // asked for again. Its next open compares the server's version of it (size,
+        // modification and change times, inode) with the one the pages were cached from
+        // (`seen`), and keeps them only if they are the same (a new size drops them at
+        // once); a name the server no longer has goes at its next look (`found_gone`).
+        // The cache is revalidated, not thrown away.
         let (paths, all) = match b {
             Break::Paths(paths) => {
                 tracing::debug!(?paths, "callback broken");
@@ -69,6 +110,26 @@ pub(crate) fn take_breaks(
             }
         };
         let Some(notifier) = notifier.get() else { continue };
+        // On a lost connection, directories with names under them keep their own entry
+        // (dropping it would drop every entry beneath, kept pages with them): their
+        // attributes and listing go, and so do the absent names the kernel was told of.
+        let (dirs, forget_absent) = match all {
+            true => {
+                let index = index.lock();
+                let dirs: HashSet<u64> = index
+                    .keys()
+                    .filter_map(|p| locus_proto::path::split(p))
+                    .filter_map(|(dir, _)| index.get(dir).copied())
+                    .collect();
+                let mut absent = absent.lock();
+                let (names, whole) = (std::mem::take(&mut absent.names), std::mem::take(&mut absent.overflowed));
+                (if whole { HashSet::new() } else { dirs }, names)
+            }
+            false => (HashSet::new(), HashSet::new()),
+        };
+        for (dir, name) in &forget_absent {
+            let _ = notifier.inval_entry(*dir, name);
+        }
         for path in paths {
             let (ino, parent) = {
                 let index = index.lock();
@@ -83,6 +144,9 @@ pub(crate) fn take_breaks(
                     continue;
                 }
                 let _ = notifier.inval_inode(ino, 0, 0);
+                if dirs.contains(&ino) {
+                    continue;
+                }
             }
             if let Some((dir, name)) = parent {
                 let _ = notifier.inval_entry(dir, OsStr::new(&name));

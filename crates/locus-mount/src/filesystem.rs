@@ -2,6 +2,7 @@
 //! knows or by the driver.
 
 use crate::afs::RETRY_EVERY;
+use crate::breaks::version;
 use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::file_attr;
@@ -80,6 +81,9 @@ impl Filesystem for LocusFs {
             Err(libc::ENOENT) => {
                 let lists_all = self.inodes.path(parent).is_some_and(|dir| self.driver.lists_all(dir));
                 let ttl = if lists_all { self.ttl() } else { Duration::ZERO };
+                if ttl == CALLBACK_TTL {
+                    self.absent.lock().insert(parent, OsStr::new(name));
+                }
                 reply.entry(&ttl, &file_attr(0, &Attr::default()), 0)
             }
             Err(code) => reply.error(code),
@@ -90,6 +94,7 @@ impl Filesystem for LocusFs {
         self.inodes.forget(ino, nlookup);
         if self.inodes.path(ino).is_none() {
             self.attrs.remove(&ino);
+            self.seen.lock().remove(&ino);
             self.listings.forget(ino);
             if let Some(copies) = &mut self.copies {
                 if copies.get(ino).is_some_and(|c| c.handles == 0 && c.unsaved.is_none()) {
@@ -507,7 +512,7 @@ impl Filesystem for LocusFs {
         // what the file now is, an open that finds it so keeps them.
         let attr = ok_or_reply!(self.driver.settle_stat(fh).map_err(errno), reply);
         if self.open.get(&ino).is_some_and(|h| h.len() == 1) {
-            self.seen.lock().insert(ino, (attr.size, attr.mtime));
+            self.seen.lock().insert(ino, version(&attr));
             let content = self.known.get(&fh).filter(|c| c.len() as u64 == attr.size);
             if let (Some(content), Some(notifier)) = (content, self.notifier.get()) {
                 if let Err(e) = notifier.store(ino, 0, content) {

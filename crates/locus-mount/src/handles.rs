@@ -1,6 +1,7 @@
 //! Open files: handles at the server, handles deferred until a read needs them (a
 //! small file is fetched whole at its open), and the count of the kernel's handles.
 
+use crate::breaks::version;
 use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::locus_flags;
@@ -60,7 +61,7 @@ impl LocusFs {
     /// pages it has (only if the file is as it was when last opened).
     pub(crate) fn open_whole(&mut self, ino: u64) -> Option<(u64, bool)> {
         let content = self.fetch_small(ino)?;
-        let now = self.fresh(ino).map(|a| (a.size, a.mtime))?;
+        let now = self.fresh(ino).map(version)?;
         let keep = self.seen.lock().insert(ino, now) == Some(now);
         let fh = self.next_lazy;
         self.next_lazy += 1;
@@ -129,7 +130,7 @@ impl LocusFs {
                 return Ok((fh, no_flush | if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }));
             }
         }
-        let cached = self.fresh(ino).map(|a| (a.size, a.mtime));
+        let cached = self.fresh(ino).map(version);
         if read_only && cached.is_some() && self.seen.lock().get(&ino) == cached.as_ref() {
             // Unchanged within the attribute timeout and its pages are cached: the kernel
             // may well read nothing from the server.
@@ -144,9 +145,13 @@ impl LocusFs {
             }
         }
         let path = self.path(ino)?;
-        let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno)?;
+        let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno);
+        if opened == Err(libc::ENOENT) {
+            self.found_gone(ino);
+        }
+        let opened = opened?;
         // Keep the cached pages only if the file is as it was when last opened.
-        let now = (opened.attr.size, opened.attr.mtime);
+        let now = version(&opened.attr);
         let keep = self.seen.lock().insert(ino, now) == Some(now);
         self.open.entry(ino).or_default().push(opened.handle);
         self.remember(ino, &opened.attr);
@@ -192,7 +197,7 @@ impl LocusFs {
         self.added(parent, name, &opened.attr);
         let ino = self.inodes.lookup(path);
         self.remember(ino, &opened.attr);
-        self.seen.lock().insert(ino, (opened.attr.size, opened.attr.mtime));
+        self.seen.lock().insert(ino, version(&opened.attr));
         self.open.entry(ino).or_default().push(opened.handle);
         if opened.attr.size == 0 {
             self.known.insert(opened.handle, Vec::new());

@@ -51,7 +51,7 @@ mod writeback;
 
 pub use options::{Consistency, MountOptions};
 
-use breaks::{take_breaks, Broken, OpenFiles, Seen};
+use breaks::{take_breaks, AbsentNames, Broken, OpenFiles, Seen};
 use handles::FIRST_LAZY;
 use inodes::Inodes;
 use listings::{Known, Listings};
@@ -89,6 +89,8 @@ pub struct LocusFs {
     gone: Option<std::sync::mpsc::Sender<locus_drivers::Break>>,
     /// The kernel's handles on each inode ([`LocusFs::opened_file`]).
     open_files: OpenFiles,
+    /// Names the kernel was told are absent until a break.
+    absent: AbsentNames,
     /// Server handles open on each inode: how a file removed while open is still
     /// described (the kernel asks for its attributes without a handle).
     open: HashMap<u64, Vec<u64>>,
@@ -175,7 +177,7 @@ impl LocusFs {
         let inodes = Inodes::new(base);
         let notifier = Arc::new(OnceLock::new());
         let broken = Arc::new(parking_lot::Mutex::new(Broken::default()));
-        let (seen, open_files) = (Seen::default(), OpenFiles::default());
+        let (seen, open_files, absent) = (Seen::default(), OpenFiles::default(), AbsentNames::default());
         let callbacks = breaks.is_some();
         let mut gone = None;
         if let Some(from_server) = breaks {
@@ -183,12 +185,12 @@ impl LocusFs {
             // the server's on the way to the thread that tells the kernel.
             let (tx, breaks) = std::sync::mpsc::channel();
             gone = Some(tx.clone());
-            let (index, n, b, s, o) =
-                (inodes.index(), notifier.clone(), broken.clone(), seen.clone(), open_files.clone());
+            let (index, n, b, s, o, a) =
+                (inodes.index(), notifier.clone(), broken.clone(), seen.clone(), open_files.clone(), absent.clone());
             let forward = move || from_server.into_iter().try_for_each(|b| tx.send(b));
             let spawned = std::thread::Builder::new()
                 .name("locus-breaks".into())
-                .spawn(move || take_breaks(breaks, index, n, b, s, o))
+                .spawn(move || take_breaks(breaks, index, n, b, s, o, a))
                 .and_then(|_| std::thread::Builder::new().name("locus-breaks-in".into()).spawn(forward));
             if let Err(e) = spawned {
                 tracing::warn!("no thread for callback breaks: {e}");
@@ -216,6 +218,7 @@ impl LocusFs {
             seen,
             gone,
             open_files,
+            absent,
             open: HashMap::new(),
             attrs: HashMap::new(),
             lazy: HashMap::new(),
