@@ -343,8 +343,15 @@ fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
     std::thread::sleep(Duration::from_millis(300));
     // Revalidated, not dropped: the unchanged files keep their pages, at the top and
     // below, and what changed reads as the server has it now.
-    assert_eq!(cached_pages(&mnt.join("same.bin")), pages, "the unchanged file's pages were dropped");
-    assert_eq!(cached_pages(&mnt.join("d/deep.bin")), pages, "the unchanged file's pages were dropped (in d)");
+    // (Kept, not dropped: a dropped cache holds none; the kernel may have let a page go
+    // on its own meanwhile.)
+    let kept = |p: &str| cached_pages(&mnt.join(p)) >= pages * 9 / 10;
+    assert!(kept("same.bin"), "the unchanged file's pages were dropped: {}", cached_pages(&mnt.join("same.bin")));
+    assert!(
+        kept("d/deep.bin"),
+        "the unchanged file's pages were dropped (in d): {}",
+        cached_pages(&mnt.join("d/deep.bin"))
+    );
     assert_eq!(std::fs::read_to_string(mnt.join("d/restored.txt")).unwrap(), "bbbb", "same size and mtime, new bytes");
     assert_eq!(std::fs::read_to_string(mnt.join("d/later.txt")).unwrap(), "made while away", "an absent name shows");
     assert_eq!(std::fs::read(mnt.join("same.bin")).unwrap(), same);
