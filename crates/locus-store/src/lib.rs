@@ -15,12 +15,18 @@
 //! `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, and the final component is acted on through
 //! that descriptor with no-follow semantics. A final symlink is followed by hand (at most
 //! 40 hops), each hop resolved again beneath the root, so a symlink that points out, or
-//! one swapped in during an operation, fails instead of escaping.
+//! one swapped in during an operation, fails instead of escaping. All of that is in
+//! `resolve.rs`, the file to audit; `handles.rs` holds open files and uploads,
+//! `removals.rs` unlink, rmdir and the removal observer, and this file the other
+//! operations.
 
 pub mod acl;
 pub mod counters;
 mod devices;
 pub mod error;
+mod handles;
+mod removals;
+mod resolve;
 mod view;
 
 pub use acl::{Acl, ACL_FILE, RESERVED_PREFIX};
@@ -29,59 +35,20 @@ pub use error::{Result, StoreError};
 pub use view::CodeView;
 
 use error::OsContext;
+use handles::{random_hex, sweep_stale_uploads};
 use locus_proto::types::{open_flags, Attr, DeviceStats, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};
-use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
+use removals::{last_link, object_id, report_removed};
+use resolve::{resolve_flags, Target};
+use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::fs::File;
-use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
-/// Longest path accepted from a client, as PATH_MAX.
-pub const MAX_PATH: usize = 4096;
-/// Symlink hops followed before giving ELOOP, as Linux does.
-const MAX_HOPS: usize = 40;
-
-/// An object's identity on the server: device and inode numbers.
-pub type ObjectId = (u64, u64);
-
-/// Told when an object leaves the export through the store: its last name removed by
-/// `unlink`, `rmdir`, or replaced by `rename` or a finished `put`. Other parts of the
-/// server attach things to objects (scripts' per-file state) and drop them here.
-/// Removals made on the server's disk behind the store's back are not seen.
-pub trait RemovalObserver: Send + Sync {
-    /// True while anything is attached or could be (a script holds a handle); when
-    /// false, removals are not looked up at all.
-    fn watching(&self) -> bool;
-    /// The object is gone.
-    fn removed(&self, object: ObjectId);
-}
-
-// `struct stat` field types differ between architectures; the casts are for the others.
-#[allow(clippy::unnecessary_cast)]
-pub(crate) fn object_id(st: &rustix::fs::Stat) -> ObjectId {
-    (st.st_dev as u64, st.st_ino as u64)
-}
-
-/// The object `name` in `dir` stands for, when removing that name removes the object (a
-/// directory, or a file with one link) and `observer` is watching.
-fn last_link(observer: Option<&Arc<dyn RemovalObserver>>, dir: BorrowedFd<'_>, name: &str) -> Option<ObjectId> {
-    if !observer?.watching() {
-        return None;
-    }
-    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
-    let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir();
-    (is_dir || st.st_nlink <= 1).then_some(object_id(&st))
-}
-
-/// Tells `observer` that `gone` left the export, if it did.
-fn report_removed(observer: Option<&Arc<dyn RemovalObserver>>, gone: Option<ObjectId>) {
-    if let (Some(o), Some(id)) = (observer, gone) {
-        o.removed(id);
-    }
-}
+pub use handles::{OpenFile, PutFile};
+pub use removals::{ObjectId, RemovalObserver};
+pub use resolve::MAX_PATH;
 
 /// An export: a directory tree shared with clients, whose files may live on several
 /// devices (see `devices`).
@@ -101,62 +68,6 @@ pub struct Store {
     /// link into or within one waits until the run ends (`EBUSY`), so a view never shows
     /// what was refused when it was made.
     views: view::LiveViews,
-}
-
-/// A name located beneath the root: the directory holding it, opened, and the final
-/// component (`.` when the path names a directory itself).
-struct Target {
-    dir: Option<OwnedFd>,
-    name: String,
-    /// The normalized path relative to the root, for counters and messages.
-    rel: String,
-    /// What `locate` learned of the final name while checking it for a symlink (not a
-    /// symlink, so this is also what following it gives); saves stating it again.
-    stat: Option<rustix::fs::Stat>,
-}
-
-impl Target {
-    fn dir<'a>(&'a self, store: &'a Store) -> BorrowedFd<'a> {
-        self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(store.root.as_fd())
-    }
-}
-
-/// An open file as a handle holds it; the object stays bound across renames, and, when
-/// its content moves to another device, the descriptor is given the new copy.
-pub struct OpenFile {
-    /// Closed by the handle's drop, after it no longer stands for the file (a move may
-    /// be switching it).
-    pub file: ManuallyDrop<File>,
-    pub readable: bool,
-    pub writable: bool,
-    /// Opened to append: writes go to the end whatever their offset.
-    pub append: bool,
-    /// Counters of the file, charged on every read and write through this handle.
-    pub io: FileIo,
-    pub rel: String,
-    /// Its descriptor is in its file's entry, for moves.
-    registered: bool,
-}
-
-/// An upload in progress: bytes go to a hidden temporary file that replaces the target
-/// only when [`PutFile::finish`] is called, so a failed upload leaves the old file intact.
-pub struct PutFile {
-    file: File,
-    dir: Option<OwnedFd>,
-    store_root: OwnedFd,
-    tmp: String,
-    name: String,
-    mode: u32,
-    done: bool,
-    /// Whether `finish` waits for the disk before the rename (the default).
-    pub durable: bool,
-    pub io: FileIo,
-    removals: Option<Arc<dyn RemovalObserver>>,
-    /// The device it goes to, and, with several devices, the namespace lock and the
-    /// directories on the other devices where an older copy may have to go.
-    device: u32,
-    namespace: Option<Arc<parking_lot::Mutex<()>>>,
-    others: Vec<OwnedFd>,
 }
 
 // `struct stat` field types differ between architectures; the casts are for the others.
@@ -179,43 +90,12 @@ pub(crate) fn attr_of(st: &rustix::fs::Stat) -> Attr {
     }
 }
 
-fn resolve_flags() -> ResolveFlags {
-    ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
-}
-
-/// Splits a client path into (parent, final name, normalized relative path).
-fn split(path: &str) -> Result<(String, String, String)> {
-    if path.len() > MAX_PATH {
-        return Err(StoreError::Os { op: "resolve", path: path.chars().take(64).collect(), errno: Errno::NAMETOOLONG });
-    }
-    if path.contains('\0') {
-        return Err(StoreError::Invalid("path contains a NUL byte".into()));
-    }
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
-    if comps.iter().any(|c| c.starts_with(RESERVED_PREFIX)) {
-        return Err(StoreError::Reserved { path: path.to_string() });
-    }
-    let rel = comps.join("/");
-    Ok(match comps.split_last() {
-        None => (".".into(), ".".into(), rel),
-        Some((&"..", _)) => (rel.clone(), ".".into(), rel),
-        Some((last, [])) => (".".into(), last.to_string(), rel),
-        Some((last, parents)) => (parents.join("/"), last.to_string(), rel),
-    })
-}
-
 fn to_timespec(t: SetTime) -> Timespec {
     match t {
         SetTime::Omit => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_OMIT },
         SetTime::Now => Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
         SetTime::At(t) => Timespec { tv_sec: t.sec, tv_nsec: t.nsec as _ },
     }
-}
-
-fn random_hex() -> String {
-    let mut b = [0u8; 8];
-    getrandom::fill(&mut b).expect("the OS provides randomness");
-    hex::encode(b)
 }
 
 impl Store {
@@ -269,98 +149,9 @@ impl Store {
         self.multi().then(|| self.namespace.lock())
     }
 
-    /// The directory that holds `t`'s name on the device where it lives.
-    fn home_dir<'a>(&'a self, t: &'a Target, alt: &'a Option<OwnedFd>) -> BorrowedFd<'a> {
-        alt.as_ref().map_or(t.dir(self), |d| d.as_fd())
-    }
-
     /// The export's counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
-    }
-
-    /// Sets who is told of removals (once; later calls are ignored).
-    pub fn observe_removals(&self, observer: Arc<dyn RemovalObserver>) {
-        let _ = self.removals.set(observer);
-    }
-
-    fn open_dir(&self, parent: &str, shown: &str) -> Result<Option<OwnedFd>> {
-        if parent == "." {
-            return Ok(None);
-        }
-        let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        rustix::fs::openat2(&self.root, parent, flags, Mode::empty(), resolve_flags()).ctx("resolve", shown).map(Some)
-    }
-
-    /// Finds the directory holding `path` and its final name, following a final symlink
-    /// when `follow` is set.
-    fn locate(&self, path: &str, follow: bool) -> Result<Target> {
-        let (mut parent, mut name, mut rel) = split(path)?;
-        let mut dir = self.open_dir(&parent, path)?;
-        if !follow || name == "." {
-            return Ok(Target { dir, name, rel, stat: None });
-        }
-        for _ in 0..MAX_HOPS {
-            let d = dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.root.as_fd());
-            let st = match rustix::fs::statat(d, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(Errno::NOENT) => return Ok(Target { dir, name, rel, stat: None }),
-                Err(e) => return Err(e).ctx("stat", path),
-            };
-            if st.st_mode as u32 & locus_proto::types::S_IFMT != locus_proto::types::S_IFLNK {
-                return Ok(Target { dir, name, rel, stat: Some(st) });
-            }
-            let link = rustix::fs::readlinkat(d, name.as_str(), Vec::new()).ctx("readlink", path)?;
-            let link =
-                link.to_str().map_err(|_| StoreError::Invalid(format!("{path}: symlink target is not UTF-8")))?;
-            if link.starts_with('/') {
-                return Err(StoreError::Escape { path: path.to_string() });
-            }
-            let joined = if parent == "." { link.to_string() } else { format!("{parent}/{link}") };
-            (parent, name, rel) = split(&joined)?;
-            dir = self.open_dir(&parent, path)?;
-            if name == "." {
-                return Ok(Target { dir, name, rel, stat: None });
-            }
-        }
-        Err(StoreError::Os { op: "resolve", path: path.to_string(), errno: Errno::LOOP })
-    }
-
-    fn rights_in(&self, dir: BorrowedFd<'_>, who: &str) -> Result<Rights> {
-        Ok(self.acl_of(dir)?.rights_of(who))
-    }
-
-    /// The ACL in force in `dir`.
-    fn acl_of(&self, dir: BorrowedFd<'_>) -> Result<Arc<Acl>> {
-        // Names directly beneath the root are the common case; the root's identity is known.
-        let known = (dir.as_raw_fd() == self.root.as_raw_fd()).then_some(self.root_key);
-        self.acls.effective(dir, known, self.root_key)
-    }
-
-    fn check(&self, dir: BorrowedFd<'_>, who: &str, need: Rights, path: &str) -> Result<()> {
-        if self.rights_in(dir, who)?.contains(need) {
-            Ok(())
-        } else {
-            Err(StoreError::Denied { path: path.to_string(), need })
-        }
-    }
-
-    /// Locates `path` and checks `need` on the directory that holds it.
-    fn locate_checked(&self, who: &str, path: &str, follow: bool, need: Rights) -> Result<Target> {
-        let t = self.locate(path, follow)?;
-        self.check(t.dir(self), who, need, path)?;
-        Ok(t)
-    }
-
-    /// Opens the directory that `path` names (following symlinks) for reading.
-    fn open_target_dir(&self, path: &str) -> Result<OwnedFd> {
-        let t = self.locate(path, true)?;
-        self.open_located_dir(&t, path)
-    }
-
-    fn open_located_dir(&self, t: &Target, path: &str) -> Result<OwnedFd> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        rustix::fs::openat2(t.dir(self), t.name.as_str(), flags, Mode::empty(), resolve_flags()).ctx("opendir", path)
     }
 
     /// Opens the directory `path` for code to run in: needs `r` and `l` there, and `w`
@@ -533,58 +324,6 @@ impl Store {
         let _names = self.names_lock();
         self.not_elsewhere(&t)?;
         rustix::fs::mkdirat(t.dir(self), t.name.as_str(), Mode::from_raw_mode(mode & 0o7777)).ctx("mkdir", path)
-    }
-
-    /// Removes an empty directory (its hidden ACL file does not count as content).
-    pub fn rmdir(&self, who: &str, path: &str) -> Result<()> {
-        let t = self.locate_checked(who, path, false, Rights::DELETE)?;
-        let _names = self.names_lock();
-        if self.multi() && self.has_content_elsewhere(&t.rel)? {
-            return Err(StoreError::Os { op: "rmdir", path: path.to_string(), errno: Errno::NOTEMPTY });
-        }
-        let d = t.dir(self);
-        let gone = last_link(self.removals.get(), d, &t.name);
-        match rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR) {
-            Err(Errno::NOTEMPTY) if self.only_acl_inside(d, &t.name)? => {
-                let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-                let sub = rustix::fs::openat(d, t.name.as_str(), flags, Mode::empty()).ctx("rmdir", path)?;
-                rustix::fs::unlinkat(&sub, ACL_FILE, AtFlags::empty()).ctx("rmdir", path)?;
-                rustix::fs::unlinkat(d, t.name.as_str(), AtFlags::REMOVEDIR).ctx("rmdir", path)?;
-            }
-            r => r.ctx("rmdir", path)?,
-        }
-        report_removed(self.removals.get(), gone);
-        if self.multi() {
-            self.rmdir_elsewhere(&t.rel);
-        }
-        self.acls.invalidate();
-        Ok(())
-    }
-
-    fn only_acl_inside(&self, dir: BorrowedFd<'_>, name: &str) -> Result<bool> {
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let sub = rustix::fs::openat(dir, name, flags, Mode::empty()).ctx("rmdir", name)?;
-        for entry in rustix::fs::Dir::read_from(&sub).ctx("readdir", name)? {
-            let entry = entry.ctx("readdir", name)?;
-            let n = entry.file_name().to_bytes();
-            if n != b"." && n != b".." && n != ACL_FILE.as_bytes() {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
-
-    /// Removes a name that is not a directory.
-    pub fn unlink(&self, who: &str, path: &str) -> Result<()> {
-        let t = self.locate_checked(who, path, false, Rights::DELETE)?;
-        let _names = self.names_lock();
-        let (alt, _) = self.home(&t)?;
-        let dir = self.home_dir(&t, &alt);
-        let gone = last_link(self.removals.get(), dir, &t.name);
-        rustix::fs::unlinkat(dir, t.name.as_str(), AtFlags::empty()).ctx("unlink", path)?;
-        report_removed(self.removals.get(), gone);
-        self.counters.removed(&t.rel);
-        Ok(())
     }
 
     /// Renames `from` to `to` (needs `d` where it leaves and `w` where it arrives).
@@ -802,252 +541,11 @@ impl Store {
             ..Default::default()
         })
     }
-
-    /// Starts an upload that will replace `path` when finished.
-    pub fn begin_put(&self, who: &str, path: &str, mode: u32) -> Result<PutFile> {
-        let t = self.locate_checked(who, path, true, Rights::WRITE)?;
-        if t.name == "." {
-            return Err(StoreError::Os { op: "put", path: path.to_string(), errno: Errno::ISDIR });
-        }
-        // With several devices the upload goes where the file is, or is placed.
-        let (mut dir, mut device, mut others) = (t.dir, 0, Vec::new());
-        if self.multi() {
-            let _names = self.namespace.lock();
-            let probe = Target { dir: dir.take(), name: t.name.clone(), rel: t.rel.clone(), stat: None };
-            let (alt, found) = match self.find_home(&probe)? {
-                Some(home) => home,
-                None => (None, self.place()),
-            };
-            device = found;
-            dir = match (alt, device) {
-                (Some(d), _) => Some(d),
-                (None, 0) => probe.dir,
-                (None, d) => Some(self.mkdirs_on(d as usize, devices::parent_of(&t.rel))?),
-            };
-            for d in (0..self.devices.len()).filter(|&d| d as u32 != device) {
-                if let Some(fd) = self.dir_on(d, devices::parent_of(&t.rel))? {
-                    others.push(fd);
-                }
-            }
-        }
-        let d = dir.as_ref().map_or(self.root.as_fd(), |d| d.as_fd());
-        let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(d, tmp.as_str(), flags, Mode::from_raw_mode(0o600)).ctx("put", path)?;
-        Ok(PutFile {
-            file: File::from(fd),
-            dir,
-            store_root: self.root.try_clone().map_err(|e| StoreError::Invalid(e.to_string()))?,
-            tmp,
-            name: t.name,
-            mode: mode & 0o7777,
-            durable: true,
-            done: false,
-            io: self.counters.file_on(&t.rel, device),
-            removals: self.removals.get().cloned(),
-            device,
-            namespace: self.multi().then(|| self.namespace.clone()),
-            others,
-        })
-    }
-}
-
-impl OpenFile {
-    /// A handle on an open file (for files the store did not open itself, such as
-    /// active files' results).
-    pub fn new(file: File, readable: bool, writable: bool, append: bool, io: FileIo, rel: String) -> OpenFile {
-        OpenFile { file: ManuallyDrop::new(file), readable, writable, append, io, rel, registered: false }
-    }
-
-    fn need(&self, write: bool) -> Result<()> {
-        if (write && !self.writable) || (!write && !self.readable) {
-            return Err(StoreError::Os {
-                op: if write { "write" } else { "read" },
-                path: self.rel.clone(),
-                errno: Errno::BADF,
-            });
-        }
-        Ok(())
-    }
-
-    /// Attributes of the open object.
-    pub fn stat(&self) -> Result<Attr> {
-        Ok(attr_of(&rustix::fs::fstat(&*self.file).ctx("fstat", &self.rel)?))
-    }
-
-    /// Reads up to `len` bytes at `offset` into a new buffer (short at end of file),
-    /// and counts the read.
-    pub fn pread(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let start = Instant::now();
-        let buf = self.read_at(offset, len)?;
-        self.io.read(buf.len() as u64, start.elapsed());
-        Ok(buf)
-    }
-
-    /// Reads like [`OpenFile::pread`] without counting, for callers that count themselves.
-    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len];
-        let got = self.read_into(offset, &mut buf)?;
-        buf.truncate(got);
-        Ok(buf)
-    }
-
-    /// Fills `buf` from `offset`, short only at end of file; returns how many bytes came.
-    /// Does not count, like [`OpenFile::read_at`]; lets a caller reuse one buffer.
-    pub fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.need(false)?;
-        let mut got = 0;
-        while got < buf.len() {
-            match rustix::io::pread(&*self.file, &mut buf[got..], offset + got as u64) {
-                Ok(0) => break,
-                Ok(n) => got += n,
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(e).ctx("read", &self.rel),
-            }
-        }
-        Ok(got)
-    }
-
-    /// Checks that the handle may be read, for callers that move bytes themselves (sendfile).
-    pub fn check_readable(&self) -> Result<()> {
-        self.need(false)
-    }
-
-    /// Checks that the handle may be written, for callers that move bytes themselves (splice).
-    pub fn check_writable(&self) -> Result<()> {
-        self.need(true)
-    }
-
-    /// Writes `data` at `offset` (at the end for a handle opened to append).
-    pub fn pwrite(&self, offset: u64, data: &[u8]) -> Result<u64> {
-        self.need(true)?;
-        let _moves = self.io.writing();
-        let start = Instant::now();
-        let mut done = 0;
-        while done < data.len() {
-            match rustix::io::pwrite(&*self.file, &data[done..], offset + done as u64) {
-                Ok(n) => done += n,
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(e).ctx("write", &self.rel),
-            }
-        }
-        self.io.write(done as u64, start.elapsed());
-        Ok(done as u64)
-    }
-
-    /// Flushes to stable storage.
-    pub fn fsync(&self) -> Result<()> {
-        rustix::fs::fsync(&*self.file).ctx("fsync", &self.rel)
-    }
-
-    /// Sets the size of the open file.
-    pub fn ftruncate(&self, size: u64) -> Result<()> {
-        self.need(true)?;
-        let _moves = self.io.writing();
-        rustix::fs::ftruncate(&*self.file, size).ctx("ftruncate", &self.rel)
-    }
-}
-
-impl Drop for OpenFile {
-    fn drop(&mut self) {
-        // A move may be putting a new copy under this descriptor: close it only after.
-        let _moves = self.registered.then(|| self.io.writing());
-        if self.registered {
-            self.io.unregister(self.file.as_raw_fd());
-        }
-        // SAFETY: dropped once, here; the field is not used after.
-        unsafe { ManuallyDrop::drop(&mut self.file) };
-    }
-}
-
-impl PutFile {
-    /// Appends a chunk of the upload.
-    pub fn write(&mut self, data: &[u8]) -> Result<()> {
-        use std::io::Write;
-        let start = Instant::now();
-        self.file.write_all(data).map_err(|e| StoreError::Os {
-            op: "put",
-            path: self.name.clone(),
-            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        self.io.write(data.len() as u64, start.elapsed());
-        Ok(())
-    }
-
-    /// Makes the upload durable and moves it over the target in one atomic rename.
-    pub fn finish(mut self) -> Result<Attr> {
-        let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
-        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(self.mode)).ctx("put", &self.name)?;
-        if self.durable {
-            rustix::fs::fdatasync(&self.file).ctx("put", &self.name)?;
-        }
-        let replaced = last_link(self.removals.as_ref(), dir, &self.name);
-        let _names = self.namespace.as_ref().map(|n| n.lock());
-        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
-        if self.durable {
-            // The rename is on disk before the put is answered: a crash of the machine
-            // cannot bring the old file back after the client was told the new one is there.
-            let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-            let d = rustix::fs::openat(dir, ".", flags, Mode::empty()).ctx("put", &self.name)?;
-            rustix::fs::fsync(&d).ctx("put", &self.name)?;
-        }
-        // With several devices, the name it replaced may have been on another one.
-        for other in &self.others {
-            if rustix::fs::statat(other, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-                .is_ok_and(|st| !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir())
-            {
-                let _ = rustix::fs::unlinkat(other, self.name.as_str(), AtFlags::empty());
-            }
-        }
-        self.io.entry().set_device(self.device);
-        report_removed(self.removals.as_ref(), replaced);
-        self.done = true;
-        Ok(attr_of(&rustix::fs::fstat(&self.file).ctx("put", &self.name)?))
-    }
-}
-
-/// Removes, in the background, the hidden files of uploads that a killed server left
-/// under `roots` (every device): those made before this store opened cannot belong to a
-/// live upload. A crash during a put must not leak its partial bytes forever.
-fn sweep_stale_uploads(roots: Vec<PathBuf>) {
-    // File times come from a coarser clock than this one: an upload begun just after the
-    // store opened can carry a time a little before it. Two seconds of margin keep every
-    // live upload (a server killed less than that before this start leaks its last one).
-    let opened = std::time::SystemTime::now() - std::time::Duration::from_secs(2);
-    let prefix = format!("{RESERVED_PREFIX}_put_");
-    let sweep = move || {
-        let mut dirs = roots;
-        while let Some(dir) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            for entry in entries.flatten() {
-                let Ok(meta) = entry.metadata() else { continue };
-                let path = entry.path();
-                if meta.is_dir() {
-                    dirs.push(path);
-                } else if meta.is_file()
-                    && entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
-                    && meta.modified().is_ok_and(|m| m < opened)
-                {
-                    tracing::info!("{}: removing an upload a stopped server left", path.display());
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
-        }
-    };
-    let _ = std::thread::Builder::new().name("locus-sweep".into()).spawn(sweep);
-}
-
-impl Drop for PutFile {
-    fn drop(&mut self) {
-        if !self.done {
-            let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
-            let _ = rustix::fs::unlinkat(dir, self.tmp.as_str(), AtFlags::empty());
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
+    use crate::resolve::split;
     #[test]
     fn uploads_a_killed_server_left_are_swept_at_open() {
         let dir = tempfile::tempdir().unwrap();
