@@ -24,6 +24,13 @@
 //! cached file's size from the server, so changes made by other clients would not show.
 //! Permissions are the server's: its ACLs decide every operation.
 //!
+//! The rooms: `filesystem` (the kernel's requests, `impl Filesystem` alone) calls into
+//! `known` (attributes, names, listings), `handles` (open files), `afs` (write-back,
+//! over `writeback` and `journal`) and `breaks` (callbacks); those are methods of the one
+//! [`LocusFs`] split by concern, and call one another where a concern needs another's
+//! (an inherent mutual dependency of one type's methods); `convert`, `inodes`,
+//! `listings` and `options` depend on none of them.
+//!
 //! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.
 

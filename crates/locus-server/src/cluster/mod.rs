@@ -23,6 +23,12 @@
 //! `keys` (the cluster's keys sealed in transit and at rest). The plain server reaches
 //! the wing through [`HeadSession`] (a connection to a head) and the data-node methods
 //! of `objects` that its [`crate::session::Session`] delegates to.
+//!
+//! `head`, `placement` and `writes` are one type's methods (`impl Head`) split by
+//! concern, so they call one another: the one mutual dependency in the wing, inherent
+//! to splitting a type's methods across files. Types are imported from `head` and
+//! `writes` only; `session` depends on the others and nothing depends on it but the
+//! server's connection loop.
 
 mod fanout;
 mod head;
