@@ -302,14 +302,7 @@ pub fn connect(url: &str) -> Result<(Box<dyn Driver>, String)> {
     }
 }
 
-/// Joins a directory path and a name (paths as drivers take them: absolute, `/`-separated).
-pub fn join(dir: &str, name: &str) -> String {
-    if dir.ends_with('/') {
-        format!("{dir}{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
-}
+pub use locus_proto::path::join;
 
 /// Runs `f` again with backoff (50 ms doubling to 2 s) while it fails transiently, up to
 /// `window`; answers its last outcome.

@@ -4,41 +4,54 @@
 
 use locus_drivers::{Break, Driver};
 use locus_testkit::TestServer;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Forwards every connection made to it to `to`; while frozen, holds what it reads
-/// instead of passing it on, and closes nothing.
+/// instead of passing it on, and closes nothing. Once [`Relay::become_other`], it closes
+/// what it forwards and answers every new connection as something other than Locus.
 struct Relay {
     addr: SocketAddr,
     frozen: Arc<AtomicBool>,
+    other: Arc<AtomicBool>,
 }
 
 impl Relay {
     fn start(to: SocketAddr) -> Relay {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let frozen = Arc::new(AtomicBool::new(false));
-        let f = frozen.clone();
+        let (frozen, other) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (f, o) = (frozen.clone(), other.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
-                let Ok(client) = client else { return };
+                let Ok(mut client) = client else { return };
                 // A frozen relay does not even take new connections on.
                 while f.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(20));
+                }
+                if o.load(Ordering::SeqCst) {
+                    let _ = client.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+                    continue;
                 }
                 let Ok(server) = TcpStream::connect(to) else { continue };
                 for (mut from, mut into) in
                     [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
                 {
-                    let f = f.clone();
+                    let (f, o) = (f.clone(), o.clone());
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 64 << 10];
-                        loop {
-                            let n = from.read(&mut buf).unwrap_or(0);
+                        // Reads time out now and then, so that becoming another is seen
+                        // on an idle link.
+                        let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+                        while !o.load(Ordering::SeqCst) {
+                            let n = match from.read(&mut buf) {
+                                Ok(n) => n,
+                                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
+                                Err(_) => 0,
+                            };
                             // Frozen: nothing passes, not even the end of the stream.
                             while f.load(Ordering::SeqCst) {
                                 std::thread::sleep(Duration::from_millis(20));
@@ -52,7 +65,7 @@ impl Relay {
                 }
             }
         });
-        Relay { addr, frozen }
+        Relay { addr, frozen, other }
     }
 
     fn freeze(&self) {
@@ -61,6 +74,10 @@ impl Relay {
 
     fn thaw(&self) {
         self.frozen.store(false, Ordering::SeqCst);
+    }
+
+    fn become_other(&self) {
+        self.other.store(true, Ordering::SeqCst);
     }
 }
 
@@ -167,49 +184,17 @@ fn a_call_over_a_frozen_link_fails_after_the_heartbeat_and_the_retry_window() {
 fn something_other_than_locus_at_the_address_is_a_mistake_at_first_and_the_server_away_later() {
     let srv = TestServer::start_with(|c| c.names.push("127.0.0.1:*".parse().unwrap()));
     srv.put_local("d/f", b"one");
-    // The first connection made to it is passed to the server, and can be cut; every
-    // later one is answered by something else (another service, or a middlebox while
-    // the route to the server is gone).
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (to, cut) = (srv.addr, Arc::new(AtomicBool::new(false)));
-    let c = cut.clone();
-    std::thread::spawn(move || {
-        for (n, mut client) in listener.incoming().flatten().enumerate() {
-            if n > 0 {
-                let _ = client.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
-                continue;
-            }
-            let server = TcpStream::connect(to).unwrap();
-            for (mut from, mut into) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
-                let c = c.clone();
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u8; 64 << 10];
-                    // Reads time out now and then, so that a cut is seen on an idle link.
-                    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
-                    while !c.load(Ordering::SeqCst) {
-                        match from.read(&mut buf) {
-                            Ok(0) => break,
-                            Ok(n) if into.write_all(&buf[..n]).is_err() => break,
-                            Ok(_) => {}
-                            Err(e)
-                                if e.kind() == std::io::ErrorKind::WouldBlock
-                                    || e.kind() == std::io::ErrorKind::TimedOut => {}
-                            Err(_) => break,
-                        }
-                    }
-                    let _ = into.shutdown(std::net::Shutdown::Both);
-                });
-            }
-        }
-    });
+    // A relay to the server that can become something else: it then cuts what it
+    // forwarded and answers every new connection as another service would (or a
+    // middlebox while the route to the server is gone).
+    let relay = Relay::start(srv.addr);
     let mut options = srv.options("admin");
-    options.addr = addr.to_string();
-    let mut d =
-        locus_drivers::locus::LocusDriver::with_options(options.clone()).expect("the first connection is passed on");
+    options.addr = relay.addr.to_string();
+    let mut d = locus_drivers::locus::LocusDriver::with_options(options.clone()).expect("connects through the relay");
     d.set_retry(Duration::from_secs(1));
     assert_eq!(d.lstat("/d/f").unwrap().size, 3);
 
+    relay.become_other();
     // A first connection answered by something else is a mistake (a wrong port), said
     // at once, not retried as if the server were away.
     let e = locus_drivers::locus::LocusDriver::with_options(options).err().expect("not a Locus server");
@@ -219,7 +204,6 @@ fn something_other_than_locus_at_the_address_is_a_mistake_at_first_and_the_serve
     // Where a Locus server answered before, something else answering is the server being
     // away: retried for the window, then a transient failure (which a mount's write-back
     // keeps its copy through), not an answer for good.
-    cut.store(true, Ordering::SeqCst);
     let started = Instant::now();
     let e = d.lstat("/d/f").unwrap_err();
     assert!(e.is_transient(), "{e}");

@@ -34,10 +34,10 @@ pub fn parent(path: &str) -> &str {
     split(path).map_or("/", |(dir, _)| dir)
 }
 
-/// `name` in the directory `dir` (a canonical path).
+/// `name` in the directory `dir` (`/` is not doubled when `dir` ends with one).
 pub fn join(dir: &str, name: &str) -> String {
-    if dir == "/" {
-        format!("/{name}")
+    if dir.ends_with('/') {
+        format!("{dir}{name}")
     } else {
         format!("{dir}/{name}")
     }
