@@ -145,6 +145,7 @@ pub struct Shared {
     /// Counts of requests for Prometheus.
     pub metrics: metrics::Metrics,
     /// The cluster this server heads, if it is a head.
+    #[cfg(feature = "cluster")]
     pub head: Option<Arc<cluster::Head>>,
     /// The cluster's keys, once this server has joined a head as a data node.
     node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
@@ -256,10 +257,17 @@ impl Server {
         let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
             ServerError::Config(format!("{}: {e}", config.state_dir.join(active::RESULTS_DIR).display()))
         })?;
+        #[cfg(feature = "cluster")]
         let head = match &config.head {
             Some(h) => Some(Arc::new(cluster::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
         };
+        #[cfg(not(feature = "cluster"))]
+        if config.head.is_some() {
+            return Err(ServerError::Config(
+                "this build of locus-server has no cluster head (build it with the `cluster` feature)".into(),
+            ));
+        }
         let callbacks = callbacks::Callbacks::new(config.promises);
         let shared = Arc::new(Shared {
             config,
@@ -271,10 +279,12 @@ impl Server {
             storelets,
             active,
             metrics: metrics::Metrics::default(),
+            #[cfg(feature = "cluster")]
             head,
             node_key: parking_lot::RwLock::new(None),
             listen: std::sync::OnceLock::new(),
         });
+        #[cfg(feature = "cluster")]
         if let Some(head) = &shared.head {
             head.start_collector();
         }
@@ -517,16 +527,16 @@ async fn serve(
     };
     let mut session = Session::new(shared.clone(), client_id, Some(outbox));
     session.set_link(link);
-    let result = match &shared.head {
-        Some(head) => {
-            let mut session = cluster::HeadSession::new(session, head.clone());
-            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
-        }
-        None => {
-            let mut session = session;
-            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
-        }
-    };
+    #[cfg(feature = "cluster")]
+    if let Some(head) = &shared.head {
+        let mut session = cluster::HeadSession::new(session, head.clone());
+        let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
+        pusher.abort();
+        shared.registry.remove(client_id);
+        return result;
+    }
+    let mut session = session;
+    let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
     pusher.abort();
     shared.registry.remove(client_id);
     result

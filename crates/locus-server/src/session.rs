@@ -140,6 +140,7 @@ impl Session {
 
     /// The token `subject` has in this server's token file (a head seals the cluster's
     /// keys for its nodes with theirs).
+    #[cfg(feature = "cluster")]
     pub(crate) fn token_of(&self, subject: &str) -> Option<Vec<u8>> {
         self.shared.tokens.get(subject).map(<[u8]>::to_vec)
     }

@@ -3,6 +3,7 @@
 //! more.
 
 use crate::cluster::meta_err;
+use crate::cluster::HeadConfig;
 use crate::cluster::writes::object_name;
 
 use locus_client::nodes::NodeReads;
@@ -17,49 +18,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// How a head serves its cluster.
-#[derive(Clone, Debug)]
-pub struct HeadConfig {
-    /// Where the namespace is: a SQLite file's path, or a `postgres://` URL.
-    pub meta: String,
-    /// Files at least this large are read from data nodes (third-party transfer).
-    pub tp_threshold: u64,
-    /// Files at most this large live in the namespace, not on data nodes.
-    pub inline_max: u64,
-    /// Data nodes that hold each version.
-    pub replication: usize,
-    /// How long a capability is valid.
-    pub capability_ttl: Duration,
-    /// `host:port` of the head's HTTP endpoint, for the URLs `share` makes.
-    pub http: Option<String>,
-    /// The longest lifetime a shared URL may be given (`locus serve --share-max-ttl`);
-    /// a longer ask is refused with `EINVAL`, and a URL expiring further ahead is not
-    /// honoured, so a URL cannot be made to live forever.
-    pub share_max_ttl: Duration,
-    /// After a key rotation, how long the head goes on signing with the old key while
-    /// the data nodes learn the new one (they rejoin every [`crate::cluster::node::REJOIN_EVERY`]).
-    pub key_grace: Duration,
-}
-
-/// The default of [`HeadConfig::share_max_ttl`]: seven days.
-pub const SHARE_MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-
-impl HeadConfig {
-    /// The defaults, with the namespace at `meta`.
-    pub fn new(meta: impl Into<String>) -> Self {
-        HeadConfig {
-            meta: meta.into(),
-            tp_threshold: 1 << 20,
-            inline_max: 64 << 10,
-            replication: 1,
-            capability_ttl: Duration::from_secs(60),
-            http: None,
-            share_max_ttl: SHARE_MAX_TTL,
-            key_grace: crate::cluster::node::REJOIN_EVERY + Duration::from_secs(5),
-        }
-    }
-}
 
 /// Extra time a replaced version is kept after its last capability expired.
 pub(crate) const GARBAGE_SLACK: Duration = Duration::from_secs(5);
@@ -77,7 +35,7 @@ pub struct Head {
     /// The cluster's keys as last read from the namespace.
     pub(crate) keys: parking_lot::RwLock<KeyRing>,
     /// The wrap key that seals them in the namespace.
-    pub(crate) sealing: crate::cluster::keys::HeadKeys,
+    pub(crate) sealing: crate::cluster::head_keys::HeadKeys,
     /// Object versions kept by the head itself while it has no data nodes.
     pub(crate) objects: PathBuf,
     /// Private copies of files open for writing and uploads in progress.
@@ -107,7 +65,7 @@ impl Head {
     pub fn open(config: HeadConfig, state_dir: &std::path::Path) -> Result<Head, crate::ServerError> {
         let cfg = |e: MetaError| crate::ServerError::Config(format!("cluster namespace at {}: {e}", config.meta));
         let meta = Meta::open(&config.meta, crate::config::ADMIN_SUBJECT).map_err(cfg)?;
-        let (sealing, keys) = crate::cluster::keys::HeadKeys::open(&meta, state_dir)
+        let (sealing, keys) = crate::cluster::head_keys::HeadKeys::open(&meta, state_dir)
             .map_err(|e| crate::ServerError::Config(format!("cluster key: {e}")))?;
         let objects = state_dir.join("objects");
         let staging = state_dir.join("staging");

@@ -24,34 +24,56 @@
 //! the wing through [`HeadSession`] (a connection to a head) and the data-node methods
 //! of `objects` that its [`crate::session::Session`] delegates to.
 //!
+//! The head's rooms (and `head_keys`, `http`) are built only with the crate's `cluster`
+//! feature, which brings the namespace engines (SQLite, PostgreSQL); without it a server
+//! refuses a [`HeadConfig`] at start and can still be a data node (`node`, `objects`,
+//! `keys`, `config` are always built).
+//!
 //! `head`, `placement` and `writes` are one type's methods (`impl Head`) split by
 //! concern, so they call one another: the one mutual dependency in the wing, inherent
 //! to splitting a type's methods across files. Types are imported from `head` and
 //! `writes` only; `session` depends on the others and nothing depends on it but the
 //! server's connection loop.
 
+mod config;
+#[cfg(feature = "cluster")]
 mod fanout;
+#[cfg(feature = "cluster")]
 mod head;
+#[cfg(feature = "cluster")]
+pub mod head_keys;
+#[cfg(feature = "cluster")]
+pub(crate) mod http;
 pub mod keys;
 pub mod node;
 pub mod objects;
+#[cfg(feature = "cluster")]
 mod placement;
+#[cfg(feature = "cluster")]
 mod session;
+#[cfg(feature = "cluster")]
 mod writes;
 
+#[cfg(feature = "cluster")]
 use locus_cluster::{Entry, Kind as EntryKind, MetaError};
-
+#[cfg(feature = "cluster")]
 use locus_proto::types::*;
+#[cfg(feature = "cluster")]
 use locus_proto::Error as WireError;
 
-pub use head::{Head, HeadConfig, SHARE_MAX_TTL};
+pub use config::{HeadConfig, SHARE_MAX_TTL};
+#[cfg(feature = "cluster")]
+pub use head::Head;
+#[cfg(feature = "cluster")]
 pub use session::HeadSession;
 
+#[cfg(feature = "cluster")]
 fn meta_err(e: MetaError) -> WireError {
     e.into()
 }
 
 /// Attributes of a namespace entry, as `stat` gives them.
+#[cfg(feature = "cluster")]
 pub fn attr_of(e: &Entry) -> Attr {
     let t = Time { sec: e.mtime_ns.div_euclid(1_000_000_000), nsec: e.mtime_ns.rem_euclid(1_000_000_000) as u32 };
     let kind = if e.kind == EntryKind::Dir { S_IFDIR } else { S_IFREG };
