@@ -1,7 +1,7 @@
 //! A delay proxy on its own, for looking at a workload at an emulated round-trip time.
 //! Run: cargo run --release -p locus-bench --example delay_proxy -- TARGET RTT_MS
 //! It prints the address to connect to and runs until killed.
-use locus_bench::proxy::DelayProxy;
+use locus_testkit::proxy::DelayProxy;
 use std::time::Duration;
 
 fn main() {

@@ -14,8 +14,8 @@
 //! proxy in both directions.
 
 use crate::mount::mount;
-use crate::peers;
-use crate::proxy::DelayProxy;
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use crate::scripts::connect;
 use crate::stats::median;
 use crate::BenchError;

@@ -14,7 +14,7 @@
 //! issue that asked for this benchmark) are printed beside them for reference.
 
 use crate::mount::rows;
-use crate::peers;
+use locus_testkit::peers;
 use crate::stats::Summary;
 use crate::BenchError;
 use serde::{Deserialize, Serialize};

@@ -7,7 +7,7 @@
 //! `whoami` is subtracted. Both servers export identical trees on the same disk. Servers
 //! take turns row by row, `--repeat` times; the report gives medians.
 
-use crate::peers::{self, Peer};
+use locus_testkit::peers::{self, Peer};
 use crate::stats::median;
 use crate::BenchError;
 use std::net::SocketAddr;

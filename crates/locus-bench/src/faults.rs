@@ -482,7 +482,7 @@ impl World {
 }
 
 fn local_addr() -> Result<String, BenchError> {
-    Ok(format!("127.0.0.1:{}", crate::peers::free_port()?))
+    Ok(format!("127.0.0.1:{}", locus_testkit::peers::free_port()?))
 }
 
 fn sh(args: &[&str]) -> Result<(), BenchError> {

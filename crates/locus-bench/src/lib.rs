@@ -31,10 +31,8 @@ pub mod cluster;
 pub mod faults;
 pub mod mount;
 pub mod ops;
-pub mod peers;
 pub mod pingpong;
 pub mod placement;
-pub mod proxy;
 pub mod scripts;
 pub mod soak;
 pub mod stats;
@@ -47,6 +45,15 @@ pub enum BenchError {
     Setup(String),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+}
+
+impl From<locus_testkit::peers::PeerError> for BenchError {
+    fn from(e: locus_testkit::peers::PeerError) -> Self {
+        match e {
+            locus_testkit::peers::PeerError::Setup(why) => BenchError::Setup(why),
+            locus_testkit::peers::PeerError::Io(context, source) => BenchError::Io { context, source },
+        }
+    }
 }
 
 impl BenchError {

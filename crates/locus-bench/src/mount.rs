@@ -18,8 +18,8 @@
 //! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
 //! configuration and keys in the work directory) is measured beside the others.
 
-use crate::peers;
-use crate::proxy::DelayProxy;
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::BenchError;
 use std::fs::File;

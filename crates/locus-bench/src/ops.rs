@@ -3,9 +3,9 @@
 //! CCTools' chirp_server, XRootD and a bare TCP ping-pong, optionally through the
 //! delay proxy. Each target runs `--repeat` times, interleaved; medians are reported.
 
-use crate::peers::{self, Peer};
+use locus_testkit::peers::{self, Peer};
 use crate::placement::Placement;
-use crate::proxy::DelayProxy;
+use locus_testkit::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::{pingpong, BenchError};
 use locus_client::types::open_flags as of;

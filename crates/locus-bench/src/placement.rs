@@ -50,6 +50,9 @@ impl Placement {
         };
         sched_setaffinity(None, &set_of(&[client]))?;
         let _ = SERVER_CPUS.set(set_of(&servers));
+        locus_testkit::peers::on_server_start(|cmd| {
+            server_command(cmd);
+        });
         let name = if placement == self { self.name() } else { "shared (one CPU only)" };
         Ok(format!("placement: {name}, clients on cpu {client}, servers on cpus {servers:?}"))
     }

@@ -11,9 +11,9 @@
 //! Every row runs through the delay proxy at each emulated round-trip time; the two
 //! sides of a comparison take turns in short blocks, as in `bench ops`.
 
-use crate::peers::{self, free_port, which};
+use locus_testkit::peers::{self, free_port, which};
 use crate::placement::{self, Placement};
-use crate::proxy::DelayProxy;
+use locus_testkit::proxy::DelayProxy;
 use crate::stats::{time_each, Summary};
 use crate::BenchError;
 use locus_client::types::Value;

@@ -28,7 +28,7 @@
 //! warm-up, RSS growth under 10% over the same intervals, descriptors and threads back
 //! at their start level, and no client errors. A failed check makes the command fail.
 
-use crate::peers;
+use locus_testkit::peers;
 use crate::scripts::connect;
 use crate::stats::median;
 use crate::BenchError;

@@ -11,8 +11,8 @@
 //!   hostile storelets running (busy loop, memory growth, output flood, file-open flood,
 //!   two of each), in alternating rounds.
 
-use crate::peers;
-use crate::proxy::DelayProxy;
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use crate::scripts::connect;
 use crate::stats::{median, Summary};
 use crate::BenchError;

@@ -95,7 +95,7 @@ fn locus_serve_offers_only_the_methods_it_is_told() {
     std::fs::create_dir_all(&root).unwrap();
     let flags = ["--chirp-auth".to_string(), "unix".to_string()];
     let exe = Path::new(env!("CARGO_BIN_EXE_locus"));
-    let (_server, _token, addr) = locus_bench::peers::start_locus_chirp(exe, work.path(), &root, &flags).unwrap();
+    let (_server, _token, addr) = locus_testkit::peers::start_locus_chirp(exe, work.path(), &root, &flags).unwrap();
     let out = Command::new("chirp")
         .args(["-t", "3", "-a", "address", &addr.to_string(), "whoami"])
         .current_dir(work.path())

@@ -300,7 +300,7 @@ fn locus_cat_of_an_invocation_runs_the_handler() {
 #[test]
 fn logs_are_json_objects_with_locus_log_format_json() {
     let dir = tempfile::tempdir().unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut serve = Command::new(env!("CARGO_BIN_EXE_locus"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")

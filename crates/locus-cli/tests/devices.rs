@@ -30,7 +30,7 @@ fn a_kill_during_a_move_is_repaired_at_the_next_start() {
     let big: Vec<u8> = (0..(768u64 << 20) / 8).flat_map(|i| i.to_le_bytes()).collect();
     std::fs::write(root.join("big"), &big).unwrap();
     std::fs::write(root.join("small"), b"small").unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &dev1, &state, port);
     let url = format!("locus://127.0.0.1:{port}/");
     let read_both = || {

@@ -186,7 +186,7 @@ fn the_http_driver_reads_through_a_real_http_server() {
     let big: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     std::fs::write(www.join("big.bin"), &big).unwrap();
     std::fs::write(www.join("sub/a.txt"), "over http\n").unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = Command::new("python3")
         .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1"])
         .current_dir(&www)
@@ -227,7 +227,7 @@ fn a_server_restarted_within_the_retry_window_is_invisible_and_one_that_stays_do
     for name in ["f.txt", "g.txt", "h.txt"] {
         std::fs::write(root.join(name), "still here\n").unwrap();
     }
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
     let m = mount_with(&format!("locus://127.0.0.1:{port}/"), work.path(), &token, &["--retry-secs", "3"]);
@@ -297,7 +297,7 @@ fn a_reconnect_revalidates_the_cache_keeping_what_did_not_change() {
     std::fs::write(root.join("gone.txt"), "gone").unwrap();
     std::fs::write(root.join("d/deep.bin"), &same).unwrap();
     std::fs::write(root.join("d/restored.txt"), "aaaa").unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
     // A long attribute timeout: only callbacks (and their loss) make changes show.
@@ -926,7 +926,7 @@ fn afs_write_back_survives_a_server_restart() {
     let work = tempfile::tempdir().unwrap();
     let (root, state) = (work.path().join("root"), work.path().join("state"));
     std::fs::create_dir_all(&root).unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
     let cache = work.path().join("cache");

@@ -213,7 +213,7 @@ fn the_chirp_http_and_local_drivers_work_under_the_agent(mode: &str) {
     let www = work.path().join("www");
     std::fs::create_dir_all(www.join("sub")).unwrap();
     std::fs::write(www.join("sub/a.txt"), "over http\n").unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = Command::new("python3")
         .args(["-m", "http.server", &port.to_string(), "--bind", "127.0.0.1"])
         .current_dir(&www)
@@ -253,7 +253,7 @@ fn a_server_back_within_the_window_goes_unnoticed_and_one_that_stays_down_ends_t
     std::fs::create_dir_all(&root).unwrap();
     std::fs::write(root.join("a.txt"), "first\n").unwrap();
     std::fs::write(root.join("b.txt"), "second\n").unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
     let agent = |script: &str| {

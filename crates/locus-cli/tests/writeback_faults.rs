@@ -150,7 +150,7 @@ fn a_store_that_fails_at_close_keeps_the_bytes_and_stores_them_when_the_server_r
     let work = tempfile::tempdir().unwrap();
     let (root, state) = (work.path().join("root"), work.path().join("state"));
     std::fs::create_dir_all(&root).unwrap();
-    let port = locus_bench::peers::free_port().unwrap();
+    let port = locus_testkit::peers::free_port().unwrap();
     let mut server = serve(&root, &state, port);
     let token = admin_token(&state);
     let cache = work.path().join("cache");

@@ -131,8 +131,8 @@ async fn the_chirp_endpoint_refuses_every_path_trick() {
     furnish(&s.root());
     let before = beside(&s.root());
     s.client("admin").await.acl_set("/", "address:127.0.0.1", Rights::parse("rwldax").unwrap()).await.unwrap();
-    let chirp = s.chirp(locus_server::chirp::ChirpConfig {
-        methods: vec![locus_server::chirp::AuthMethod::Address],
+    let chirp = s.chirp(locus_testkit::server::chirp::ChirpConfig {
+        methods: vec![locus_testkit::server::chirp::AuthMethod::Address],
         ..Default::default()
     });
     // The endpoint works at all: the known file reads back.
@@ -190,7 +190,7 @@ fn target_of(path: &str) -> String {
 async fn the_console_api_refuses_every_path_trick() {
     let s = TestServer::start();
     furnish(&s.root());
-    let console = s.console(locus_console::ConsoleConfig::default());
+    let console = s.console(locus_testkit::console::ConsoleConfig::default());
     // Log in as admin.
     let mut sock = TcpStream::connect(console).unwrap();
     let body = br#"{"token":"admin:admin-token"}"#;

@@ -37,7 +37,7 @@ fn server() -> TestServer {
 }
 
 fn add_commands(srv: &TestServer) {
-    let conf = srv.state_dir().join(locus_server::active::HANDLERS_FILE);
+    let conf = srv.state_dir().join(locus_testkit::server::active::HANDLERS_FILE);
     let mut text = std::fs::read_to_string(&conf).unwrap_or_default();
     text.push_str(
         "cat command /bin/cat\nid command /usr/bin/id -u\nlines command /usr/bin/wc -l\n\
@@ -62,7 +62,7 @@ async fn a_command_handler_runs_as_its_own_user_with_a_synthetic_etc() {
     let uid: u32 = text(&admin, "/d/id@").await.unwrap().trim().parse().unwrap();
     assert_ne!(uid, rustix::process::getuid().as_raw(), "never the server's user");
     if rustix::process::getuid().is_root() {
-        assert!(uid >= locus_storelet::native::RUN_USERS, "a user of its own: {uid}");
+        assert!(uid >= locus_testkit::storelet::native::RUN_USERS, "a user of its own: {uid}");
     }
     assert_eq!(text(&admin, "/d/cat@own.txt").await.unwrap(), "mine\n");
 
@@ -160,7 +160,7 @@ async fn a_fork_bomb_and_endless_output_are_stopped_and_the_server_keeps_serving
     assert!(started.elapsed() < Duration::from_secs(20), "stopped by the 2 s limit: {:?}", started.elapsed());
     let record = text(&admin, &format!("{bomb}.err")).await.unwrap();
     let uid: u32 = record.lines().find_map(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("{record}"));
-    assert!(uid >= locus_storelet::native::RUN_USERS, "{record}");
+    assert!(uid >= locus_testkit::storelet::native::RUN_USERS, "{record}");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !processes_of(uid).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));

@@ -444,7 +444,7 @@ async fn large_writes_land_intact_and_bad_ones_keep_the_connection_in_step() {
 
 #[tokio::test]
 async fn large_reads_arrive_intact_by_sendfile_and_through_memory() {
-    for mode in [locus_server::Sendfile::Always, locus_server::Sendfile::Never] {
+    for mode in [locus_testkit::server::Sendfile::Always, locus_testkit::server::Sendfile::Never] {
         let s = TestServer::start_with(|c| c.sendfile = mode);
         let c = s.client("admin").await;
         // more than one 4 MiB stream frame and copy piece, not a multiple of either

@@ -322,7 +322,7 @@ async fn case_study_afs_callbacks_reach_every_caching_client() {
 #[tokio::test]
 async fn limits_can_differ_per_subject() {
     let srv = TestServer::start_with(|c| {
-        let tight = locus_script::Limits { instructions: 10_000, ..c.script_limits };
+        let tight = locus_testkit::script::Limits { instructions: 10_000, ..c.script_limits };
         c.script_limits_by_subject.insert("alice".into(), tight);
     });
     let admin = srv.client("admin").await;

@@ -15,7 +15,7 @@ fn open_files_survive_chirp_server_dropping_an_idle_connection() {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
-    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
+    let chirp = locus_testkit::peers::start_chirp_with(work.path(), &root, &["-t", "1"])
         .expect("chirp_server (coop-computing-tools) runs");
     open_files_survive_a_dropped_connection(chirp.addr, &root);
 }
@@ -25,7 +25,7 @@ fn locus_chirp(idle: Duration) -> (locus_testkit::TestServer, std::net::SocketAd
     let server = locus_testkit::TestServer::start();
     let rights = locus_proto::Rights::parse("rwld").unwrap();
     server.shared().store.acl_set("admin", "/", "address:127.0.0.1", rights).unwrap();
-    let config = locus_server::chirp::ChirpConfig { idle, ..Default::default() };
+    let config = locus_testkit::server::chirp::ChirpConfig { idle, ..Default::default() };
     let addr = server.chirp(config);
     (server, addr)
 }
@@ -69,7 +69,7 @@ fn open_files_survive_a_dropped_connection(addr: std::net::SocketAddr, root: &Pa
 }
 
 /// Kills the processes chirp_server forked for its connections, as a crash would.
-fn kill_connections(chirp: &locus_bench::peers::Peer) {
+fn kill_connections(chirp: &locus_testkit::peers::Peer) {
     let out = std::process::Command::new("pgrep").args(["-P", &chirp.pid().to_string()]).output().unwrap();
     let pids = String::from_utf8(out.stdout).unwrap();
     assert!(!pids.trim().is_empty(), "chirp_server has a process per connection");
@@ -85,7 +85,7 @@ fn a_call_that_loses_its_connection_is_sent_again_only_if_that_is_harmless() {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     std::fs::create_dir_all(&root).unwrap();
-    let chirp = locus_bench::peers::start_chirp_with(work.path(), &root, &[]).expect("chirp_server runs");
+    let chirp = locus_testkit::peers::start_chirp_with(work.path(), &root, &[]).expect("chirp_server runs");
     let (mut d, _) = ChirpDriver::connect(&format!("chirp://{}/", chirp.addr)).unwrap();
     let h = d.open("/f", of::READ | of::WRITE | of::CREATE, 0o666).unwrap().handle;
     assert_eq!(d.pwrite(h, 0, b"one").unwrap(), 3);

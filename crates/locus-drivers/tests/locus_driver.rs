@@ -74,7 +74,7 @@ fn sequential_reads_are_sent_ahead_and_never_serve_stale_or_wrong_bytes() {
     let content: Vec<u8> = (0..(4u32 << 20) / 4).flat_map(|i| i.to_le_bytes()).collect();
     server.put_local("big", &content);
     // 10 ms of round trip: one read per round trip would take 64 x 10 ms for 4 MiB.
-    let proxy = locus_bench::proxy::DelayProxy::start(server.addr, std::time::Duration::from_millis(5)).unwrap();
+    let proxy = locus_testkit::proxy::DelayProxy::start(server.addr, std::time::Duration::from_millis(5)).unwrap();
     let mut opts = server.options("admin");
     opts.addr = proxy.addr.to_string();
     let mut d = locus_drivers::locus::LocusDriver::with_options(opts).expect("connects");

@@ -4,6 +4,17 @@
 //! It knows three subjects: `admin` (every right at the root), and `alice` and `bob`,
 //! who have no rights until a test grants them. Tokens are `SUBJECT-token`.
 
+pub mod peers;
+pub mod proxy;
+
+// The crates a lower crate's tests need beside a running server (its configuration
+// types, limits, file names). Those tests reach the higher floors only through here.
+#[cfg(feature = "console")]
+pub use locus_console as console;
+pub use locus_script as script;
+pub use locus_server as server;
+pub use locus_storelet as storelet;
+
 use locus_client::{Client, ConnectOptions, Credentials};
 use locus_server::{Server, ServerConfig, Tokens};
 use std::net::SocketAddr;
@@ -96,12 +107,14 @@ impl TestServer {
         self.beside(move |listener, shared| locus_server::chirp::serve(listener, shared, config))
     }
 
+    #[cfg(feature = "console")]
     /// Serves the web console beside the native protocol (`locus serve --http-port`), on
     /// an ephemeral port; returns its address.
     pub fn console(&self, config: locus_console::ConsoleConfig) -> SocketAddr {
         self.console_on("127.0.0.1", config)
     }
 
+    #[cfg(feature = "console")]
     /// [`TestServer::console`] listening on `ip` (`0.0.0.0`: every interface, as an
     /// operator who exposes it would); returns the port's address on loopback, which
     /// reaches it too, so tests send nothing off this host.

@@ -66,11 +66,11 @@ pub fn start_locus_chirp() -> (locus_testkit::TestServer, std::net::SocketAddr) 
     (server, addr)
 }
 
-pub fn start_chirp(work: &Path) -> (PathBuf, locus_bench::peers::Peer) {
+pub fn start_chirp(work: &Path) -> (PathBuf, locus_testkit::peers::Peer) {
     let root = work.join("chirp");
     std::fs::create_dir_all(root.join("docs")).unwrap();
     std::fs::write(root.join("docs/readme.txt"), "chirp says hi\n").unwrap();
-    let chirp = locus_bench::peers::start_chirp_with(work, &root, &["-t", "1"])
+    let chirp = locus_testkit::peers::start_chirp_with(work, &root, &["-t", "1"])
         .expect("chirp_server (coop-computing-tools) runs");
     // chirp_server runs as nobody: what it creates must be writable by it.
     Command::new("chmod").args(["-R", "a+rwX"]).arg(&root).status().unwrap();

@@ -1,11 +1,52 @@
-//! Starting the servers under test as separate processes, each on a fresh port, and
-//! stopping them when their guard is dropped.
+//! Starting servers as separate processes (`locus serve`, CCTools' chirp_server,
+//! XRootD), each on a fresh port, and stopping them when their guard is dropped: the
+//! peers the tests and the benchmarks talk to. The benchmarks pin them to CPUs through
+//! [`on_server_start`].
 
-use crate::{placement, BenchError};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// Why a peer could not start.
+#[derive(Debug)]
+pub enum PeerError {
+    /// The peer is missing or did not come up.
+    Setup(String),
+    /// An I/O error, with what was being done.
+    Io(String, std::io::Error),
+}
+
+impl std::fmt::Display for PeerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerError::Setup(why) => f.write_str(why),
+            PeerError::Io(what, e) => write!(f, "{what}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for PeerError {}
+
+fn io(what: &str, e: std::io::Error) -> PeerError {
+    PeerError::Io(what.to_string(), e)
+}
+
+static SERVER_SETUP: OnceLock<fn(&mut Command)> = OnceLock::new();
+
+/// Sets what is done to every server command before it starts (the benchmarks pin
+/// servers to their CPUs); the first setting holds.
+pub fn on_server_start(setup: fn(&mut Command)) {
+    let _ = SERVER_SETUP.set(setup);
+}
+
+fn server_command(cmd: &mut Command) -> &mut Command {
+    if let Some(setup) = SERVER_SETUP.get() {
+        setup(cmd);
+    }
+    cmd
+}
 
 /// A server process that is killed when dropped.
 pub struct Peer {
@@ -28,7 +69,7 @@ impl Drop for Peer {
     }
 }
 
-fn wait_for_port_file(path: &Path, child: &mut Child, what: &str) -> Result<u16, BenchError> {
+fn wait_for_port_file(path: &Path, child: &mut Child, what: &str) -> Result<u16, PeerError> {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if let Ok(s) = std::fs::read_to_string(path) {
@@ -37,31 +78,31 @@ fn wait_for_port_file(path: &Path, child: &mut Child, what: &str) -> Result<u16,
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(BenchError::Setup(format!("{what} exited at start ({status})")));
+            return Err(PeerError::Setup(format!("{what} exited at start ({status})")));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Err(BenchError::Setup(format!("{what} did not report its port")))
+    Err(PeerError::Setup(format!("{what} did not report its port")))
 }
 
-fn wait_for_listen(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(), BenchError> {
+fn wait_for_listen(addr: SocketAddr, child: &mut Child, what: &str) -> Result<(), PeerError> {
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(BenchError::Setup(format!("{what} exited at start ({status})")));
+            return Err(PeerError::Setup(format!("{what} exited at start ({status})")));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(BenchError::Setup(format!("{what} is not listening on {addr}")))
+    Err(PeerError::Setup(format!("{what} is not listening on {addr}")))
 }
 
 /// A port that was free a moment ago, for servers that cannot pick their own.
-pub fn free_port() -> Result<u16, BenchError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| BenchError::io("bind", e))?;
-    Ok(l.local_addr().map_err(|e| BenchError::io("bind", e))?.port())
+pub fn free_port() -> Result<u16, PeerError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| io("bind", e))?;
+    Ok(l.local_addr().map_err(|e| io("bind", e))?.port())
 }
 
 /// Peers refuse to run as root; when we are root they are told to drop to `nobody`.
@@ -73,22 +114,22 @@ fn running_as_root() -> bool {
 }
 
 /// Makes a directory world-writable so a server that drops to `nobody` can use it.
-fn open_up(dir: &Path) -> Result<(), BenchError> {
+fn open_up(dir: &Path) -> Result<(), PeerError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(|e| BenchError::io("chmod", e))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(|e| io("chmod", e))
 }
 
 /// `locus serve` from this very binary, exporting `root`; returns the peer and its token.
-pub fn start_locus(exe: &Path, work: &Path, root: &Path) -> Result<(Peer, String), BenchError> {
+pub fn start_locus(exe: &Path, work: &Path, root: &Path) -> Result<(Peer, String), PeerError> {
     start_locus_with(exe, work, root, &[])
 }
 
 /// `locus serve` with extra flags.
-pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) -> Result<(Peer, String), BenchError> {
+pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) -> Result<(Peer, String), PeerError> {
     let state = work.join("locus-state");
     let port_file = work.join("locus.port");
     let _ = std::fs::remove_file(&port_file);
-    let mut child = placement::server_command(&mut Command::new(exe))
+    let mut child = server_command(&mut Command::new(exe))
         .args(["serve", "--listen", "127.0.0.1:0"])
         .arg("--root")
         .arg(root)
@@ -97,7 +138,7 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
         .arg("--port-file")
         .arg(&port_file)
         // Its clients may reach it through delay proxies on this host, at ports of their
-        // own: it takes a login made for any port of 127.0.0.1 (see crate::proxy).
+        // own: it takes a login made for any port of 127.0.0.1 (see [`crate::proxy`]).
         .args(["--name", "127.0.0.1:*"])
         .args(flags)
         // Its new admin token goes to a credentials file of its own, not the user's.
@@ -109,13 +150,13 @@ pub fn start_locus_with(exe: &Path, work: &Path, root: &Path, flags: &[String]) 
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| BenchError::io("start locus serve", e))?;
+        .map_err(|e| io("start locus serve", e))?;
     let port = wait_for_port_file(&port_file, &mut child, "locus serve")?;
-    let tokens = std::fs::read_to_string(state.join("tokens")).map_err(|e| BenchError::io("read tokens", e))?;
+    let tokens = std::fs::read_to_string(state.join("tokens")).map_err(|e| io("read tokens", e))?;
     let token = tokens
         .lines()
         .find_map(|l| l.strip_prefix("admin "))
-        .ok_or_else(|| BenchError::Setup("no admin token".into()))?
+        .ok_or_else(|| PeerError::Setup("no admin token".into()))?
         .to_string();
     Ok((Peer { name: "locus", addr: ([127, 0, 0, 1], port).into(), child }, token))
 }
@@ -127,33 +168,33 @@ pub fn start_locus_chirp(
     work: &Path,
     root: &Path,
     flags: &[String],
-) -> Result<(Peer, String, SocketAddr), BenchError> {
+) -> Result<(Peer, String, SocketAddr), PeerError> {
     let mut all = vec!["--chirp-port".to_string(), "0".to_string()];
     all.extend_from_slice(flags);
     let (peer, token) = start_locus_with(exe, work, root, &all)?;
-    let ports = std::fs::read_to_string(work.join("locus.port")).map_err(|e| BenchError::io("read port file", e))?;
+    let ports = std::fs::read_to_string(work.join("locus.port")).map_err(|e| io("read port file", e))?;
     let port = ports
         .lines()
         .find_map(|l| l.strip_prefix("chirp ")?.trim().parse::<u16>().ok())
-        .ok_or_else(|| BenchError::Setup("locus serve did not report its Chirp port".into()))?;
+        .ok_or_else(|| PeerError::Setup("locus serve did not report its Chirp port".into()))?;
     Ok((peer, token, ([127, 0, 0, 1], port).into()))
 }
 
 /// CCTools' chirp_server exporting `root`, accepting address authentication from loopback.
-pub fn start_chirp(work: &Path, root: &Path) -> Result<Peer, BenchError> {
+pub fn start_chirp(work: &Path, root: &Path) -> Result<Peer, PeerError> {
     start_chirp_with(work, root, &[])
 }
 
 /// chirp_server with extra flags (for example `-t 1` to drop clients idle for a second).
-pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer, BenchError> {
+pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer, PeerError> {
     let bin = which("chirp_server")
-        .ok_or_else(|| BenchError::Setup("chirp_server not installed (apt-get install coop-computing-tools)".into()))?;
+        .ok_or_else(|| PeerError::Setup("chirp_server not installed (apt-get install coop-computing-tools)".into()))?;
     let acl = work.join("chirp.acl");
-    std::fs::write(&acl, "address:127.0.0.1 rwldpa\n").map_err(|e| BenchError::io("write chirp acl", e))?;
+    std::fs::write(&acl, "address:127.0.0.1 rwldpa\n").map_err(|e| io("write chirp acl", e))?;
     let port_file = work.join("chirp.port");
     open_up(root)?;
     let mut cmd = Command::new(bin);
-    placement::server_command(&mut cmd);
+    server_command(&mut cmd);
     cmd.arg("-r").arg(root).args(["-p", "0", "-u", "-", "-a", "address", "-I", "127.0.0.1"]);
     cmd.arg("-A").arg(&acl).arg("-Z").arg(&port_file).arg("-y").arg(root).args(flags);
     if running_as_root() {
@@ -166,7 +207,7 @@ pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer
     let (mut child, port) = loop {
         attempts += 1;
         let _ = std::fs::remove_file(&port_file);
-        let mut child = cmd.spawn().map_err(|e| BenchError::io("start chirp_server", e))?;
+        let mut child = cmd.spawn().map_err(|e| io("start chirp_server", e))?;
         match wait_for_port_file(&port_file, &mut child, "chirp_server") {
             Ok(port) => break (child, port),
             Err(e) if attempts >= 3 => return Err(e),
@@ -182,18 +223,18 @@ pub fn start_chirp_with(work: &Path, root: &Path, flags: &[&str]) -> Result<Peer
 }
 
 /// An XRootD server exporting `root`.
-pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, BenchError> {
+pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, PeerError> {
     let bin = which("xrootd")
-        .ok_or_else(|| BenchError::Setup("xrootd not installed (apt-get install xrootd-server)".into()))?;
+        .ok_or_else(|| PeerError::Setup("xrootd not installed (apt-get install xrootd-server)".into()))?;
     let cfg = work.join("xrootd.cfg");
     std::fs::write(&cfg, format!("all.export /\noss.localroot {}\nxrd.trace off\n", root.display()))
-        .map_err(|e| BenchError::io("write xrootd config", e))?;
+        .map_err(|e| io("write xrootd config", e))?;
     open_up(root)?;
     let port = free_port()?;
     let mut cmd = Command::new(bin);
-    placement::server_command(&mut cmd);
+    server_command(&mut cmd);
     let logs = work.join("xrootd-logs");
-    std::fs::create_dir_all(&logs).map_err(|e| BenchError::io("mkdir", e))?;
+    std::fs::create_dir_all(&logs).map_err(|e| io("mkdir", e))?;
     open_up(&logs)?;
     cmd.args(["-p", &port.to_string(), "-n", "locusbench", "-c"]).arg(&cfg).arg("-l").arg(logs.join("xrootd.log"));
     cmd.current_dir(&logs);
@@ -201,7 +242,7 @@ pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, BenchError> {
         cmd.args(["-R", "nobody"]);
     }
     let mut child =
-        cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| BenchError::io("start xrootd", e))?;
+        cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| io("start xrootd", e))?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_for_listen(addr, &mut child, "xrootd")?;
     Ok(Peer { name: "xrootd", addr, child })
