@@ -29,6 +29,7 @@ mod notify;
 pub mod ns_driver;
 pub mod stage;
 pub mod syscalls;
+pub mod tracee;
 pub mod tracer;
 
 use std::ffi::{CString, OsString};

@@ -8,7 +8,7 @@
 //! program as a new descriptor (`SECCOMP_IOCTL_NOTIF_ADDFD`), a `stat` buffer or a link
 //! target is written into the program's memory.
 
-use crate::tracer::{lock, Aborted, Shared, Step, Tracee};
+use crate::tracee::{lock, Aborted, Shared, Step, Tracee};
 use nix::sys::signal::{kill, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::unistd::Pid;
 use std::ffi::CString;

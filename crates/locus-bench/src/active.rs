@@ -14,11 +14,11 @@
 //! proxy in both directions.
 
 use crate::mount::mount;
-use locus_testkit::peers;
-use locus_testkit::proxy::DelayProxy;
 use crate::scripts::connect;
 use crate::stats::median;
 use crate::BenchError;
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -14,9 +14,9 @@
 //! issue that asked for this benchmark) are printed beside them for reference.
 
 use crate::mount::rows;
-use locus_testkit::peers;
 use crate::stats::Summary;
 use crate::BenchError;
+use locus_testkit::peers;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

@@ -7,9 +7,9 @@
 //! `whoami` is subtracted. Both servers export identical trees on the same disk. Servers
 //! take turns row by row, `--repeat` times; the report gives medians.
 
-use locus_testkit::peers::{self, Peer};
 use crate::stats::median;
 use crate::BenchError;
+use locus_testkit::peers::{self, Peer};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -18,10 +18,10 @@
 //! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
 //! configuration and keys in the work directory) is measured beside the others.
 
-use locus_testkit::peers;
-use locus_testkit::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::BenchError;
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

@@ -3,14 +3,14 @@
 //! CCTools' chirp_server, XRootD and a bare TCP ping-pong, optionally through the
 //! delay proxy. Each target runs `--repeat` times, interleaved; medians are reported.
 
-use locus_testkit::peers::{self, Peer};
 use crate::placement::Placement;
-use locus_testkit::proxy::DelayProxy;
 use crate::stats::{median, time_each, Summary};
 use crate::{pingpong, BenchError};
 use locus_client::types::open_flags as of;
 use locus_client::{blocking, ConnectOptions, CountingSink, Credentials};
 use locus_drivers::chirp::ChirpClient;
+use locus_testkit::peers::{self, Peer};
+use locus_testkit::proxy::DelayProxy;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

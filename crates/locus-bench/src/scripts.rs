@@ -11,13 +11,13 @@
 //! Every row runs through the delay proxy at each emulated round-trip time; the two
 //! sides of a comparison take turns in short blocks, as in `bench ops`.
 
-use locus_testkit::peers::{self, free_port, which};
 use crate::placement::{self, Placement};
-use locus_testkit::proxy::DelayProxy;
 use crate::stats::{time_each, Summary};
 use crate::BenchError;
 use locus_client::types::Value;
 use locus_client::{blocking, ConnectOptions, Credentials};
+use locus_testkit::peers::{self, free_port, which};
+use locus_testkit::proxy::DelayProxy;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;

@@ -28,12 +28,12 @@
 //! warm-up, RSS growth under 10% over the same intervals, descriptors and threads back
 //! at their start level, and no client errors. A failed check makes the command fail.
 
-use locus_testkit::peers;
 use crate::scripts::connect;
 use crate::stats::median;
 use crate::BenchError;
 use locus_client::blocking;
 use locus_client::types::{open_flags, Value};
+use locus_testkit::peers;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

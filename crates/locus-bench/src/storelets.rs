@@ -11,12 +11,12 @@
 //!   hostile storelets running (busy loop, memory growth, output flood, file-open flood,
 //!   two of each), in alternating rounds.
 
-use locus_testkit::peers;
-use locus_testkit::proxy::DelayProxy;
 use crate::scripts::connect;
 use crate::stats::{median, Summary};
 use crate::BenchError;
 use locus_client::{blocking, types::S_IFDIR, types::S_IFMT};
+use locus_testkit::peers;
+use locus_testkit::proxy::DelayProxy;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,28 +2,25 @@
 //! copies ([`crate::writeback`]), storing them at close, `fsync` and exit, trying failed
 //! stores again, and storing what an earlier mount left in the journal.
 
-use crate::breaks::version;
 use crate::convert::errno;
 use crate::convert::is_active;
 use crate::convert::locus_flags;
-use crate::handles::KNOWN_MAX;
 use crate::journal;
+use crate::known::version;
+use crate::listings::Known;
 use crate::writeback;
-use crate::Duration;
-use crate::Instant;
-use crate::Known;
 use crate::LocusFs;
-use crate::Ordering;
-use crate::OsStr;
-use crate::Path;
+use crate::KNOWN_MAX;
 use fuser::Request;
 use locus_drivers::Attr;
 use locus_drivers::DriverError;
 use locus_proto::types::open_flags;
 use locus_proto::types::S_IFREG;
-
-/// How often unsaved copies whose store failed are tried again.
-pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(5);
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
 
 impl LocusFs {
     /// What a file written back is now, while the server does not know it yet.

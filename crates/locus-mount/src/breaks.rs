@@ -2,37 +2,23 @@
 //! connection) makes stale, how the mount takes breaks into its own caches, and what
 //! the mount may answer before the server does while callbacks hold.
 
-use crate::afs::RETRY_EVERY;
 use crate::inodes;
-use crate::Arc;
-use crate::Duration;
-use crate::HashMap;
-use crate::Known;
+use crate::known::Version;
+use crate::listings::Known;
 use crate::LocusFs;
-use crate::OnceLock;
-use crate::OsStr;
-use locus_drivers::{Attr, Time};
+use crate::CALLBACK_TTL;
+use crate::RETRY_EVERY;
+use std::collections::HashMap;
 use std::collections::HashSet;
-
-/// How long the kernel and the mount trust what a held callback covers: until a break,
-/// in practice.
-pub(crate) const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 /// What each file's pages in the kernel's cache hold: the size and modification time
 /// the file had when the mount last let the kernel cache them (shared with the thread
 /// that takes breaks, which keeps those pages when a connection is lost).
 pub(crate) type Seen = Arc<parking_lot::Mutex<HashMap<u64, Version>>>;
-
-/// Which version of a file pages were cached from: its size, modification and change
-/// times, and the server's inode number. A program can set the modification time back
-/// (`cp -p`, `rsync -t`, `touch -r`), not the change time; a file replaced by a rename
-/// has another inode.
-pub(crate) type Version = (u64, Time, Time, u64);
-
-/// The version `attr` describes.
-pub(crate) fn version(attr: &Attr) -> Version {
-    (attr.size, attr.mtime, attr.ctime, attr.ino)
-}
 
 /// Names the mount told the kernel are absent, to be trusted until a break (a negative
 /// entry under callbacks), by directory inode: what a lost connection must make the

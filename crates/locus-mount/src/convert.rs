@@ -1,9 +1,6 @@
 //! Conversions between the kernel's words (FUSE attributes, `open(2)` flags, times,
 //! errno) and the drivers' (Locus attributes and open flags).
 
-use crate::Duration;
-use crate::SystemTime;
-use crate::UNIX_EPOCH;
 use fuser::FileAttr;
 use fuser::FileType;
 use fuser::TimeOrNow;
@@ -13,6 +10,9 @@ use locus_drivers::SetTime;
 use locus_drivers::Time;
 use locus_proto::types::open_flags;
 use locus_proto::types::{S_IFDIR, S_IFLNK, S_IFMT};
+use std::time::Duration;
+use std::time::SystemTime;
+use std::time::UNIX_EPOCH;
 
 pub(crate) fn errno(e: DriverError) -> i32 {
     if e.class != locus_drivers::ErrorClass::Answer {

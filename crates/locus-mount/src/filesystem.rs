@@ -1,24 +1,18 @@
 //! The kernel's requests (`impl fuser::Filesystem`), each answered from what the mount
 //! knows or by the driver.
 
-use crate::afs::RETRY_EVERY;
-use crate::breaks::version;
-use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::file_attr;
 use crate::convert::set_time;
-use crate::handles::KNOWN_MAX;
 use crate::inodes;
+use crate::known::version;
+use crate::listings::Known;
 use crate::writeback;
-use crate::Duration;
-use crate::Instant;
-use crate::Known;
+use crate::writeback::Refused;
 use crate::LocusFs;
-use crate::Ordering;
-use crate::OsStr;
-use crate::Path;
-use crate::Refused;
-use crate::SystemTime;
+use crate::CALLBACK_TTL;
+use crate::KNOWN_MAX;
+use crate::RETRY_EVERY;
 use fuser::FileType;
 use fuser::Filesystem;
 use fuser::KernelConfig;
@@ -38,6 +32,12 @@ use locus_drivers::DriverError;
 use locus_drivers::SetTime;
 use locus_drivers::Time;
 use locus_proto::types::open_flags;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+use std::time::SystemTime;
 
 impl Filesystem for LocusFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {

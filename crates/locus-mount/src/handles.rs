@@ -1,19 +1,16 @@
 //! Open files: handles at the server, handles deferred until a read needs them (a
 //! small file is fetched whole at its open), and the count of the kernel's handles.
 
-use crate::breaks::version;
-use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::locus_flags;
 use crate::convert::FOPEN_NOFLUSH;
+use crate::known::version;
 use crate::LocusFs;
-use crate::OsStr;
+use crate::CALLBACK_TTL;
 use fuser::Request;
 use locus_drivers::Attr;
 use locus_proto::types::open_flags;
-
-/// The most content kept per handle in [`LocusFs::known`].
-pub(crate) const KNOWN_MAX: usize = 8 << 20;
+use std::ffi::OsStr;
 
 /// Files at most this large are fetched whole to be read (see [`LocusFs::fetch_small`]).
 pub(crate) const WHOLE_MAX: u64 = 256 << 10;

@@ -2,18 +2,30 @@
 //! names in listed directories (and those read ahead), paths of inodes, and the
 //! bookkeeping when the mount itself changes something.
 
-use crate::breaks::CALLBACK_TTL;
 use crate::convert::errno;
 use crate::convert::file_attr;
 use crate::convert::is_active;
 use crate::inodes;
-use crate::Arc;
-use crate::Duration;
-use crate::Instant;
 use crate::LocusFs;
-use crate::OsStr;
+use crate::CALLBACK_TTL;
 use fuser::ReplyEntry;
 use locus_drivers::Attr;
+use locus_drivers::Time;
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+/// Which version of a file pages were cached from: its size, modification and change
+/// times, and the server's inode number. A program can set the modification time back
+/// (`cp -p`, `rsync -t`, `touch -r`), not the change time; a file replaced by a rename
+/// has another inode.
+pub(crate) type Version = (u64, Time, Time, u64);
+
+/// The version `attr` describes.
+pub(crate) fn version(attr: &Attr) -> Version {
+    (attr.size, attr.mtime, attr.ctime, attr.ino)
+}
 
 impl LocusFs {
     /// Keeps attributes the server just answered.

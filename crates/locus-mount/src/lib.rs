@@ -61,15 +61,24 @@ pub use options::{Consistency, MountOptions};
 use breaks::{take_breaks, AbsentNames, Broken, OpenFiles, Seen};
 use handles::FIRST_LAZY;
 use inodes::Inodes;
-use listings::{Known, Listings};
+use listings::Listings;
 use locus_drivers::{Attr, Driver};
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsStr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use writeback::{Copies, Refused};
+use std::time::{Duration, Instant};
+use writeback::Copies;
+
+/// How long the kernel and the mount trust what a held callback covers: until a break,
+/// in practice.
+pub(crate) const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// How often unsaved copies whose store failed are tried again.
+pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(5);
+
+/// The most content kept per handle in [`LocusFs::known`].
+pub(crate) const KNOWN_MAX: usize = 8 << 20;
 
 /// Whether a FUSE file system is mounted on `mountpoint`, by /proc/self/mountinfo (the
 /// mount point is field 5; the type follows the ` - ` separator).

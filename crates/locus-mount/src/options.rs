@@ -1,7 +1,7 @@
 //! What `locus mount` is told: the consistency mode and the options of a mount.
 
 use crate::writeback;
-use crate::Duration;
+use std::time::Duration;
 
 /// How a mount keeps what it caches consistent with the server and its other clients.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

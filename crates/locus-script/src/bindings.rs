@@ -7,8 +7,9 @@
 //! (`fs.pread` answers the data alone). On failure it answers `nil, message, code`, so a
 //! script can test for errors without `pcall`.
 
-use crate::stdlib::CallCtx;
-use crate::value::bytes_of;
+use crate::buffer::bytes_of;
+use crate::call::fail;
+use crate::call::CallCtx;
 use locus_proto::codec;
 use locus_proto::ops;
 use locus_proto::types::*;
@@ -91,16 +92,6 @@ impl<'de, I: Iterator<Item = LuaValue>> serde::de::SeqAccess<'de> for Fields<'_,
     fn size_hint(&self) -> Option<usize> {
         Some(self.left)
     }
-}
-
-/// `nil, message, code`: how a failed `fs.*` call (or any library call that reaches the
-/// file service) answers, so a script can test for errors without `pcall`.
-pub(crate) fn fail(lua: &Lua, e: locus_proto::Error) -> mlua::Result<MultiValue> {
-    Ok(MultiValue::from_iter([
-        LuaValue::Nil,
-        LuaValue::String(lua.create_string(&e.message)?),
-        LuaValue::String(lua.create_string(e.code.name())?),
-    ]))
 }
 
 macro_rules! define_bindings {

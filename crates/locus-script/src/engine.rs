@@ -7,9 +7,11 @@
 //! context switch; handing it to a sleeping thread on another CPU costs a cross-CPU
 //! wake-up each way, which on a virtual machine is tens of microseconds.
 
+use crate::buffer::Buffer;
+use crate::call::{CallCtx, Limits};
 use crate::error::ScriptError;
 use crate::runs::{Ending, LiveCall, ScriptRuns};
-use crate::stdlib::{self, Buffer, CallCtx, ObjectStates, Shared};
+use crate::stdlib::{self, ObjectStates, Shared};
 use crate::value::{results_from_lua, to_lua};
 use crate::{bindings, script_id, Host};
 use locus_proto::types::Value;
@@ -19,25 +21,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-
-/// Resource limits of one script call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Lua VM instructions (counted in steps of [`HOOK_STEP`]).
-    pub instructions: u64,
-    /// Bytes of Lua memory plus buffers the call may add.
-    pub memory: usize,
-    /// Wall-clock time, including time spent waiting for locks.
-    pub wall: Duration,
-    /// Bytes of results plus output buffer.
-    pub result_bytes: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits { instructions: 50_000_000, memory: 32 << 20, wall: Duration::from_secs(5), result_bytes: 16 << 20 }
-    }
-}
 
 /// Instructions a call may run on its connection's thread before it moves to an
 /// interpreter thread (see [`Engine::try_inline`]).

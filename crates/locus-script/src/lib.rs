@@ -14,6 +14,8 @@
 //! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
 
 mod bindings;
+mod buffer;
+mod call;
 mod engine;
 mod error;
 mod lua_ser;
@@ -21,7 +23,8 @@ mod runs;
 mod stdlib;
 mod value;
 
-pub use engine::{CallOutcome, CallRequest, Engine, Limits, ReplyFn};
+pub use call::Limits;
+pub use engine::{CallOutcome, CallRequest, Engine, ReplyFn};
 pub use error::ScriptError;
 pub use runs::{ScriptRunInfo, ScriptRuns};
 pub use stdlib::ObjectStates;

@@ -1,14 +1,14 @@
 //! The scripts' standard library besides `fs`: `buffer`, `state` (named values, global or
 //! attached to a file), `lock`, `msg`, `time`, and the per-call context they work in.
 
-use crate::bindings::fail;
-use crate::engine::Limits;
-use crate::value::{bytes_of, from_lua, to_lua};
-use crate::Host;
-use locus_proto::ops::{self, Operation};
+use crate::buffer::charge;
+use crate::buffer::{bytes_of, Buffer};
+use crate::call::fail;
+use crate::call::{host_call, with_ctx};
+use crate::value::{from_lua, to_lua};
+use locus_proto::ops;
 use locus_proto::types::Value;
-use locus_proto::{codec, Error as WireError};
-use mlua::{Lua, MetaMethod, MultiValue, Table, UserData, UserDataMethods, Value as LuaValue};
+use mlua::{Lua, MultiValue, Table, UserData, UserDataMethods, Value as LuaValue};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,36 +21,6 @@ const MAX_OBJECTS: usize = 100_000;
 const MAX_OBJECT_KEYS: usize = 1_000;
 /// Largest encoded value one state entry may hold.
 const MAX_STATE_VALUE: usize = 1 << 20;
-
-/// What one call runs with; it lives in the interpreter's app data during the call.
-pub struct CallCtx {
-    pub host: Box<dyn Host>,
-    pub limits: Limits,
-    pub deadline: Instant,
-    /// Instructions run so far (counted by the hook in steps).
-    pub instructions: u64,
-    /// Set when a limit trips; from then on nothing in the script may continue.
-    pub tripped: Option<(&'static str, String)>,
-    /// Locks this call holds, released when it ends however it ends.
-    pub locks: Vec<String>,
-    /// Handles to objects' state this call made (`state.of`), ended when it ends.
-    pub handles: Vec<((u64, u64), u64)>,
-    /// Bytes held in buffers, which live outside Lua's own memory accounting.
-    pub buffer_bytes: usize,
-    /// Distinguishes this call as a lock owner.
-    pub token: u64,
-    /// The call's entry among the running ones (pool calls only).
-    pub live: Option<Arc<crate::runs::LiveCall>>,
-}
-
-impl CallCtx {
-    /// Trips a limit and returns the error that ends the call.
-    pub fn trip(&mut self, limit: &'static str, detail: String) -> mlua::Error {
-        let e = mlua::Error::runtime(format!("{limit} limit exceeded: {detail}"));
-        self.tripped.get_or_insert((limit, detail));
-        e
-    }
-}
 
 /// State shared by every call on every interpreter.
 #[derive(Default)]
@@ -281,19 +251,6 @@ impl UserData for ObjectState {
     }
 }
 
-/// An operation's reply and data, or the error the file service answered.
-type HostReply<T> = Result<(T, Vec<u8>), WireError>;
-
-/// Runs one operation through the call's host, as the caller.
-fn host_call<O: Operation>(lua: &Lua, req: &O, data: &[u8]) -> mlua::Result<HostReply<O::Reply>> {
-    with_ctx(lua, |ctx| {
-        Ok(ctx.host.call(O::INFO.code, &codec::encode(req), data).and_then(|(metas, out)| {
-            let meta = metas.first().map(Vec::as_slice).unwrap_or(&[]);
-            Ok((codec::decode(meta)?, out))
-        }))
-    })
-}
-
 /// Named locks owned by calls.
 #[derive(Default)]
 pub struct LockTable {
@@ -336,89 +293,6 @@ impl LockTable {
     pub fn is_held(&self, name: &str) -> bool {
         self.held.lock().contains_key(name)
     }
-}
-
-/// A byte buffer that stays out of Lua strings (no interning, mutable in place).
-/// Byte offsets of the integer accessors are 0-based; `sub` and `find` use Lua's 1-based
-/// positions like `string.sub` and `string.find`.
-pub struct Buffer(pub Vec<u8>);
-
-fn charge(lua: &Lua, bytes: usize) -> mlua::Result<()> {
-    if let Some(mut ctx) = lua.app_data_mut::<CallCtx>() {
-        ctx.buffer_bytes += bytes;
-        if ctx.buffer_bytes > ctx.limits.memory {
-            let detail = format!("{} bytes of buffers", ctx.buffer_bytes);
-            return Err(ctx.trip("memory", detail));
-        }
-    }
-    Ok(())
-}
-
-fn span(len: usize, i: i64, j: Option<i64>) -> (usize, usize) {
-    let norm = |p: i64| if p < 0 { (len as i64 + p + 1).max(0) } else { p.min(len as i64) };
-    let start = norm(i).max(1) as usize;
-    let end = norm(j.unwrap_or(-1)) as usize;
-    (start - 1, end.max(start - 1))
-}
-
-fn int_at<const N: usize>(b: &[u8], off: usize) -> mlua::Result<[u8; N]> {
-    b.get(off..off + N)
-        .and_then(|s| s.try_into().ok())
-        .ok_or_else(|| mlua::Error::runtime(format!("offset {off} is outside a buffer of {} bytes", b.len())))
-}
-
-impl UserData for Buffer {
-    fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
-        m.add_method("len", |_, b, ()| Ok(b.0.len()));
-        m.add_meta_method(MetaMethod::Len, |_, b, ()| Ok(b.0.len()));
-        m.add_method("sub", |lua, b, (i, j): (i64, Option<i64>)| {
-            let (s, e) = span(b.0.len(), i, j);
-            lua.create_string(&b.0[s..e])
-        });
-        m.add_method("find", |_, b, (needle, init): (mlua::String, Option<i64>)| {
-            let needle = needle.as_bytes();
-            let (start, _) = span(b.0.len(), init.unwrap_or(1), None);
-            if needle.is_empty() {
-                return Ok(Some(start + 1));
-            }
-            Ok(b.0[start..].windows(needle.len()).position(|w| w == &needle[..]).map(|p| start + p + 1))
-        });
-        m.add_method("u32", |_, b, off: usize| Ok(u32::from_le_bytes(int_at::<4>(&b.0, off)?)));
-        m.add_method("u64", |_, b, off: usize| Ok(u64::from_le_bytes(int_at::<8>(&b.0, off)?) as i64));
-        m.add_method_mut("set_u32", |_, b, (off, v): (usize, u32)| {
-            int_at::<4>(&b.0, off)?;
-            b.0[off..off + 4].copy_from_slice(&v.to_le_bytes());
-            Ok(())
-        });
-        m.add_method_mut("set_u64", |_, b, (off, v): (usize, i64)| {
-            int_at::<8>(&b.0, off)?;
-            b.0[off..off + 8].copy_from_slice(&v.to_le_bytes());
-            Ok(())
-        });
-        m.add_method_mut("append", |lua, b, v: LuaValue| {
-            let bytes = bytes_of(&v)?;
-            charge(lua, bytes.len())?;
-            b.0.extend_from_slice(&bytes);
-            Ok(b.0.len())
-        });
-        m.add_method_mut("clear", |_, b, ()| {
-            b.0.clear();
-            Ok(())
-        });
-        m.add_method("write", |lua, b, (handle, offset): (u64, u64)| {
-            match host_call(lua, &ops::Pwrite { handle, offset }, &b.0)? {
-                Ok((written, _)) => Ok(MultiValue::from_iter([LuaValue::Integer(written as i64)])),
-                Err(e) => fail(lua, e),
-            }
-        });
-        m.add_method("tostring", |lua, b, ()| lua.create_string(&b.0));
-        m.add_meta_method(MetaMethod::ToString, |lua, b, ()| lua.create_string(&b.0));
-    }
-}
-
-fn with_ctx<R>(lua: &Lua, f: impl FnOnce(&mut CallCtx) -> mlua::Result<R>) -> mlua::Result<R> {
-    let mut ctx = lua.app_data_mut::<CallCtx>().ok_or_else(|| mlua::Error::runtime("no call in progress"))?;
-    f(&mut ctx)
 }
 
 fn checked_state_value(v: &LuaValue) -> mlua::Result<Value> {
@@ -588,13 +462,5 @@ mod tests {
         assert!(!t.release("a", 2));
         assert!(t.release("a", 1));
         assert!(t.acquire("a", 2, Instant::now()));
-    }
-
-    #[test]
-    fn spans_follow_string_sub() {
-        assert_eq!(span(5, 2, Some(3)), (1, 3));
-        assert_eq!(span(5, -2, None), (3, 5));
-        assert_eq!(span(5, 4, Some(2)), (3, 3));
-        assert_eq!(span(0, 1, None), (0, 0));
     }
 }

@@ -1,6 +1,6 @@
 //! Conversions between Lua values and the wire's [`Value`].
 
-use crate::stdlib::Buffer;
+use crate::buffer::Buffer;
 use locus_proto::types::Value;
 use mlua::{ffi, Lua, Value as LuaValue};
 use std::ffi::{c_int, CStr};
@@ -209,15 +209,6 @@ pub fn to_lua(lua: &Lua, v: &Value) -> mlua::Result<LuaValue> {
 }
 
 /// Bytes of a string or buffer argument.
-pub fn bytes_of(v: &LuaValue) -> mlua::Result<Vec<u8>> {
-    match v {
-        LuaValue::String(s) => Ok(s.as_bytes().to_vec()),
-        LuaValue::UserData(u) if u.is::<Buffer>() => Ok(u.borrow::<Buffer>()?.0.clone()),
-        LuaValue::Nil => Ok(Vec::new()),
-        other => Err(mlua::Error::runtime(format!("expected a string or buffer, got a {}", other.type_name()))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

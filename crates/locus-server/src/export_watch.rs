@@ -280,7 +280,7 @@ impl Watcher {
                 continue;
             }
             let path = match name {
-                Some(name) if !name.is_empty() => crate::callbacks::canonical(&format!("{dir}/{name}")),
+                Some(name) if !name.is_empty() => locus_proto::path::canonical(&format!("{dir}/{name}")),
                 _ => Some(dir),
             };
             let Some(path) = path else { continue };

@@ -16,7 +16,7 @@
 //! A directory renamed between WASI's open and this one could be listed in place of
 //! another directory of the same tree: never one outside it.
 
-use crate::meter::{errno_of, with_memory};
+use crate::guest::{errno_of, with_memory};
 use crate::RunState;
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use std::collections::HashMap;

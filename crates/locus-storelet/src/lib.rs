@@ -15,6 +15,7 @@
 //!   caller asked for and holds write rights; WASI resolves every path beneath it.
 
 mod dirs;
+mod guest;
 mod meter;
 pub mod native;
 pub mod output;

@@ -10,8 +10,9 @@
 //! `fd_readdir`, `fd_close` and `fd_renumber` are shadowed too, for the speed of
 //! directory listings (see `dirs`).
 
+use crate::guest::{errno_of, with_memory};
 use crate::{RunState, StoreletError};
-use wasmtime::{Caller, Extern, Linker};
+use wasmtime::{Caller, Linker};
 use wasmtime_wasi::p1::types::{self, Errno};
 use wasmtime_wasi::p1::wasi_snapshot_preview1::WasiSnapshotPreview1;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -19,32 +20,6 @@ use wasmtime_wasi::runtime::in_tokio;
 use wiggle::{GuestMemory, GuestPtr};
 
 const WASI: &str = "wasi_snapshot_preview1";
-
-/// Runs `f` with the guest's memory and the run's WASI context, as WASI's own glue does.
-pub(crate) fn with_memory<R>(
-    c: &mut Caller<'_, RunState>,
-    f: impl FnOnce(&mut GuestMemory<'_>, &mut WasiP1Ctx) -> anyhow::Result<R>,
-) -> anyhow::Result<R> {
-    let mem = c.get_export("memory").and_then(Extern::into_memory);
-    let mem = mem.ok_or_else(|| anyhow::anyhow!("missing required memory export"))?;
-    let (data, state) = mem.data_and_store_mut(c);
-    f(&mut GuestMemory::Unshared(data), &mut state.wasi)
-}
-
-/// The errno a WASI call answers (`Ok` of 0 on success, after `store` saved its result).
-pub(crate) fn errno_of<T>(
-    r: Result<T, types::Error>,
-    mem: &mut GuestMemory<'_>,
-    store: impl FnOnce(&mut GuestMemory<'_>, T) -> Result<(), wiggle::GuestError>,
-) -> anyhow::Result<i32> {
-    match r {
-        Ok(v) => Ok(match store(mem, v) {
-            Ok(()) => 0,
-            Err(_) => Errno::Fault as i32,
-        }),
-        Err(e) => Ok(e.downcast()? as i32),
-    }
-}
 
 /// Stops the run: remembers which limit tripped and returns the trap that unwinds it.
 pub(crate) fn trip(state: &mut RunState, limit: &'static str, detail: String) -> anyhow::Error {

@@ -241,8 +241,7 @@ pub fn start_xrootd(work: &Path, root: &Path) -> Result<Peer, PeerError> {
     if running_as_root() {
         cmd.args(["-R", "nobody"]);
     }
-    let mut child =
-        cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| io("start xrootd", e))?;
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().map_err(|e| io("start xrootd", e))?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     wait_for_listen(addr, &mut child, "xrootd")?;
     Ok(Peer { name: "xrootd", addr, child })

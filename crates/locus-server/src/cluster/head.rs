@@ -3,8 +3,8 @@
 //! more.
 
 use crate::cluster::meta_err;
-use crate::cluster::HeadConfig;
 use crate::cluster::writes::object_name;
+use crate::cluster::HeadConfig;
 
 use locus_client::nodes::NodeReads;
 use locus_cluster::{Entry, Meta, MetaError, Node};

@@ -2,7 +2,7 @@
 //! large files redirected to their data nodes.
 
 use crate::cluster::{attr_of, Head};
-use crate::http::{query, ranged, text, HttpBody};
+use crate::http::body::{query, ranged, text, HttpBody};
 use crate::Shared;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -28,7 +28,11 @@ fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, p
 
 /// Answers a `GET`/`HEAD` at a head: a directory's listing, a small file's bytes, or a
 /// redirect to the data node that holds a large one.
-pub(crate) async fn from_head(shared: &Shared, head: &Arc<Head>, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
+pub(crate) async fn from_head(
+    shared: &Shared,
+    head: &Arc<Head>,
+    req: &Request<hyper::body::Incoming>,
+) -> Response<HttpBody> {
     let Ok(raw) = percent_encoding::percent_decode_str(req.uri().path()).decode_utf8() else {
         return text(StatusCode::BAD_REQUEST, "the path is not UTF-8");
     };

@@ -30,10 +30,11 @@
 //! `keys`, `config` are always built).
 //!
 //! `head`, `placement` and `writes` are one type's methods (`impl Head`) split by
-//! concern, so they call one another: the one mutual dependency in the wing, inherent
-//! to splitting a type's methods across files. Types are imported from `head` and
-//! `writes` only; `session` depends on the others and nothing depends on it but the
-//! server's connection loop.
+//! concern. `head` (garbage collection) names an object by `writes::object_name` and
+//! `writes` takes the head's constants and state: the one import circle in the wing
+//! (`head` <-> `writes`), inherent to splitting a type's methods across files, and
+//! named in the house rules (crates/locus-cli/tests/house.rs). `session` depends on the
+//! others and nothing depends on it but the server's connection loop.
 
 mod config;
 #[cfg(feature = "cluster")]

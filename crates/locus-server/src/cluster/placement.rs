@@ -10,10 +10,10 @@ use crate::dispatch::Answer;
 use crate::dispatch::Reply;
 use crate::transport::EventFrame;
 use crate::transport::EventStream;
-use crate::Duration;
-use crate::Future;
 use locus_proto::codec;
 use locus_proto::frame::Kind;
+use std::future::Future;
+use std::time::Duration;
 
 use bytes::Bytes;
 use locus_cluster::{Content, Entry, Kind as EntryKind};
