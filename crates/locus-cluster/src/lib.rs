@@ -10,9 +10,11 @@
 //! - [`Entry`]: one name's row: a directory, or a file and where its current version is.
 //! - [`sql`]: the two engines behind one small trait.
 
+mod acls;
+mod records;
 pub mod sql;
 
-use locus_proto::types::{AclEntry, Rights};
+use locus_proto::types::Rights;
 use locus_proto::Code;
 use sql::{Engine, Tx, Val};
 
@@ -416,189 +418,6 @@ impl Meta {
             _ => Ok(()),
         })
     }
-
-    /// The ACL that governs directory `dir`: its own, or its nearest ancestor's.
-    pub fn acl(&self, dir: &str) -> Result<Vec<AclEntry>> {
-        self.tx(|tx| acl(tx, dir))
-    }
-
-    /// The rights `subject` holds in directory `dir`.
-    pub fn rights(&self, subject: &str, dir: &str) -> Result<Rights> {
-        self.tx(|tx| rights(tx, subject, dir))
-    }
-
-    /// The rights `subject` holds in directory `dir` and the entry at `path`, read in
-    /// one transaction (the check and the lookup of most operations).
-    pub fn rights_and_get(&self, subject: &str, dir: &str, path: &str) -> Result<(Rights, Option<Entry>)> {
-        self.tx(|tx| Ok((rights(tx, subject, dir)?, get(tx, path)?)))
-    }
-
-    /// Sets one subject's rights on directory `dir` (none removes them). A directory
-    /// that had no ACL of its own starts from the one it inherited.
-    pub fn acl_set(&self, dir: &str, subject: &str, rights: Rights) -> Result<()> {
-        self.tx(|tx| {
-            match get(tx, dir)? {
-                None => return Err(MetaError::NotFound(dir.into())),
-                Some(e) if e.kind != Kind::Dir => return Err(MetaError::NotDir(dir.into())),
-                Some(_) => {}
-            }
-            let own = tx.query("SELECT subject FROM acls WHERE path = $1 LIMIT 1", &[Val::Text(dir.into())])?;
-            if own.is_empty() {
-                for e in acl(tx, dir)? {
-                    tx.exec(
-                        "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
-                        &[Val::Text(dir.into()), Val::Text(e.subject), Val::Int(e.rights.0 as i64)],
-                    )?;
-                }
-            }
-            tx.exec(
-                "DELETE FROM acls WHERE path = $1 AND subject = $2",
-                &[Val::Text(dir.into()), Val::Text(subject.into())],
-            )?;
-            if rights.0 != 0 {
-                tx.exec(
-                    "INSERT INTO acls (path, subject, rights) VALUES ($1, $2, $3)",
-                    &[Val::Text(dir.into()), Val::Text(subject.into()), Val::Int(rights.0 as i64)],
-                )?;
-            }
-            Ok(())
-        })
-    }
-
-    /// Records a data node (keeping its id if its address is known) and its free space.
-    pub fn join_node(&self, addr: &str, http: Option<&str>, free: u64) -> Result<u64> {
-        self.tx(|tx| {
-            let http = Val::Text(http.unwrap_or("").into());
-            let known = tx.query("SELECT id FROM nodes WHERE addr = $1", &[Val::Text(addr.into())])?;
-            if let Some(id) = known.first().and_then(|r| r[0].int()) {
-                tx.exec(
-                    "UPDATE nodes SET http = $2, free = $3 WHERE id = $1",
-                    &[Val::Int(id), http, Val::Int(free as i64)],
-                )?;
-                return Ok(id as u64);
-            }
-            let id = next_id(tx)?;
-            tx.exec(
-                "INSERT INTO nodes (id, addr, http, free) VALUES ($1, $2, $3, $4)",
-                &[Val::Int(id as i64), Val::Text(addr.into()), http, Val::Int(free as i64)],
-            )?;
-            Ok(id)
-        })
-    }
-
-    /// Every data node that has joined.
-    pub fn nodes(&self) -> Result<Vec<Node>> {
-        self.tx(|tx| {
-            let rows = tx.query("SELECT id, addr, http, free FROM nodes ORDER BY id", &[])?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| {
-                    Some(Node {
-                        id: r[0].int()? as u64,
-                        addr: r[1].text()?.to_string(),
-                        http: r[2].text().filter(|h| !h.is_empty()).map(str::to_string),
-                        free: r[3].int()? as u64,
-                    })
-                })
-                .collect())
-        })
-    }
-
-    /// A setting's value (the cluster's sealed keys live in one), if it has one.
-    pub fn setting(&self, name: &str) -> Result<Option<String>> {
-        self.tx(|tx| {
-            let rows = tx.query("SELECT value FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
-            Ok(rows.first().and_then(|r| r[0].text()).map(str::to_string))
-        })
-    }
-
-    /// Sets a setting to what `f` makes of its current value, in one transaction (so
-    /// two heads that change it at once do not lose either change); answers the value.
-    /// `f` answering the value it was given leaves the row as it is.
-    pub fn update_setting(
-        &self,
-        name: &str,
-        mut f: impl FnMut(Option<&str>) -> Result<String> + Send,
-    ) -> Result<String> {
-        self.tx(|tx| {
-            let rows = tx.query("SELECT value FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
-            let old = rows.first().and_then(|r| r[0].text()).map(str::to_string);
-            let new = f(old.as_deref())?;
-            if old.as_deref() != Some(new.as_str()) {
-                tx.exec("DELETE FROM settings WHERE name = $1", &[Val::Text(name.into())])?;
-                tx.exec(
-                    "INSERT INTO settings (name, value) VALUES ($1, $2)",
-                    &[Val::Text(name.into()), Val::Text(new.clone())],
-                )?;
-            }
-            Ok(new)
-        })
-    }
-
-    /// Every setting, by name (what a dump of the table shows).
-    pub fn settings(&self) -> Result<Vec<(String, String)>> {
-        self.tx(|tx| {
-            let rows = tx.query("SELECT name, value FROM settings ORDER BY name", &[])?;
-            Ok(rows.iter().filter_map(|r| Some((r[0].text()?.to_string(), r[1].text()?.to_string()))).collect())
-        })
-    }
-
-    /// Removes a setting.
-    pub fn remove_setting(&self, name: &str) -> Result<()> {
-        self.tx(|tx| tx.exec("DELETE FROM settings WHERE name = $1", &[Val::Text(name.into())]).map(drop))
-    }
-
-    /// Queues a version's bytes for removal once `after` (seconds since the epoch) has
-    /// passed: by then no capability for it is valid.
-    pub fn add_garbage(&self, entry: &Entry, after: u64) -> Result<()> {
-        let Content::Nodes(nodes) = &entry.content else { return Ok(()) };
-        if entry.kind != Kind::File || nodes.is_empty() {
-            return Ok(());
-        }
-        self.tx(|tx| {
-            tx.exec(
-                "INSERT INTO garbage (object, version, nodes, after) VALUES ($1, $2, $3, $4)",
-                &[
-                    Val::Int(entry.object as i64),
-                    Val::Int(entry.version as i64),
-                    Val::Text(nodes_text(nodes)),
-                    Val::Int(after as i64),
-                ],
-            )
-            .map(drop)
-        })
-    }
-
-    /// Versions whose removal is due at `now`.
-    pub fn due_garbage(&self, now: u64) -> Result<Vec<Garbage>> {
-        self.tx(|tx| {
-            let rows = tx.query(
-                "SELECT object, version, nodes FROM garbage WHERE after <= $1 LIMIT 1000",
-                &[Val::Int(now as i64)],
-            )?;
-            Ok(rows
-                .iter()
-                .filter_map(|r| {
-                    Some(Garbage {
-                        object: r[0].int()? as u64,
-                        version: r[1].int()? as u64,
-                        nodes: r[2].text()?.split(',').filter_map(|n| n.parse().ok()).collect(),
-                    })
-                })
-                .collect())
-        })
-    }
-
-    /// Forgets a version whose bytes are gone.
-    pub fn forget_garbage(&self, g: &Garbage) -> Result<()> {
-        self.tx(|tx| {
-            tx.exec(
-                "DELETE FROM garbage WHERE object = $1 AND version = $2",
-                &[Val::Int(g.object as i64), Val::Int(g.version as i64)],
-            )
-            .map(drop)
-        })
-    }
 }
 
 fn get(tx: &mut dyn Tx, path: &str) -> Result<Option<Entry>> {
@@ -629,29 +448,6 @@ fn next_id(tx: &mut dyn Tx) -> Result<u64> {
     let id: u64 = rows.first().and_then(|r| r[0].text()).and_then(|t| t.parse().ok()).unwrap_or(2);
     tx.exec("UPDATE settings SET value = $1 WHERE name = 'next_id'", &[Val::Text((id + 1).to_string())])?;
     Ok(id)
-}
-
-fn rights(tx: &mut dyn Tx, subject: &str, dir: &str) -> Result<Rights> {
-    let entries = acl(tx, dir)?;
-    Ok(entries.iter().filter(|e| e.admits(subject)).fold(Rights(0), |r, e| r.union(e.rights)))
-}
-
-fn acl(tx: &mut dyn Tx, dir: &str) -> Result<Vec<AclEntry>> {
-    let mut at = dir.to_string();
-    loop {
-        let rows =
-            tx.query("SELECT subject, rights FROM acls WHERE path = $1 ORDER BY subject", &[Val::Text(at.clone())])?;
-        if !rows.is_empty() {
-            return Ok(rows
-                .iter()
-                .filter_map(|r| Some(AclEntry { subject: r[0].text()?.to_string(), rights: Rights(r[1].int()? as u8) }))
-                .collect());
-        }
-        match split(&at) {
-            Some((parent, _)) => at = parent.to_string(),
-            None => return Ok(Vec::new()),
-        }
-    }
 }
 
 /// Now, in nanoseconds since the epoch.

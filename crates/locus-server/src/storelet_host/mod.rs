@@ -9,17 +9,19 @@
 //! the CPU. Each run streams its events (started, output, finished) to the connection
 //! that asked, which sends them as frames as they come.
 
+mod worker;
+
+use worker::{describe, lowest_priority};
+
 use crate::transport::{EventFrame, EventStream};
 use bytes::Bytes;
 use locus_proto::types::{
     StoreletEvent, StoreletLogEntry, StoreletReport, StoreletResult, StoreletRunInfo, SubjectStoreletStats,
 };
 use locus_proto::{codec, frame::Kind, Code, Error as WireError};
-use locus_storelet::{Account, CpuBudget, Limits, RunControl, RunOutcome, RunSpec, Runner, StoreletError, Stream};
+use locus_storelet::{CpuBudget, Limits, RunControl, RunOutcome, Runner, StoreletError, Stream};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -517,19 +519,6 @@ fn read_accounts(path: &Path) -> (HashMap<String, SubjectStoreletStats>, u64) {
     (totals, last_run)
 }
 
-/// Puts the calling thread in the SCHED_IDLE class: it runs only when no other thread
-/// wants the CPU, and any waking file-service thread preempts it at once (a low nice
-/// value alone still lets a busy thread finish its time slice first).
-fn lowest_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain system call on the calling thread (pid 0) with a valid parameter.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
-        if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
-            tracing::debug!("storelet worker keeps its priority: {e}");
-        }
-    }
-}
-
 impl State {
     fn subject(&mut self, name: &str, config: &StoreletConfig) -> &mut Subject {
         self.subjects.entry(name.to_string()).or_insert_with(|| Subject {
@@ -543,169 +532,9 @@ impl State {
     }
 }
 
+/// One event frame of a run's stream.
 fn event(kind: Kind, more: bool, meta: &impl serde::Serialize, data: Bytes) -> EventFrame {
     EventFrame { kind, more, meta: codec::encode(meta), data, mergeable: false }
-}
-
-fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletResult {
-    StoreletResult {
-        run,
-        module,
-        exit_code,
-        fuel: a.fuel,
-        cpu_us: a.cpu.as_micros() as u64,
-        peak_memory: a.peak_memory as u64,
-        wall_us: a.wall.as_micros() as u64,
-        output_bytes: a.output as u64,
-        read_bytes: a.read_bytes,
-        write_bytes: a.write_bytes,
-        files_opened: a.files_opened,
-    }
-}
-
-impl Core {
-    /// Runs one job on this worker thread, telling its watcher how it goes.
-    fn execute(&self, job: Job) {
-        let Job { run, submission: s, control, watcher } = job;
-        let module_hash = {
-            let mut state = self.state.lock();
-            let Some(live) = state.runs.get_mut(&run) else { return };
-            live.running = true;
-            live.module.clone()
-        };
-        watcher.started(run, &module_hash);
-        let watcher = Arc::new(parking_lot::Mutex::new(Some(watcher)));
-        let (sink_watcher, sink_control) = (watcher.clone(), control.clone());
-        let sink: locus_storelet::OutputSink = Arc::new(move |stream, bytes| {
-            let keep_going = sink_watcher.lock().as_ref().is_some_and(|w| w.output(stream, bytes));
-            if !keep_going {
-                sink_control.cancel();
-            }
-        });
-        // The directory was resolved beneath the root; its /proc entry names exactly it.
-        let dir = PathBuf::from(format!("/proc/self/fd/{}", s.view.dir.as_raw_fd()));
-        let mut argv = vec!["storelet".to_string()];
-        argv.extend(s.args.iter().cloned());
-        let outcome = if control.is_cancelled() {
-            Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
-        } else if let Some(program) = &s.native {
-            let name = program.file_name().map_or("handler".into(), |n| n.to_string_lossy().into_owned());
-            let mut argv = vec![name];
-            argv.extend(s.args.iter().cloned());
-            let scratch = self.native_roots.join(format!("run-{run}"));
-            let outcome = locus_storelet::native::run_native(locus_storelet::native::NativeSpec {
-                program,
-                args: &argv,
-                layers: &s.view.layers,
-                scratch: &scratch,
-                limits: self.config.limits,
-                output: sink,
-                control: control.clone(),
-            });
-            let _ = std::fs::remove_dir(&scratch);
-            outcome
-        } else {
-            self.runner.module_hashed(module_hash.clone(), &s.wasm).and_then(|(_, module)| {
-                let spec = RunSpec {
-                    args: &argv,
-                    env: &s.env,
-                    dir: Some((&dir, s.write)),
-                    limits: self.config.limits,
-                    output: Some(sink),
-                    control: control.clone(),
-                    record_inputs: s.record_inputs,
-                };
-                self.runner.run(&module, spec)
-            })
-        };
-        let (result, outcome_text) = match &outcome {
-            Ok(out) => (result_of(run, module_hash, out.exit_code, &out.account), format!("exit {}", out.exit_code)),
-            Err(e) => {
-                let account = e.account().cloned().unwrap_or_default();
-                (result_of(run, module_hash, -1, &account), format!("{}: {e}", e.code().name()))
-            }
-        };
-        if let Err(StoreletError::Limit { limit, .. }) = &outcome {
-            *self.state.lock().limits.entry(limit).or_default() += 1;
-        }
-        self.record(run, &s, outcome.is_ok(), &outcome_text, &result);
-        let watcher = watcher.lock().take();
-        if let Some(w) = watcher {
-            w.finished(&result, &outcome);
-        }
-    }
-
-    /// Accounts for a finished run: subject totals, the recent log, the accounts file.
-    fn record(&self, run: u64, s: &Submission, completed: bool, outcome: &str, result: &StoreletResult) {
-        tracing::info!(
-            run,
-            subject = %s.subject,
-            module = %&result.module[..12],
-            outcome,
-            fuel = result.fuel,
-            cpu_us = result.cpu_us,
-            peak_memory = result.peak_memory,
-            wall_us = result.wall_us,
-            read_bytes = result.read_bytes,
-            write_bytes = result.write_bytes,
-            files = result.files_opened,
-            output = result.output_bytes,
-            "storelet finished"
-        );
-        let line = format!(
-            "{} run={run} subject={} module={} outcome={:?} fuel={} cpu_us={} peak_memory={} wall_us={} read_bytes={} write_bytes={} files={} output={}\n",
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            s.subject,
-            result.module,
-            outcome,
-            result.fuel,
-            result.cpu_us,
-            result.peak_memory,
-            result.wall_us,
-            result.read_bytes,
-            result.write_bytes,
-            result.files_opened,
-            result.output_bytes,
-        );
-        if let Err(e) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.accounts_file)
-            .and_then(|mut f| f.write_all(line.as_bytes()))
-        {
-            tracing::warn!("cannot append to {}: {e}", self.accounts_file.display());
-        }
-        let mut state = self.state.lock();
-        let submitted_ms = state.runs.remove(&run).map_or(0, |r| r.submitted_ms);
-        let t = &mut state.subject(&s.subject, &self.config).totals;
-        t.runs += 1;
-        t.stopped += u64::from(!completed);
-        t.cpu_us += result.cpu_us;
-        t.fuel += result.fuel;
-        t.read_bytes += result.read_bytes;
-        t.write_bytes += result.write_bytes;
-        if state.log.len() == LOG_KEPT {
-            state.log.pop_front();
-        }
-        state.log.push_back(Ended {
-            entry: StoreletLogEntry {
-                subject: s.subject.clone(),
-                args: s.args.clone(),
-                outcome: outcome.to_string(),
-                account: result.clone(),
-            },
-            active_file: s.active_file.clone(),
-            submitted_ms,
-        });
-    }
-}
-
-/// An account in words, for error messages.
-fn describe(a: &Account) -> String {
-    format!(
-        "{} fuel, {:?} CPU, {} bytes of memory, {:?} wall time, {} bytes read, {} written, {} files opened, {} bytes of output",
-        a.fuel, a.cpu, a.peak_memory, a.wall, a.read_bytes, a.write_bytes, a.files_opened, a.output
-    )
 }
 
 #[cfg(test)]
