@@ -1,5 +1,8 @@
 //! The kernel's requests (`impl fuser::Filesystem`), each answered from what the mount
 //! knows or by the driver.
+//!
+//! Longer than 700 lines because it is one trait impl, which Rust keeps in one file:
+//! each method is short and hands the work to the rooms (`known`, `handles`, `afs`).
 
 use crate::convert::errno;
 use crate::convert::file_attr;
