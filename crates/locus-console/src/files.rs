@@ -9,10 +9,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
 use locus_proto::ops::{Get, Put, Readdir};
 use locus_proto::{Code, Error as WireError};
-use locus_server::dispatch::Handler;
-use locus_server::session::Session;
-use locus_server::transport::Body;
-use locus_server::Shared;
+use locus_server::{Body, Handler, Session, Shared};
 use std::sync::Arc;
 
 /// Bytes of a file the preview shows.

@@ -1,25 +1,31 @@
 //! The Locus server as a library: [`Server::run`] takes a bound listener and a shutdown
 //! signal, so the `locus serve` binary and the tests start it the same way.
 //!
+//! Its public face is what the CLI, the console and the tests need: [`Server`],
+//! [`ServerConfig`], [`Shared`], a [`Session`] acting as a subject with its [`Handler`]
+//! (the console's file calls), and the modules below. The rest are rooms of its own.
+//!
+//! Public:
 //! - [`active`]: active files, whose lookup runs a registered handler.
-//! - [`chirp`]: the Chirp endpoint, for CCTools' clients (`locus serve --chirp-port`).
 //! - [`callbacks`]: promises to tell a client when what it cached changes (AFS).
+//! - [`chirp`]: the Chirp endpoint, for CCTools' clients (`locus serve --chirp-port`).
+//! - [`cluster`]: the cluster's wing: a head (with the `cluster` feature), whose namespace
+//!   is in a database and whose file contents are on data nodes, and a data node's side
+//!   (joining, objects, keys).
 //! - [`config`]: [`ServerConfig`], the token file and the TLS identity.
-//! - [`dispatch`]: the [`dispatch::Handler`] trait and dispatch, generated from the
-//!   operation table in `locus-proto`.
-//! - [`session`]: one connection's state and the handler that runs operations on the store.
-//! - [`transport`]: the connection's byte streams and the frame writer (sendfile on TCP).
-//! - [`error`]: the crate's error type, `ServerError`.
-//! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
-//! - [`cluster`]: the cluster's wing: a head, whose namespace is in a database and whose
-//!   file contents are on data nodes, and a data node's side (joining, objects, keys).
 //! - [`http`]: the HTTP endpoint of heads and data nodes (`GET` with `Range`, `HEAD`,
-//!   redirects to data nodes).
-//! - [`export_watch`]: inotify on the export, so changes made beside the server break callbacks.
+//!   redirects to data nodes) and the response bodies the console shares.
+//! - [`login`]: the login proof bound to the dialled address (and the TLS exporter).
+//! - [`metrics`]: Prometheus metrics, served by `locus serve --metrics ADDR`.
 //! - [`script_host`]: the file service a script's `fs.*` calls reach (a nested session).
 //! - [`storelet_host`]: storelet runs and active-file handlers submitted, queued and run.
-//! - [`splice`]: file bytes into a socket without a copy through user space.
-//! - [`login`]: the login proof bound to the dialled address (and the TLS exporter).
+//!
+//! Rooms: `connection` (one connection's thread, frame loop and pushes), `dispatch` (the
+//! [`Handler`] trait generated from the operation table in `locus-proto`), `session` (one
+//! connection's state, and `session/handler.rs`, the operations on the store),
+//! `transport` (byte streams and the frame writer, sendfile on TCP), `splice` (file bytes
+//! into a socket without a copy), `export_watch` (inotify on the export, so changes made
+//! beside the server break callbacks), `error` ([`ServerError`]).
 //!
 //! Each connection is one task that reads a frame, runs it to completion and queues the
 //! reply; replies are flushed when no further request is already buffered, so a client
@@ -32,21 +38,24 @@ pub mod chirp;
 pub mod cluster;
 pub mod config;
 mod connection;
-pub mod dispatch;
-pub mod error;
-pub mod export_watch;
+mod dispatch;
+mod error;
+mod export_watch;
 pub mod http;
 pub mod login;
 pub mod metrics;
 pub mod script_host;
-pub mod session;
-pub mod splice;
+mod session;
+mod splice;
 pub mod storelet_host;
-pub mod transport;
+mod transport;
 
 pub use config::{Sendfile, ServerConfig, Tokens};
 pub use connection::{Connection, Outbox, HEARTBEAT_DEAD, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+pub use dispatch::{Answer, Handler, Reply};
 pub use error::ServerError;
+pub use session::Session;
+pub use transport::Body;
 
 use bytes::Bytes;
 use connection::{connection_thread, Accepted};
