@@ -202,15 +202,6 @@ impl Driver for LocalDriver {
     }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         let s = rustix::fs::statvfs(self.local(path)?).map_err(|e| io_error(path, e.into()))?;
-        Ok(StatFs {
-            bsize: s.f_bsize,
-            frsize: s.f_frsize,
-            blocks: s.f_blocks,
-            bfree: s.f_bfree,
-            bavail: s.f_bavail,
-            files: s.f_files,
-            ffree: s.f_ffree,
-            namemax: s.f_namemax,
-        })
+        Ok(StatFs::from(&s))
     }
 }

@@ -72,6 +72,23 @@ pub struct StatFs {
     pub namemax: u64,
 }
 
+impl From<&rustix::fs::StatVfs> for StatFs {
+    /// The record of a host `statvfs`: the one conversion, for the store and the local
+    /// driver alike.
+    fn from(s: &rustix::fs::StatVfs) -> Self {
+        StatFs {
+            bsize: s.f_bsize,
+            frsize: s.f_frsize,
+            blocks: s.f_blocks,
+            bfree: s.f_bfree,
+            bavail: s.f_bavail,
+            files: s.f_files,
+            ffree: s.f_ffree,
+            namemax: s.f_namemax,
+        }
+    }
+}
+
 /// Flags of `open`, in Locus' own stable bits (mapped to the host's `O_*` by the server).
 pub mod open_flags {
     pub const READ: u32 = 1;

@@ -457,16 +457,7 @@ impl Store {
                 s.f_ffree += o.f_ffree;
             }
         }
-        Ok(StatFs {
-            bsize: s.f_bsize,
-            frsize: s.f_frsize,
-            blocks: s.f_blocks,
-            bfree: s.f_bfree,
-            bavail: s.f_bavail,
-            files: s.f_files,
-            ffree: s.f_ffree,
-            namemax: s.f_namemax,
-        })
+        Ok(StatFs::from(&s))
     }
 
     /// Checks existence and, for mode bits R=4, W=2, X=1, the ACL right each needs.
