@@ -5,6 +5,7 @@
 use crate::convert::errno;
 use crate::convert::is_active;
 use crate::convert::locus_flags;
+use crate::handle_table::Behind;
 use crate::journal;
 use crate::known::version;
 use crate::listings::Known;
@@ -30,9 +31,7 @@ impl LocusFs {
 
     /// A handle on the local copy of `ino`, for `open(2)` flags `flags`.
     pub(crate) fn copy_handle(&mut self, ino: u64, flags: i32) -> u64 {
-        let fh = self.next_lazy;
-        self.next_lazy += 1;
-        self.copy_handles.insert(fh, (ino, locus_flags(flags)));
+        let fh = self.handles.own(ino, Behind::Copy(locus_flags(flags)), None);
         if let Some(copy) = self.copies.as_mut().and_then(|c| c.get(ino)) {
             copy.handles += 1;
         }
@@ -53,7 +52,7 @@ impl LocusFs {
         if !kept {
             // A file also open at the server is written there: a copy stored later
             // would undo those writes.
-            if self.open.contains_key(&ino) {
+            if !self.handles.at_server(ino).is_empty() {
                 return None;
             }
             let attr = fresh?;
@@ -306,15 +305,13 @@ impl LocusFs {
     /// changed in a way only the server can make).
     pub(crate) fn spill(&mut self, ino: u64) -> Result<(), i32> {
         self.store(ino, false)?;
-        let handles: Vec<(u64, u32)> =
-            self.copy_handles.iter().filter(|(_, &(i, _))| i == ino).map(|(&fh, &(_, flags))| (fh, flags)).collect();
         let path = self.path(ino)?;
-        for (fh, flags) in handles {
+        for (fh, behind) in self.handles.on(ino, |b| matches!(b, Behind::Copy(_))) {
+            let Behind::Copy(flags) = behind else { continue };
             let flags = flags & !(open_flags::CREATE | open_flags::EXCLUSIVE | open_flags::TRUNCATE);
             let opened = self.driver.open(&path, flags, 0).map_err(errno)?;
-            self.copy_handles.remove(&fh);
-            self.lazy.insert(fh, (ino, Some(opened.handle)));
-            self.open.entry(ino).or_default().push(opened.handle);
+            self.handles.rebind(fh, Behind::Deferred(Some(opened.handle)));
+            self.handles.opened_at_server(ino, opened.handle);
         }
         self.copies.as_mut().map(|c| c.remove(ino));
         Ok(())

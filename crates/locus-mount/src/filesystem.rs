@@ -7,6 +7,7 @@
 use crate::convert::errno;
 use crate::convert::file_attr;
 use crate::convert::set_time;
+use crate::handle_table::{Behind, Handle};
 use crate::inodes;
 use crate::known::version;
 use crate::listings::Known;
@@ -117,7 +118,7 @@ impl Filesystem for LocusFs {
             return reply.attr(&self.ttl(), &file_attr(ino, attr));
         }
         let fh = fh.and_then(|h| self.opened(h));
-        let by_handle = fh.or_else(|| self.open.get(&ino).and_then(|v| v.first().copied()));
+        let by_handle = fh.or_else(|| self.handles.at_server(ino).first().copied());
         let attr = match by_handle {
             Some(h) => self.driver.fstat(h).map_err(errno),
             None => self.path(ino).and_then(|p| self.lstat(&p)),
@@ -221,8 +222,8 @@ impl Filesystem for LocusFs {
                 self.forget_known(ino, fh);
                 if let Some(h) = fh {
                     match usize::try_from(size).ok().filter(|&size| size <= KNOWN_MAX) {
-                        Some(size) => self.known.get_mut(&h).map_or((), |content| content.resize(size, 0)),
-                        None => drop(self.known.remove(&h)),
+                        Some(size) => self.handles.known_mut(h).map_or((), |content| content.resize(size, 0)),
+                        None => self.handles.set_known(h, None),
                     }
                 }
             }
@@ -407,24 +408,25 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        if let Some(&(ino, _)) = self.copy_handles.get(&fh) {
+        if let Some(Handle { ino, behind: Behind::Copy(_), .. }) = self.handles.get(fh) {
+            let ino = *ino;
             let copy = self.copies.as_mut().and_then(|c| c.get(ino));
             let data =
                 copy.map(|c| c.read(offset as u64, size)).unwrap_or_else(|| Err(std::io::Error::other("no copy")));
             let data = ok_or_reply!(data.map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)), reply);
             return reply.data(&data);
         }
-        if let Some(&(ino, None)) = self.lazy.get(&fh) {
+        if let Some(&Handle { ino, behind: Behind::Deferred(None), .. }) = self.handles.get(fh) {
             // Not open at the server: a break since drops what it fetched, and a read
             // from the start of a small file fetches it whole.
             self.absorb();
-            if offset == 0 && !self.known.contains_key(&fh) {
+            if offset == 0 && self.handles.known(fh).is_none() {
                 if let Some(content) = self.fetch_small(ino) {
-                    self.known.insert(fh, content);
+                    self.handles.set_known(fh, Some(content));
                 }
             }
         }
-        if let Some(content) = self.known.get(&fh) {
+        if let Some(content) = self.handles.known(fh) {
             let start = usize::try_from(offset).unwrap_or(usize::MAX).min(content.len());
             let end = start.saturating_add(size as usize).min(content.len());
             return reply.data(&content[start..end]);
@@ -446,7 +448,7 @@ impl Filesystem for LocusFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
-        if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
+        if let Behind::Copy(flags) = self.handles.behind(fh) {
             let append = flags & open_flags::APPEND != 0;
             let path = ok_or_reply!(self.path(ino), reply);
             let mut result = self.copies.as_mut().map(|c| c.write(ino, &path, offset as u64, data, append));
@@ -474,7 +476,7 @@ impl Filesystem for LocusFs {
         ok_or_reply!(self.driver.pwrite_behind(fh, offset as u64, data).map_err(errno), reply);
         self.written.insert(fh);
         self.forget_known(ino, Some(fh));
-        if let Some(content) = self.known.get_mut(&fh) {
+        if let Some(content) = self.handles.known_mut(fh) {
             let start = offset as usize;
             match start.checked_add(data.len()).filter(|&end| end <= KNOWN_MAX) {
                 Some(end) => {
@@ -483,7 +485,7 @@ impl Filesystem for LocusFs {
                     }
                     content[start..end].copy_from_slice(data);
                 }
-                None => drop(self.known.remove(&fh)),
+                None => self.handles.set_known(fh, None),
             }
         }
         // Our own write changed the file: its next open must not trust the old pages
@@ -497,7 +499,7 @@ impl Filesystem for LocusFs {
     }
 
     fn flush(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _lock_owner: u64, reply: ReplyEmpty) {
-        if let Some(&(_, flags)) = self.copy_handles.get(&fh) {
+        if let Behind::Copy(flags) = self.handles.behind(fh) {
             // Closing a file opened for writing (or made by this open) stores it: its
             // errors show here.
             if flags & (open_flags::WRITE | open_flags::CREATE) != 0 {
@@ -514,9 +516,9 @@ impl Filesystem for LocusFs {
         // The pages this handle wrote are in the kernel's cache: once the server says
         // what the file now is, an open that finds it so keeps them.
         let attr = ok_or_reply!(self.driver.settle_stat(fh).map_err(errno), reply);
-        if self.open.get(&ino).is_some_and(|h| h.len() == 1) {
+        if self.handles.at_server(ino).len() == 1 {
             self.seen.lock().insert(ino, version(&attr));
-            let content = self.known.get(&fh).filter(|c| c.len() as u64 == attr.size);
+            let content = self.handles.known(fh).filter(|c| c.len() as u64 == attr.size);
             if let (Some(content), Some(notifier)) = (content, self.notifier.get()) {
                 if let Err(e) = notifier.store(ino, 0, content) {
                     tracing::debug!("notify store: {e}");
@@ -539,30 +541,23 @@ impl Filesystem for LocusFs {
         reply: ReplyEmpty,
     ) {
         self.opened_file(ino, -1);
-        if self.copy_handles.remove(&fh).is_some() {
-            self.release_copy(ino);
-            return reply.ok();
-        }
-        self.known.remove(&fh);
-        let fh = match self.lazy.remove(&fh) {
-            Some((_, Some(real))) => real,
-            Some((_, None)) => return reply.ok(),
-            None => fh,
-        };
-        self.known.remove(&fh);
-        self.written.remove(&fh);
-        if let Some(handles) = self.open.get_mut(&ino) {
-            handles.retain(|&h| h != fh);
-            if handles.is_empty() {
-                self.open.remove(&ino);
+        let fh = match self.handles.release(fh).map(|h| h.behind) {
+            Some(Behind::Copy(_)) => {
+                self.release_copy(ino);
+                return reply.ok();
             }
-        }
+            Some(Behind::Deferred(None)) => return reply.ok(),
+            Some(Behind::Deferred(Some(real))) => real,
+            Some(Behind::Server) | None => fh,
+        };
+        self.written.remove(&fh);
+        self.handles.closed_at_server(ino, fh);
         ok_or_reply!(self.driver.close(fh).map_err(errno), reply);
         reply.ok();
     }
 
     fn fsync(&mut self, _req: &Request<'_>, ino: u64, fh: u64, _datasync: bool, reply: ReplyEmpty) {
-        if self.copy_handles.contains_key(&fh) {
+        if let Behind::Copy(_) = self.handles.behind(fh) {
             // What fsync acknowledges is on the server's disk.
             ok_or_reply!(self.store(ino, true), reply);
             return reply.ok();

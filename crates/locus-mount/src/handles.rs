@@ -1,9 +1,10 @@
-//! Open files: handles at the server, handles deferred until a read needs them (a
+//! Opening files for the kernel: at the server, deferred until a read needs them (a
 //! small file is fetched whole at its open), and the count of the kernel's handles.
 
 use crate::convert::errno;
 use crate::convert::locus_flags;
 use crate::convert::FOPEN_NOFLUSH;
+use crate::handle_table::{Behind, Handle};
 use crate::known::version;
 use crate::LocusFs;
 use crate::CALLBACK_TTL;
@@ -15,29 +16,26 @@ use std::ffi::OsStr;
 /// Files at most this large are fetched whole to be read (see [`LocusFs::fetch_small`]).
 pub(crate) const WHOLE_MAX: u64 = 256 << 10;
 
-/// Handles of opens deferred until a read needs them are numbered from here (the
-/// drivers' own handles are far below).
-pub(crate) const FIRST_LAZY: u64 = 1 << 63;
-
 impl LocusFs {
     /// The server handle behind a handle given to the kernel, opening the file at the
     /// server now if its open was deferred.
     pub(crate) fn real(&mut self, fh: u64) -> Result<u64, i32> {
-        let Some(&(ino, real)) = self.lazy.get(&fh) else { return Ok(fh) };
-        if let Some(h) = real {
-            return Ok(h);
-        }
+        let ino = match self.handles.get(fh) {
+            Some(Handle { ino, behind: Behind::Deferred(None), .. }) => *ino,
+            Some(Handle { behind: Behind::Deferred(Some(h)), .. }) => return Ok(*h),
+            _ => return Ok(fh),
+        };
         let path = self.path(ino)?;
         let opened = self.driver.open(&path, open_flags::READ, 0).map_err(errno)?;
-        self.lazy.insert(fh, (ino, Some(opened.handle)));
-        self.open.entry(ino).or_default().push(opened.handle);
+        self.handles.rebind(fh, Behind::Deferred(Some(opened.handle)));
+        self.handles.opened_at_server(ino, opened.handle);
         Ok(opened.handle)
     }
 
     /// The whole content of `ino`, fetched in one round trip (a streamed `get`, refused as
     /// an open would be) where it is a small file and callbacks hold: reading a small
     /// file then costs one round trip, not an open and a read (`grep -r`, a compiler
-    /// reading headers). Its handle answers reads from it ([`LocusFs::known`]) without
+    /// reading headers). Its handle answers reads from it ([`handle_table::Handle::known`](crate::handle_table::Handle::known)) without
     /// being opened at the server, unless the name is about to go ([`LocusFs::pin`]),
     /// until a break drops it ([`LocusFs::drop_fetched`]). `None` for a large or active
     /// file, without callbacks, or where the fetch fails: the caller opens the file at
@@ -60,49 +58,37 @@ impl LocusFs {
         let content = self.fetch_small(ino)?;
         let now = self.fresh(ino).map(version)?;
         let keep = self.seen.lock().insert(ino, now) == Some(now);
-        let fh = self.next_lazy;
-        self.next_lazy += 1;
-        self.lazy.insert(fh, (ino, None));
-        self.known.insert(fh, content);
+        let fh = self.handles.own(ino, Behind::Deferred(None), Some(content));
         Some((fh, keep))
     }
 
     /// Drops the contents fetched for handles not open at the server, of the inodes
     /// `of` picks: their next read opens the file there.
     pub(crate) fn drop_fetched(&mut self, of: impl Fn(u64) -> bool) {
-        let lazy = &self.lazy;
-        self.known.retain(|fh, _| !lazy.get(fh).is_some_and(|&(ino, real)| real.is_none() && of(ino)));
+        self.handles.drop_fetched(of);
     }
 
     /// The server handle behind a handle given to the kernel, if the file is open at
     /// the server.
     pub(crate) fn opened(&self, fh: u64) -> Option<u64> {
-        if self.copy_handles.contains_key(&fh) {
-            return None;
-        }
-        match self.lazy.get(&fh) {
-            Some(&(_, real)) => real,
-            None => Some(fh),
+        match self.handles.behind(fh) {
+            Behind::Copy(_) => None,
+            Behind::Deferred(real) => real,
+            Behind::Server => Some(fh),
         }
     }
 
     /// Opens at the server every deferred open of `ino`, before its name goes away.
     pub(crate) fn pin(&mut self, ino: Option<u64>) {
         let Some(ino) = ino else { return };
-        let deferred: Vec<u64> =
-            self.lazy.iter().filter(|(_, &(i, h))| i == ino && h.is_none()).map(|(&fh, _)| fh).collect();
-        for fh in deferred {
+        for (fh, _) in self.handles.on(ino, |b| b == Behind::Deferred(None)) {
             let _ = self.real(fh);
         }
     }
 
     /// `ino` changed through `fh` (`None`: by path): other handles' known content is stale.
     pub(crate) fn forget_known(&mut self, ino: u64, fh: Option<u64>) {
-        for h in self.open.get(&ino).into_iter().flatten() {
-            if Some(*h) != fh {
-                self.known.remove(h);
-            }
-        }
+        self.handles.forget_known(ino, fh);
     }
 
     /// Opens `ino` for the kernel: answers the handle and the `FOPEN_*` flags.
@@ -119,7 +105,7 @@ impl LocusFs {
             // the server answers each read when its bytes are there (0 at the end).
             let path = self.path(ino)?;
             let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno)?;
-            self.open.entry(ino).or_default().push(opened.handle);
+            self.handles.server(ino, opened.handle, None);
             return Ok((opened.handle, fuser::consts::FOPEN_DIRECT_IO | no_flush));
         }
         if !read_only || self.unstored(ino).is_some() {
@@ -131,9 +117,7 @@ impl LocusFs {
         if read_only && cached.is_some() && self.seen.lock().get(&ino) == cached.as_ref() {
             // Unchanged within the attribute timeout and its pages are cached: the kernel
             // may well read nothing from the server.
-            let fh = self.next_lazy;
-            self.next_lazy += 1;
-            self.lazy.insert(fh, (ino, None));
+            let fh = self.handles.own(ino, Behind::Deferred(None), None);
             return Ok((fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush));
         }
         if read_only {
@@ -150,11 +134,9 @@ impl LocusFs {
         // Keep the cached pages only if the file is as it was when last opened.
         let now = version(&opened.attr);
         let keep = self.seen.lock().insert(ino, now) == Some(now);
-        self.open.entry(ino).or_default().push(opened.handle);
+        let empty = !read_only && opened.attr.size == 0 && opened.attr.is_file();
+        self.handles.server(ino, opened.handle, empty.then(Vec::new));
         self.remember(ino, &opened.attr);
-        if !read_only && opened.attr.size == 0 && opened.attr.is_file() {
-            self.known.insert(opened.handle, Vec::new());
-        }
         if !read_only {
             self.wrote_in(ino);
         }
@@ -195,10 +177,7 @@ impl LocusFs {
         let ino = self.inodes.lookup(path);
         self.remember(ino, &opened.attr);
         self.seen.lock().insert(ino, version(&opened.attr));
-        self.open.entry(ino).or_default().push(opened.handle);
-        if opened.attr.size == 0 {
-            self.known.insert(opened.handle, Vec::new());
-        }
+        self.handles.server(ino, opened.handle, (opened.attr.size == 0).then(Vec::new));
         self.wrote_in(ino);
         Ok((ino, opened.attr, opened.handle))
     }

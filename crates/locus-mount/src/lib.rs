@@ -48,6 +48,7 @@ mod afs;
 mod breaks;
 mod convert;
 mod filesystem;
+mod handle_table;
 mod handles;
 mod inodes;
 mod journal;
@@ -59,7 +60,6 @@ mod writeback;
 pub use options::{Consistency, MountOptions};
 
 use breaks::{take_breaks, AbsentNames, Broken, OpenFiles, Seen};
-use handles::FIRST_LAZY;
 use inodes::Inodes;
 use listings::Listings;
 use locus_drivers::{Attr, Driver};
@@ -77,7 +77,7 @@ pub(crate) const CALLBACK_TTL: Duration = Duration::from_secs(24 * 3600);
 /// How often unsaved copies whose store failed are tried again.
 pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(5);
 
-/// The most content kept per handle in [`LocusFs::known`].
+/// The most content kept per handle in [`handle_table::Handle::known`](crate::handle_table::Handle::known).
 pub(crate) const KNOWN_MAX: usize = 8 << 20;
 
 /// Whether a FUSE file system is mounted on `mountpoint`, by /proc/self/mountinfo (the
@@ -107,26 +107,15 @@ pub struct LocusFs {
     open_files: OpenFiles,
     /// Names the kernel was told are absent until a break.
     absent: AbsentNames,
-    /// Server handles open on each inode: how a file removed while open is still
-    /// described (the kernel asks for its attributes without a handle).
-    open: HashMap<u64, Vec<u64>>,
+    /// Every handle given to the kernel, and the server handles open on each inode.
+    handles: handle_table::HandleTable,
     /// The attributes last answered by the server for each inode, and when.
     attrs: HashMap<u64, (Attr, Instant)>,
     /// Names in recently listed directories.
     listings: Listings,
-    /// Read-only opens not yet made at the server, by the handle given to the kernel:
-    /// the inode, and the server handle once a read needed one.
-    lazy: HashMap<u64, (u64, Option<u64>)>,
-    next_lazy: u64,
     /// Handles written through since their last flush, which then learns the attributes
     /// the writes left: the pages they put in the kernel's cache stay valid after it.
     written: HashSet<u64>,
-    /// The whole content of files opened for writing while empty and written only
-    /// through that handle since, up to [`KNOWN_MAX`]: reads on the handle answer from it
-    /// (programs that read back what they write, as `as` does, cost no round trip).
-    /// Also, by the handle given to the kernel, small files fetched whole at their open
-    /// or first read ([`LocusFs::fetch_small`]).
-    known: HashMap<u64, Vec<u8>>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
     notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Whether the driver turned callbacks on (they hold only while
@@ -139,8 +128,6 @@ pub struct LocusFs {
     statfs: Option<(locus_drivers::StatFs, Instant)>,
     /// Local copies of files written back (`--consistency afs`; `None` otherwise).
     copies: Option<Copies>,
-    /// Handles given to the kernel on local copies: the inode and the Locus open flags.
-    copy_handles: HashMap<u64, (u64, u32)>,
     /// Directories the server let the mount write in, and when it last did: where files
     /// may be made and written locally before the server has a say.
     writable: HashMap<u64, Instant>,
@@ -224,7 +211,6 @@ impl LocusFs {
             closing: false,
             callbacks,
             copies,
-            copy_handles: HashMap::new(),
             writable: HashMap::new(),
             removable: HashMap::new(),
             driver,
@@ -235,12 +221,9 @@ impl LocusFs {
             gone,
             open_files,
             absent,
-            open: HashMap::new(),
+            handles: handle_table::HandleTable::default(),
             attrs: HashMap::new(),
-            lazy: HashMap::new(),
-            next_lazy: FIRST_LAZY,
             written: HashSet::new(),
-            known: HashMap::new(),
             notifier,
             broken,
             statfs: None,
