@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{admin_token, serve, start_chirp, start_locus_chirp, wait_for_port, Mount};
+use common::{admin_token, serve, start_chirp, start_locus_chirp, wait_for_port, within, Mount};
 use locus_mount::is_mounted as mounted;
 use locus_testkit::TestServer;
 use std::path::Path;
@@ -502,20 +502,6 @@ fn mount_at(url: &str, scratch: &Path, name: &str, flags: &[&str]) -> Mount {
 fn afs_mount_at(s: &TestServer, name: &str) -> Mount {
     let cache = s.scratch().join("cache");
     mount_at(&s.url("/d"), s.scratch(), name, &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()])
-}
-
-/// Retries `check` for up to `limit`: a break travels one way on its own connection.
-fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

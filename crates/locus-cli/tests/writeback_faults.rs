@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{admin_token, serve, spawn_mount, Mount};
+use common::{admin_token, serve, spawn_mount, within, Mount};
 use locus_testkit::TestServer;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -31,20 +31,6 @@ fn afs(s: &TestServer, name: &str) -> Mount {
     let cache = s.scratch().join("cache");
     let flags = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
     mount(&s.url("/d"), s.scratch(), name, "admin-token", &flags)
-}
-
-/// Retries `check` for up to `limit`.
-fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A Python process in `dir` that opens `name` for writing, writes `data`, says

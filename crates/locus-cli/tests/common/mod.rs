@@ -140,3 +140,18 @@ pub fn spawn_mount(url: &str, mnt: &Path, home: &Path, token: &str, flags: &[&st
     }
     Mount { child, mnt }
 }
+
+/// Retries `check` for up to `limit`, every 5 ms: a break travels one way on its own
+/// connection, and a mount's background store takes its time.
+pub fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
