@@ -14,10 +14,10 @@
 //!   beside the same program unmodified and on `locus mount`.
 //! - [`mount`]: `locus bench mount`, Figure 4 rows and an Andrew-like run on `locus mount`
 //!   (Locus and Chirp drivers) beside a local directory.
-//! - [`proxy`]: the delay proxy that emulates round-trip time (this machine has no netem).
 //! - [`pingpong`]: the bare TCP request/reply floor.
 //! - [`placement`]: pinning clients and servers to CPUs, the same for every target.
-//! - [`peers`]: starting and stopping the servers under test.
+//! The peers' processes and the delay proxy that emulates round-trip time (this machine
+//! has no netem) are `locus_testkit::peers` and `locus_testkit::proxy`, shared with the tests.
 //! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`soak`]: `locus bench soak`, mixed clients against one server for minutes:

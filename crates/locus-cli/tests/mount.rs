@@ -1,6 +1,9 @@
 //! `locus mount` against a real server: unmodified programs (ls, cp, grep, find, tar,
 //! make and cc, Python, a shell that forks and execs) work on the mounted directory and
 //! their effects land in the export; errors keep their errno; `locus umount` ends it.
+//!
+//! Longer than 700 lines because each test file is a binary of its own to build and
+//! link in release: the mount's end-to-end tests share one (helpers in `common`).
 
 mod common;
 

@@ -1,15 +1,14 @@
 //! Making a connection: where to (`ConnectOptions`), how long to wait
 //! (`Deadlines`), TCP keepalive, TLS, the preamble and the login handshake.
 
-use crate::credentials;
 use crate::error::Result;
 use crate::nodes;
+use crate::options::ConnectOptions;
 use crate::receive::read_loop;
 use crate::BoxRead;
 use crate::BoxWrite;
 use crate::Client;
 use crate::ClientError;
-use crate::Credentials;
 use crate::Inner;
 use crate::LocusUrl;
 use locus_proto::auth;
@@ -18,10 +17,8 @@ use locus_proto::ops::*;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::TcpStream;
 
@@ -43,68 +40,6 @@ pub(crate) fn keepalive(socket: RawFd) {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 10);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 2);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 3);
-}
-
-/// How to reach and authenticate to a server.
-#[derive(Clone, Debug)]
-pub struct ConnectOptions {
-    /// `HOST:PORT`, as the user wrote it: the login proof covers it, so the server checks
-    /// that it names the server.
-    pub addr: String,
-    pub credentials: Credentials,
-    /// Connect with TLS, trusting the certificate(s) in this PEM file.
-    pub tls_ca: Option<PathBuf>,
-    /// Host name the server's certificate must carry (defaults to the host of `addr`).
-    pub tls_name: Option<String>,
-    /// How long to wait for the server before giving up on it.
-    pub deadlines: Deadlines,
-}
-
-/// How long a client waits before it gives up on a server (or data node) that does not
-/// answer: one that hangs, rather than dies, then costs a bounded wait, and reads fail
-/// over to the next replica or the head. Streams are bounded by progress: each frame
-/// must come (or go) within `request`, however long the whole transfer takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deadlines {
-    /// Connecting, TLS and the handshake.
-    pub connect: Duration,
-    /// A request's reply; each frame of a streamed reply; each frame sent. Operations
-    /// that carry out long work (`rebalance_apply`, storelet runs) are bounded by the
-    /// server's own limits instead.
-    pub request: Duration,
-    /// One read at a data node, before the client tries the next replica or the head.
-    pub node_read: Duration,
-}
-
-impl Default for Deadlines {
-    fn default() -> Self {
-        Deadlines {
-            connect: Duration::from_secs(10),
-            request: Duration::from_secs(60),
-            node_read: Duration::from_secs(10),
-        }
-    }
-}
-
-impl ConnectOptions {
-    /// Options for `url`, with credentials found as [`Credentials::find`] does and, for a
-    /// `locus+tls://` URL, the CA file in `LOCUS_TLS_CA` or the local server's certificate.
-    pub fn for_url(url: &LocusUrl) -> Result<ConnectOptions> {
-        let authority = url.authority();
-        let credentials = Credentials::find(&authority)?;
-        let tls_ca = url.tls.then(|| {
-            std::env::var_os("LOCUS_TLS_CA")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
-        });
-        Ok(ConnectOptions {
-            addr: authority,
-            credentials,
-            tls_ca,
-            tls_name: Some(url.host.clone()),
-            deadlines: Deadlines::default(),
-        })
-    }
 }
 
 pub(crate) async fn tls_connect(

@@ -18,6 +18,7 @@ mod connect;
 pub mod credentials;
 pub mod error;
 pub mod nodes;
+mod options;
 mod pending;
 mod receive;
 pub mod script_cache;
@@ -46,7 +47,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-pub use connect::{ConnectOptions, Deadlines, HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT};
+pub use connect::{HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT};
+pub use options::{ConnectOptions, Deadlines};
 pub use pending::{Pending, PendingListing};
 pub use storelets::{script_id, StoreletOutput, StoreletRun, StoreletUpdate};
 

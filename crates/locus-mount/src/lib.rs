@@ -25,11 +25,13 @@
 //! Permissions are the server's: its ACLs decide every operation.
 //!
 //! The rooms: `filesystem` (the kernel's requests, `impl Filesystem` alone) calls into
-//! `known` (attributes, names, listings), `handles` (open files), `afs` (write-back,
+//! `known` (attributes, names, listings), `handles` (opening files), `afs` (write-back,
 //! over `writeback` and `journal`) and `breaks` (callbacks); those are methods of the one
-//! [`LocusFs`] split by concern, and call one another where a concern needs another's
-//! (an inherent mutual dependency of one type's methods); `convert`, `inodes`,
-//! `listings` and `options` depend on none of them.
+//! [`LocusFs`] split by concern, and call one another's methods where a concern needs
+//! another's, while their files import one way (checked by the house rules in
+//! crates/locus-cli/tests/house.rs). `handle_table` (every handle given to the kernel and
+//! what it stands for), `convert`, `inodes`, `listings` and `options` depend on none of
+//! them; the timings and bounds they share are here.
 //!
 //! Errors keep their errno: the drivers answer POSIX codes (Locus' own codes and
 //! Chirp's map to the closest errno), and a lost connection is `EIO`.

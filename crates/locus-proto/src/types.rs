@@ -72,6 +72,7 @@ pub struct StatFs {
     pub namemax: u64,
 }
 
+#[cfg(feature = "host")]
 impl From<&rustix::fs::StatVfs> for StatFs {
     /// The record of a host `statvfs`: the one conversion, for the store and the local
     /// driver alike.

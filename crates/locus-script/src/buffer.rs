@@ -84,6 +84,7 @@ impl UserData for Buffer {
     }
 }
 
+/// Bytes of a string or buffer argument.
 pub fn bytes_of(v: &LuaValue) -> mlua::Result<Vec<u8>> {
     match v {
         LuaValue::String(s) => Ok(s.as_bytes().to_vec()),

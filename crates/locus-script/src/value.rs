@@ -208,7 +208,6 @@ pub fn to_lua(lua: &Lua, v: &Value) -> mlua::Result<LuaValue> {
     })
 }
 
-/// Bytes of a string or buffer argument.
 #[cfg(test)]
 mod tests {
     use super::*;

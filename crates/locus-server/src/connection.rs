@@ -4,8 +4,9 @@
 
 use crate::dispatch::{self, Encoded};
 use crate::session::Session;
-use crate::transport::{DirectWrite, FrameWriter, IdlePoll, ReadHalf, WriteHalf};
-use crate::{login, splice, transport, Push, PushQueue, Shared, DRAIN_TIMEOUT};
+use crate::session_io::{reply_later, Connection, Outbox};
+use crate::transport::{FrameWriter, IdlePoll, ReadHalf, WriteHalf};
+use crate::{login, splice, Push, PushQueue, Shared, DRAIN_TIMEOUT};
 use bytes::{Bytes, BytesMut};
 use locus_proto::frame::{self, Header, Kind, HEADER_LEN};
 use locus_proto::{codec, Code, Error as WireError, Limits};
@@ -16,41 +17,6 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
-
-/// What the frame loop needs of a connection's session besides its operations.
-pub trait Connection: dispatch::Handler {
-    /// True once the handshake has succeeded.
-    fn authenticated(&self) -> bool;
-    /// Records the id and MORE flag of the frame about to be dispatched.
-    fn set_current(&mut self, id: u32, more: bool);
-    /// True when `id` is an upload in progress (its next frames are continuations).
-    fn is_uploading(&self, id: u32) -> bool;
-    /// Handles a continuation frame of an upload.
-    fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError>;
-    /// For a `pwrite` whose data may go straight from the socket into a file: the file
-    /// and offset (see [`Session::direct_write_target`]).
-    fn direct_write_target(&self, _meta: &[u8]) -> Option<(Arc<locus_store::OpenFile>, u64)> {
-        None
-    }
-    /// A `pwrite` went straight into `file`: other clients' promises on it break.
-    fn wrote_directly(&self, _file: &locus_store::OpenFile) {}
-    /// Paths the request just handled holds no callback promise on, though callbacks
-    /// are on: sent as a `PUSH_NO_PROMISE` before its reply.
-    fn take_unpromised(&mut self) -> Vec<String> {
-        Vec::new()
-    }
-    /// How long the connection may stay silent before it is taken for dead: set once
-    /// it sends heartbeats and callback breaks go to it (see [`HEARTBEAT_DEAD`]).
-    fn heartbeat_deadline(&self) -> Option<std::time::Duration> {
-        None
-    }
-}
-
-/// How long a connection that sends heartbeats (pings, every
-/// `locus_client::HEARTBEAT_EVERY`) and receives callback breaks may stay silent before
-/// the server takes it for dead: it closes it, and the promises whose breaks went to it
-/// go (a frozen peer or a cut link would otherwise hold them, and let breaks vanish).
-pub const HEARTBEAT_DEAD: std::time::Duration = std::time::Duration::from_secs(8);
 
 /// TCP keepalive on every connection (both ends set it): probes after this much idle
 /// time, then every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] times, so a peer whose
@@ -72,9 +38,6 @@ fn keepalive(socket: &TcpStream) {
         tracing::debug!("TCP keepalive: {e}");
     }
 }
-
-/// Largest frame made by merging a backlog of small output events.
-const MERGED_FRAME_MAX: usize = 1 << 20;
 
 /// A connection handed from the acceptor to a connection thread.
 pub(crate) struct Accepted {
@@ -201,19 +164,35 @@ async fn serve(
     };
     let mut session = Session::new(shared.clone(), client_id, Some(outbox));
     session.set_link(link);
-    #[cfg(feature = "cluster")]
-    if let Some(head) = &shared.head {
-        let mut session = crate::cluster::HeadSession::new(session, head.clone());
-        let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
-        pusher.abort();
-        shared.registry.remove(client_id);
-        return result;
-    }
-    let mut session = session;
-    let result = frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await;
+    // Each arm owns the session, so it (its handles, runs and promises) ends before the
+    // connection leaves the registry. (its handles, runs and promises) ends before the connection leaves
+    // the registry.
+    let result = match head_of(&shared) {
+        #[cfg(feature = "cluster")]
+        Some(head) => {
+            let mut session = crate::cluster::HeadSession::new(session, head);
+            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
+        }
+        _ => {
+            let mut session = session;
+            frame_loop(&shared, &mut session, &mut reader, &writer, &answered, stop, deadline).await
+        }
+    };
     pusher.abort();
     shared.registry.remove(client_id);
     result
+}
+
+/// The cluster this server heads, if it is a head.
+#[cfg(feature = "cluster")]
+fn head_of(shared: &Shared) -> Option<Arc<crate::cluster::Head>> {
+    shared.head.clone()
+}
+
+/// A server built without the `cluster` feature heads no cluster.
+#[cfg(not(feature = "cluster"))]
+fn head_of(_: &Shared) -> Option<std::convert::Infallible> {
+    None
 }
 
 async fn forward_pushes(
@@ -227,55 +206,6 @@ async fn forward_pushes(
             return;
         }
         waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// How a reply made on another thread (by a script's interpreter) reaches its client:
-/// written to the socket right there when the connection's writer is free and no push
-/// waits to go first, else handed to a task on the connection's own thread. The direct
-/// way saves a thread wake-up per script call.
-#[derive(Clone)]
-pub struct Outbox {
-    writer: Arc<tokio::sync::Mutex<FrameWriter>>,
-    runtime: tokio::runtime::Handle,
-    /// Pushes queued for this client and not yet written.
-    pushes: Arc<AtomicUsize>,
-    /// Told after each reply, so the connection's thread, asleep while a script ran,
-    /// polls for the next request (see [`IdlePoll`]).
-    answered: Arc<tokio::sync::Notify>,
-}
-
-impl Outbox {
-    /// Sends the reply to request `id` (operation `op`).
-    pub fn reply(&self, op: u16, id: u32, outcome: Result<Encoded, WireError>) {
-        self.send(op, id, outcome);
-        self.answered.notify_one();
-    }
-
-    fn send(&self, op: u16, id: u32, outcome: Result<Encoded, WireError>) {
-        if self.pushes.load(Ordering::SeqCst) == 0 {
-            if let Ok(mut w) = self.writer.try_lock() {
-                let written = match &outcome {
-                    Ok(Encoded { metas, body: transport::Body::Bytes(data), later: None, .. }) if metas.len() == 1 => {
-                        w.try_frame_now(Kind::Reply, false, op, id, &metas[0], data)
-                    }
-                    Err(err) => w.try_frame_now(Kind::Error, false, op, id, &codec::encode(err), &[]),
-                    Ok(_) => DirectWrite::NoRoom,
-                };
-                match written {
-                    // A failed connection is noticed and closed by its own thread.
-                    DirectWrite::Sent | DirectWrite::Failed => return,
-                    DirectWrite::Buffered => {
-                        drop(w);
-                        let writer = self.writer.clone();
-                        self.runtime.spawn(async move { writer.lock().await.flush().await });
-                        return;
-                    }
-                    DirectWrite::NoRoom => {}
-                }
-            }
-        }
-        self.runtime.spawn(reply_later(self.writer.clone(), op, id, Box::pin(std::future::ready(outcome))));
     }
 }
 
@@ -373,47 +303,6 @@ async fn frame_loop<S: Connection>(
         }
         drop(w);
         shared.metrics.answered(header.op, result, took);
-    }
-}
-
-/// Sends the reply of a request answered elsewhere, whenever it is ready: a storelet's
-/// events, or a script's reply that its interpreter thread could not write itself.
-async fn reply_later(writer: Arc<tokio::sync::Mutex<FrameWriter>>, op: u16, id: u32, later: dispatch::Later) {
-    let outcome = later.await;
-    if let Ok(Encoded { body: transport::Body::Events(mut events), .. }) = outcome {
-        // Frame by frame as they come, so other replies interleave with a long stream.
-        let mut next = events.frames.recv().await;
-        while let Some(e) = next.take() {
-            let mut data = BytesMut::from(&e.data[..]);
-            while e.mergeable && data.len() < MERGED_FRAME_MAX {
-                match events.frames.try_recv() {
-                    Ok(f) if f.mergeable && f.meta == e.meta => data.extend_from_slice(&f.data),
-                    Ok(f) => {
-                        next = Some(f);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
-            let mut w = writer.lock().await;
-            if w.frame(e.kind, e.more, op, id, &e.meta, &data).await.is_err() || w.flush().await.is_err() {
-                return;
-            }
-            drop(w);
-            events.queued.fetch_sub(data.len(), Ordering::Relaxed);
-            if next.is_none() {
-                next = events.frames.recv().await;
-            }
-        }
-        return;
-    }
-    let mut w = writer.lock().await;
-    let sent = match outcome {
-        Ok(enc) => w.reply(op, id, &enc.metas, enc.body).await,
-        Err(err) => w.frame(Kind::Error, false, op, id, &codec::encode(&err), &[]).await,
-    };
-    if sent.is_ok() {
-        let _ = w.flush().await;
     }
 }
 

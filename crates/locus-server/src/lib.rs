@@ -46,15 +46,17 @@ pub mod login;
 pub mod metrics;
 pub mod script_host;
 mod session;
+mod session_io;
 mod splice;
 pub mod storelet_host;
 mod transport;
 
 pub use config::{Sendfile, ServerConfig, Tokens};
-pub use connection::{Connection, Outbox, HEARTBEAT_DEAD, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
+pub use connection::{KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES};
 pub use dispatch::{Answer, Handler, Reply};
 pub use error::ServerError;
 pub use session::Session;
+pub use session_io::{Connection, Outbox, HEARTBEAT_DEAD};
 pub use transport::Body;
 
 use bytes::Bytes;
@@ -191,6 +193,12 @@ impl Server {
     /// Prepares the export and state directories, loads tokens (creating an admin token
     /// on first start) and the TLS identity when enabled.
     pub fn new(config: ServerConfig, tokens: Tokens) -> Result<Server, ServerError> {
+        #[cfg(not(feature = "cluster"))]
+        if config.head.is_some() {
+            return Err(ServerError::Config(
+                "this build of locus-server has no cluster head (build it with the `cluster` feature)".into(),
+            ));
+        }
         config.prepare()?;
         let mut initial = Acl::default();
         initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
@@ -209,12 +217,6 @@ impl Server {
             Some(h) => Some(Arc::new(cluster::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
         };
-        #[cfg(not(feature = "cluster"))]
-        if config.head.is_some() {
-            return Err(ServerError::Config(
-                "this build of locus-server has no cluster head (build it with the `cluster` feature)".into(),
-            ));
-        }
         let callbacks = callbacks::Callbacks::new(config.promises);
         let shared = Arc::new(Shared {
             config,

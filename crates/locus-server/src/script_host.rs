@@ -2,10 +2,8 @@
 //! calling subject, so a script has exactly its caller's rights. Its handles close when
 //! the call ends, with the session.
 //!
-//! A session runs a script through this host, and this host makes a session: the one
-//! import circle between the server's plain rooms (`session` <-> `script_host`),
-//! inherent to a script calling the file service as its caller, and named in the house
-//! rules (crates/locus-cli/tests/house.rs).
+//! A session's handler (`session/handler.rs`) runs a script through this host, and this
+//! host makes a session (`session/mod.rs`): mutual in idea, one way between files.
 
 use crate::dispatch;
 use crate::session::Session;

@@ -37,7 +37,7 @@ pub use view::CodeView;
 use error::OsContext;
 use handles::{random_hex, sweep_stale_uploads};
 use locus_proto::types::{open_flags, Attr, DeviceStats, DirEntry, Rights, SetTime, StatFs, StatsReport, Time};
-use removals::{last_link, object_id, report_removed};
+use removals::{last_link, report_removed};
 use resolve::{resolve_flags, Target};
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
@@ -47,7 +47,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use handles::{OpenFile, PutFile};
-pub use removals::{ObjectId, RemovalObserver};
+pub use removals::RemovalObserver;
+
+/// An object's identity on the server: device and inode numbers.
+pub type ObjectId = (u64, u64);
+
+pub(crate) fn object_id(st: &rustix::fs::Stat) -> ObjectId {
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
 pub use resolve::MAX_PATH;
 
 /// An export: a directory tree shared with clients, whose files may live on several

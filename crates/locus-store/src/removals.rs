@@ -3,6 +3,8 @@
 
 use crate::error::OsContext;
 use crate::error::Result;
+use crate::object_id;
+use crate::ObjectId;
 use crate::Store;
 use crate::StoreError;
 use crate::ACL_FILE;
@@ -11,9 +13,6 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
-
-/// An object's identity on the server: device and inode numbers.
-pub type ObjectId = (u64, u64);
 
 /// Told when an object leaves the export through the store: its last name removed by
 /// `unlink`, `rmdir`, or replaced by `rename` or a finished `put`. Other parts of the
@@ -29,9 +28,6 @@ pub trait RemovalObserver: Send + Sync {
 
 // `struct stat` field types differ between architectures; the casts are for the others.
 #[allow(clippy::unnecessary_cast)]
-pub(crate) fn object_id(st: &rustix::fs::Stat) -> ObjectId {
-    (st.st_dev as u64, st.st_ino as u64)
-}
 
 /// The object `name` in `dir` stands for, when removing that name removes the object (a
 /// directory, or a file with one link) and `observer` is watching.

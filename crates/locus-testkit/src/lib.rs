@@ -3,6 +3,13 @@
 //!
 //! It knows three subjects: `admin` (every right at the root), and `alice` and `bob`,
 //! who have no rights until a test grants them. Tokens are `SUBJECT-token`.
+//!
+//! This is the fixture floor every crate's tests stand on: also [`peers`] (servers
+//! started as processes: `locus serve`, chirp_server, XRootD), [`proxy`] (a delay proxy
+//! for round-trip times), [`TestPostgres`], [`require`] (a missing tool fails a test
+//! with how to install it), and the higher crates a lower crate's tests need
+//! ([`server`], [`script`], [`storelet`], and `console` with the `console` feature,
+//! which also gives `TestServer::console`).
 
 pub mod peers;
 pub mod proxy;

@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+/// How often a node reports to its head.
+pub const REJOIN_EVERY: Duration = Duration::from_secs(10);
+
 /// How a head serves its cluster.
 #[derive(Clone, Debug)]
 pub struct HeadConfig {
@@ -24,7 +27,7 @@ pub struct HeadConfig {
     /// honoured, so a URL cannot be made to live forever.
     pub share_max_ttl: Duration,
     /// After a key rotation, how long the head goes on signing with the old key while
-    /// the data nodes learn the new one (they rejoin every [`crate::cluster::node::REJOIN_EVERY`]).
+    /// the data nodes learn the new one (they rejoin every [`REJOIN_EVERY`]).
     pub key_grace: Duration,
 }
 
@@ -42,7 +45,7 @@ impl HeadConfig {
             capability_ttl: Duration::from_secs(60),
             http: None,
             share_max_ttl: SHARE_MAX_TTL,
-            key_grace: crate::cluster::node::REJOIN_EVERY + Duration::from_secs(5),
+            key_grace: REJOIN_EVERY + Duration::from_secs(5),
         }
     }
 }

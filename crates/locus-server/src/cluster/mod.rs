@@ -14,15 +14,16 @@
 //! Writes are whole-file, as in AFS: a handle opened for writing works on a private copy
 //! that becomes the file's new version when it is closed (or synced).
 //!
-//! The wing's rooms: `head` (the head's state: configuration, namespace, node pool,
-//! keys, garbage collection), `placement` (where a file's bytes are read from:
+//! The wing's rooms: `config` ([`HeadConfig`]), `head` (the head's state: namespace,
+//! node pool, keys, garbage collection), `head_keys` (the keys at rest: the wrap key and
+//! the sealed ring), `http` (the head's HTTP door), `placement` (where a file's bytes are read from:
 //! locations, third-party reads), `writes` (staging a new version and committing it on
 //! nodes), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
 //! head's side of the protocol, [`HeadSession`]), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs) and
-//! `keys` (the cluster's keys sealed in transit and at rest). The plain server reaches
+//! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
 //! the wing through [`HeadSession`] (a connection to a head) and the data-node methods
-//! of `objects` that its [`crate::session::Session`] delegates to.
+//! of `objects` that its [`crate::Session`] delegates to.
 //!
 //! The head's rooms (and `head_keys`, `http`) are built only with the crate's `cluster`
 //! feature, which brings the namespace engines (SQLite, PostgreSQL); without it a server

@@ -16,8 +16,7 @@ use locus_proto::ops::NodeJoin;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a node reports to its head.
-pub const REJOIN_EVERY: Duration = Duration::from_secs(10);
+pub use crate::cluster::config::REJOIN_EVERY;
 
 /// Free bytes in the file system under the node's export.
 fn free_bytes(shared: &Shared) -> u64 {

@@ -51,7 +51,7 @@ pub fn text(status: StatusCode, body: impl Into<String>) -> Response<HttpBody> {
 }
 
 /// The value of `name` in a URL's query.
-pub fn query<'a>(req: &'a Request<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
+pub(crate) fn query<'a>(req: &'a Request<hyper::body::Incoming>, name: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
 }
 

@@ -14,9 +14,10 @@
 //! - On a data node, `/o/OBJECT.VERSION?c=CAPABILITY` serves one object version to
 //!   whoever holds a valid capability for it.
 
-pub mod body;
+pub(crate) mod body;
 
-pub use body::{query, ranged, text, HttpBody};
+use body::query;
+pub use body::{ranged, text, HttpBody};
 
 use crate::Shared;
 use bytes::Bytes;
