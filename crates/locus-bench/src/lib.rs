@@ -16,13 +16,14 @@
 //!   (Locus and Chirp drivers) beside a local directory.
 //! - [`pingpong`]: the bare TCP request/reply floor.
 //! - [`placement`]: pinning clients and servers to CPUs, the same for every target.
-//! The peers' processes and the delay proxy that emulates round-trip time (this machine
-//! has no netem) are `locus_testkit::peers` and `locus_testkit::proxy`, shared with the tests.
 //! - [`storelets`]: `locus bench storelets`, `find` at the server against a client-side
 //!   traversal and a local `find`, and the file service under hostile storelets.
 //! - [`soak`]: `locus bench soak`, mixed clients against one server for minutes:
 //!   throughput and p99 over time, and the server's memory, descriptors and threads.
 //! - [`stats`]: summaries (mean, p50, p99) and medians across repeats.
+//!
+//! The peers' processes and the delay proxy that emulates round-trip time (this machine
+//! has no netem) are `locus_testkit::peers` and `locus_testkit::proxy`, shared with the tests.
 
 pub mod active;
 pub mod agent;

@@ -151,26 +151,20 @@ fn prev_ident(b: &[u8], i: usize) -> bool {
 }
 
 /// Every path a file names: the trees of its `use` items expanded, and the
-/// `crate::`/`super::`/`self::` paths in its code.
+/// `crate::`/`super::`/`self::` paths in the rest of its code.
 fn named_paths(code: &str) -> Vec<Vec<String>> {
-    let mut out = Vec::new();
-    let mut rest = code;
-    while let Some(at) = find_word(rest, "use") {
-        let after = &rest[at + 3..];
-        let Some(end) = after.find(';') else { break };
-        expand(&[], after[..end].trim(), &mut out);
-        rest = &after[end..];
-    }
+    let (items, body) = use_items(code);
+    let mut out: Vec<Vec<String>> = items.into_iter().map(|(p, _)| p).collect();
     for prefix in ["crate::", "super::", "self::"] {
         let mut from = 0;
-        while let Some(at) = code[from..].find(prefix) {
+        while let Some(at) = body[from..].find(prefix) {
             let start = from + at;
             from = start + prefix.len();
-            if prev_ident(code.as_bytes(), start) {
+            if prev_ident(body.as_bytes(), start) {
                 continue;
             }
             let tail: String =
-                code[start..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
+                body[start..].chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
             out.push(tail.split("::").filter(|s| !s.is_empty()).map(str::to_string).collect());
         }
     }
@@ -192,18 +186,24 @@ fn find_word(s: &str, word: &str) -> Option<usize> {
     None
 }
 
-/// Expands `a::b::{c, d::{e, f}}` beneath `base` into whole paths.
-fn expand(base: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
+/// Expands `a::b::{c, d::{e, f as g}}` beneath `base` into whole paths, each with the
+/// name it is bound to (`g` for `f as g`, `d` for `d::{self}`, `*` for a glob).
+fn expand(base: &[String], tree: &str, out: &mut Vec<(Vec<String>, String)>) {
     let tree = tree.trim();
     if tree.is_empty() {
         return;
     }
     match tree.find('{') {
         None => {
-            let path = tree.split(" as ").next().unwrap().trim();
+            let mut parts = tree.split(" as ");
+            let path = parts.next().unwrap().trim();
             let mut whole = base.to_vec();
             whole.extend(path.split("::").map(|s| s.trim().to_string()).filter(|s| !s.is_empty()));
-            out.push(whole);
+            if whole.last().map(String::as_str) == Some("self") {
+                whole.pop();
+            }
+            let name = parts.next().map(|a| a.trim().to_string()).or_else(|| whole.last().cloned());
+            out.push((whole, name.unwrap_or_default()));
         }
         Some(open) => {
             let mut whole = base.to_vec();
@@ -227,6 +227,30 @@ fn expand(base: &[String], tree: &str, out: &mut Vec<Vec<String>>) {
     }
 }
 
+/// A file's `use` items (path and bound name), and its code with them blanked out.
+fn use_items(code: &str) -> (Vec<(Vec<String>, String)>, String) {
+    let mut items = Vec::new();
+    let mut body = String::with_capacity(code.len());
+    let mut rest = code;
+    while let Some(at) = find_word(rest, "use") {
+        let after = &rest[at + 3..];
+        let Some(end) = after.find(';') else { break };
+        expand(&[], after[..end].trim(), &mut items);
+        body.push_str(&rest[..at]);
+        rest = &after[end..];
+    }
+    body.push_str(rest);
+    (items, body)
+}
+
+/// The names a file's own items define (`fn`, `struct`, `enum`, `mod`, ...).
+fn defined_names(code: &str) -> BTreeSet<String> {
+    const DEFINERS: &[&str] = &["fn", "struct", "enum", "union", "const", "static", "type", "trait", "mod"];
+    let tokens: Vec<&str> =
+        code.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|t| !t.is_empty()).collect();
+    tokens.windows(2).filter(|w| DEFINERS.contains(&w[0])).map(|w| w[1].to_string()).collect()
+}
+
 /// The files of a crate's library, by module path (`[]` is the root).
 fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     fn walk(dir: &Path, prefix: &[String], out: &mut BTreeMap<Vec<String>, PathBuf>) {
@@ -248,7 +272,7 @@ fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     }
     let mut out = BTreeMap::new();
     walk(src, &[], &mut out);
-    out.retain(|_, p| !p.components().any(|c| c.as_os_str() == "bin"));
+    out.retain(|_, p| !p.strip_prefix(src).unwrap().components().any(|c| c.as_os_str() == "bin"));
     out
 }
 
@@ -270,7 +294,7 @@ fn absolute(me: &[String], named: &[String], mods: &BTreeMap<Vec<String>, PathBu
         }
         _ => return None,
     };
-    if out.last().map(String::as_str) == Some("self") {
+    if matches!(out.last().map(String::as_str), Some("self" | "*")) {
         out.pop();
     }
     Some(out)
@@ -284,66 +308,78 @@ fn code_of(path: &Path) -> String {
     code_only(text)
 }
 
-/// What each name a module imports stands for (its `use` items, `pub` or not), so a
-/// path through a module's re-export reaches the file that defines the item.
-fn use_maps(mods: &BTreeMap<Vec<String>, PathBuf>) -> BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>> {
-    let mut maps = BTreeMap::new();
-    for (me, path) in mods {
-        let code = code_of(path);
-        let mut map = BTreeMap::new();
-        let mut rest = code.as_str();
-        while let Some(at) = find_word(rest, "use") {
-            let after = &rest[at + 3..];
-            let Some(end) = after.find(';') else { break };
-            let mut paths = Vec::new();
-            expand(&[], after[..end].trim(), &mut paths);
-            for p in paths {
-                if let Some(abs) = absolute(me, &p, mods) {
-                    if let Some(name) = abs.last() {
-                        map.insert(name.clone(), abs.clone());
-                    }
-                }
-            }
-            rest = &after[end..];
-        }
-        maps.insert(me.clone(), map);
-    }
-    maps
+/// What the checker knows of one module file: the names it imports and what they stand
+/// for (its `use` items, `pub` or not), the modules it imports whole (globs), and the
+/// names its own items define.
+#[derive(Default)]
+struct Module {
+    uses: BTreeMap<String, Vec<String>>,
+    globs: Vec<Vec<String>>,
+    defines: BTreeSet<String>,
 }
 
-/// The file that defines what `path` names, following re-exports (up to a few).
-fn defining_file(
-    path: Vec<String>,
-    mods: &BTreeMap<Vec<String>, PathBuf>,
-    uses: &BTreeMap<Vec<String>, BTreeMap<String, Vec<String>>>,
-) -> Option<Vec<String>> {
-    let mut path = path;
-    for _ in 0..8 {
-        let file = (0..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| mods.contains_key(p))?;
-        let Some(name) = path.get(file.len()) else { return Some(file) };
-        match uses[&file].get(name) {
-            Some(target) if target != &path[..=file.len()] => {
-                let mut next = target.clone();
-                next.extend(path[file.len() + 1..].iter().cloned());
-                path = next;
+fn read_modules(mods: &BTreeMap<Vec<String>, PathBuf>) -> BTreeMap<Vec<String>, Module> {
+    let mut out = BTreeMap::new();
+    for (me, path) in mods {
+        let code = code_of(path);
+        let (items, body) = use_items(&code);
+        let mut module = Module { defines: defined_names(&body), ..Module::default() };
+        for (named, name) in items {
+            let Some(abs) = absolute(me, &named, mods) else { continue };
+            match name.as_str() {
+                "*" => module.globs.push(abs),
+                "_" | "" => {}
+                _ => drop(module.uses.insert(name, abs)),
             }
-            _ => return Some(file),
         }
+        out.insert(me.clone(), module);
     }
-    None
+    out
+}
+
+/// The file that defines what `path` names, following re-exports and globs: the last
+/// file reached if they loop.
+fn defining_file(path: Vec<String>, mods: &BTreeMap<Vec<String>, Module>) -> Option<Vec<String>> {
+    let mut path = path;
+    let mut last = None;
+    'follow: for _ in 0..16 {
+        let file = (0..=path.len()).rev().map(|n| path[..n].to_vec()).find(|p| mods.contains_key(p))?;
+        last = Some(file.clone());
+        let Some(name) = path.get(file.len()).cloned() else { return last };
+        let module = &mods[&file];
+        if module.defines.contains(&name) {
+            return last;
+        }
+        if let Some(target) = module.uses.get(&name).filter(|t| **t != path[..=file.len()]) {
+            let mut next = target.clone();
+            next.extend(path[file.len() + 1..].iter().cloned());
+            path = next;
+            continue;
+        }
+        for glob in &module.globs {
+            if mods.get(glob).is_some_and(|g| g.defines.contains(&name) || g.uses.contains_key(&name)) {
+                let mut next = glob.clone();
+                next.extend(path[file.len()..].iter().cloned());
+                path = next;
+                continue 'follow;
+            }
+        }
+        return last;
+    }
+    last
 }
 
 /// Which files each file of a crate imports from (by module path), re-exports followed.
 fn imports(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
-    let mods = modules(src);
-    assert!(!mods.is_empty(), "{} has no modules", src.display());
-    let uses = use_maps(&mods);
+    let files = modules(src);
+    assert!(!files.is_empty(), "{} has no modules", src.display());
+    let mods = read_modules(&files);
     let mut graph = BTreeMap::new();
-    for (me, path) in &mods {
+    for (me, path) in &files {
         let mut deps = BTreeSet::new();
         for named in named_paths(&code_of(path)) {
-            let Some(abs) = absolute(me, &named, &mods) else { continue };
-            if let Some(t) = defining_file(abs, &mods, &uses) {
+            let Some(abs) = absolute(me, &named, &files) else { continue };
+            if let Some(t) = defining_file(abs, &mods) {
                 // A file may use what its parent module (lib.rs, mod.rs) itself defines.
                 if &t != me && !me.starts_with(&t) {
                     deps.insert(t);
@@ -460,10 +496,19 @@ fn files_inside_a_crate_import_one_way_but_for_the_named_circles() {
 #[test]
 fn the_circle_finder_finds_a_circle_and_reads_use_trees() {
     let mut paths = Vec::new();
-    expand(&[], "crate::a::{b, c::{D, e as f}}, ", &mut paths);
-    assert_eq!(paths, vec![vec!["crate", "a", "b"], vec!["crate", "a", "c", "D"], vec!["crate", "a", "c", "e"]]);
-    let code = code_only("// use crate::x;\nlet s = \"crate::y\"; use crate::z::W;");
-    assert_eq!(named_paths(&code), vec![vec!["crate", "z", "W"], vec!["crate", "z", "W"]]);
+    expand(&[], "crate::a::{b, c::{self, D, e as f}}, ", &mut paths);
+    let v = |p: &[&str], n: &str| (p.iter().map(|s| s.to_string()).collect::<Vec<_>>(), n.to_string());
+    assert_eq!(
+        paths,
+        vec![
+            v(&["crate", "a", "b"], "b"),
+            v(&["crate", "a", "c"], "c"),
+            v(&["crate", "a", "c", "D"], "D"),
+            v(&["crate", "a", "c", "e"], "f")
+        ]
+    );
+    let code = code_only("// use crate::x;\nlet s = \"crate::y\"; use crate::z::W; crate::q::f();");
+    assert_eq!(named_paths(&code), vec![vec!["crate", "z", "W"], vec!["crate", "q", "f"]]);
     let m = |s: &str| s.split('/').map(str::to_string).collect::<Vec<_>>();
     let graph = BTreeMap::from([
         (m("a"), BTreeSet::from([m("b")])),
@@ -471,6 +516,37 @@ fn the_circle_finder_finds_a_circle_and_reads_use_trees() {
         (m("c"), BTreeSet::from([m("a")])),
     ]);
     assert_eq!(circles(&graph), vec![BTreeSet::from([m("a"), m("b")])]);
+}
+
+#[test]
+fn the_circle_finder_follows_aliases_globs_and_re_exports_through_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("wing")).unwrap();
+    let files = [
+        ("lib.rs", "mod a; mod b; mod c; mod d; mod inner; mod x; mod wing; pub use inner::*; pub use c::Thing;"),
+        // a <-> b, each naming the other's `Error` under another name.
+        ("a.rs", "use crate::b::Error as BError; pub enum Error { B(BError) }"),
+        ("b.rs", "use crate::a::Error as AError; pub enum Error { A(AError) }"),
+        // inner <-> x, x reaching inner through the root's glob re-export.
+        ("inner.rs", "use crate::x::Y; pub struct Foo(Y);"),
+        ("x.rs", "use crate::Foo; pub struct Y; fn f(_: Foo) {}"),
+        // d -> c through the root's re-export, c -> nothing: no circle.
+        ("c.rs", "pub struct Thing;"),
+        ("d.rs", "use crate::{Thing, wing::{self, Part}}; fn f(_: Thing, _: Part) { wing::g() }"),
+        // wing/mod.rs -> its child part.rs, part.rs -> its parent: allowed.
+        ("wing/mod.rs", "mod part; pub use part::Part; pub fn g() {}"),
+        ("wing/part.rs", "pub struct Part; fn h() { super::g() }"),
+    ];
+    for (name, text) in files {
+        std::fs::write(src.join(name), text).unwrap();
+    }
+    let graph = imports(&src);
+    let m = |s: &str| s.split('/').map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(graph[&m("d")], BTreeSet::from([m("c"), m("wing"), m("wing/part")]), "{graph:?}");
+    let mut found = circles(&graph);
+    found.sort();
+    assert_eq!(found, vec![BTreeSet::from([m("a"), m("b")]), BTreeSet::from([m("inner"), m("x")])], "{graph:?}");
 }
 
 #[test]

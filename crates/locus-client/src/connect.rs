@@ -1,5 +1,5 @@
-//! Making a connection: where to (`ConnectOptions`), how long to wait
-//! (`Deadlines`), TCP keepalive, TLS, the preamble and the login handshake.
+//! Making a connection with [`crate::ConnectOptions`] (see `options.rs`): TCP
+//! keepalive, TLS, the preamble and the login handshake.
 
 use crate::error::Result;
 use crate::nodes;

@@ -165,8 +165,7 @@ async fn serve(
     let mut session = Session::new(shared.clone(), client_id, Some(outbox));
     session.set_link(link);
     // Each arm owns the session, so it (its handles, runs and promises) ends before the
-    // connection leaves the registry. (its handles, runs and promises) ends before the connection leaves
-    // the registry.
+    // connection leaves the registry.
     let result = match head_of(&shared) {
         #[cfg(feature = "cluster")]
         Some(head) => {

@@ -11,10 +11,10 @@ use locus_proto::{codec, Error as WireError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// What the frame loop needs of a connection's session besides its operations.
 /// Largest frame made by merging a backlog of small output events.
 const MERGED_FRAME_MAX: usize = 1 << 20;
 
+/// What the frame loop needs of a connection's session besides its operations.
 pub trait Connection: dispatch::Handler {
     /// True once the handshake has succeeded.
     fn authenticated(&self) -> bool;
@@ -25,7 +25,7 @@ pub trait Connection: dispatch::Handler {
     /// Handles a continuation frame of an upload.
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError>;
     /// For a `pwrite` whose data may go straight from the socket into a file: the file
-    /// and offset (see [`Session::direct_write_target`]).
+    /// and offset (see [`crate::Session::direct_write_target`]).
     fn direct_write_target(&self, _meta: &[u8]) -> Option<(Arc<locus_store::OpenFile>, u64)> {
         None
     }
@@ -60,7 +60,7 @@ pub struct Outbox {
     /// Pushes queued for this client and not yet written.
     pub(crate) pushes: Arc<AtomicUsize>,
     /// Told after each reply, so the connection's thread, asleep while a script ran,
-    /// polls for the next request (see [`IdlePoll`]).
+    /// polls for the next request (see `transport::IdlePoll`).
     pub(crate) answered: Arc<tokio::sync::Notify>,
 }
 

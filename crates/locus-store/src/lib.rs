@@ -52,6 +52,9 @@ pub use removals::RemovalObserver;
 /// An object's identity on the server: device and inode numbers.
 pub type ObjectId = (u64, u64);
 
+/// The identity of the object `st` describes.
+// `struct stat` field types differ between architectures; the casts are for the others.
+#[allow(clippy::unnecessary_cast)]
 pub(crate) fn object_id(st: &rustix::fs::Stat) -> ObjectId {
     (st.st_dev as u64, st.st_ino as u64)
 }

@@ -26,9 +26,6 @@ pub trait RemovalObserver: Send + Sync {
     fn removed(&self, object: ObjectId);
 }
 
-// `struct stat` field types differ between architectures; the casts are for the others.
-#[allow(clippy::unnecessary_cast)]
-
 /// The object `name` in `dir` stands for, when removing that name removes the object (a
 /// directory, or a file with one link) and `observer` is watching.
 pub(crate) fn last_link(
