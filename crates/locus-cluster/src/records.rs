@@ -109,6 +109,18 @@ impl Meta {
         })
     }
 
+    /// Keeps a version waiting for removal until at least `until`: a head holds the
+    /// versions its clients have open, whichever head collects them.
+    pub fn hold_garbage(&self, object: u64, version: u64, until: u64) -> Result<()> {
+        self.tx(|tx| {
+            tx.exec(
+                "UPDATE garbage SET after = $1 WHERE object = $2 AND version = $3 AND after < $1",
+                &[Val::Int(until as i64), Val::Int(object as i64), Val::Int(version as i64)],
+            )
+            .map(drop)
+        })
+    }
+
     /// Versions whose removal is due at `now`.
     pub fn due_garbage(&self, now: u64) -> Result<Vec<Garbage>> {
         self.tx(|tx| {

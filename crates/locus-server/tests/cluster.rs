@@ -155,6 +155,39 @@ async fn a_head_without_data_nodes_keeps_contents_itself() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_open_for_reading_outlives_its_replacement_until_closed() {
+    use std::time::{Duration, Instant};
+    // Capabilities of a second: a replaced version is due for collection 6 s later.
+    let head = TestServer::head(None, |h| h.capability_ttl = Duration::from_secs(1));
+    let admin = head.client("admin").await;
+    // Larger than the namespace keeps, smaller than third-party reads: the head serves it.
+    let v1 = pattern(200 << 10, 7);
+    admin.write_file("/f", 0o644, &v1).await.unwrap();
+    let opened = admin.open("/f", open_flags::READ, 0).await.unwrap();
+    assert!(opened.location.is_none(), "the head serves this read itself");
+    let v2 = pattern(200 << 10, 8);
+    admin.write_file("/f", 0o644, &v2).await.unwrap();
+    let objects = head.state_dir().join("objects");
+    let versions = || std::fs::read_dir(&objects).map_or(0, |d| d.count());
+    assert_eq!(versions(), 2);
+    // Well past the time the old version was due, and several collector rounds.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(versions(), 2, "a version open for reading is not collected");
+    assert_eq!(
+        admin.pread(opened.handle, 1000, 100).await.unwrap(),
+        v1[1000..1100],
+        "the open handle reads its version"
+    );
+    admin.close(opened.handle).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while versions() > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(versions(), 1, "once closed, the old version is collected");
+    assert_eq!(admin.read_file("/f").await.unwrap(), v2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_heads_share_the_namespace_and_survive_a_head_dying() {
     if !locus_testkit::require_postgres() {
         return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)

@@ -44,6 +44,9 @@ pub struct Head {
     /// Bytes this head placed on each node since the node last reported its free space,
     /// so that writes between reports spread instead of piling on one node.
     pub(crate) placed: Mutex<HashMap<u64, u64>>,
+    /// Object versions this head's clients have open (how many handles each): kept from
+    /// collection while they are, though the file was replaced or removed meanwhile.
+    pub(crate) open_versions: Mutex<HashMap<(u64, u64), usize>>,
     /// Connections to the data nodes, as the head's own subject.
     pub(crate) reads: NodeReads,
     /// The runtime that talks to data nodes (connection threads are single-threaded and
@@ -87,6 +90,7 @@ impl Head {
             staging,
             nodes: Mutex::new((None, Vec::new())),
             placed: Mutex::new(HashMap::new()),
+            open_versions: Mutex::new(HashMap::new()),
             reads: NodeReads::default(),
             io: Some(io),
         })
@@ -155,7 +159,10 @@ impl Head {
 
     /// Drops versions whose time has come from their nodes; answers how many.
     pub async fn collect_garbage(&self) -> usize {
+        self.hold_open_versions();
         let Ok(due) = self.meta.due_garbage(capability::now()) else { return 0 };
+        let open: Vec<(u64, u64)> = self.open_versions.lock().keys().copied().collect();
+        let due = due.into_iter().filter(|g| !open.contains(&(g.object, g.version)));
         let nodes = self.nodes().unwrap_or_default();
         let mut dropped = 0;
         for g in due {
@@ -184,6 +191,36 @@ impl Head {
             }
         }
         dropped
+    }
+
+    /// Counts a handle open on `entry`'s version (a file whose bytes are on nodes).
+    pub(crate) fn hold(&self, entry: &Entry) {
+        if matches!(entry.content, locus_cluster::Content::Nodes(_)) {
+            *self.open_versions.lock().entry((entry.object, entry.version)).or_default() += 1;
+        }
+    }
+
+    /// Ends the count [`Head::hold`] began.
+    pub(crate) fn release(&self, entry: &Entry) {
+        let mut open = self.open_versions.lock();
+        if let Some(n) = open.get_mut(&(entry.object, entry.version)) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&(entry.object, entry.version));
+            }
+        }
+    }
+
+    /// Pushes the removal of every version open here past the time a collector (of
+    /// this head or another on the same namespace) could next reach it.
+    fn hold_open_versions(&self) {
+        let open: Vec<(u64, u64)> = self.open_versions.lock().keys().copied().collect();
+        let until = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
+        for (object, version) in open {
+            if let Err(e) = self.meta.hold_garbage(object, version, until) {
+                tracing::warn!("holding version {version} of object {object}: {e}");
+            }
+        }
     }
 
     /// Runs [`Head::collect_garbage`] every few seconds on the head's runtime.

@@ -63,6 +63,15 @@ pub(crate) fn governing(path: &str, is_dir: bool) -> &str {
     split(path).map_or("/", |(parent, _)| parent)
 }
 
+impl Drop for HeadSession {
+    /// The versions this connection's read handles kept from collection are let go.
+    fn drop(&mut self) {
+        for h in self.handles.values().filter(|h| h.staged.is_none()) {
+            self.head.release(&h.entry);
+        }
+    }
+}
+
 impl HeadSession {
     /// A session for a new connection.
     pub fn new(inner: Session, head: Arc<Head>) -> Self {
@@ -272,12 +281,18 @@ impl Handler for HeadSession {
         let attr = attr_of(&entry);
         let handle = self.next_handle;
         self.next_handle += 1;
+        if staged.is_none() {
+            self.head.hold(&entry);
+        }
         self.handles.insert(handle, HeadHandle { entry, staged });
         Ok(Opened { handle, attr, location }.into())
     }
 
     fn close(&mut self, req: Close, _: Bytes) -> Reply<()> {
         let h = self.handles.remove(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
+        if h.staged.is_none() {
+            self.head.release(&h.entry);
+        }
         match h.staged.filter(|s| s.dirty) {
             Some(staged) => {
                 let head = self.head.clone();
