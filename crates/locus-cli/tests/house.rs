@@ -154,7 +154,12 @@ fn prev_ident(b: &[u8], i: usize) -> bool {
 /// `crate::`/`super::`/`self::` paths in the rest of its code.
 fn named_paths(code: &str) -> Vec<Vec<String>> {
     let (items, body) = use_items(code);
-    let mut out: Vec<Vec<String>> = items.into_iter().map(|(p, _)| p).collect();
+    paths_in(&items, &body)
+}
+
+/// [`named_paths`] of a file already split into its `use` items and the rest.
+fn paths_in(items: &[(Vec<String>, String)], body: &str) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = items.iter().map(|(p, _)| p.clone()).collect();
     for prefix in ["crate::", "super::", "self::"] {
         let mut from = 0;
         while let Some(at) = body[from..].find(prefix) {
@@ -313,6 +318,8 @@ fn code_of(path: &Path) -> String {
 /// names its own items define.
 #[derive(Default)]
 struct Module {
+    /// Every path the file names, made absolute.
+    names: Vec<Vec<String>>,
     uses: BTreeMap<String, Vec<String>>,
     globs: Vec<Vec<String>>,
     defines: BTreeSet<String>,
@@ -323,7 +330,8 @@ fn read_modules(mods: &BTreeMap<Vec<String>, PathBuf>) -> BTreeMap<Vec<String>, 
     for (me, path) in mods {
         let code = code_of(path);
         let (items, body) = use_items(&code);
-        let mut module = Module { defines: defined_names(&body), ..Module::default() };
+        let names = paths_in(&items, &body).iter().filter_map(|n| absolute(me, n, mods)).collect();
+        let mut module = Module { names, defines: defined_names(&body), ..Module::default() };
         for (named, name) in items {
             let Some(abs) = absolute(me, &named, mods) else { continue };
             match name.as_str() {
@@ -375,11 +383,10 @@ fn imports(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
     assert!(!files.is_empty(), "{} has no modules", src.display());
     let mods = read_modules(&files);
     let mut graph = BTreeMap::new();
-    for (me, path) in &files {
+    for (me, module) in &mods {
         let mut deps = BTreeSet::new();
-        for named in named_paths(&code_of(path)) {
-            let Some(abs) = absolute(me, &named, &files) else { continue };
-            if let Some(t) = defining_file(abs, &mods) {
+        for named in &module.names {
+            if let Some(t) = defining_file(named.clone(), &mods) {
                 // A file may use what its parent module (lib.rs, mod.rs) itself defines.
                 if &t != me && !me.starts_with(&t) {
                     deps.insert(t);

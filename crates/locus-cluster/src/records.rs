@@ -109,15 +109,21 @@ impl Meta {
         })
     }
 
-    /// Keeps a version waiting for removal until at least `until`: a head holds the
-    /// versions its clients have open, whichever head collects them.
-    pub fn hold_garbage(&self, object: u64, version: u64, until: u64) -> Result<()> {
+    /// Keeps the versions `(object, version)` waiting for removal until at least
+    /// `until`, in one transaction: a head holds the versions its clients have open,
+    /// whichever head collects them.
+    pub fn hold_garbage(&self, versions: &[(u64, u64)], until: u64) -> Result<()> {
+        if versions.is_empty() {
+            return Ok(());
+        }
         self.tx(|tx| {
-            tx.exec(
-                "UPDATE garbage SET after = $1 WHERE object = $2 AND version = $3 AND after < $1",
-                &[Val::Int(until as i64), Val::Int(object as i64), Val::Int(version as i64)],
-            )
-            .map(drop)
+            for &(object, version) in versions {
+                tx.exec(
+                    "UPDATE garbage SET after = $1 WHERE object = $2 AND version = $3 AND after < $1",
+                    &[Val::Int(until as i64), Val::Int(object as i64), Val::Int(version as i64)],
+                )?;
+            }
+            Ok(())
         })
     }
 

@@ -10,24 +10,15 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Why a peer could not start.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum PeerError {
     /// The peer is missing or did not come up.
+    #[error("{0}")]
     Setup(String),
     /// An I/O error, with what was being done.
-    Io(String, std::io::Error),
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
 }
-
-impl std::fmt::Display for PeerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PeerError::Setup(why) => f.write_str(why),
-            PeerError::Io(what, e) => write!(f, "{what}: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for PeerError {}
 
 fn io(what: &str, e: std::io::Error) -> PeerError {
     PeerError::Io(what.to_string(), e)

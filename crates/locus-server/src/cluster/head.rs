@@ -159,9 +159,14 @@ impl Head {
 
     /// Drops versions whose time has come from their nodes; answers how many.
     pub async fn collect_garbage(&self) -> usize {
-        self.hold_open_versions();
-        let Ok(due) = self.meta.due_garbage(capability::now()) else { return 0 };
+        // Versions open here are pushed past the time a collector (of this head or
+        // another on the same namespace) could next reach them, and skipped now.
         let open: Vec<(u64, u64)> = self.open_versions.lock().keys().copied().collect();
+        let until = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
+        if let Err(e) = self.meta.hold_garbage(&open, until) {
+            tracing::warn!("holding the versions open at this head: {e}");
+        }
+        let Ok(due) = self.meta.due_garbage(capability::now()) else { return 0 };
         let due = due.into_iter().filter(|g| !open.contains(&(g.object, g.version)));
         let nodes = self.nodes().unwrap_or_default();
         let mut dropped = 0;
@@ -207,18 +212,6 @@ impl Head {
             *n -= 1;
             if *n == 0 {
                 open.remove(&(entry.object, entry.version));
-            }
-        }
-    }
-
-    /// Pushes the removal of every version open here past the time a collector (of
-    /// this head or another on the same namespace) could next reach it.
-    fn hold_open_versions(&self) {
-        let open: Vec<(u64, u64)> = self.open_versions.lock().keys().copied().collect();
-        let until = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
-        for (object, version) in open {
-            if let Err(e) = self.meta.hold_garbage(object, version, until) {
-                tracing::warn!("holding version {version} of object {object}: {e}");
             }
         }
     }
