@@ -586,7 +586,7 @@ fn the_plain_server_builds_no_sql_engine() {
     let tree = |features: &[&str]| {
         let out = std::process::Command::new(env!("CARGO"))
             .current_dir(workspace())
-            .args(["tree", "--offline", "-p", "locus-server", "-e", "normal", "--prefix", "none"])
+            .args(["tree", "-p", "locus-server", "-e", "normal", "--prefix", "none"])
             .args(features)
             .output()
             .expect("cargo tree runs");
