@@ -3,7 +3,7 @@
 
 use crate::output;
 use crate::Command;
-use crate::{AclCommand, ClusterCommand, RebalanceCommand, ScriptCommand, StoreletCommand};
+use crate::{AclCommand, ClusterCommand, NodeCommand, RebalanceCommand, ScriptCommand, StoreletCommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use locus_client::types::Value;
 use locus_client::types::{Rights, S_IFDIR, S_IFMT};
@@ -265,6 +265,21 @@ pub async fn run(cmd: Command, json: bool) -> Result<(), String> {
             let u = parse(&url)?;
             conns.get(&u).await?.call(locus_proto::ops::KeyRotate {}).await.map_err(|e| err(&u, e))?;
             eprintln!("cluster key rotated: data nodes learn it when they next join (within seconds)");
+        }
+        Command::Node(NodeCommand::List { url }) => {
+            let u = parse(&url)?;
+            let nodes = conns.get(&u).await?.call(locus_proto::ops::NodeList {}).await.map_err(|e| err(&u, e))?;
+            print_either(json, &nodes, || output::nodes(&nodes) + "\n")?;
+        }
+        Command::Node(NodeCommand::Drain { url, node }) => {
+            let u = parse(&url)?;
+            conns.get(&u).await?.call(locus_proto::ops::NodeDrain { node }).await.map_err(|e| err(&u, e))?;
+            eprintln!("node {node} draining: its versions are being copied to other nodes (see `locus node list`)");
+        }
+        Command::Node(NodeCommand::Remove { url, node }) => {
+            let u = parse(&url)?;
+            conns.get(&u).await?.call(locus_proto::ops::NodeRemove { node }).await.map_err(|e| err(&u, e))?;
+            eprintln!("node {node} removed");
         }
         Command::Storelet(StoreletCommand::Ps { url }) => {
             let u = parse(&url)?;

@@ -148,6 +148,9 @@ enum Command {
     /// Administer a cluster head.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// See and retire a cluster's data nodes (needs the `a` right at the head's root).
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Register and call Lua scripts that run at the server.
     #[command(subcommand)]
     Script(ScriptCommand),
@@ -272,6 +275,32 @@ enum ClusterCommand {
     RotateKey {
         /// The head, as a locus:// URL.
         url: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// The head's data nodes: address, state (up; down after --node-timeout-s without a
+    /// heartbeat; draining; drained), seconds since the last heartbeat, free space and
+    /// how many current file versions each holds.
+    List {
+        /// The head, as a locus:// URL.
+        url: String,
+    },
+    /// Stop placing versions on a node and copy those it holds to other nodes (online,
+    /// at the head's --repair-rate-mib); `node list` shows it drained when done.
+    Drain {
+        /// The head, as a locus:// URL.
+        url: String,
+        /// The node's id, as `node list` shows it.
+        node: u64,
+    },
+    /// Forget a node that holds no current version (drained, or dead and healed).
+    Remove {
+        /// The head, as a locus:// URL.
+        url: String,
+        /// The node's id, as `node list` shows it.
+        node: u64,
     },
 }
 

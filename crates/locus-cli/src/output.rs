@@ -1,7 +1,7 @@
 //! Rendering for people (`ls -l` style) and for programs (`--json`).
 
 use locus_client::types::{
-    Attr, DeviceStats, DirEntry, HandlerInfo, IoCounters, Rebalance, StatFs, StatsReport, StoreletReport,
+    Attr, DeviceStats, DirEntry, HandlerInfo, IoCounters, NodeInfo, Rebalance, StatFs, StatsReport, StoreletReport,
     StoreletResult, StoreletRunInfo, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
 use serde_json::{json, Value};
@@ -266,6 +266,24 @@ pub fn handlers(list: &[HandlerInfo]) -> String {
             h.kind,
             &h.module[..12.min(h.module.len())],
             h.args.join(" ")
+        ));
+    }
+    out
+}
+
+/// A cluster's data nodes as a table.
+pub fn nodes(list: &[NodeInfo]) -> String {
+    let mut out =
+        format!("{:>5} {:<22} {:<9} {:>7} {:>12} {:>9}", "NODE", "ADDRESS", "STATE", "SEEN s", "FREE MiB", "VERSIONS");
+    for n in list {
+        out.push_str(&format!(
+            "\n{:>5} {:<22} {:<9} {:>7} {:>12} {:>9}",
+            n.id,
+            n.addr,
+            n.state,
+            n.seen_s,
+            n.free >> 20,
+            n.versions
         ));
     }
     out

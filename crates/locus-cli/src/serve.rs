@@ -6,6 +6,7 @@ use locus_server::{config, Server, ServerConfig, Tokens};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Options of `locus serve`.
 #[derive(Args)]
@@ -141,6 +142,13 @@ pub struct ServeArgs {
     /// Seconds a third-party read capability stays valid.
     #[arg(long, default_value_t = 60, requires = "head")]
     capability_ttl_s: u64,
+    /// Seconds without a heartbeat after which a data node is down: its versions are
+    /// copied from their replicas to other nodes until each has --replication again.
+    #[arg(long, value_name = "SECS", default_value_t = locus_server::cluster::HeadConfig::new("").node_timeout.as_secs(), requires = "head")]
+    node_timeout_s: u64,
+    /// MiB a second healing copies between nodes at most (0: as fast as the links go).
+    #[arg(long, value_name = "MIB", default_value_t = locus_server::cluster::HeadConfig::new("").repair_rate >> 20, requires = "head")]
+    repair_rate_mib: u64,
     /// Serve as a data node of the head at this URL (locus://HOST:PORT/). The node
     /// joins as the subject locus-node, whose token the head makes on first start (in
     /// its tokens file): give it as LOCUS_TOKEN=locus-node:TOKEN. Default root and state:
@@ -151,6 +159,14 @@ pub struct ServeArgs {
     /// address).
     #[arg(long, value_name = "HOST:PORT", requires = "data_node")]
     advertise: Option<String>,
+    /// Hours between the starts of a data node's scrubs, which read every version it
+    /// keeps and check its checksums (a damaged one is moved aside and copied again from
+    /// a replica).
+    #[arg(long, value_name = "HOURS", default_value_t = 24, requires = "data_node")]
+    scrub_every_h: u64,
+    /// MiB a second a scrub reads at most (0: unlimited).
+    #[arg(long, value_name = "MIB", default_value_t = locus_server::cluster::node::Scrub::default().rate >> 20, requires = "data_node")]
+    scrub_rate_mib: u64,
     /// Also speak the Chirp protocol (CCTools' `chirp`, `parrot_run`) on this port, at the
     /// listen address. Chirp clients are the subjects METHOD:NAME (`unix:alice`,
     /// `hostname:HOST`, `address:IP`) and hold what ACLs grant those names: nothing by
@@ -256,6 +272,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         head.tp_threshold = args.tp_threshold;
         head.inline_max = args.inline_max;
         head.replication = args.replication.max(1);
+        head.node_timeout = Duration::from_secs(args.node_timeout_s.max(1));
+        head.repair_rate = args.repair_rate_mib << 20;
         head.capability_ttl = std::time::Duration::from_secs(args.capability_ttl_s.max(1));
         head.share_max_ttl = std::time::Duration::from_secs(args.share_max_ttl);
         let host = args.listen.rsplit_once(':').map_or(args.listen.as_str(), |(h, _)| h);
@@ -415,7 +433,17 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
         if let Some(head) = head_options {
             eprintln!("  data node of {}, reached at {advertise}", head.addr);
-            tokio::spawn(locus_server::cluster::node::serve_head(server.shared().clone(), head, advertise, http));
+            let scrub = locus_server::cluster::node::Scrub {
+                every: Duration::from_secs(args.scrub_every_h.max(1) * 3600),
+                rate: args.scrub_rate_mib << 20,
+            };
+            tokio::spawn(locus_server::cluster::node::serve_head(
+                server.shared().clone(),
+                head,
+                advertise,
+                http,
+                scrub,
+            ));
         }
         let shared = server.shared().clone();
         tokio::spawn(async move {

@@ -33,6 +33,9 @@ pub enum MetaError {
     NotEmpty(String),
     #[error("{0}")]
     Invalid(String),
+    /// The thing is still in use (a node that holds versions cannot be removed).
+    #[error("{0}")]
+    Busy(String),
     /// The engine failed or cannot be reached; the operation may be retried.
     #[error("metadata engine: {0}")]
     Engine(String),
@@ -51,6 +54,7 @@ impl MetaError {
             MetaError::IsDir(_) => Code::ISDIR,
             MetaError::NotEmpty(_) => Code::NOTEMPTY,
             MetaError::Invalid(_) => Code::INVAL,
+            MetaError::Busy(_) => Code::BUSY,
             MetaError::Engine(_) | MetaError::Conflict => Code::AGAIN,
         }
     }
@@ -122,6 +126,19 @@ pub struct Node {
     pub http: Option<String>,
     /// Free bytes it last reported.
     pub free: u64,
+    /// When it last joined (its heartbeat), in seconds since the epoch.
+    pub seen: u64,
+    /// Being drained: no new versions go to it, and those it holds move elsewhere.
+    pub draining: bool,
+}
+
+/// A version a data node reported damaged (its checksum failed): the node's copy is to
+/// be replaced from another replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Damaged {
+    pub object: u64,
+    pub version: u64,
+    pub node: u64,
 }
 
 /// A superseded or removed version to drop from its nodes once no read can need it.

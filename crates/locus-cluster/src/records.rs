@@ -2,25 +2,39 @@
 //! settings (such as the sealed cluster key), and the versions waiting to be collected.
 
 use crate::sql::Val;
-use crate::{next_id, nodes_text, Content, Entry, Garbage, Kind, Meta, Node, Result};
+use crate::COLUMNS;
+use crate::{
+    entry_of, get, next_id, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node, Result,
+};
+
+/// Seconds since the epoch.
+fn now_s() -> i64 {
+    crate::now_ns() / 1_000_000_000
+}
+
+/// A `LIKE` pattern that matches a `nodes` list (`1,5,7`, wrapped in commas) naming `node`.
+fn naming(node: u64) -> Val {
+    Val::Text(format!("%,{node},%"))
+}
 
 impl Meta {
-    /// Records a data node (keeping its id if its address is known) and its free space.
+    /// Records a data node (keeping its id if its address is known), its free space and
+    /// the time: a join is the node's heartbeat.
     pub fn join_node(&self, addr: &str, http: Option<&str>, free: u64) -> Result<u64> {
         self.tx(|tx| {
             let http = Val::Text(http.unwrap_or("").into());
             let known = tx.query("SELECT id FROM nodes WHERE addr = $1", &[Val::Text(addr.into())])?;
             if let Some(id) = known.first().and_then(|r| r[0].int()) {
                 tx.exec(
-                    "UPDATE nodes SET http = $2, free = $3 WHERE id = $1",
-                    &[Val::Int(id), http, Val::Int(free as i64)],
+                    "UPDATE nodes SET http = $2, free = $3, seen = $4 WHERE id = $1",
+                    &[Val::Int(id), http, Val::Int(free as i64), Val::Int(now_s())],
                 )?;
                 return Ok(id as u64);
             }
             let id = next_id(tx)?;
             tx.exec(
-                "INSERT INTO nodes (id, addr, http, free) VALUES ($1, $2, $3, $4)",
-                &[Val::Int(id as i64), Val::Text(addr.into()), http, Val::Int(free as i64)],
+                "INSERT INTO nodes (id, addr, http, free, seen, draining) VALUES ($1, $2, $3, $4, $5, 0)",
+                &[Val::Int(id as i64), Val::Text(addr.into()), http, Val::Int(free as i64), Val::Int(now_s())],
             )?;
             Ok(id)
         })
@@ -29,7 +43,7 @@ impl Meta {
     /// Every data node that has joined.
     pub fn nodes(&self) -> Result<Vec<Node>> {
         self.tx(|tx| {
-            let rows = tx.query("SELECT id, addr, http, free FROM nodes ORDER BY id", &[])?;
+            let rows = tx.query("SELECT id, addr, http, free, seen, draining FROM nodes ORDER BY id", &[])?;
             Ok(rows
                 .iter()
                 .filter_map(|r| {
@@ -38,9 +52,139 @@ impl Meta {
                         addr: r[1].text()?.to_string(),
                         http: r[2].text().filter(|h| !h.is_empty()).map(str::to_string),
                         free: r[3].int()? as u64,
+                        seen: r[4].int()?.max(0) as u64,
+                        draining: r[5].int()? != 0,
                     })
                 })
                 .collect())
+        })
+    }
+
+    /// Starts (or, with `false`, stops) draining a node.
+    pub fn set_draining(&self, node: u64, draining: bool) -> Result<()> {
+        self.tx(|tx| {
+            match tx.exec(
+                "UPDATE nodes SET draining = $2 WHERE id = $1",
+                &[Val::Int(node as i64), Val::Int(draining as i64)],
+            )? {
+                0 => Err(MetaError::NotFound(format!("data node {node}"))),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// Forgets a node, unless a file's current version is still on it.
+    pub fn remove_node(&self, node: u64) -> Result<()> {
+        self.tx(|tx| {
+            let held = count_on(tx, node)?;
+            if held > 0 {
+                return Err(MetaError::Busy(format!(
+                    "data node {node} still holds {held} version(s) no other node has copied yet: drain it \
+                     (`locus node drain`) and wait for `locus node list` to show it drained"
+                )));
+            }
+            match tx.exec("DELETE FROM nodes WHERE id = $1", &[Val::Int(node as i64)])? {
+                0 => Err(MetaError::NotFound(format!("data node {node}"))),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// How many files' current versions are on `node`.
+    pub fn versions_on(&self, node: u64) -> Result<u64> {
+        self.tx(|tx| count_on(tx, node))
+    }
+
+    /// Up to `limit` files whose current version is on `node`, in path order.
+    pub fn files_on(&self, node: u64, limit: u64) -> Result<Vec<Entry>> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM entries WHERE kind = $1 AND inline IS NULL \
+                     AND (',' || nodes || ',') LIKE $2 ORDER BY path LIMIT $3"
+                ),
+                &[Val::Int(Kind::File as i64), naming(node), Val::Int(limit as i64)],
+            )?;
+            rows.iter().map(|r| entry_of(r)).collect()
+        })
+    }
+
+    /// The file whose current version is `(object, version)`, if any.
+    pub fn file_of(&self, object: u64, version: u64) -> Result<Option<Entry>> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                &format!("SELECT {COLUMNS} FROM entries WHERE object = $1 AND version = $2"),
+                &[Val::Int(object as i64), Val::Int(version as i64)],
+            )?;
+            rows.first().map(|r| entry_of(r)).transpose()
+        })
+    }
+
+    /// Changes which nodes hold the file at `path`, adding `add` and taking out `drop`,
+    /// if its current version is still `(object, version)`; answers whether it was.
+    pub fn move_replica(
+        &self,
+        path: &str,
+        object: u64,
+        version: u64,
+        drop: Option<u64>,
+        add: Option<u64>,
+    ) -> Result<bool> {
+        self.tx(|tx| {
+            let Some(e) = get(tx, path)? else { return Ok(false) };
+            let Content::Nodes(mut nodes) = e.content else { return Ok(false) };
+            if e.object != object || e.version != version {
+                return Ok(false);
+            }
+            nodes.retain(|n| Some(*n) != drop);
+            if let Some(add) = add.filter(|a| !nodes.contains(a)) {
+                nodes.push(add);
+            }
+            tx.exec(
+                "UPDATE entries SET nodes = $2 WHERE path = $1",
+                &[Val::Text(path.into()), Val::Text(nodes_text(&nodes))],
+            )?;
+            Ok(true)
+        })
+    }
+
+    /// Records that `node` found its copies of `versions` damaged.
+    pub fn add_damaged(&self, node: u64, versions: &[(u64, u64)]) -> Result<()> {
+        if versions.is_empty() {
+            return Ok(());
+        }
+        self.tx(|tx| {
+            for &(object, version) in versions {
+                tx.exec(
+                    "INSERT INTO damaged (object, version, node) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                    &[Val::Int(object as i64), Val::Int(version as i64), Val::Int(node as i64)],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Up to `limit` damaged copies waiting to be replaced.
+    pub fn damaged(&self, limit: u64) -> Result<Vec<Damaged>> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT object, version, node FROM damaged LIMIT $1", &[Val::Int(limit as i64)])?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    Some(Damaged { object: r[0].int()? as u64, version: r[1].int()? as u64, node: r[2].int()? as u64 })
+                })
+                .collect())
+        })
+    }
+
+    /// Forgets a damaged copy that was replaced (or whose version is gone).
+    pub fn forget_damaged(&self, d: &Damaged) -> Result<()> {
+        self.tx(|tx| {
+            tx.exec(
+                "DELETE FROM damaged WHERE object = $1 AND version = $2 AND node = $3",
+                &[Val::Int(d.object as i64), Val::Int(d.version as i64), Val::Int(d.node as i64)],
+            )
+            .map(drop)
         })
     }
 
@@ -95,12 +239,18 @@ impl Meta {
         if entry.kind != Kind::File || nodes.is_empty() {
             return Ok(());
         }
+        self.add_garbage_on(entry.object, entry.version, nodes, after)
+    }
+
+    /// Queues the copies of a version on `nodes` (not every copy: one moved away, say)
+    /// for removal once `after` has passed.
+    pub fn add_garbage_on(&self, object: u64, version: u64, nodes: &[u64], after: u64) -> Result<()> {
         self.tx(|tx| {
             tx.exec(
                 "INSERT INTO garbage (object, version, nodes, after) VALUES ($1, $2, $3, $4)",
                 &[
-                    Val::Int(entry.object as i64),
-                    Val::Int(entry.version as i64),
+                    Val::Int(object as i64),
+                    Val::Int(version as i64),
                     Val::Text(nodes_text(nodes)),
                     Val::Int(after as i64),
                 ],
@@ -151,10 +301,18 @@ impl Meta {
     pub fn forget_garbage(&self, g: &Garbage) -> Result<()> {
         self.tx(|tx| {
             tx.exec(
-                "DELETE FROM garbage WHERE object = $1 AND version = $2",
-                &[Val::Int(g.object as i64), Val::Int(g.version as i64)],
+                "DELETE FROM garbage WHERE object = $1 AND version = $2 AND nodes = $3",
+                &[Val::Int(g.object as i64), Val::Int(g.version as i64), Val::Text(nodes_text(&g.nodes))],
             )
             .map(drop)
         })
     }
+}
+
+fn count_on(tx: &mut dyn crate::sql::Tx, node: u64) -> Result<u64> {
+    let rows = tx.query(
+        "SELECT count(*) FROM entries WHERE kind = $1 AND inline IS NULL AND (',' || nodes || ',') LIKE $2",
+        &[Val::Int(Kind::File as i64), naming(node)],
+    )?;
+    Ok(rows.first().and_then(|r| r[0].int()).unwrap_or(0).max(0) as u64)
 }

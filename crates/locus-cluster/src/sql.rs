@@ -57,7 +57,10 @@ CREATE INDEX IF NOT EXISTS entries_parent ON entries (parent, name);
 CREATE TABLE IF NOT EXISTS acls (path TEXT NOT NULL, subject TEXT NOT NULL, rights INTEGER NOT NULL,
     PRIMARY KEY (path, subject));
 CREATE TABLE IF NOT EXISTS nodes (id INTEGER PRIMARY KEY, addr TEXT UNIQUE NOT NULL, http TEXT NOT NULL,
-    free INTEGER NOT NULL);
+    free INTEGER NOT NULL, seen INTEGER NOT NULL DEFAULT 0, draining INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS entries_object ON entries (object, version);
+CREATE TABLE IF NOT EXISTS damaged (object INTEGER NOT NULL, version INTEGER NOT NULL, node INTEGER NOT NULL,
+    PRIMARY KEY (object, version, node));
 CREATE TABLE IF NOT EXISTS garbage (object INTEGER NOT NULL, version INTEGER NOT NULL, nodes TEXT NOT NULL,
     after INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -78,6 +81,11 @@ CREATE TABLE IF NOT EXISTS acls (path TEXT COLLATE "C" NOT NULL, subject TEXT NO
     PRIMARY KEY (path, subject));
 CREATE TABLE IF NOT EXISTS nodes (id BIGINT PRIMARY KEY, addr TEXT UNIQUE NOT NULL, http TEXT NOT NULL,
     free BIGINT NOT NULL);
+ALTER TABLE nodes ADD COLUMN IF NOT EXISTS seen BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN IF NOT EXISTS draining BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS entries_object ON entries (object, version);
+CREATE TABLE IF NOT EXISTS damaged (object BIGINT NOT NULL, version BIGINT NOT NULL, node BIGINT NOT NULL,
+    PRIMARY KEY (object, version, node));
 CREATE TABLE IF NOT EXISTS garbage (object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL,
     after BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -100,6 +108,27 @@ impl Sqlite {
             rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
             .map_err(engine_error)?;
+        // A namespace made before nodes had heartbeats gains the columns (SQLite has no
+        // `ADD COLUMN IF NOT EXISTS`), then the rest of the schema.
+        let has_nodes: bool = conn
+            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'nodes'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(engine_error)?
+            > 0;
+        if has_nodes {
+            for column in ["seen", "draining"] {
+                let present: i64 = conn
+                    .query_row("SELECT count(*) FROM pragma_table_info('nodes') WHERE name = ?1", [column], |r| {
+                        r.get(0)
+                    })
+                    .map_err(engine_error)?;
+                if present == 0 {
+                    conn.execute_batch(&format!("ALTER TABLE nodes ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"))
+                        .map_err(engine_error)?;
+                }
+            }
+        }
         conn.execute_batch(SQLITE_SCHEMA).map_err(engine_error)?;
         Ok(Sqlite { conn: Mutex::new(conn) })
     }

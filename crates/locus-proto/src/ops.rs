@@ -145,14 +145,24 @@ macro_rules! operation_table {
             0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> Attr;
             /// Removes an object version at a data node (the head only, once no read can need it).
             0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
-            /// A data node joins a head (as the subject `locus-node`), announcing its address, free space and a fresh nonce; the head replies with the node's id and the cluster's keys sealed under a key derived from the node's token and both nonces.
-            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8> } -> NodeWelcome;
+            /// A data node joins a head (as the subject `locus-node`), announcing its address, free space, a fresh nonce and the object versions (`object`, `version`) it found damaged since it last joined; joins are its heartbeats. The head replies with the node's id and the cluster's keys sealed under a key derived from the node's token and both nonces.
+            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8>, damaged: Vec<(u64, u64)> } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
             /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`), read-only; replies stream as `storelet_run`'s.
             0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)> } -> StoreletEvent;
             /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
             0x67 KeyRotate key_rotate Unary {} -> ();
+            /// Checks a version a data node was just given against the head's CRC-32 of its bytes and records its block checksums (the head only); a mismatch removes it and fails.
+            0x68 ObjectSeal object_seal Unary { object: u64, version: u64, crc: u32 } -> ();
+            /// Copies a version to this data node from one of the nodes `from` (the head only), reading under `capability` (signed for `locus-node`) at most `rate` bytes a second (0: unlimited), then checks it as `object_seal` does.
+            0x69 ObjectFetch object_fetch Unary { capability: Capability, from: Vec<String>, rate: u64 } -> ();
+            /// The data nodes of a cluster head, their state and the versions each holds (admin).
+            0x6a NodeList node_list Unary {} -> Vec<NodeInfo>;
+            /// Drains a data node (admin): no new versions go to it, and those it holds are copied to other nodes, then dropped from it.
+            0x6b NodeDrain node_drain Unary { node: u64 } -> ();
+            /// Forgets a data node that holds no version any file names (admin): drain it first, or let a dead node's versions be copied.
+            0x6c NodeRemove node_remove Unary { node: u64 } -> ();
         }
     };
 }

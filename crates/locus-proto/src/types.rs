@@ -171,6 +171,24 @@ pub struct NodeWelcome {
     /// The cluster's [`crate::capability::KeyRing`], encoded and sealed (AEAD) under a
     /// key only the node and its head can derive: the keys never cross the wire in clear.
     pub sealed: Vec<u8>,
+    /// How often the head wants the node to join again (its heartbeat), in milliseconds.
+    pub every_ms: u64,
+}
+
+/// A data node as `node_list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: u64,
+    pub addr: String,
+    pub http: Option<String>,
+    /// Free bytes it last reported.
+    pub free: u64,
+    /// `up`, `down` (no heartbeat within the head's timeout), `draining` or `drained`.
+    pub state: String,
+    /// Seconds since its last heartbeat.
+    pub seen_s: u64,
+    /// Current file versions it holds.
+    pub versions: u64,
 }
 
 /// Timestamps to set with `utimes`.

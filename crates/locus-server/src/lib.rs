@@ -157,6 +157,8 @@ pub struct Shared {
     pub head: Option<Arc<cluster::Head>>,
     /// The cluster's keys, once this server has joined a head as a data node.
     node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
+    /// On a data node: versions found damaged since the last heartbeat told the head.
+    damaged: parking_lot::Mutex<Vec<(u64, u64)>>,
     /// The address the native protocol listens on, once [`Server::run`] has started:
     /// which addresses name this server in a login (see [`login`]).
     listen: std::sync::OnceLock<std::net::SocketAddr>,
@@ -231,6 +233,7 @@ impl Server {
             #[cfg(feature = "cluster")]
             head,
             node_key: parking_lot::RwLock::new(None),
+            damaged: parking_lot::Mutex::new(Vec::new()),
             listen: std::sync::OnceLock::new(),
         });
         #[cfg(feature = "cluster")]
@@ -340,6 +343,21 @@ impl Shared {
     /// Makes this server a data node of the cluster whose keys these are.
     pub fn set_node_key(&self, keys: locus_proto::capability::KeyRing) {
         *self.node_key.write() = Some(Arc::new(keys));
+    }
+
+    /// On a data node: notes a version whose checksum failed (it was moved aside), for
+    /// the head to hear of at the next heartbeat.
+    pub fn report_damaged(&self, object: u64, version: u64) {
+        let mut damaged = self.damaged.lock();
+        if !damaged.contains(&(object, version)) {
+            damaged.push((object, version));
+        }
+    }
+
+    /// The damaged versions not yet reported (the caller puts them back with
+    /// [`Shared::report_damaged`] if the head does not hear them).
+    pub fn take_damaged(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut *self.damaged.lock())
     }
 
     /// Saves the I/O accounting to the state directory (logged if it cannot be).

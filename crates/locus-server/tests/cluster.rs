@@ -16,8 +16,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(seed as u32) as u8 ^ seed).collect()
 }
 
+/// Versions a node keeps (not their checksum files).
 fn objects_on(node: &TestServer) -> usize {
-    std::fs::read_dir(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).map_or(0, |d| d.count())
+    let dir = std::fs::read_dir(node.root().join(locus_server::cluster::objects::OBJECTS_DIR));
+    dir.map_or(0, |d| {
+        d.flatten()
+            .filter(|e| !e.file_name().to_string_lossy().ends_with(locus_server::cluster::checksums::SUFFIX))
+            .count()
+    })
 }
 
 fn code(e: locus_client::ClientError) -> Code {
@@ -539,7 +545,13 @@ async fn a_node_credential_joins_and_does_nothing_else() {
         .await
         .unwrap_err();
     assert!(err.contains("locus-node"), "{err}");
-    let join = locus_proto::ops::NodeJoin { addr: "127.0.0.1:1".into(), http: None, free: 1, nonce: vec![7; 32] };
+    let join = locus_proto::ops::NodeJoin {
+        addr: "127.0.0.1:1".into(),
+        http: None,
+        free: 1,
+        nonce: vec![7; 32],
+        damaged: Vec::new(),
+    };
     assert_eq!(code(admin.call(join).await.unwrap_err()), Code::ACCES);
 }
 

@@ -243,11 +243,17 @@ impl TestServer {
         })
     }
 
-    /// Starts a data node and has it join `head` (as `locus-node`) before returning.
+    /// Starts a data node and has it join `head` (as `locus-node`) before returning;
+    /// it then sends heartbeats as `locus serve --data-node` does (as often as the head
+    /// asks) until it is dropped.
     pub fn data_node(head: &TestServer) -> TestServer {
         let node = TestServer::start();
         std::fs::create_dir_all(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).expect("objects dir");
         node.join(head);
+        let options = head.options(locus_proto::capability::NODE_SUBJECT);
+        let scrub = locus_server::cluster::node::Scrub { every: std::time::Duration::from_secs(3600), rate: 0 };
+        let (shared, addr) = (node.shared().clone(), node.addr.to_string());
+        node.runtime.spawn(locus_server::cluster::node::serve_head(shared, options, addr, None, scrub));
         node
     }
 

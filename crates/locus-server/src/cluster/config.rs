@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-/// How often a node reports to its head.
+/// How often a node reports to its head (its heartbeat), unless the head asks for
+/// another period when it answers (a third of [`HeadConfig::node_timeout`]).
 pub const REJOIN_EVERY: Duration = Duration::from_secs(10);
 
 /// How a head serves its cluster.
@@ -29,6 +30,14 @@ pub struct HeadConfig {
     /// After a key rotation, how long the head goes on signing with the old key while
     /// the data nodes learn the new one (they rejoin every [`REJOIN_EVERY`]).
     pub key_grace: Duration,
+    /// A data node not heard from for this long is down: no new versions go to it, and
+    /// the versions it holds are copied from their other replicas until each has
+    /// [`HeadConfig::replication`] live copies again. Nodes send heartbeats three times
+    /// within it.
+    pub node_timeout: Duration,
+    /// How fast healing copies versions between nodes, in bytes a second (0: as fast as
+    /// the links go), so that clients' reads keep their speed meanwhile.
+    pub repair_rate: u64,
 }
 
 /// The default of [`HeadConfig::share_max_ttl`]: seven days.
@@ -46,6 +55,8 @@ impl HeadConfig {
             http: None,
             share_max_ttl: SHARE_MAX_TTL,
             key_grace: REJOIN_EVERY + Duration::from_secs(5),
+            node_timeout: 3 * REJOIN_EVERY,
+            repair_rate: 64 << 20,
         }
     }
 }

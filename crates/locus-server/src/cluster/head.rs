@@ -31,6 +31,8 @@ pub(crate) const LOCAL_NODE: u64 = 0;
 /// The state every connection to a head shares.
 pub struct Head {
     pub config: HeadConfig,
+    /// This head process's id among the heads of its namespace (for the healing lease).
+    pub(crate) id: u64,
     pub meta: Meta,
     /// The cluster's keys as last read from the namespace.
     pub(crate) keys: parking_lot::RwLock<KeyRing>,
@@ -81,8 +83,11 @@ impl Head {
             .enable_all()
             .build()
             .map_err(|e| crate::ServerError::io("start the head's runtime", e))?;
+        let mut id = [0u8; 8];
+        getrandom::fill(&mut id).expect("the OS provides randomness");
         Ok(Head {
             config,
+            id: u64::from_le_bytes(id),
             meta,
             keys: parking_lot::RwLock::new(keys),
             sealing,
@@ -216,8 +221,17 @@ impl Head {
         }
     }
 
-    /// Runs [`Head::collect_garbage`] every few seconds on the head's runtime.
+    /// Runs [`Head::collect_garbage`] every few seconds on the head's runtime, and
+    /// healing ([`Head::heal`]) beside it.
     pub fn start_collector(self: &Arc<Self>) {
+        let healer = Arc::downgrade(self);
+        self.io().spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(head) = healer.upgrade() else { return };
+                head.heal().await;
+            }
+        });
         let head = Arc::downgrade(self);
         self.io().spawn(async move {
             loop {

@@ -18,9 +18,11 @@
 //! node pool, keys, garbage collection), `head_keys` (the keys at rest: the wrap key and
 //! the sealed ring), `http` (the head's HTTP door), `placement` (where a file's bytes are read from:
 //! locations, third-party reads), `writes` (staging a new version and committing it on
-//! nodes), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
+//! nodes), `healing` (heartbeats, draining, and copying versions until each has its
+//! replicas), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
 //! head's side of the protocol, [`HeadSession`]), and for data nodes `node` (joining
-//! a head), `objects` (the versions a node keeps, and the views of its runs) and
+//! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
+//! block checksums, checked on every read and by the scrub) and
 //! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
 //! the wing through [`HeadSession`] (a connection to a head) and the data-node methods
 //! of `objects` that its [`crate::Session`] delegates to.
@@ -28,15 +30,16 @@
 //! The head's rooms (and `head_keys`, `http`) are built only with the crate's `cluster`
 //! feature, which brings the namespace engines (SQLite, PostgreSQL); without it a server
 //! refuses a [`HeadConfig`] at start and can still be a data node (`node`, `objects`,
-//! `keys`, `config` are always built).
+//! `checksums`, `keys`, `config` are always built).
 //!
-//! `head`, `placement` and `writes` are one type's methods (`impl Head`) split by
+//! `head`, `healing`, `placement` and `writes` are one type's methods (`impl Head`) split by
 //! concern. `head` (garbage collection) names an object by `writes::object_name` and
 //! `writes` takes the head's constants and state: the one import circle in the wing
 //! (`head` <-> `writes`), inherent to splitting a type's methods across files, and
 //! named in the house rules (crates/locus-cli/tests/house.rs). `session` depends on the
 //! others and nothing depends on it but the server's connection loop.
 
+pub mod checksums;
 mod config;
 #[cfg(feature = "cluster")]
 mod fanout;
@@ -44,6 +47,8 @@ mod fanout;
 mod head;
 #[cfg(feature = "cluster")]
 pub mod head_keys;
+#[cfg(feature = "cluster")]
+mod healing;
 #[cfg(feature = "cluster")]
 pub(crate) mod http;
 pub mod keys;

@@ -23,10 +23,16 @@ fn free_bytes(shared: &Shared) -> u64 {
     rustix::fs::statvfs(&shared.config.root).map_or(0, |s| s.f_bavail * s.f_frsize)
 }
 
-/// Joins the head once: the head records the node (`advertise` is the address clients
-/// reach it at) and answers the cluster's keys, sealed for this node, which it then
-/// trusts. `head` must hold the credentials of [`NODE_SUBJECT`] at the head.
-pub async fn join(shared: &Shared, head: &ConnectOptions, advertise: &str, http: Option<&str>) -> Result<u64, String> {
+/// Joins the head once (a heartbeat): the head records the node (`advertise` is the
+/// address clients reach it at) and the versions it found damaged since it last joined,
+/// and answers the cluster's keys, sealed for this node, which it then trusts, and how
+/// soon to join again. `head` must hold the credentials of [`NODE_SUBJECT`] at the head.
+pub async fn join(
+    shared: &Shared,
+    head: &ConnectOptions,
+    advertise: &str,
+    http: Option<&str>,
+) -> Result<(u64, Duration), String> {
     if head.credentials.subject != NODE_SUBJECT {
         return Err(format!(
             "a data node joins its head as {NODE_SUBJECT}, not {} (make its token at the head with `locus token \
@@ -42,32 +48,111 @@ pub async fn join(shared: &Shared, head: &ConnectOptions, advertise: &str, http:
         http: http.map(str::to_string),
         free: free_bytes(shared),
         nonce: nonce.clone(),
+        damaged: shared.take_damaged(),
     };
-    let welcome = client.call(join).await.map_err(|e| format!("head at {} refused the node: {e}", head.addr))?;
+    let damaged = join.damaged.clone();
+    let welcome = client.call(join).await.map_err(|e| {
+        for (object, version) in damaged {
+            shared.report_damaged(object, version);
+        }
+        format!("head at {} refused the node: {e}", head.addr)
+    })?;
     let token = head.credentials.token.as_bytes();
     let keys = crate::cluster::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
     shared.set_node_key(keys);
-    Ok(welcome.node)
+    let every = Duration::from_millis(welcome.every_ms).clamp(Duration::from_millis(100), REJOIN_EVERY);
+    Ok((welcome.node, every))
 }
 
-/// Prepares the object directory and joins the head, then keeps reporting to it; a head
-/// that cannot be reached is retried.
-pub async fn serve_head(shared: Arc<Shared>, head: ConnectOptions, advertise: String, http: Option<String>) {
-    let objects = shared.config.root.join(crate::cluster::objects::OBJECTS_DIR);
+/// How a data node checks the versions it keeps in the background.
+#[derive(Clone, Copy, Debug)]
+pub struct Scrub {
+    /// A pass over every version starts this long after the last one began.
+    pub every: Duration,
+    /// Bytes read a second at most (0: unlimited), so clients' reads keep their speed.
+    pub rate: u64,
+}
+
+impl Default for Scrub {
+    fn default() -> Self {
+        Scrub { every: Duration::from_secs(24 * 3600), rate: 32 << 20 }
+    }
+}
+
+/// One pass of the scrub over the node's versions: each is checked against its
+/// checksums (one stored before checksums is given them); a damaged one is moved aside
+/// and reported to the head at the next heartbeat. Answers how many were damaged.
+pub fn scrub(shared: &Shared, rate: u64) -> usize {
+    use crate::cluster::checksums;
+    let objects = crate::cluster::objects::objects_dir(shared);
+    let Ok(dir) = std::fs::read_dir(&objects) else { return 0 };
+    let started = std::time::Instant::now();
+    let (mut read, mut damaged) = (0u64, 0);
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((object, version)) =
+            name.split_once('.').and_then(|(o, v)| Some((o.parse::<u64>().ok()?, v.parse::<u64>().ok()?)))
+        else {
+            continue; // checksums, copies in progress, the damaged directory
+        };
+        match checksums::scrub_one(&entry.path()) {
+            Ok(()) => {}
+            Err(checksums::CheckError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::error!(object, version, "scrub: {e}; moved aside for repair");
+                checksums::quarantine(&objects, &name);
+                shared.report_damaged(object, version);
+                damaged += 1;
+            }
+        }
+        read += entry.metadata().map_or(0, |m| m.len());
+        if rate > 0 {
+            std::thread::sleep(Duration::from_secs_f64(read as f64 / rate as f64).saturating_sub(started.elapsed()));
+        }
+    }
+    damaged
+}
+
+/// Prepares the object directory and joins the head, then keeps sending it heartbeats
+/// (a head that cannot be reached is retried) while the scrub checks the node's
+/// versions on a thread of its own.
+pub async fn serve_head(
+    shared: Arc<Shared>,
+    head: ConnectOptions,
+    advertise: String,
+    http: Option<String>,
+    scrub_with: Scrub,
+) {
+    let objects = crate::cluster::objects::objects_dir(&shared);
     if let Err(e) = std::fs::create_dir_all(&objects) {
         tracing::error!("cannot create {}: {e}", objects.display());
     }
+    let scrubbed = Arc::downgrade(&shared);
+    std::thread::Builder::new()
+        .name("locus-scrub".into())
+        .spawn(move || loop {
+            std::thread::sleep(scrub_with.every);
+            let Some(shared) = scrubbed.upgrade() else { return };
+            let damaged = scrub(&shared, scrub_with.rate);
+            tracing::info!(damaged, "scrub pass done");
+        })
+        .expect("a thread for the scrub");
     let mut joined = false;
     loop {
-        match join(&shared, &head, &advertise, http.as_deref()).await {
-            Ok(node) if !joined => {
-                tracing::info!(node, head = %head.addr, "joined the cluster");
-                joined = true;
+        let every = match join(&shared, &head, &advertise, http.as_deref()).await {
+            Ok((node, every)) => {
+                if !joined {
+                    tracing::info!(node, head = %head.addr, "joined the cluster");
+                    joined = true;
+                }
+                every
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!("{e}; retrying"),
-        }
-        tokio::time::sleep(if joined { REJOIN_EVERY } else { Duration::from_secs(1) }).await;
+            Err(e) => {
+                tracing::warn!("{e}; retrying");
+                Duration::from_secs(1)
+            }
+        };
+        tokio::time::sleep(every).await;
     }
 }

@@ -4,15 +4,16 @@
 //! [`VIEWS_DIR`]) that a node's share of a cluster-wide storelet run sees. The plain
 //! server's [`Session`] answers these operations through the methods here.
 
+use crate::cluster::checksums;
 use crate::dispatch::Answer;
 use crate::dispatch::Reply;
 use crate::session::{store, Session};
 use crate::transport::Body;
 use bytes::Bytes;
+use locus_proto::capability::NODE_SUBJECT;
 use locus_proto::ops::*;
 use locus_proto::types::*;
 use locus_proto::{Code, Error as WireError};
-use locus_store::StoreError;
 use std::sync::Arc;
 
 /// Where a data node keeps objects, under its export.
@@ -21,6 +22,87 @@ pub const OBJECTS_DIR: &str = "objects";
 /// The path of one version of an object on a data node.
 pub fn object_path(object: u64, version: u64) -> String {
     format!("/{OBJECTS_DIR}/{object}.{version}")
+}
+
+/// The directory of a node's objects.
+pub(crate) fn objects_dir(shared: &crate::Shared) -> std::path::PathBuf {
+    shared.config.root.join(OBJECTS_DIR)
+}
+
+/// The file name of a version in [`OBJECTS_DIR`].
+pub fn object_name(object: u64, version: u64) -> String {
+    format!("{object}.{version}")
+}
+
+/// Reads `len` bytes at `offset` of a version this node holds, checked against its
+/// checksums (for `object_read` and the node's HTTP door). A damaged version is moved
+/// aside and reported to the head, and the read fails with `EIO`.
+pub(crate) fn read_version(
+    shared: &crate::Shared,
+    object: u64,
+    version: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, WireError> {
+    let objects = objects_dir(shared);
+    let name = object_name(object, version);
+    let path = objects.join(&name);
+    let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => WireError::new(Code::NOENT, "that version is gone from this node"),
+        _ => WireError::io("object_read", e),
+    })?;
+    checksums::read_checked(&path, &file, offset, len).map_err(|e| {
+        if let checksums::CheckError::Mismatch { block } = e {
+            tracing::error!(object, version, block, "checksum mismatch: the version is moved aside for repair");
+            checksums::quarantine(&objects, &name);
+            shared.report_damaged(object, version);
+        }
+        WireError::new(Code::IO, format!("version {name} on this node: {e}"))
+    })
+}
+
+/// Copies a version from the first of `location`'s nodes that answers into `objects`,
+/// then gives it checksums (each block it read was checked at the source).
+async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk: u32) -> Result<(), WireError> {
+    use tokio::io::AsyncWriteExt;
+    let cap = &location.capability;
+    let name = object_name(cap.object, cap.version);
+    let tmp = objects.join(format!(".fetch-{name}"));
+    let io = |e: std::io::Error| WireError::io("object_fetch", e);
+    let mut out = tokio::fs::File::create(&tmp).await.map_err(io)?;
+    let reads = locus_client::nodes::NodeReads::default();
+    let started = std::time::Instant::now();
+    let mut at = 0u64;
+    let copied = async {
+        while at < cap.size {
+            let want = (cap.size - at).min(chunk as u64) as u32;
+            let data = reads
+                .read(location, at, want)
+                .await
+                .map_err(|e| WireError::new(Code::IO, format!("no node holding version {name} answered: {e}")))?;
+            if data.is_empty() {
+                return Err(WireError::new(Code::IO, format!("version {name} ended at {at} of {} bytes", cap.size)));
+            }
+            out.write_all(&data).await.map_err(io)?;
+            at += data.len() as u64;
+            if rate > 0 {
+                let due = std::time::Duration::from_secs_f64(at as f64 / rate as f64);
+                tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+            }
+        }
+        out.sync_all().await.map_err(io)?;
+        tokio::fs::rename(&tmp, objects.join(&name)).await.map_err(io)?;
+        let file = objects.join(&name);
+        tokio::task::spawn_blocking(move || checksums::seal(&file, None))
+            .await
+            .map_err(|_| WireError::new(Code::IO, "checksum task failed"))?
+            .map_err(|e| WireError::new(Code::IO, format!("version {name}: {e}")))
+    }
+    .await;
+    if copied.is_err() {
+        let _ = tokio::fs::remove_file(&tmp).await;
+    }
+    copied
 }
 
 /// Where a data node lays out the files of a cluster-wide run, under its export.
@@ -88,6 +170,9 @@ impl Session {
     }
 
     /// `object_read`: a version of an object, to a holder of the head's capability for it.
+    /// Every block the read touches is checked against the version's checksums; a
+    /// damaged version is moved aside and reported, and the read fails (`EIO`), so the
+    /// client goes on at a replica.
     pub(crate) fn serve_object_read(&mut self, req: ObjectRead, _: Bytes) -> Reply<()> {
         let key = self.node_key()?;
         let cap = &req.capability;
@@ -101,21 +186,9 @@ impl Session {
             );
             return Err(WireError::new(Code::ACCES, format!("capability refused: {why:?}")));
         }
-        let file = store(self.shared.store.open(
-            crate::config::ADMIN_SUBJECT,
-            &object_path(cap.object, cap.version),
-            open_flags::READ,
-            0,
-        ))
-        .map_err(|e| {
-            if e.code == Code::NOENT {
-                WireError::new(Code::NOENT, "that version is gone from this node")
-            } else {
-                e
-            }
-        })?;
         let len = (req.len.min(self.shared.config.limits.max_data) as u64).min(cap.size.saturating_sub(req.offset));
-        Ok(Answer::with_body((), Body::File { file: Arc::new(file), offset: req.offset, len }))
+        let bytes = read_version(&self.shared, cap.object, cap.version, req.offset, len)?;
+        Ok(Answer::with_body((), Body::Bytes(bytes.into())))
     }
 
     /// `object_put`: the head stores a version of an object here (durably).
@@ -130,10 +203,42 @@ impl Session {
     pub(crate) fn drop_object(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {
         self.node_key()?;
         self.check_from_head()?;
-        match self.shared.store.unlink(crate::config::ADMIN_SUBJECT, &object_path(req.object, req.version)) {
-            Err(StoreError::Os { errno, .. }) if errno == rustix::io::Errno::NOENT => Ok(().into()),
-            other => Ok(store(other)?.into()),
+        let file = objects_dir(&self.shared).join(object_name(req.object, req.version));
+        for path in [checksums::sidecar(&file), file] {
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(WireError::io("object_drop", e)),
+                _ => {}
+            }
         }
+        Ok(().into())
+    }
+
+    /// `object_seal`: checks a version the head just stored here against the CRC-32 the
+    /// head computed of what it sent, and records its block checksums.
+    pub(crate) fn seal_object(&mut self, req: ObjectSeal, _: Bytes) -> Reply<()> {
+        self.node_key()?;
+        self.check_from_head()?;
+        let file = objects_dir(&self.shared).join(object_name(req.object, req.version));
+        checksums::seal(&file, Some(req.crc)).map_err(|e| {
+            let _ = std::fs::remove_file(&file);
+            WireError::new(Code::IO, format!("version {}.{}: {e}", req.object, req.version))
+        })?;
+        Ok(().into())
+    }
+
+    /// `object_fetch`: copies a version from another node (healing a lost or damaged
+    /// replica, or moving one off a node being drained), at most `rate` bytes a second.
+    pub(crate) fn fetch_object(&mut self, req: ObjectFetch, _: Bytes) -> Reply<()> {
+        let key = self.node_key()?;
+        self.check_from_head()?;
+        let token = key.node_tokens(NODE_SUBJECT, locus_proto::capability::now()).remove(0);
+        let location = Location { nodes: req.from, capability: req.capability, node_token: token };
+        let objects = objects_dir(&self.shared);
+        let max = self.shared.config.limits.max_data.min(1 << 20);
+        Ok(Answer::later(Box::pin(async move {
+            fetch(&objects, &location, req.rate, max).await?;
+            Ok(Answer::from(()).encode())
+        })))
     }
 
     /// `node_run`: this node's share of a cluster-wide storelet run, over a view of the

@@ -53,8 +53,12 @@ impl Head {
 
     pub(crate) fn location_for(&self, subject: &str, e: &Entry, ids: &[u64]) -> Result<Location, WireError> {
         let nodes = self.nodes()?;
-        let addrs: Vec<String> =
-            ids.iter().filter_map(|id| nodes.iter().find(|n| n.id == *id)).map(|n| n.addr.clone()).collect();
+        let mut holders: Vec<&locus_cluster::Node> =
+            ids.iter().filter_map(|id| nodes.iter().find(|n| n.id == *id)).collect();
+        // Nodes that stopped sending heartbeats last: a client tries them only if no
+        // live one answers.
+        holders.sort_by_key(|n| !self.is_live(n));
+        let addrs: Vec<String> = holders.into_iter().map(|n| n.addr.clone()).collect();
         let expires = capability::now() + self.config.capability_ttl.as_secs();
         let key = self.key();
         Ok(Location {

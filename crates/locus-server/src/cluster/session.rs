@@ -641,6 +641,29 @@ impl Handler for HeadSession {
         not_here("node_run (a data node's operation)")
     }
 
+    fn object_seal(&mut self, _: ObjectSeal, _: Bytes) -> Reply<()> {
+        not_here("object_seal (a data node's operation)")
+    }
+
+    fn object_fetch(&mut self, _: ObjectFetch, _: Bytes) -> Reply<()> {
+        not_here("object_fetch (a data node's operation)")
+    }
+
+    fn node_list(&mut self, _: NodeList, _: Bytes) -> Reply<Vec<NodeInfo>> {
+        self.need("/", Rights::ADMIN)?;
+        Ok(self.head.node_list()?.into())
+    }
+
+    fn node_drain(&mut self, req: NodeDrain, _: Bytes) -> Reply<()> {
+        let who = self.need("/", Rights::ADMIN)?;
+        self.head.retire_node(req.node, false, &who).map(Answer::from)
+    }
+
+    fn node_remove(&mut self, req: NodeRemove, _: Bytes) -> Reply<()> {
+        let who = self.need("/", Rights::ADMIN)?;
+        self.head.retire_node(req.node, true, &who).map(Answer::from)
+    }
+
     fn node_join(&mut self, req: NodeJoin, _: Bytes) -> Reply<NodeWelcome> {
         // Only the nodes' own subject joins; its token seals the keys for the node.
         let subject =
@@ -659,12 +682,7 @@ impl Handler for HeadSession {
         if req.nonce.len() < 16 {
             return Err(WireError::new(Code::INVAL, "a join needs a fresh nonce of at least 16 bytes"));
         }
-        let node = self.head.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
-        self.head.forget_nodes();
-        self.head.placed.lock().remove(&node);
-        tracing::info!(node, addr = %req.addr, free = req.free, "data node joined");
-        let (nonce, sealed) = crate::cluster::keys::seal_for_node(&self.head.keys(), &token, &req.nonce, &req.addr);
-        Ok(NodeWelcome { node, nonce, sealed }.into())
+        self.head.heartbeat(&req, &token)
     }
 
     fn key_rotate(&mut self, _: KeyRotate, _: Bytes) -> Reply<()> {

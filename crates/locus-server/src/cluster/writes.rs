@@ -19,6 +19,17 @@ pub(crate) fn object_name(object: u64, version: u64) -> String {
     format!("{object}.{version}")
 }
 
+/// The CRC-32 of a staged file (what a node checks the version it stored against).
+async fn crc_of(staged: &std::path::Path) -> Result<u32, WireError> {
+    let staged = staged.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&staged).map_err(|e| WireError::io("staged copy", e))?;
+        crate::cluster::checksums::compute(&file).map(|(_, whole)| whole).map_err(|e| WireError::io("staged copy", e))
+    })
+    .await
+    .map_err(|_| WireError::new(Code::IO, "checksum task failed"))?
+}
+
 /// A private copy of a file being written: it becomes the file's next version.
 pub(crate) struct Staged {
     pub(crate) path: String,
@@ -38,12 +49,14 @@ impl Drop for Staged {
 }
 
 impl Head {
-    /// The data nodes a new version may go to, most free space first; the head's own
-    /// directory when no node has joined.
+    /// The data nodes a new version may go to (live, not draining, with room), most free
+    /// space first; the head's own directory when no node has joined.
     pub(crate) fn candidates(&self, size: u64) -> Result<Vec<Node>, WireError> {
         let all = self.nodes()?;
         if all.is_empty() {
-            return Ok(vec![Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX }]);
+            let local =
+                Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX, seen: 0, draining: false };
+            return Ok(vec![local]);
         }
         let placed = self.placed.lock();
         let recent = |n: &Node| placed.get(&n.id).copied().unwrap_or(0);
@@ -53,7 +66,7 @@ impl Head {
                 n.free = n.free.saturating_sub(recent(&n));
                 n
             })
-            .filter(|n| n.free >= size)
+            .filter(|n| n.free >= size && !n.draining && self.is_live(n))
             .collect();
         // Free space decides in steps of 1% of the most free (at least 1 GiB): nodes
         // within a step of each other take turns, the one given least lately first.
@@ -135,7 +148,12 @@ impl Head {
                 format!("data node {} stored {} of {size} bytes", node.id, stored.size),
             ));
         }
-        Ok(())
+        // The node checks what it stored against what was sent, and keeps checksums.
+        let crc = crc_of(staged).await?;
+        client
+            .call(ObjectSeal { object, version, crc })
+            .await
+            .map_err(|e| WireError::new(Code::IO, format!("data node {} at {}: {e}", node.id, node.addr)))
     }
 
     /// Makes the staged copy the new version of its file and queues the old version's

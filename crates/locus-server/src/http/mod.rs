@@ -26,7 +26,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use locus_proto::capability;
 use locus_proto::types::Capability;
 use std::convert::Infallible;
-use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 /// Whether a listener's address is a loopback one, so what crosses it stays on this
@@ -83,7 +82,7 @@ fn decode_capability(text: &str) -> Option<Capability> {
     locus_proto::codec::decode(&hex::decode(text).ok()?).ok()
 }
 
-fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
+fn from_node(shared: &Arc<Shared>, req: &Request<hyper::body::Incoming>) -> Response<HttpBody> {
     let Some(key) = shared.node_key() else { return text(StatusCode::NOT_FOUND, "not a data node of a cluster") };
     let Some(name) = req.uri().path().strip_prefix("/o/") else { return text(StatusCode::NOT_FOUND, "no such object") };
     let Some((object, version)) =
@@ -100,20 +99,21 @@ fn from_node(shared: &Shared, req: &Request<hyper::body::Incoming>) -> Response<
     if (cap.object, cap.version) != (object, version) {
         return text(StatusCode::FORBIDDEN, "capability refused: it is for another object");
     }
-    let path = shared.config.root.join(crate::cluster::objects::OBJECTS_DIR).join(format!("{object}.{version}"));
-    let file = match std::fs::File::open(&path) {
-        Ok(f) => Arc::new(f),
-        Err(_) => return text(StatusCode::NOT_FOUND, "that version is gone from this node"),
-    };
+    if !crate::cluster::objects::objects_dir(shared)
+        .join(crate::cluster::objects::object_name(object, version))
+        .exists()
+    {
+        return text(StatusCode::NOT_FOUND, "that version is gone from this node");
+    }
     let etag = format!("\"{object}.{version}\"");
+    let shared = shared.clone();
     ranged(req, cap.size, &etag, move |offset, len| {
-        let file = file.clone();
+        let shared = shared.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                let mut buf = vec![0u8; len as usize];
-                let n = file.read_at(&mut buf, offset)?;
-                buf.truncate(n);
-                Ok(Bytes::from(buf))
+                crate::cluster::objects::read_version(&shared, object, version, offset, len)
+                    .map(Bytes::from)
+                    .map_err(|e| std::io::Error::other(e.message))
             })
             .await
             .map_err(std::io::Error::other)?

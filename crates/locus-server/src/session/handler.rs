@@ -459,6 +459,26 @@ impl Handler for Session {
         self.run_share(req, data)
     }
 
+    fn object_seal(&mut self, req: ObjectSeal, data: Bytes) -> Reply<()> {
+        self.seal_object(req, data)
+    }
+
+    fn object_fetch(&mut self, req: ObjectFetch, data: Bytes) -> Reply<()> {
+        self.fetch_object(req, data)
+    }
+
+    fn node_list(&mut self, _: NodeList, _: Bytes) -> Reply<Vec<NodeInfo>> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head: it has no data nodes"))
+    }
+
+    fn node_drain(&mut self, _: NodeDrain, _: Bytes) -> Reply<()> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head: it has no data nodes"))
+    }
+
+    fn node_remove(&mut self, _: NodeRemove, _: Bytes) -> Reply<()> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head: it has no data nodes"))
+    }
+
     fn share(&mut self, _: Share, _: Bytes) -> Reply<String> {
         Err(WireError::new(Code::NOTSUP, "shared URLs are made by cluster heads (locus serve --head --http-port)"))
     }

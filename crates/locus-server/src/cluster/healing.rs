@@ -1,0 +1,215 @@
+//! Keeping every version at its replication factor: nodes that stop sending heartbeats
+//! are down, nodes being drained are leaving, and copies a node found damaged are gone;
+//! the versions they held are copied node to node from a live replica (`object_fetch`,
+//! at [`crate::cluster::HeadConfig::repair_rate`]) until each has its factor again, and only then are
+//! they taken out of the version's list (and dropped from the node once it answers).
+//!
+//! Among the heads of one namespace, one heals at a time: the holder of a lease kept in
+//! the namespace's settings, so two heads do not copy the same versions.
+
+use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE};
+use crate::cluster::meta_err;
+use crate::cluster::Head;
+use crate::dispatch::Reply;
+use locus_cluster::{Content, Entry, Node};
+use locus_proto::capability::{self, NODE_SUBJECT};
+use locus_proto::ops::{NodeJoin, ObjectFetch};
+use locus_proto::types::{NodeInfo, NodeWelcome};
+use locus_proto::Error as WireError;
+use std::time::Duration;
+
+/// How long the healing lease lasts unless renewed (each round renews it).
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Versions looked at per node and per round.
+const BATCH: u64 = 32;
+
+/// A copy to make: from which nodes, of which file, to the node leaving or damaged.
+enum Leaving {
+    /// Down or draining: its copy may still be read while it answers.
+    Node(u64),
+    /// Its copy failed a checksum and was moved aside: never a source.
+    Damaged(u64),
+}
+
+impl Leaving {
+    fn node(&self) -> u64 {
+        match self {
+            Leaving::Node(n) | Leaving::Damaged(n) => *n,
+        }
+    }
+}
+
+impl Head {
+    /// How often data nodes should send heartbeats: three times within the timeout,
+    /// and at least every [`crate::cluster::config::REJOIN_EVERY`] (so they learn a
+    /// rotated key within its grace).
+    pub fn heartbeat_every(&self) -> Duration {
+        (self.config.node_timeout / 3).clamp(Duration::from_millis(100), crate::cluster::config::REJOIN_EVERY)
+    }
+
+    /// A data node's join (its heartbeat, made as `locus-node` with `token`): records
+    /// it, its free space and the versions it found damaged, and answers the cluster's
+    /// keys sealed for it and how soon to join again.
+    pub(crate) fn heartbeat(&self, req: &NodeJoin, token: &[u8]) -> Reply<NodeWelcome> {
+        let node = self.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
+        if !req.damaged.is_empty() {
+            tracing::warn!(node, versions = ?req.damaged, "data node found damaged versions: repairing from replicas");
+            self.meta.add_damaged(node, &req.damaged).map_err(meta_err)?;
+        }
+        self.forget_nodes();
+        self.placed.lock().remove(&node);
+        tracing::debug!(node, addr = %req.addr, free = req.free, "data node heartbeat");
+        let (nonce, sealed) = crate::cluster::keys::seal_for_node(&self.keys(), token, &req.nonce, &req.addr);
+        let every_ms = self.heartbeat_every().as_millis() as u64;
+        Ok(NodeWelcome { node, nonce, sealed, every_ms }.into())
+    }
+
+    /// Drains a node (its versions move to others), or with `remove` forgets one that
+    /// holds no current version; `who` asked.
+    pub(crate) fn retire_node(&self, node: u64, remove: bool, who: &str) -> Result<(), WireError> {
+        match remove {
+            false => self.meta.set_draining(node, true),
+            true => self.meta.remove_node(node),
+        }
+        .map_err(meta_err)?;
+        self.forget_nodes();
+        tracing::info!(by = %who, node, remove, "data node {}", if remove { "removed" } else { "draining" });
+        Ok(())
+    }
+
+    /// Whether a heartbeat came from `node` within the timeout.
+    pub(crate) fn is_live(&self, node: &Node) -> bool {
+        node.id == LOCAL_NODE || node.seen + self.config.node_timeout.as_secs().max(1) >= capability::now()
+    }
+
+    /// The data nodes, their state and how many current versions each holds.
+    pub fn node_list(&self) -> Result<Vec<NodeInfo>, WireError> {
+        let nodes = self.meta.nodes().map_err(meta_err)?;
+        let now = capability::now();
+        nodes
+            .into_iter()
+            .map(|n| {
+                let versions = self.meta.versions_on(n.id).map_err(meta_err)?;
+                let state = match (self.is_live(&n), n.draining, versions) {
+                    (_, true, 0) => "drained",
+                    (_, true, _) => "draining",
+                    (false, _, _) => "down",
+                    (true, _, _) => "up",
+                };
+                Ok(NodeInfo {
+                    id: n.id,
+                    addr: n.addr,
+                    http: n.http,
+                    free: n.free,
+                    state: state.into(),
+                    seen_s: now.saturating_sub(n.seen),
+                    versions,
+                })
+            })
+            .collect()
+    }
+
+    /// Takes (or renews) the healing lease; answers whether this head holds it.
+    fn take_lease(&self) -> bool {
+        let now = capability::now();
+        let mine = self.id.to_string();
+        let held = self.meta.update_setting("healing_lease", |old| {
+            let other = old
+                .and_then(|v| v.split_once(' '))
+                .filter(|(id, until)| *id != mine && until.parse::<u64>().is_ok_and(|u| u > now));
+            Ok(match (other, old) {
+                (Some(_), Some(old)) => old.to_string(),
+                _ => format!("{mine} {}", now + LEASE.as_secs()),
+            })
+        });
+        held.is_ok_and(|v| v.split(' ').next() == Some(mine.as_str()))
+    }
+
+    /// One round of healing: damaged copies first, then the versions on nodes that are
+    /// down or draining. Answers how many copies were replaced.
+    pub async fn heal(&self) -> usize {
+        self.forget_nodes();
+        let Ok(nodes) = self.nodes() else { return 0 };
+        let damaged = self.meta.damaged(BATCH).unwrap_or_default();
+        let leaving: Vec<&Node> = nodes.iter().filter(|n| n.draining || !self.is_live(n)).collect();
+        if (damaged.is_empty() && leaving.is_empty()) || !self.take_lease() {
+            return 0;
+        }
+        let mut healed = 0;
+        for d in damaged {
+            let done = match self.meta.file_of(d.object, d.version) {
+                Ok(None) => true,
+                Ok(Some(e)) => self.replace(&e, Leaving::Damaged(d.node), &nodes).await,
+                Err(_) => false,
+            };
+            if done && self.meta.forget_damaged(&d).is_ok() {
+                healed += 1;
+            }
+        }
+        for n in leaving {
+            for e in self.meta.files_on(n.id, BATCH).unwrap_or_default() {
+                healed += self.replace(&e, Leaving::Node(n.id), &nodes).await as usize;
+            }
+        }
+        healed
+    }
+
+    /// Copies `e`'s version to other nodes until it has its factor without the node
+    /// `leaving`, then takes that node out of its list; answers whether it did.
+    async fn replace(&self, e: &Entry, leaving: Leaving, nodes: &[Node]) -> bool {
+        let Content::Nodes(ids) = &e.content else { return true };
+        let gone = leaving.node();
+        let holder = |id: &u64| nodes.iter().find(|n| n.id == *id);
+        let mut keep: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| *id != gone && holder(id).is_some_and(|n| self.is_live(n) && !n.draining))
+            .collect();
+        let sources: Vec<String> = ids
+            .iter()
+            .filter(|id| !(matches!(leaving, Leaving::Damaged(n) if n == **id)))
+            .filter_map(holder)
+            .filter(|n| self.is_live(n))
+            .map(|n| n.addr.clone())
+            .collect();
+        let want = self.config.replication.max(1);
+        let mut targets = self.candidates(e.size).unwrap_or_default().into_iter().filter(|n| !ids.contains(&n.id));
+        while keep.len() < want {
+            let (Some(target), false) = (targets.next(), sources.is_empty()) else {
+                tracing::debug!(path = %e.path, "cannot restore its replicas yet: no live source or no node to copy to");
+                return false;
+            };
+            let expires = capability::now() + self.config.capability_ttl.as_secs();
+            let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
+            let fetch = ObjectFetch { capability: cap, from: sources.clone(), rate: self.config.repair_rate };
+            let copied = match self.writer(&target).await {
+                Ok(c) => c.call(fetch).await.map_err(|err| err.to_string()),
+                Err(err) => Err(err.message),
+            };
+            if let Err(why) = copied {
+                tracing::warn!(path = %e.path, node = target.id, "copying a replica failed: {why}");
+                continue;
+            }
+            *self.placed.lock().entry(target.id).or_default() += e.size;
+            match self.meta.move_replica(&e.path, e.object, e.version, None, Some(target.id)) {
+                Ok(true) => keep.push(target.id),
+                // The file changed meanwhile: the copy is not needed.
+                _ => {
+                    let _ = self.meta.add_garbage_on(e.object, e.version, &[target.id], self.garbage_after());
+                    return true;
+                }
+            }
+        }
+        tracing::info!(path = %e.path, from = gone, to = ?keep, "replicas restored");
+        let moved = self.meta.move_replica(&e.path, e.object, e.version, Some(gone), None);
+        let queued = self.meta.add_garbage_on(e.object, e.version, &[gone], self.garbage_after());
+        moved.is_ok() && queued.is_ok()
+    }
+
+    /// When a copy taken out of a version's list may be dropped: after every
+    /// capability that could name its node has expired.
+    fn garbage_after(&self) -> u64 {
+        capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs()
+    }
+}
