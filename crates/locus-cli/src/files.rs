@@ -352,7 +352,12 @@ async fn upload(c: &Client, local: &Path, u: &LocusUrl) -> Result<(), String> {
     let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777;
     let pb = progress(meta.len(), &local.display().to_string());
     let mut src = tokio::io::BufReader::with_capacity(1 << 20, file);
-    let r = c.put(&u.path, mode, &mut src, |n| pb.set_position(n)).await;
+    // A regular file's size is known: on a cluster head a large one goes straight to
+    // the data nodes.
+    let r = match meta.is_file() {
+        true => c.put_sized(&u.path, mode, &mut src, meta.len(), |n| pb.set_position(n)).await,
+        false => c.put(&u.path, mode, &mut src, |n| pb.set_position(n)).await,
+    };
     pb.finish_and_clear();
     r.map(|_| ()).map_err(|e| err(u, e))
 }

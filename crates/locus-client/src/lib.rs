@@ -23,12 +23,14 @@ mod pending;
 mod receive;
 pub mod script_cache;
 mod storelets;
+mod tp_write;
 pub mod url;
 
 pub use credentials::Credentials;
 pub use error::{ClientError, Result};
 pub use locus_proto::ops;
 pub use locus_proto::types;
+pub use tp_write::TP_WRITE_MIN;
 pub use url::LocusUrl;
 
 use bytes::{Bytes, BytesMut};
@@ -393,13 +395,22 @@ impl Client {
     }
 
     /// Writes a whole file from memory.
+    /// On a cluster head, one of at least [`TP_WRITE_MIN`] bytes goes straight to the
+    /// data nodes (a third-party write).
     pub async fn write_file(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        if let Some(target) = self.write_target(path, mode, data.len() as u64).await? {
+            return self.write_to_nodes(path, mode, target, &mut &data[..], |_| {}).await;
+        }
         self.upload_bytes(Put { path: path.into(), mode }, data).await
     }
 
     /// Writes a whole file from memory without the server waiting for its disk
     /// (`put_cached`): what a close stores, where only `fsync` promises durability.
+    /// On a cluster head (where every write is durable), as [`Client::write_file`].
     pub async fn write_file_cached(&self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        if let Some(target) = self.write_target(path, mode, data.len() as u64).await? {
+            return self.write_to_nodes(path, mode, target, &mut &data[..], |_| {}).await;
+        }
         self.upload_bytes(PutCached { path: path.into(), mode }, data).await
     }
 

@@ -314,17 +314,29 @@ impl Meta {
     /// Makes `entry` (a file) the current version at its path, creating the name if
     /// needed. Answers the version it replaced, whose bytes become garbage.
     pub fn commit(&self, entry: &Entry) -> Result<Option<Entry>> {
+        self.tx(|tx| commit(tx, entry))
+    }
+
+    /// As [`Meta::commit`], for a version written to nodes by a client (a third-party
+    /// write): in the same transaction its pending row in `garbage` goes, so its bytes
+    /// stay; refused when that row is gone (the write's time ran out, or it was
+    /// committed already).
+    pub fn commit_pending(&self, entry: &Entry) -> Result<Option<Entry>> {
+        let Content::Nodes(nodes) = &entry.content else {
+            return Err(MetaError::Invalid("a pending version lives on data nodes".into()));
+        };
         self.tx(|tx| {
-            let old = get(tx, &entry.path)?;
-            match &old {
-                Some(o) if o.kind == Kind::Dir => return Err(MetaError::IsDir(entry.path.clone())),
-                Some(_) => {
-                    tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(entry.path.clone())])?;
-                }
-                None => parent_dir(tx, &entry.path)?,
+            let pending = tx.exec(
+                "DELETE FROM garbage WHERE object = $1 AND version = $2 AND nodes = $3",
+                &[Val::Int(entry.object as i64), Val::Int(entry.version as i64), Val::Text(nodes_text(nodes))],
+            )?;
+            if pending == 0 {
+                return Err(MetaError::NotFound(format!(
+                    "{}: version {} is not pending (its time ran out, or it was committed already)",
+                    entry.path, entry.version
+                )));
             }
-            insert(tx, entry)?;
-            Ok(old)
+            commit(tx, entry)
         })
     }
 
@@ -440,6 +452,19 @@ impl Meta {
 fn get(tx: &mut dyn Tx, path: &str) -> Result<Option<Entry>> {
     let rows = tx.query(&format!("SELECT {COLUMNS} FROM entries WHERE path = $1"), &[Val::Text(path.into())])?;
     rows.first().map(|r| entry_of(r)).transpose()
+}
+
+fn commit(tx: &mut dyn Tx, entry: &Entry) -> Result<Option<Entry>> {
+    let old = get(tx, &entry.path)?;
+    match &old {
+        Some(o) if o.kind == Kind::Dir => return Err(MetaError::IsDir(entry.path.clone())),
+        Some(_) => {
+            tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(entry.path.clone())])?;
+        }
+        None => parent_dir(tx, &entry.path)?,
+    }
+    insert(tx, entry)?;
+    Ok(old)
 }
 
 fn insert(tx: &mut dyn Tx, e: &Entry) -> Result<()> {

@@ -25,11 +25,24 @@ fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-fn capability_mac(key: &[u8], c: &Capability) -> Vec<u8> {
+/// What a capability lets its subject do with the version it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// Read its bytes at a node (`object_read`).
+    Read,
+    /// Store exactly its size in bytes as a new version at a node (`object_write`).
+    Write,
+}
+
+fn capability_mac(key: &[u8], c: &Capability, grant: Grant) -> Vec<u8> {
+    let label: &[u8] = match grant {
+        Grant::Read => b"locus capability",
+        Grant::Write => b"locus write capability",
+    };
     mac(
         key,
         &[
-            b"locus capability",
+            label,
             c.subject.as_bytes(),
             &c.object.to_le_bytes(),
             &c.version.to_le_bytes(),
@@ -42,9 +55,29 @@ fn capability_mac(key: &[u8], c: &Capability) -> Vec<u8> {
 /// Signs a capability: `subject` may read `version` of `object` (`size` bytes) until
 /// `expires` (seconds since the epoch).
 pub fn sign(key: &[u8], subject: &str, object: u64, version: u64, size: u64, expires: u64) -> Capability {
+    sign_for(Grant::Read, key, subject, object, version, size, expires)
+}
+
+/// Signs a capability that grants `grant` on `version` of `object` (`size` bytes).
+pub fn sign_for(
+    grant: Grant,
+    key: &[u8],
+    subject: &str,
+    object: u64,
+    version: u64,
+    size: u64,
+    expires: u64,
+) -> Capability {
     let mut c = Capability { subject: subject.to_string(), object, version, size, expires, mac: Vec::new() };
-    c.mac = capability_mac(key, &c);
+    c.mac = capability_mac(key, &c, grant);
     c
+}
+
+/// The head's seal over a third-party write it began (see
+/// [`crate::types::WriteTarget::seal`]).
+pub fn write_seal(key: &[u8], c: &Capability, path: &str, node_ids: &[u64]) -> Vec<u8> {
+    let nodes: Vec<u8> = node_ids.iter().flat_map(|n| n.to_le_bytes()).collect();
+    mac(key, &[b"locus write commit", &capability_mac(key, c, Grant::Write), path.as_bytes(), &nodes])
 }
 
 /// Why a capability is refused.
@@ -60,7 +93,12 @@ pub enum Refusal {
 
 /// Checks a capability presented by `subject` at time `now` (seconds since the epoch).
 pub fn verify(key: &[u8], c: &Capability, subject: &str, now: u64) -> Result<(), Refusal> {
-    if !crate::auth::proofs_equal(&capability_mac(key, c), &c.mac) {
+    verify_for(Grant::Read, key, c, subject, now)
+}
+
+/// Checks that a capability grants `grant`, presented by `subject` at `now`.
+pub fn verify_for(grant: Grant, key: &[u8], c: &Capability, subject: &str, now: u64) -> Result<(), Refusal> {
+    if !crate::auth::proofs_equal(&capability_mac(key, c, grant), &c.mac) {
         return Err(Refusal::Forged);
     }
     if c.subject != subject {
@@ -135,11 +173,16 @@ impl KeyRing {
         }
     }
 
-    /// Checks a capability against every key valid at `now`.
+    /// Checks a read capability against every key valid at `now`.
     pub fn verify(&self, c: &Capability, subject: &str, now: u64) -> Result<(), Refusal> {
+        self.verify_for(Grant::Read, c, subject, now)
+    }
+
+    /// Checks a capability for `grant` against every key valid at `now`.
+    pub fn verify_for(&self, grant: Grant, c: &Capability, subject: &str, now: u64) -> Result<(), Refusal> {
         let mut refusal = Refusal::Forged;
         for key in self.valid(now) {
-            match verify(key, c, subject, now) {
+            match verify_for(grant, key, c, subject, now) {
                 Ok(()) => return Ok(()),
                 Err(Refusal::Forged) => {}
                 Err(other) => refusal = other,
@@ -182,6 +225,22 @@ mod tests {
             change(&mut forged);
             assert_eq!(verify(key, &forged, &forged.subject.clone(), 999), Err(Refusal::Forged));
         }
+    }
+
+    #[test]
+    fn a_read_capability_does_not_write_and_a_write_capability_does_not_read() {
+        let key = b"cluster key";
+        let read = sign(key, "alice", 7, 3, 100, 1000);
+        let write = sign_for(Grant::Write, key, "alice", 7, 3, 100, 1000);
+        assert_eq!(verify_for(Grant::Write, key, &write, "alice", 999), Ok(()));
+        assert_eq!(verify_for(Grant::Write, key, &read, "alice", 999), Err(Refusal::Forged));
+        assert_eq!(verify(key, &write, "alice", 999), Err(Refusal::Forged));
+        // The head's seal names the path and the nodes too.
+        let seal = write_seal(key, &write, "/a", &[1, 2]);
+        assert_eq!(write_seal(key, &write, "/a", &[1, 2]), seal);
+        assert_ne!(write_seal(key, &write, "/b", &[1, 2]), seal);
+        assert_ne!(write_seal(key, &write, "/a", &[1]), seal);
+        assert_ne!(write_seal(b"other", &write, "/a", &[1, 2]), seal);
     }
 
     #[test]

@@ -163,6 +163,12 @@ macro_rules! operation_table {
             0x6b NodeDrain node_drain Unary { node: u64 } -> ();
             /// Forgets a data node that holds no version any file names (admin): drain it first, or let a dead node's versions be copied.
             0x6c NodeRemove node_remove Unary { node: u64 } -> ();
+            /// Starts a third-party write of `size` bytes to a file on a cluster head (write right needed): answers the data nodes to send them to and a write capability, or nothing when the file is to go through the head (too small, or no data nodes).
+            0x6d WriteBegin write_begin Unary { path: String, mode: u32, size: u64 } -> Option<WriteTarget>;
+            /// Stores the bytes of a new version at a data node under a write capability from the head (exactly its size; a version already there is refused).
+            0x6e ObjectWrite object_write StreamIn { capability: Capability } -> Attr;
+            /// Makes a version written to data nodes the file's current one, once every node has checked it against `crc` (the CRC-32 of its bytes); answers the file's attributes.
+            0x6f WriteCommit write_commit Unary { path: String, mode: u32, target: WriteTarget, crc: u32 } -> Attr;
         }
     };
 }

@@ -175,6 +175,27 @@ pub struct NodeWelcome {
     pub every_ms: u64,
 }
 
+/// Where a client writes a new version's bytes itself (a third-party write): the nodes
+/// the head chose, the capability to present there, and the head's seal over the
+/// write, which the client hands back with `write_commit`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteTarget {
+    pub object: u64,
+    pub version: u64,
+    /// The nodes' ids, in the order of `nodes`.
+    pub node_ids: Vec<u64>,
+    /// `host:port` of each node to send every byte to.
+    pub nodes: Vec<String>,
+    /// A write capability: its subject may store exactly `size` bytes as this version
+    /// until `expires`.
+    pub capability: Capability,
+    /// The token the subject authenticates with at the nodes.
+    pub node_token: String,
+    /// The head's MAC over the subject, path, version, size, nodes and expiry: a commit
+    /// names only a write the head began.
+    pub seal: Vec<u8>,
+}
+
 /// A data node as `node_list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {

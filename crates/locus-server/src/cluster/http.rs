@@ -11,6 +11,36 @@ use locus_proto::capability;
 use locus_proto::types::Rights;
 use std::sync::Arc;
 
+impl Head {
+    /// A URL of `path` signed for `who`, good for `ttl_s` seconds (at most the head's
+    /// `--share-max-ttl`): any HTTP client reads the file through it as `who`.
+    pub(crate) fn share_url(&self, who: &str, path: &str, ttl_s: u64) -> Result<String, locus_proto::Error> {
+        let max = self.config.share_max_ttl.as_secs();
+        if ttl_s > max {
+            return Err(locus_proto::Error::new(
+                locus_proto::Code::INVAL,
+                format!(
+                    "a shared URL may live at most {max} s on this head (asked {ttl_s} s): ask for less, or start \
+                     the head with a larger --share-max-ttl"
+                ),
+            ));
+        }
+        let expires = capability::now().saturating_add(ttl_s);
+        let sig = capability::url_signature(&self.key(), who, path, expires);
+        let encoded: String = path
+            .split('/')
+            .map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
+            .collect::<Vec<_>>()
+            .join("/");
+        let subject = percent_encoding::utf8_percent_encode(who, percent_encoding::NON_ALPHANUMERIC);
+        let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
+        Ok(match &self.config.http {
+            Some(http) => format!("http://{http}{rel}"),
+            None => rel,
+        })
+    }
+}
+
 /// The subject a head request is made as: by bearer token or signed URL.
 fn subject(shared: &Shared, head: &Head, req: &Request<hyper::body::Incoming>, path: &str) -> Option<String> {
     if let Some(auth) = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {

@@ -18,7 +18,7 @@
 //! node pool, keys, garbage collection), `head_keys` (the keys at rest: the wrap key and
 //! the sealed ring), `http` (the head's HTTP door), `placement` (where a file's bytes are read from:
 //! locations, third-party reads), `writes` (staging a new version and committing it on
-//! nodes), `healing` (heartbeats, draining, and copying versions until each has its
+//! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
 //! head's side of the protocol, [`HeadSession`]), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
@@ -32,7 +32,7 @@
 //! refuses a [`HeadConfig`] at start and can still be a data node (`node`, `objects`,
 //! `checksums`, `keys`, `config` are always built).
 //!
-//! `head`, `healing`, `placement` and `writes` are one type's methods (`impl Head`) split by
+//! `head`, `healing`, `placement`, `tp_writes` and `writes` are one type's methods (`impl Head`) split by
 //! concern. `head` (garbage collection) names an object by `writes::object_name` and
 //! `writes` takes the head's constants and state: the one import circle in the wing
 //! (`head` <-> `writes`), inherent to splitting a type's methods across files, and
@@ -58,6 +58,8 @@ pub mod objects;
 mod placement;
 #[cfg(feature = "cluster")]
 mod session;
+#[cfg(feature = "cluster")]
+mod tp_writes;
 #[cfg(feature = "cluster")]
 mod writes;
 

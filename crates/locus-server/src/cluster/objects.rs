@@ -10,7 +10,7 @@ use crate::dispatch::Reply;
 use crate::session::{store, Session};
 use crate::transport::Body;
 use bytes::Bytes;
-use locus_proto::capability::NODE_SUBJECT;
+use locus_proto::capability::{Grant, NODE_SUBJECT};
 use locus_proto::ops::*;
 use locus_proto::types::*;
 use locus_proto::{Code, Error as WireError};
@@ -196,7 +196,26 @@ impl Session {
         self.node_key()?;
         self.check_from_head()?;
         let put = Put { path: object_path(req.object, req.version), mode: 0o600 };
-        self.start_put(crate::config::ADMIN_SUBJECT, put, data, true)
+        self.start_put(crate::config::ADMIN_SUBJECT, put, data, true, None)
+    }
+
+    /// `object_write`: a client stores a new version here under the head's write
+    /// capability (a third-party write): exactly the size it grants, durably, and never
+    /// over a version already here. The head checks and commits it (`object_seal`,
+    /// then the namespace) when the client asks it to.
+    pub(crate) fn write_object(&mut self, req: ObjectWrite, data: Bytes) -> Reply<Attr> {
+        let key = self.node_key()?;
+        let cap = &req.capability;
+        if let Err(why) = key.verify_for(Grant::Write, cap, self.who()?, locus_proto::capability::now()) {
+            return Err(WireError::new(Code::ACCES, format!("write capability refused: {why:?}")));
+        }
+        let file = objects_dir(&self.shared).join(object_name(cap.object, cap.version));
+        if file.exists() || checksums::sidecar(&file).exists() {
+            return Err(WireError::new(Code::EXIST, format!("version {}.{} is already here", cap.object, cap.version)));
+        }
+        let put = Put { path: object_path(cap.object, cap.version), mode: 0o600 };
+        let size = cap.size;
+        self.start_put(crate::config::ADMIN_SUBJECT, put, data, true, Some(size))
     }
 
     /// `object_drop`: the head drops a version of an object it no longer needs.

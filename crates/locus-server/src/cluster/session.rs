@@ -16,7 +16,7 @@ use crate::transport::{Body, EventStream};
 use crate::Connection;
 use bytes::Bytes;
 use locus_cluster::{normalise, split, Content, Entry, Kind as EntryKind, MetaError, Node};
-use locus_proto::capability::{self, HEAD_SUBJECT, NODE_SUBJECT};
+use locus_proto::capability::{HEAD_SUBJECT, NODE_SUBJECT};
 
 use locus_proto::ops::*;
 use locus_proto::types::*;
@@ -610,31 +610,7 @@ impl Handler for HeadSession {
     fn share(&mut self, req: Share, _: Bytes) -> Reply<String> {
         let path = normalise(&req.path).map_err(meta_err)?;
         let (who, _) = self.need_entry(&path, Rights::READ)?;
-        let max = self.head.config.share_max_ttl.as_secs();
-        if req.ttl_s > max {
-            return Err(WireError::new(
-                Code::INVAL,
-                format!(
-                    "a shared URL may live at most {max} s on this head (asked {} s): ask for less, or start \
-                     the head with a larger --share-max-ttl",
-                    req.ttl_s
-                ),
-            ));
-        }
-        let expires = capability::now().saturating_add(req.ttl_s);
-        let sig = capability::url_signature(&self.head.key(), &who, &path, expires);
-        let encoded: String = path
-            .split('/')
-            .map(|p| percent_encoding::utf8_percent_encode(p, percent_encoding::NON_ALPHANUMERIC).to_string())
-            .collect::<Vec<_>>()
-            .join("/");
-        let subject = percent_encoding::utf8_percent_encode(&who, percent_encoding::NON_ALPHANUMERIC);
-        let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
-        Ok(match &self.head.config.http {
-            Some(http) => format!("http://{http}{rel}"),
-            None => rel,
-        }
-        .into())
+        Ok(self.head.share_url(&who, &path, req.ttl_s)?.into())
     }
 
     fn node_run(&mut self, _: NodeRun, _: Bytes) -> Reply<StoreletEvent> {
@@ -647,6 +623,24 @@ impl Handler for HeadSession {
 
     fn object_fetch(&mut self, _: ObjectFetch, _: Bytes) -> Reply<()> {
         not_here("object_fetch (a data node's operation)")
+    }
+
+    fn object_write(&mut self, _: ObjectWrite, _: Bytes) -> Reply<Attr> {
+        not_here("object_write (a data node's operation)")
+    }
+
+    fn write_begin(&mut self, req: WriteBegin, _: Bytes) -> Reply<Option<WriteTarget>> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let who = self.need(governing(&path, false), Rights::WRITE)?;
+        Ok(self.head.begin_write(&who, &path, req.size)?.into())
+    }
+
+    fn write_commit(&mut self, req: WriteCommit, _: Bytes) -> Reply<Attr> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        let who = self.need(governing(&path, false), Rights::WRITE)?;
+        let head = self.head.clone();
+        let commit = head.clone().commit_write(who, path, req.mode, req.target, req.crc);
+        later(&self.head, async move { Ok(attr_of(&commit.await?).into()) })
     }
 
     fn node_list(&mut self, _: NodeList, _: Bytes) -> Reply<Vec<NodeInfo>> {

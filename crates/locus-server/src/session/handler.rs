@@ -218,12 +218,12 @@ impl Handler for Session {
 
     fn put(&mut self, req: Put, data: Bytes) -> Reply<Attr> {
         let who = self.who()?.to_string();
-        self.start_put(&who, req, data, true)
+        self.start_put(&who, req, data, true, None)
     }
 
     fn put_cached(&mut self, req: PutCached, data: Bytes) -> Reply<Attr> {
         let who = self.who()?.to_string();
-        self.start_put(&who, Put { path: req.path, mode: req.mode }, data, false)
+        self.start_put(&who, Put { path: req.path, mode: req.mode }, data, false, None)
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
@@ -465,6 +465,18 @@ impl Handler for Session {
 
     fn object_fetch(&mut self, req: ObjectFetch, data: Bytes) -> Reply<()> {
         self.fetch_object(req, data)
+    }
+
+    fn object_write(&mut self, req: ObjectWrite, data: Bytes) -> Reply<Attr> {
+        self.write_object(req, data)
+    }
+
+    fn write_begin(&mut self, _: WriteBegin, _: Bytes) -> Reply<Option<WriteTarget>> {
+        Ok(None.into()) // not a head: the client puts through this server
+    }
+
+    fn write_commit(&mut self, _: WriteCommit, _: Bytes) -> Reply<Attr> {
+        Err(WireError::new(Code::NOTSUP, "this server is not a cluster head: it began no third-party write"))
     }
 
     fn node_list(&mut self, _: NodeList, _: Bytes) -> Reply<Vec<NodeInfo>> {

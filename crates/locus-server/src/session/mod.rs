@@ -31,6 +31,37 @@ pub(crate) fn listing(entries: &[DirEntry]) -> Answer<Vec<DirEntry>> {
 /// Directory entries per reply frame of `readdir`.
 const READDIR_PAGE: usize = 2048;
 
+/// An upload in progress: where it goes and, for a version written under a write
+/// capability, the exact size it must have.
+struct Upload {
+    put: PutFile,
+    path: String,
+    exact: Option<u64>,
+    written: u64,
+}
+
+impl Upload {
+    /// Appends `data`, refusing bytes past the exact size.
+    fn write(&mut self, data: &[u8]) -> Result<(), WireError> {
+        self.written += data.len() as u64;
+        if let Some(exact) = self.exact.filter(|e| self.written > *e) {
+            return Err(WireError::new(Code::FBIG, format!("{}: more than the {exact} bytes granted", self.path)));
+        }
+        store(self.put.write(data))
+    }
+
+    /// Ends the upload; short of the exact size, nothing is stored.
+    fn finish(self) -> Result<Attr, WireError> {
+        if let Some(exact) = self.exact.filter(|e| self.written != *e) {
+            return Err(WireError::new(
+                Code::IO,
+                format!("{}: {} of the {exact} bytes granted", self.path, self.written),
+            ));
+        }
+        store(self.put.finish())
+    }
+}
+
 /// State of one connection.
 pub struct Session {
     pub(crate) shared: Arc<Shared>,
@@ -39,8 +70,8 @@ pub struct Session {
     server_nonce: Option<Vec<u8>>,
     handles: HashMap<u64, Arc<OpenFile>>,
     next_handle: u64,
-    /// Uploads in progress, by request id, with their paths.
-    puts: HashMap<u32, (PutFile, String)>,
+    /// Uploads in progress, by request id.
+    puts: HashMap<u32, Upload>,
     /// Id and MORE flag of the request frame being handled (for streamed uploads).
     current: (u32, bool),
     /// Storelet runs this connection started: cancelled if it goes away first.
@@ -162,16 +193,19 @@ impl Session {
 
     /// Handles a continuation frame of an upload: appends, and finishes on the last.
     pub fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
-        let (put, _) = self.puts.get_mut(&id).expect("caller checked is_uploading");
-        if let Err(e) = put.write(data) {
+        let upload = self.puts.get_mut(&id).expect("caller checked is_uploading");
+        if let Err(e) = upload.write(data) {
             self.puts.remove(&id);
-            return Err(e.into());
+            return Err(e);
         }
         if more {
             return Ok(Answer::deferred());
         }
-        let (put, path) = self.puts.remove(&id).expect("present");
-        Ok(self.naming(&[&path], put.finish())?.into())
+        let upload = self.puts.remove(&id).expect("present");
+        let path = upload.path.clone();
+        let attr = upload.finish()?;
+        self.changed(&[&path], true);
+        Ok(attr.into())
     }
 
     /// For a `pwrite` whose data may go straight from the socket into the file: the open
@@ -183,8 +217,16 @@ impl Session {
         (file.check_writable().is_ok() && !file.append).then(|| (file.clone(), req.offset))
     }
 
-    /// Starts (or, for a one-frame upload, does) a `put` as `who`.
-    pub(crate) fn start_put(&mut self, who: &str, req: Put, data: Bytes, durable: bool) -> Reply<Attr> {
+    /// Starts (or, for a one-frame upload, does) a `put` as `who`; with `exact`, the
+    /// upload must be exactly that many bytes.
+    pub(crate) fn start_put(
+        &mut self,
+        who: &str,
+        req: Put,
+        data: Bytes,
+        durable: bool,
+        exact: Option<u64>,
+    ) -> Reply<Attr> {
         let (id, more) = self.current;
         if more && self.puts.len() >= self.shared.config.max_handles {
             return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
@@ -192,12 +234,16 @@ impl Session {
         }
         let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
         put.durable = durable;
-        store(put.write(&data))?;
+        let mut upload = Upload { put, path: req.path, exact, written: 0 };
+        upload.write(&data)?;
         if more {
-            self.puts.insert(id, (put, req.path));
+            self.puts.insert(id, upload);
             return Ok(Answer::deferred());
         }
-        Ok(self.naming(&[&req.path], put.finish())?.into())
+        let path = upload.path.clone();
+        let attr = upload.finish()?;
+        self.changed(&[&path], true);
+        Ok(attr.into())
     }
 
     /// Promises this client a break when `path` (with `listing`, a directory being

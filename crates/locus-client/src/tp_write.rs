@@ -1,0 +1,101 @@
+//! Third-party writes: on a cluster head, a large file's bytes go straight to the data
+//! nodes the head chose, so writes scale with the nodes instead of the head's link.
+//!
+//! The client asks the head (`write_begin`), sends every byte to each node it names
+//! (`object_write`, all nodes fed from one read of the source, so replication costs
+//! the client's link and not the head's), then asks the head to commit
+//! (`write_commit`) with the CRC-32 of what it sent, which every node checks its copy
+//! against. Until the commit no reader sees the new version; a write never committed is
+//! dropped by the head. Off with `LOCUS_THIRD_PARTY=0` and over TLS, as reads are.
+
+use crate::receive::read_full;
+use crate::{Client, Result, Waiter, PUT_CHUNK};
+use locus_proto::ops::{ObjectWrite, Put, WriteBegin, WriteCommit};
+use locus_proto::types::{Attr, WriteTarget};
+use locus_proto::{codec, Operation};
+use tokio::io::AsyncRead;
+use tokio::sync::oneshot;
+
+/// Files at least this large are offered to a head for a third-party write (its
+/// default threshold; the head answers whether it takes them).
+pub const TP_WRITE_MIN: u64 = 1 << 20;
+
+impl Client {
+    /// Streams `size` bytes from `source` to `path` (mode `mode`), replacing it
+    /// atomically when done, as [`Client::put`] does; on a cluster head a file of at
+    /// least [`TP_WRITE_MIN`] bytes goes straight to the data nodes.
+    pub async fn put_sized(
+        &self,
+        path: &str,
+        mode: u32,
+        source: &mut (impl AsyncRead + Unpin),
+        size: u64,
+        progress: impl FnMut(u64),
+    ) -> Result<Attr> {
+        match self.write_target(path, mode, size).await? {
+            Some(target) => self.write_to_nodes(path, mode, target, source, progress).await,
+            None => self.upload(Put { path: path.into(), mode }, source, progress).await,
+        }
+    }
+
+    /// Where to send a new version of `size` bytes, if the server is a head that takes
+    /// a third-party write of it.
+    pub(crate) async fn write_target(&self, path: &str, mode: u32, size: u64) -> Result<Option<WriteTarget>> {
+        if !self.nodes.is_head() || size < TP_WRITE_MIN {
+            return Ok(None);
+        }
+        self.call(WriteBegin { path: path.into(), mode, size }).await
+    }
+
+    /// Sends the bytes to every node of `target`, then has the head commit them.
+    pub(crate) async fn write_to_nodes(
+        &self,
+        path: &str,
+        mode: u32,
+        target: WriteTarget,
+        source: &mut (impl AsyncRead + Unpin),
+        mut progress: impl FnMut(u64),
+    ) -> Result<Attr> {
+        let cap = &target.capability;
+        let mut uploads = Vec::new();
+        for addr in &target.nodes {
+            let node = self.nodes.connect(addr, &cap.subject, &target.node_token).await?;
+            let (tx, rx) = oneshot::channel();
+            let id = node.register(Waiter::One(tx))?;
+            uploads.push((node, id, rx));
+        }
+        let meta = codec::encode(&ObjectWrite { capability: cap.clone() });
+        let (mut chunk, mut next) = (vec![0u8; PUT_CHUNK], vec![0u8; PUT_CHUNK]);
+        let mut n = read_full(source, &mut chunk).await?;
+        let (mut sent, mut first) = (0u64, true);
+        let mut crc = crc32fast::Hasher::new();
+        loop {
+            // Read ahead one chunk so the last frame can be flagged as such.
+            let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
+            let more = m > 0;
+            crc.update(&chunk[..n]);
+            let head: &[u8] = if first { &meta } else { &[] };
+            for (node, id, _) in &uploads {
+                node.send(ObjectWrite::INFO.code, *id, more, head, &chunk[..n]).await?;
+            }
+            sent += n as u64;
+            progress(sent);
+            first = false;
+            if !more {
+                break;
+            }
+            std::mem::swap(&mut chunk, &mut next);
+            n = m;
+        }
+        for (node, _, rx) in uploads {
+            let frame = node.reply_within(self.commit_deadline(sent), rx).await?;
+            let _: Attr = codec::decode(&frame.meta)?;
+        }
+        // The head has every node read its copy back against the CRC before it commits.
+        let commit = WriteCommit { path: path.into(), mode, target, crc: crc.finalize() };
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        self.send(WriteCommit::INFO.code, id, false, &codec::encode(&commit), &[]).await?;
+        Ok(codec::decode(&self.reply_within(self.commit_deadline(sent), rx).await?.meta)?)
+    }
+}
