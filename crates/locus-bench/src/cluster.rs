@@ -2,7 +2,8 @@
 //! clients, each in its own network namespace, joined through a bridge by veth links
 //! whose sending rate `tc tbf` limits. Each client reads its own large file (the files
 //! are spread one per node), all at once, with third-party transfer on (bytes from the
-//! nodes) and off (bytes through the head).
+//! nodes) and off (bytes through the head); then each client writes a file of the same
+//! size (`locus put`), all at once, third-party (straight to the nodes) and not.
 //!
 //! Measured per configuration: aggregate throughput (median of repeats), the head's CPU
 //! seconds and transmitted bytes per GB served, and the latency of `stat` at the head,
@@ -30,6 +31,10 @@ pub struct ClusterArgs {
     /// Timed repeats of each configuration (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// GiB of data (64 MiB files, replication 2, 3 data nodes) whose replicas are
+    /// restored after one node is killed under a read load; 0 skips it.
+    #[arg(long, default_value_t = 1)]
+    pub heal_gib: u64,
     /// Files of the distributed `find` (each just too large to live at the head), over
     /// 4 data nodes and over 1; 0 skips it.
     #[arg(long, default_value_t = 2000)]
@@ -233,6 +238,8 @@ struct Outcome {
     locus_ping_loaded_us: f64,
     echo_idle_us: f64,
     echo_loaded_us: f64,
+    /// Aggregate throughput of the clients' concurrent `locus put`s.
+    write_mb_s: f64,
 }
 
 /// Median latencies (µs) at the head of `stat` (a namespace lookup) and of `ping` (no
@@ -254,9 +261,15 @@ async fn probe_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool
     (median(stats), median(pings))
 }
 
-/// A head, `nodes` data nodes and `clients` client namespaces, the nodes joined; answers
-/// the network and the head's process id.
-fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Net, u32), BenchError> {
+/// A head (with `head_flags` beside the usual), `nodes` data nodes and `clients` client
+/// namespaces, the nodes joined; answers the network, the head's process id and the
+/// nodes'.
+fn start_cluster(
+    args: &ClusterArgs,
+    nodes: usize,
+    clients: usize,
+    head_flags: &[&str],
+) -> Result<(Net, u32, Vec<u32>), BenchError> {
     let mut net = Net::new()?;
     net.host("head", 1, args.rate_mbit)?;
     for i in 1..=nodes {
@@ -267,24 +280,14 @@ fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Ne
     }
     let head_url = format!("locus://10.77.0.1:{PORT}/");
     let (root, state) = net.server_dirs("head")?;
-    let serve_head = net.locus(
-        "head",
-        &[],
-        &[
-            "serve",
-            "--head",
-            "--listen",
-            &format!("10.77.0.1:{PORT}"),
-            "--root",
-            path(&root),
-            "--state",
-            path(&state),
-            "--threads",
-            "2",
-        ],
-    );
+    let listen = format!("10.77.0.1:{PORT}");
+    let mut head_args =
+        vec!["serve", "--head", "--listen", &listen, "--root", path(&root), "--state", path(&state), "--threads", "2"];
+    head_args.extend_from_slice(head_flags);
+    let serve_head = net.locus("head", &[], &head_args);
     let head_pid = net.spawn(serve_head)?;
     std::thread::sleep(Duration::from_millis(500));
+    let mut node_pids = Vec::new();
     for i in 1..=nodes {
         let (root, state) = net.server_dirs(&format!("n{i}"))?;
         // Data nodes join as locus-node (which may do nothing else at the head).
@@ -304,10 +307,10 @@ fn start_cluster(args: &ClusterArgs, nodes: usize, clients: usize) -> Result<(Ne
                 path(&state),
             ],
         );
-        net.spawn(c)?;
+        node_pids.push(net.spawn(c)?);
     }
     std::thread::sleep(Duration::from_millis(1500));
-    Ok((net, head_pid))
+    Ok((net, head_pid, node_pids))
 }
 
 fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
@@ -329,7 +332,7 @@ fn measure_find(
     module: &[u8],
     rt: &tokio::runtime::Runtime,
 ) -> Result<(f64, usize), BenchError> {
-    let (_net, _) = start_cluster(args, nodes, 0)?;
+    let (_net, _, _) = start_cluster(args, nodes, 0, &[])?;
     let client = connect_head(rt)?;
     let body = vec![b'x'; (64 << 10) + 1];
     rt.block_on(async {
@@ -367,7 +370,7 @@ fn measure(
     third_party: bool,
     rt: &tokio::runtime::Runtime,
 ) -> Result<Outcome, BenchError> {
-    let (net, head_pid) = start_cluster(args, n, n)?;
+    let (net, head_pid, _) = start_cluster(args, n, n, &[])?;
     let head_url = format!("locus://10.77.0.1:{PORT}/");
     let size = args.size_mb << 20;
     let client = connect_head(rt)?;
@@ -426,17 +429,125 @@ fn measure(
         pings.push(latency.1 .1);
     }
     let served_gb = (args.repeat as u64 * n as u64 * size) as f64 / 1e9;
+    let (cpu_s, head_tx) = (cpu_seconds(head_pid) - cpu0, head_tx_bytes() - tx0);
+    let write_mb_s = measure_writes(args, &net, n, third_party, &data)?;
     Ok(Outcome {
         mb_s: median(rates),
-        head_cpu_s_per_gb: (cpu_seconds(head_pid) - cpu0) / served_gb,
-        head_bytes_share: (head_tx_bytes() - tx0) as f64 / (served_gb * 1e9),
+        head_cpu_s_per_gb: cpu_s / served_gb,
+        head_bytes_share: head_tx as f64 / (served_gb * 1e9),
         stat_idle_us: idle,
         stat_loaded_us: median(loaded),
         locus_ping_idle_us: ping_idle,
         locus_ping_loaded_us: median(pings),
         echo_idle_us: echo_idle,
         echo_loaded_us: median(echoes),
+        write_mb_s,
     })
+}
+
+/// Each of `n` clients puts a file of `data`'s size, all at once, `repeat` times:
+/// the median aggregate MB/s.
+fn measure_writes(args: &ClusterArgs, net: &Net, n: usize, third_party: bool, data: &[u8]) -> Result<f64, BenchError> {
+    let local = net.dir.path().join("upload.dat");
+    std::fs::write(&local, data).map_err(|e| BenchError::io("upload file", e))?;
+    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let tp = if third_party { "1" } else { "0" };
+    let mut rates = Vec::new();
+    for run in 0..args.repeat {
+        let started = Instant::now();
+        let writers: Vec<Child> = (0..n)
+            .map(|i| {
+                let url = format!("{head_url}w{run}.{i}");
+                net.locus(&format!("c{}", i + 1), &[("LOCUS_THIRD_PARTY", tp)], &["put", path(&local), &url])
+                    .spawn()
+                    .map_err(|e| BenchError::io("locus put", e))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut ok = true;
+        for mut w in writers {
+            ok &= w.wait().is_ok_and(|s| s.success());
+        }
+        if !ok {
+            return Err(BenchError::Setup("a client's locus put failed (see the c*.log files)".into()));
+        }
+        rates.push((n * data.len()) as f64 / started.elapsed().as_secs_f64() / 1e6);
+    }
+    Ok(median(rates))
+}
+
+/// What killing a data node under a read load costs: reads failed, and the time until
+/// every version it held has two live replicas again.
+struct Healing {
+    reads: usize,
+    failed_reads: usize,
+    lost_bytes: u64,
+    detect_s: f64,
+    restore_s: f64,
+}
+
+/// Three nodes at replication 2 hold `heal_gib` GiB; two clients read it in a loop
+/// while the first node is killed (SIGKILL).
+fn measure_heal(args: &ClusterArgs, rt: &tokio::runtime::Runtime) -> Result<Healing, BenchError> {
+    let flags = ["--replication", "2", "--node-timeout-s", "3"];
+    let (net, _, node_pids) = start_cluster(args, 3, 2, &flags)?;
+    let client = connect_head(rt)?;
+    let files = (args.heal_gib * 16) as usize;
+    let data: Vec<u8> = (0..64u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    for i in 0..files {
+        rt.block_on(client.write_file(&format!("/h{i}"), 0o644, &data))
+            .map_err(|e| BenchError::Setup(format!("put: {e}")))?;
+    }
+    let nodes = |rt: &tokio::runtime::Runtime| {
+        rt.block_on(client.call(locus_client::ops::NodeList {}))
+            .map_err(|e| BenchError::Setup(format!("node list: {e}")))
+    };
+    let victim = nodes(rt)?
+        .into_iter()
+        .find(|n| n.addr.starts_with("10.77.0.11:"))
+        .ok_or_else(|| BenchError::Setup("the first data node did not join".into()))?;
+    let lost_bytes = victim.versions * data.len() as u64;
+    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let outcome = std::thread::scope(|s| {
+        let readers: Vec<_> = (1..=2)
+            .map(|c| {
+                let (net, stop, head_url) = (&net, &stop, &head_url);
+                s.spawn(move || {
+                    let (mut reads, mut failed) = (0, 0);
+                    let mut i = c;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let url = format!("{head_url}h{}", i % files);
+                        let status = net.locus(&format!("c{c}"), &[], &["get", &url, "/dev/null"]).status();
+                        failed += !status.is_ok_and(|s| s.success()) as usize;
+                        reads += 1;
+                        i += 7;
+                    }
+                    (reads, failed)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(2));
+        let killed = Instant::now();
+        let _ = Command::new("kill").args(["-9", &node_pids[0].to_string()]).status();
+        let (mut detect_s, mut restore_s) = (None, None);
+        while restore_s.is_none() && killed.elapsed() < Duration::from_secs(1800) {
+            std::thread::sleep(Duration::from_millis(200));
+            let Ok(list) = nodes(rt) else { continue };
+            let Some(v) = list.iter().find(|n| n.id == victim.id) else { continue };
+            if v.state == "down" && detect_s.is_none() {
+                detect_s = Some(killed.elapsed().as_secs_f64());
+            }
+            if v.versions == 0 {
+                restore_s = Some(killed.elapsed().as_secs_f64());
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (reads, failed) =
+            readers.into_iter().map(|r| r.join().unwrap_or((0, 0))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        (reads, failed, detect_s.unwrap_or(f64::NAN), restore_s.unwrap_or(f64::NAN))
+    });
+    let (reads, failed_reads, detect_s, restore_s) = outcome;
+    Ok(Healing { reads, failed_reads, lost_bytes, detect_s, restore_s })
 }
 
 fn path(p: &Path) -> &str {
@@ -462,18 +573,19 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
         args.size_mb,
         args.repeat
     );
-    println!("| data nodes = clients | third-party | aggregate MB/s | x one node (tp) | head CPU s/GB | head bytes / bytes served | stat µs idle | stat µs under load | ratio | Locus ping µs idle → under load | bare TCP echo µs idle → under load (floor) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut one = None;
+    println!("| data nodes = clients | third-party | aggregate MB/s | x one node (tp) | head CPU s/GB | head bytes / bytes served | stat µs idle | stat µs under load | ratio | Locus ping µs idle → under load | bare TCP echo µs idle → under load (floor) | write MB/s | x one node (tp write) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let (mut one, mut one_write) = (None, None);
     for &n in &args.nodes {
         for tp in [true, false] {
             let o = measure(&args, n, tp, &rt)?;
             if tp && n == 1 {
-                one = Some(o.mb_s);
+                (one, one_write) = (Some(o.mb_s), Some(o.write_mb_s));
             }
             let scale = one.map_or("-".to_string(), |b| format!("{:.2}", o.mb_s / b));
+            let write_scale = one_write.map_or("-".to_string(), |b| format!("{:.2}", o.write_mb_s / b));
             println!(
-                "| {n} | {} | {:.1} | {scale} | {:.2} | {:.1}% | {:.0} | {:.0} | {:.2}x | {:.0} → {:.0} ({:.2}x) | {:.0} → {:.0} ({:.2}x) |",
+                "| {n} | {} | {:.1} | {scale} | {:.2} | {:.1}% | {:.0} | {:.0} | {:.2}x | {:.0} → {:.0} ({:.2}x) | {:.0} → {:.0} ({:.2}x) | {:.1} | {write_scale} |",
                 if tp { "on" } else { "off" },
                 o.mb_s,
                 o.head_cpu_s_per_gb,
@@ -486,9 +598,31 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
                 o.locus_ping_loaded_us / o.locus_ping_idle_us,
                 o.echo_idle_us,
                 o.echo_loaded_us,
-                o.echo_loaded_us / o.echo_idle_us
+                o.echo_loaded_us / o.echo_idle_us,
+                o.write_mb_s
             );
         }
+    }
+    if args.heal_gib > 0 {
+        let h = measure_heal(&args, &rt)?;
+        let link = args.rate_mbit as f64 * 1e6 / 8.0;
+        // The two live nodes hold the other replica of every lost one and send at once.
+        let bound = h.lost_bytes as f64 / (2.0 * link);
+        let copy_s = h.restore_s - h.detect_s;
+        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL) while 2 clients read in a loop; head --node-timeout-s 3, --repair-rate-mib 64 (default):\n", args.heal_gib);
+        println!("| reads | failed reads | replicas lost | down after s | restored after s | copying s | link-rate bound s (2 sources) | bound / copying |");
+        println!("|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {} | {} | {:.0} MiB | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            h.reads,
+            h.failed_reads,
+            h.lost_bytes as f64 / (1 << 20) as f64,
+            h.detect_s,
+            h.restore_s,
+            copy_s,
+            bound,
+            bound / copy_s
+        );
     }
     if args.find_files > 0 {
         let find = locus_storelet::build_shipped("find").map_err(BenchError::Setup)?;

@@ -11,11 +11,12 @@ use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE};
 use crate::cluster::meta_err;
 use crate::cluster::Head;
 use crate::dispatch::Reply;
-use locus_cluster::{Content, Entry, Node};
+use locus_cluster::{Content, Damaged, Entry, Node};
 use locus_proto::capability::{self, NODE_SUBJECT};
 use locus_proto::ops::{NodeJoin, ObjectFetch};
 use locus_proto::types::{NodeInfo, NodeWelcome};
 use locus_proto::Error as WireError;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long the healing lease lasts unless renewed (each round renews it).
@@ -23,6 +24,9 @@ const LEASE: Duration = Duration::from_secs(30);
 
 /// Versions looked at per node and per round.
 const BATCH: u64 = 32;
+
+/// Copies made at once (each at most at [`crate::cluster::HeadConfig::repair_rate`]).
+const PARALLEL: usize = 4;
 
 /// A copy to make: from which nodes, of which file, to the node leaving or damaged.
 enum Leaving {
@@ -127,8 +131,9 @@ impl Head {
     }
 
     /// One round of healing: damaged copies first, then the versions on nodes that are
-    /// down or draining. Answers how many copies were replaced.
-    pub async fn heal(&self) -> usize {
+    /// down or draining, up to [`PARALLEL`] copies at once. Answers how many copies
+    /// were replaced.
+    pub async fn heal(self: &Arc<Self>) -> usize {
         self.forget_nodes();
         let Ok(nodes) = self.nodes() else { return 0 };
         let damaged = self.meta.damaged(BATCH).unwrap_or_default();
@@ -136,21 +141,40 @@ impl Head {
         if (damaged.is_empty() && leaving.is_empty()) || !self.take_lease() {
             return 0;
         }
-        let mut healed = 0;
+        let mut work: Vec<(Entry, Leaving, Option<Damaged>)> = Vec::new();
         for d in damaged {
-            let done = match self.meta.file_of(d.object, d.version) {
-                Ok(None) => true,
-                Ok(Some(e)) => self.replace(&e, Leaving::Damaged(d.node), &nodes).await,
-                Err(_) => false,
-            };
-            if done && self.meta.forget_damaged(&d).is_ok() {
-                healed += 1;
+            match self.meta.file_of(d.object, d.version) {
+                Ok(Some(e)) => work.push((e, Leaving::Damaged(d.node), Some(d))),
+                // The version is no file's any more: nothing to repair.
+                Ok(None) => drop(self.meta.forget_damaged(&d)),
+                Err(_) => {}
             }
         }
         for n in leaving {
             for e in self.meta.files_on(n.id, BATCH).unwrap_or_default() {
-                healed += self.replace(&e, Leaving::Node(n.id), &nodes).await as usize;
+                work.push((e, Leaving::Node(n.id), None));
             }
+        }
+        // One copy at a time per file.
+        let mut seen = std::collections::HashSet::new();
+        work.retain(|(e, _, _)| seen.insert(e.path.clone()));
+        let nodes = Arc::new(nodes);
+        let (mut running, mut healed) = (tokio::task::JoinSet::new(), 0);
+        for (e, leaving, damaged) in work {
+            while running.len() >= PARALLEL {
+                healed += running.join_next().await.is_some_and(|r| r.unwrap_or(false)) as usize;
+            }
+            let (head, nodes) = (self.clone(), nodes.clone());
+            running.spawn(async move {
+                let done = head.replace(&e, leaving, &nodes).await;
+                if let (true, Some(d)) = (done, damaged) {
+                    return head.meta.forget_damaged(&d).is_ok();
+                }
+                done
+            });
+        }
+        while let Some(r) = running.join_next().await {
+            healed += r.unwrap_or(false) as usize;
         }
         healed
     }
@@ -183,6 +207,8 @@ impl Head {
             let expires = capability::now() + self.config.capability_ttl.as_secs();
             let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
             let fetch = ObjectFetch { capability: cap, from: sources.clone(), rate: self.config.repair_rate };
+            // Counted before the copy, so that copies made at once spread over nodes.
+            *self.placed.lock().entry(target.id).or_default() += e.size;
             let copied = match self.writer(&target).await {
                 Ok(c) => c.call(fetch).await.map_err(|err| err.to_string()),
                 Err(err) => Err(err.message),
@@ -191,7 +217,6 @@ impl Head {
                 tracing::warn!(path = %e.path, node = target.id, "copying a replica failed: {why}");
                 continue;
             }
-            *self.placed.lock().entry(target.id).or_default() += e.size;
             match self.meta.move_replica(&e.path, e.object, e.version, None, Some(target.id)) {
                 Ok(true) => keep.push(target.id),
                 // The file changed meanwhile: the copy is not needed.
