@@ -604,12 +604,20 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
         }
     }
     if args.heal_gib > 0 {
-        let h = measure_heal(&args, &rt)?;
+        let runs: Vec<Healing> = (0..args.repeat).map(|_| measure_heal(&args, &rt)).collect::<Result<_, _>>()?;
+        let med = |f: fn(&Healing) -> f64| median(runs.iter().map(f).collect());
+        let h = Healing {
+            reads: runs.iter().map(|r| r.reads).sum(),
+            failed_reads: runs.iter().map(|r| r.failed_reads).sum(),
+            lost_bytes: med(|r| r.lost_bytes as f64) as u64,
+            detect_s: med(|r| r.detect_s),
+            restore_s: med(|r| r.restore_s),
+        };
         let link = args.rate_mbit as f64 * 1e6 / 8.0;
         // The two live nodes hold the other replica of every lost one and send at once.
         let bound = h.lost_bytes as f64 / (2.0 * link);
         let copy_s = h.restore_s - h.detect_s;
-        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL) while 2 clients read in a loop; head --node-timeout-s 3, --repair-rate-mib 64 (default):\n", args.heal_gib);
+        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL) while 2 clients read in a loop; head --node-timeout-s 3, --repair-rate-mib 64 (default); reads summed over {} runs, times their medians:\n", args.heal_gib, args.repeat);
         println!("| reads | failed reads | replicas lost | down after s | restored after s | copying s | link-rate bound s (2 sources) | bound / copying |");
         println!("|---|---|---|---|---|---|---|---|");
         println!(

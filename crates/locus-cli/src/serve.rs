@@ -149,7 +149,8 @@ pub struct ServeArgs {
     /// MiB a second healing copies between nodes at most (0: as fast as the links go).
     #[arg(long, value_name = "MIB", default_value_t = locus_server::cluster::HeadConfig::new("").repair_rate >> 20, requires = "head")]
     repair_rate_mib: u64,
-    /// Serve as a data node of the head at this URL (locus://HOST:PORT/). The node
+    /// Serve as a data node of the head at this URL (locus://HOST:PORT/; several heads
+    /// of one namespace as locus://H1:PORT,H2:PORT/, joined whichever answers). The node
     /// joins as the subject locus-node, whose token the head makes on first start (in
     /// its tokens file): give it as LOCUS_TOKEN=locus-node:TOKEN. Default root and state:
     /// ~/.locus/nodes/PORT/.
@@ -437,6 +438,8 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 every: Duration::from_secs(args.scrub_every_h.max(1) * 3600),
                 rate: args.scrub_rate_mib << 20,
             };
+            // Kept keys are taken up before the first connection is accepted.
+            locus_server::cluster::node::resume_with_kept_keys(server.shared(), head.credentials.token.as_bytes());
             tokio::spawn(locus_server::cluster::node::serve_head(
                 server.shared().clone(),
                 head,

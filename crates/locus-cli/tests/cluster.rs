@@ -108,32 +108,36 @@ fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Chi
     child
 }
 
-/// Two `locus serve --head` processes on one PostgreSQL database: the first is killed
-/// (SIGKILL) while a client writes through it; every write it acknowledged is read back
-/// through the second, which goes on serving.
+/// Two `locus serve --head` processes on one PostgreSQL database and two data nodes
+/// (replication 2): eight clients, whose URL names both heads, write files large enough
+/// to go straight to the nodes; the first head is killed (SIGKILL) mid-stream. The
+/// writers go on through the second head, and every write any head acknowledged reads
+/// back exactly through it and from each node alone. A data node that knew only the
+/// dead head, restarted, serves again with the keys it kept; one that knew both joins
+/// the second.
 #[test]
-fn killing_a_head_loses_no_acknowledged_write() {
+fn killing_a_head_under_eight_writers_loses_no_acknowledged_write() {
     if !locus_testkit::require_postgres() {
         return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
     }
     let pg = locus_testkit::TestPostgres::start();
     let dir = tempfile::tempdir().unwrap();
-    let (pa, pb, pn) = (free_port(), free_port(), free_port());
+    let (pa, pb, pn1, pn2) = (free_port(), free_port(), free_port(), free_port());
     let url = pg.url();
-    let mut a = serve(dir.path(), "a", pa, &["--head", "--meta", &url]);
+    let head_flags = ["--head", "--meta", &url, "--replication", "2", "--node-timeout-s", "3"];
+    let a = serve(dir.path(), "a", pa, &head_flags);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let connect = |port: u16| {
-        let opts = locus_client::ConnectOptions {
-            addr: format!("127.0.0.1:{port}"),
-            credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
-            tls_ca: None,
-            tls_name: None,
-            deadlines: Default::default(),
-        };
-        rt.block_on(Client::connect(&opts)).unwrap()
+    let both = format!("127.0.0.1:{pa},127.0.0.1:{pb}");
+    let options = |addr: &str| locus_client::ConnectOptions {
+        addr: addr.to_string(),
+        credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
+        tls_ca: None,
+        tls_name: None,
+        deadlines: Default::default(),
     };
+    let connect = |addr: &str| rt.block_on(Client::connect(&options(addr))).unwrap();
     // Once the first head answers, it has made the namespace's keys.
-    let writer = connect(pa);
+    let probe = connect(&format!("127.0.0.1:{pa}"));
     // A second head without the first's wrap key refuses to start, naming the file;
     // with a copy (what the operator does) it serves.
     let wrap = dir.path().join("a/state/cluster-wrap.key");
@@ -161,43 +165,85 @@ fn killing_a_head_loses_no_acknowledged_write() {
     assert!(!out.status.success() && said.contains("cluster-wrap.key"), "{said}");
     std::fs::create_dir_all(dir.path().join("b/state")).unwrap();
     std::fs::copy(&wrap, dir.path().join("b/state/cluster-wrap.key")).unwrap();
-    let mut b = serve(dir.path(), "b", pb, &["--head", "--meta", &url]);
-    let mut node = serve(dir.path(), "n", pn, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
-    // Wait until the node has joined: a large file then lands on it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rt.block_on(writer.write_file("/probe", 0o644, &vec![1u8; 100_000])).is_err() {
-        assert!(Instant::now() < deadline, "the data node did not join");
+    let b = serve(dir.path(), "b", pb, &head_flags);
+    // One node knows only the first head; the other knows both.
+    let n1 = serve(dir.path(), "n1", pn1, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
+    let n2 = serve(dir.path(), "n2", pn2, &["--data-node", &format!("locus://{both}/")]);
+    let mut reap = Reap(vec![a, b, n1, n2]);
+    // Wait until both nodes have joined: a large file then lands on two of them.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while rt.block_on(probe.write_file("/probe", 0o644, &vec![1u8; 2 << 20])).is_err() {
+        assert!(Instant::now() < deadline, "the data nodes did not join");
         std::thread::sleep(Duration::from_millis(100));
     }
+
     let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let writes = {
-        let acked = acked.clone();
-        rt.spawn(async move {
-            for i in 0u32.. {
-                let data: Vec<u8> = (0..if i % 2 == 0 { 150_000 } else { 300 }).map(|b: u32| (b ^ i) as u8).collect();
-                match writer.write_file(&format!("/w{i}"), 0o644, &data).await {
-                    Ok(_) => acked.lock().unwrap().push((i, data)),
-                    Err(_) => return,
+    let killed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..8u32)
+        .map(|w| {
+            let (acked, killed, opts) = (acked.clone(), killed.clone(), options(&both));
+            rt.spawn(async move {
+                let mut client = Client::connect(&opts).await.unwrap();
+                let (mut i, mut after_kill) = (0u32, 0);
+                while after_kill < 3 {
+                    let data: Vec<u8> = (0..(2 << 20) + i * 1000).map(|b: u32| (b ^ (w << 8) ^ i) as u8).collect();
+                    let name = format!("/w{w}.{i}");
+                    match client.write_file(&name, 0o644, &data).await {
+                        Ok(_) => acked.lock().unwrap().push((name, data)),
+                        // The head died: connect again (the URL's next head answers).
+                        Err(e) if e.is_transient() => client = Client::connect(&opts).await.unwrap(),
+                        Err(e) => panic!("{name}: {e}"),
+                    }
+                    after_kill += killed.load(std::sync::atomic::Ordering::Relaxed) as usize;
+                    i += 1;
                 }
-            }
+            })
         })
-    };
-    std::thread::sleep(Duration::from_millis(800));
-    let _ = a.kill();
-    let _ = a.wait();
-    rt.block_on(writes).unwrap();
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
-    assert!(acked.len() >= 5, "only {} writes before the kill", acked.len());
-    let reader = connect(pb);
-    for (i, data) in &acked {
-        assert_eq!(&rt.block_on(reader.read_file(&format!("/w{i}"))).unwrap(), data, "acknowledged write {i}");
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = reap.0[0].kill();
+    let _ = reap.0[0].wait();
+    let at_kill = acked.lock().unwrap().len();
+    killed.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        rt.block_on(w).unwrap();
     }
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(at_kill >= 8, "only {at_kill} writes before the kill");
+    assert!(acked.len() >= at_kill + 8 * 3 - 8, "the writers did not go on through the second head");
+
+    // Every acknowledged write, through the surviving head and from each node alone.
+    let reader = connect(&format!("127.0.0.1:{pb}"));
+    let node_reads = locus_client::nodes::NodeReads::default();
+    for (name, data) in &acked {
+        assert_eq!(&rt.block_on(reader.read_file(name)).unwrap(), data, "acknowledged write {name}");
+        let opened = rt.block_on(reader.open(name, locus_client::types::open_flags::READ, 0)).unwrap();
+        let location = opened.location.expect("a large file is on the nodes");
+        assert_eq!(location.nodes.len(), 2, "{name}");
+        for node in &location.nodes {
+            let alone = locus_client::types::Location { nodes: vec![node.clone()], ..location.clone() };
+            let got = rt.block_on(node_reads.read(&alone, 0, data.len() as u32)).unwrap();
+            assert!(got[..] == data[..], "{name} from {node}");
+        }
+        rt.block_on(reader.close(opened.handle)).unwrap();
+    }
+
+    // The node that knew only the dead head, restarted, serves reads with its kept keys.
+    let _ = reap.0[2].kill();
+    let _ = reap.0[2].wait();
+    reap.0[2] = serve(dir.path(), "n1", pn1, &["--data-node", &format!("locus://127.0.0.1:{pa}/")]);
+    let (name, data) = &acked[acked.len() - 1];
+    let location = rt.block_on(reader.open(name, locus_client::types::open_flags::READ, 0)).unwrap().location.unwrap();
+    let alone = locus_client::types::Location { nodes: vec![format!("127.0.0.1:{pn1}")], ..location.clone() };
+    let fresh = locus_client::nodes::NodeReads::default();
+    assert!(rt.block_on(fresh.read(&alone, 0, 4096)).unwrap()[..] == data[..4096]);
+    // The node that knew both heads joined the second: it is up there.
+    std::thread::sleep(Duration::from_secs(4));
+    let list = rt.block_on(reader.call(locus_client::ops::NodeList {})).unwrap();
+    let n2 = list.iter().find(|n| n.addr == format!("127.0.0.1:{pn2}")).expect("listed");
+    assert_eq!(n2.state, "up", "{list:?}");
     rt.block_on(reader.write_file("/after", 0o644, b"still serving")).unwrap();
     assert_eq!(rt.block_on(reader.read_file("/after")).unwrap(), b"still serving");
-    for c in [&mut b, &mut node] {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
 }
 
 /// Stops a process (SIGSTOP) so it hangs rather than dies; continues it when dropped.

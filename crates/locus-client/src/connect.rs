@@ -69,14 +69,35 @@ pub(crate) async fn tls_connect(
 
 impl Client {
     /// Connects and authenticates, within the options' connect deadline.
+    ///
+    /// `opts.addr` may name several servers of one namespace (`h1:9610,h2:9610`: the
+    /// heads of a cluster): they are tried in order, the next when one cannot be
+    /// reached or does not answer in time (not when it refuses the login).
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
-        match tokio::time::timeout(opts.deadlines.connect, Self::connect_now(opts)).await {
-            Ok(client) => client,
-            Err(_) => Err(ClientError::TimedOut(format!(
-                "{} did not answer the connection within {:?}",
-                opts.addr, opts.deadlines.connect
-            ))),
+        let mut last = None;
+        for addr in opts.addr.split(',') {
+            let mut one = opts.clone();
+            if addr != opts.addr {
+                one.addr = addr.to_string();
+                // Over TLS each head proves its own name.
+                if one.tls_name.is_some() {
+                    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                    one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
+                }
+            }
+            let outcome = match tokio::time::timeout(one.deadlines.connect, Self::connect_now(&one)).await {
+                Ok(client) => client,
+                Err(_) => Err(ClientError::TimedOut(format!(
+                    "{} did not answer the connection within {:?}",
+                    one.addr, one.deadlines.connect
+                ))),
+            };
+            match outcome {
+                Err(e) if e.is_transient() => last = Some(e),
+                other => return other,
+            }
         }
+        Err(last.unwrap_or_else(|| ClientError::Config("no server address".into())))
     }
 
     /// Connects and authenticates, however long it takes.

@@ -60,7 +60,7 @@ impl ConnectOptions {
                 .unwrap_or_else(|| credentials::locus_home().join("server").join("cert.pem"))
         });
         Ok(ConnectOptions {
-            addr: authority,
+            addr: url.authorities(),
             credentials,
             tls_ca,
             tls_name: Some(url.host.clone()),

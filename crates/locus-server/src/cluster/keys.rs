@@ -104,6 +104,22 @@ pub fn unwrap(wrap_key: &[u8], text: &str) -> Option<KeyRing> {
     locus_proto::codec::decode(&plain).ok()
 }
 
+/// The ring as a data node keeps it in its state directory, sealed under its own
+/// token (`locus-node`), so that a node restarted while no head answers goes on serving.
+pub fn seal_at_node(token: &[u8], keys: &KeyRing) -> String {
+    hex::encode(seal(token, b"node at rest", NODE_KEYS_FILE.as_bytes(), &locus_proto::codec::encode(keys)))
+}
+
+/// The ring a data node kept; `None` if `token` is not the one it was sealed with.
+pub fn open_at_node(token: &[u8], text: &str) -> Option<KeyRing> {
+    let plain = unseal(token, b"node at rest", NODE_KEYS_FILE.as_bytes(), &hex::decode(text.trim()).ok()?)?;
+    locus_proto::codec::decode(&plain).ok()
+}
+
+/// The file in a data node's state directory holding the cluster's keys it last
+/// received, sealed under its token.
+pub const NODE_KEYS_FILE: &str = "cluster-keys.sealed";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +136,14 @@ mod tests {
         altered[20] ^= 1;
         assert!(open_from_head(b"token", b"node nonce", &head_nonce, "10.0.0.1:9610", &altered).is_none());
         assert!(!sealed.windows(32).any(|w| w == &b"k".repeat(32)[..]));
+    }
+
+    #[test]
+    fn a_nodes_kept_keys_open_only_with_its_token() {
+        let ring = KeyRing::new(b"k".repeat(32));
+        let kept = seal_at_node(b"token", &ring);
+        assert_eq!(open_at_node(b"token", &kept), Some(ring));
+        assert!(open_at_node(b"other", &kept).is_none());
+        assert!(!kept.contains(&hex::encode(b"k".repeat(32))));
     }
 }

@@ -60,9 +60,49 @@ pub async fn join(
     let token = head.credentials.token.as_bytes();
     let keys = crate::cluster::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
+    keep_keys(shared, token, &keys);
     shared.set_node_key(keys);
     let every = Duration::from_millis(welcome.every_ms).clamp(Duration::from_millis(100), REJOIN_EVERY);
     Ok((welcome.node, every))
+}
+
+/// Writes the keys a head sent into the state directory, sealed under the node's token
+/// (mode 0600, replaced atomically), unless they are what is kept already.
+fn keep_keys(shared: &Shared, token: &[u8], keys: &locus_proto::capability::KeyRing) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if shared.node_key().is_some_and(|k| *k == *keys) {
+        return;
+    }
+    let path = shared.config.state_dir.join(crate::cluster::keys::NODE_KEYS_FILE);
+    let tmp = path.with_extension("tmp");
+    let sealed = crate::cluster::keys::seal_at_node(token, keys);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, sealed.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!("cannot keep the cluster's keys in {}: {e}", path.display());
+    }
+}
+
+/// Takes up the keys this node kept from its last join, if it has none yet and they
+/// open with `token`: a node restarted while no head answers serves reads with them
+/// until it joins again. Answers whether it did.
+pub fn resume_with_kept_keys(shared: &Shared, token: &[u8]) -> bool {
+    let path = shared.config.state_dir.join(crate::cluster::keys::NODE_KEYS_FILE);
+    let kept = std::fs::read_to_string(path).ok().and_then(|text| crate::cluster::keys::open_at_node(token, &text));
+    match kept.filter(|_| shared.node_key().is_none()) {
+        Some(keys) => {
+            tracing::info!("serving with the cluster keys kept from the last join until a head answers");
+            shared.set_node_key(keys);
+            true
+        }
+        None => false,
+    }
 }
 
 /// How a data node checks the versions it keeps in the background.
@@ -128,6 +168,7 @@ pub async fn serve_head(
     if let Err(e) = std::fs::create_dir_all(&objects) {
         tracing::error!("cannot create {}: {e}", objects.display());
     }
+    resume_with_kept_keys(&shared, head.credentials.token.as_bytes());
     let scrubbed = Arc::downgrade(&shared);
     std::thread::Builder::new()
         .name("locus-scrub".into())
