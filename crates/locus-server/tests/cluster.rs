@@ -293,7 +293,9 @@ fn curl_write_out(args: &[&str], format: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curl_follows_the_heads_redirect_to_a_data_node() {
     let head = TestServer::head(None, |_| {});
-    let node = TestServer::data_node(&head);
+    // A node that joins only when the test says (with its HTTP address), not on its own.
+    let node = TestServer::start();
+    std::fs::create_dir_all(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).unwrap();
     let head_http = http_for(&head).await;
     let node_http = http_for(&node).await;
     locus_server::cluster::node::join(

@@ -325,3 +325,54 @@ async fn a_drained_node_gives_up_its_versions_and_only_then_may_be_removed() {
         assert_eq!(&admin.read_file(path).await.unwrap(), data);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_run_covers_files_kept_at_the_head_and_moves_off_a_dead_node() {
+    let head = TestServer::head(None, |h| {
+        h.replication = 2;
+        h.repair_rate = 0;
+    });
+    let admin = head.client("admin").await;
+    admin.mkdir("/src", 0o755).await.unwrap();
+    // Stored by the head itself, before any data node joined.
+    let mut expected = Vec::new();
+    for i in 0..2 {
+        admin.write_file(&format!("/src/early{i}.go"), 0o644, &pattern(300_000, i)).await.unwrap();
+        expected.push(format!("/early{i}.go"));
+    }
+    assert_eq!(holders(&head, "/src/early0.go"), [0]);
+    let nodes = [TestServer::data_node(&head), TestServer::data_node(&head), TestServer::data_node(&head)];
+    // They move to the nodes (two replicas each), and the head's copies go.
+    eventually(Duration::from_secs(20), "the head's versions moved to the nodes", || {
+        (0..2).all(|i| {
+            let h = holders(&head, &format!("/src/early{i}.go"));
+            h.len() == 2 && !h.contains(&0)
+        })
+    })
+    .await;
+    for i in 0..6u8 {
+        admin.write_file(&format!("/src/late{i}.go"), 0o644, &pattern(200_000, 10 + i)).await.unwrap();
+        expected.push(format!("/late{i}.go"));
+    }
+    admin.write_file("/src/small.go", 0o644, b"package small").await.unwrap();
+    expected.push("/small.go".into());
+    expected.sort();
+
+    let find = locus_testkit::build_storelet("find");
+    let args = ["/", "-name", "*.go"].map(String::from).to_vec();
+    let lines = |out: &locus_client::StoreletOutput| {
+        let mut lines: Vec<String> = String::from_utf8(out.stdout.clone()).unwrap().lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    let out = admin.storelet_run(&find, "/src", args.clone(), false).await.unwrap();
+    assert_eq!(lines(&out), expected, "every file exactly once");
+
+    // A node dies; the head still counts it live (no timeout yet) and gives it a share,
+    // which moves to the nodes holding the other replicas.
+    let mut nodes: Vec<Option<TestServer>> = nodes.into_iter().map(Some).collect();
+    drop(nodes[0].take());
+    let out = admin.storelet_run(&find, "/src", args, false).await.unwrap();
+    assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(lines(&out), expected, "every file exactly once, with a node dead");
+}

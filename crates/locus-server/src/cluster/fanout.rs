@@ -1,6 +1,14 @@
 //! A storelet run across the cluster: each node runs its share over a view of the
-//! files it holds, and the head merges their outputs in order.
+//! files it holds, and the head merges their outputs.
+//!
+//! Every file is in exactly one share: a file on nodes goes to the live node holding it
+//! that has the fewest files so far, a small file kept in the namespace to the node with
+//! the fewest. A share's output is handed on when the share finishes (each is bounded by
+//! the node's storelet output limit), so a node that fails before then (it cannot be
+//! reached, or goes away) leaves no partial output: its files are planned again over
+//! the other live nodes holding them, and run there.
 
+use crate::cluster::head::LOCAL_NODE;
 use crate::cluster::Head;
 use crate::transport::EventFrame;
 use bytes::Bytes;
@@ -11,13 +19,83 @@ use locus_proto::types::*;
 use locus_proto::{codec, Code, Error as WireError};
 use std::sync::Arc;
 
-/// Runs one share per node at once and hands their events on as they arrive: one
-/// `Started`, every node's output, then one `Finished` adding up the accounts (the
-/// highest exit code), or the first node's error.
+/// A file of a run and the nodes holding its version (none: it is inline).
+pub(crate) type RunFile = (ViewFile, Vec<u64>);
+
+/// One node's share of a run.
+pub(crate) type Share = (Node, Vec<RunFile>);
+
+impl Head {
+    /// Splits a run's files over the live nodes, none of `failed`: each file to the
+    /// holder with the fewest files so far (an inline file to any node).
+    pub(crate) fn plan_run(&self, files: Vec<RunFile>, failed: &[u64]) -> Result<Vec<Share>, WireError> {
+        let nodes: Vec<Node> =
+            self.nodes()?.into_iter().filter(|n| self.is_live(n) && !failed.contains(&n.id)).collect();
+        if nodes.is_empty() {
+            return Err(WireError::new(Code::NOTSUP, "a storelet run on a cluster head needs a live data node"));
+        }
+        let mut shares: Vec<Share> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
+        for (file, holders) in files {
+            let eligible = |i: &usize| holders.is_empty() || holders.contains(&shares[*i].0.id);
+            let Some(at) = (0..shares.len()).filter(eligible).min_by_key(|&i| shares[i].1.len()) else {
+                let why = match holders.contains(&LOCAL_NODE) {
+                    true => "it is still at the head, moving to the data nodes (run again shortly)",
+                    false => "no live data node holds it",
+                };
+                return Err(WireError::new(Code::IO, format!("{}: {why}", file.path)));
+            };
+            shares[at].1.push((file, holders));
+        }
+        shares.retain(|(_, files)| !files.is_empty());
+        Ok(shares)
+    }
+}
+
+/// What one share's run came to: its events (output and the final account), or the
+/// node's error, with whether another node may take the share over.
+type Outcome = (Share, Result<Vec<(StoreletEvent, Bytes)>, (WireError, bool)>);
+
+/// Runs a share at its node and gathers its events until it finishes.
+async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -> Outcome {
+    let (node, id) = (&share.0, share.0.id);
+    let frames = match head.writer(node).await {
+        Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| (WireError::new(e.code(), e.to_string()), true)),
+        Err(e) => Err((e, true)),
+    };
+    let mut frames = match frames {
+        Ok(frames) => frames,
+        Err(e) => return (share, Err(e)),
+    };
+    let mut events = Vec::new();
+    while let Some(f) = frames.recv().await {
+        let f = match f {
+            // A broken connection is the node's failure; an error it answered is the run's.
+            Ok(f) => f,
+            Err(e) => {
+                let lost = e.is_transient();
+                return (share, Err((WireError::new(e.code(), format!("data node {id}: {e}")), lost)));
+            }
+        };
+        match codec::decode::<StoreletEvent>(&f.meta) {
+            Ok(event) => events.push((event, f.data.clone())),
+            Err(e) => return (share, Err((e.into(), false))),
+        }
+        if !f.header.more() {
+            return (share, Ok(events));
+        }
+    }
+    let lost = WireError::new(Code::IO, format!("data node {id} went away"));
+    (share, Err((lost, true)))
+}
+
+/// Runs the shares at once and hands on one `Started`, every share's output as each
+/// finishes, then one `Finished` adding up the accounts (the highest exit code). A
+/// share whose node fails is planned again over the other nodes; the run fails when a
+/// file is left with no live node, or a node answers an error of the run's own.
 pub(crate) async fn merge_runs(
     head: Arc<Head>,
     subject: String,
-    shares: Vec<(Node, Vec<ViewFile>)>,
+    shares: Vec<Share>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     module: Bytes,
@@ -30,75 +108,55 @@ pub(crate) async fn merge_runs(
         data,
         mergeable: kind == Kind::Reply && more,
     };
-    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
-    let mut running = 0;
-    for (node, files) in shares {
+    let fail = |e: &WireError| drop(tx.send(frame(Kind::Error, false, codec::encode(e), Bytes::new())));
+    let mut running = tokio::task::JoinSet::new();
+    let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share| {
+        let files = share.1.iter().map(|(f, _)| f.clone()).collect();
         let req = NodeRun { subject: subject.clone(), files, args: args.clone(), env: env.clone() };
-        let (head, module, events_tx) = (head.clone(), module.clone(), events_tx.clone());
-        running += 1;
-        tokio::spawn(async move {
-            let frames = match head.writer(&node).await {
-                Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| WireError::new(e.code(), e.to_string())),
-                Err(e) => Err(e),
-            };
-            match frames {
-                Ok(mut frames) => {
-                    while let Some(f) = frames.recv().await {
-                        let last = f.as_ref().map_or(true, |f| !f.header.more());
-                        let _ = events_tx
-                            .send(f.map_err(|e| WireError::new(e.code(), format!("data node {}: {e}", node.id))));
-                        if last {
-                            return;
-                        }
-                    }
-                    let _ = events_tx.send(Err(WireError::new(Code::IO, format!("data node {} went away", node.id))));
-                }
-                Err(e) => drop(events_tx.send(Err(e))),
-            }
-        });
+        running.spawn(run_share(head.clone(), req, module.clone(), share));
+    };
+    for share in shares {
+        start(&mut running, share);
     }
-    drop(events_tx);
-    let mut total = StoreletResult::default();
-    let mut started = false;
-    while running > 0 {
-        let Some(event) = events.recv().await else { break };
-        let f = match event {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = tx.send(frame(Kind::Error, false, codec::encode(&e), Bytes::new()));
-                return;
+    let (mut total, mut started, mut failed) = (StoreletResult::default(), false, Vec::new());
+    while let Some(done) = running.join_next().await {
+        let Ok((share, outcome)) = done else { return fail(&WireError::new(Code::IO, "a share's task failed")) };
+        let events = match outcome {
+            Ok(events) => events,
+            Err((e, true)) => {
+                tracing::warn!(node = share.0.id, "a storelet run's share failed there, moving it: {e}");
+                failed.push(share.0.id);
+                match head.plan_run(share.1, &failed) {
+                    Ok(again) => again.into_iter().for_each(|s| start(&mut running, s)),
+                    Err(why) => return fail(&WireError::new(why.code, format!("{e}; {}", why.message))),
+                }
+                continue;
             }
+            Err((e, false)) => return fail(&e),
         };
-        match codec::decode::<StoreletEvent>(&f.meta) {
-            Ok(StoreletEvent::Started { module, .. }) if !started => {
-                started = true;
-                let _ = tx.send(frame(
-                    Kind::Reply,
-                    true,
-                    codec::encode(&StoreletEvent::Started { run: 0, module }),
-                    Bytes::new(),
-                ));
-            }
-            Ok(StoreletEvent::Started { .. }) => {}
-            Ok(e @ (StoreletEvent::Stdout | StoreletEvent::Stderr)) => {
-                let _ = tx.send(frame(Kind::Reply, true, codec::encode(&e), f.data));
-            }
-            Ok(StoreletEvent::Finished(r)) => {
-                running -= 1;
-                total.module = r.module;
-                total.exit_code = total.exit_code.max(r.exit_code);
-                total.fuel += r.fuel;
-                total.cpu_us += r.cpu_us;
-                total.peak_memory = total.peak_memory.max(r.peak_memory);
-                total.wall_us = total.wall_us.max(r.wall_us);
-                total.output_bytes += r.output_bytes;
-                total.read_bytes += r.read_bytes;
-                total.write_bytes += r.write_bytes;
-                total.files_opened += r.files_opened;
-            }
-            Err(e) => {
-                let _ = tx.send(frame(Kind::Error, false, codec::encode(&e), Bytes::new()));
-                return;
+        for (event, data) in events {
+            match event {
+                StoreletEvent::Started { module, .. } if !started => {
+                    started = true;
+                    let first = StoreletEvent::Started { run: 0, module };
+                    let _ = tx.send(frame(Kind::Reply, true, codec::encode(&first), Bytes::new()));
+                }
+                StoreletEvent::Started { .. } => {}
+                e @ (StoreletEvent::Stdout | StoreletEvent::Stderr) => {
+                    let _ = tx.send(frame(Kind::Reply, true, codec::encode(&e), data));
+                }
+                StoreletEvent::Finished(r) => {
+                    total.module = r.module;
+                    total.exit_code = total.exit_code.max(r.exit_code);
+                    total.fuel += r.fuel;
+                    total.cpu_us += r.cpu_us;
+                    total.peak_memory = total.peak_memory.max(r.peak_memory);
+                    total.wall_us = total.wall_us.max(r.wall_us);
+                    total.output_bytes += r.output_bytes;
+                    total.read_bytes += r.read_bytes;
+                    total.write_bytes += r.write_bytes;
+                    total.files_opened += r.files_opened;
+                }
             }
         }
     }

@@ -33,6 +33,8 @@ pub struct Head {
     pub config: HeadConfig,
     /// This head process's id among the heads of its namespace (for the healing lease).
     pub(crate) id: u64,
+    /// Set once no version is left in the head's own directory while data nodes exist.
+    pub(crate) local_moved: std::sync::atomic::AtomicBool,
     pub meta: Meta,
     /// The cluster's keys as last read from the namespace.
     pub(crate) keys: parking_lot::RwLock<KeyRing>,
@@ -88,6 +90,7 @@ impl Head {
         Ok(Head {
             config,
             id: u64::from_le_bytes(id),
+            local_moved: std::sync::atomic::AtomicBool::new(false),
             meta,
             keys: parking_lot::RwLock::new(keys),
             sealing,

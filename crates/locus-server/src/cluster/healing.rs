@@ -4,11 +4,15 @@
 //! at [`crate::cluster::HeadConfig::repair_rate`]) until each has its factor again, and only then are
 //! they taken out of the version's list (and dropped from the node once it answers).
 //!
+//! Versions a head kept in its own directory before any data node joined move to the
+//! nodes the same way (the head sends them).
+//!
 //! Among the heads of one namespace, one heals at a time: the holder of a lease kept in
 //! the namespace's settings, so two heads do not copy the same versions.
 
 use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE};
 use crate::cluster::meta_err;
+use crate::cluster::writes::object_name;
 use crate::cluster::Head;
 use crate::dispatch::Reply;
 use locus_cluster::{Content, Damaged, Entry, Node};
@@ -138,7 +142,16 @@ impl Head {
         let Ok(nodes) = self.nodes() else { return 0 };
         let damaged = self.meta.damaged(BATCH).unwrap_or_default();
         let leaving: Vec<&Node> = nodes.iter().filter(|n| n.draining || !self.is_live(n)).collect();
-        if (damaged.is_empty() && leaving.is_empty()) || !self.take_lease() {
+        // Versions the head kept itself before any data node joined move to the nodes
+        // (looked for until none is left).
+        let local = match nodes.is_empty() || self.local_moved.load(std::sync::atomic::Ordering::Relaxed) {
+            true => Vec::new(),
+            false => self.meta.files_on(LOCAL_NODE, BATCH).unwrap_or_default(),
+        };
+        if local.is_empty() && !nodes.is_empty() {
+            self.local_moved.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if (damaged.is_empty() && leaving.is_empty() && local.is_empty()) || !self.take_lease() {
             return 0;
         }
         let mut work: Vec<(Entry, Leaving, Option<Damaged>)> = Vec::new();
@@ -155,6 +168,7 @@ impl Head {
                 work.push((e, Leaving::Node(n.id), None));
             }
         }
+        work.extend(local.into_iter().map(|e| (e, Leaving::Node(LOCAL_NODE), None)));
         // One copy at a time per file.
         let mut seen = std::collections::HashSet::new();
         work.retain(|(e, _, _)| seen.insert(e.path.clone()));
@@ -198,20 +212,22 @@ impl Head {
             .map(|n| n.addr.clone())
             .collect();
         let want = self.config.replication.max(1);
+        let sources_known = !sources.is_empty() || gone == LOCAL_NODE;
         let mut targets = self.candidates(e.size).unwrap_or_default().into_iter().filter(|n| !ids.contains(&n.id));
         while keep.len() < want {
-            let (Some(target), false) = (targets.next(), sources.is_empty()) else {
+            let (Some(target), true) = (targets.next(), sources_known) else {
                 tracing::debug!(path = %e.path, "cannot restore its replicas yet: no live source or no node to copy to");
                 return false;
             };
-            let expires = capability::now() + self.config.capability_ttl.as_secs();
-            let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
-            let fetch = ObjectFetch { capability: cap, from: sources.clone(), rate: self.config.repair_rate };
             // Counted before the copy, so that copies made at once spread over nodes.
             *self.placed.lock().entry(target.id).or_default() += e.size;
-            let copied = match self.writer(&target).await {
-                Ok(c) => c.call(fetch).await.map_err(|err| err.to_string()),
-                Err(err) => Err(err.message),
+            let copied = match gone == LOCAL_NODE {
+                // From the head's own directory: the head sends it (and the node seals it).
+                true => {
+                    let local = self.objects.join(object_name(e.object, e.version));
+                    self.store_on(&target, &local, e.object, e.version, e.size).await.map_err(|err| err.message)
+                }
+                false => self.fetch_to(&target, e, &sources).await,
             };
             if let Err(why) = copied {
                 tracing::warn!(path = %e.path, node = target.id, "copying a replica failed: {why}");
@@ -230,6 +246,17 @@ impl Head {
         let moved = self.meta.move_replica(&e.path, e.object, e.version, Some(gone), None);
         let queued = self.meta.add_garbage_on(e.object, e.version, &[gone], self.garbage_after());
         moved.is_ok() && queued.is_ok()
+    }
+
+    /// Has `target` copy `e`'s version from one of the nodes `sources` (`object_fetch`).
+    async fn fetch_to(&self, target: &Node, e: &Entry, sources: &[String]) -> Result<(), String> {
+        let expires = capability::now() + self.config.capability_ttl.as_secs();
+        let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
+        let fetch = ObjectFetch { capability: cap, from: sources.to_vec(), rate: self.config.repair_rate };
+        match self.writer(target).await {
+            Ok(c) => c.call(fetch).await.map_err(|err| err.to_string()),
+            Err(err) => Err(err.message),
+        }
     }
 
     /// When a copy taken out of a version's list may be dropped: after every

@@ -15,7 +15,7 @@ use crate::session::Session;
 use crate::transport::{Body, EventStream};
 use crate::Connection;
 use bytes::Bytes;
-use locus_cluster::{normalise, split, Content, Entry, Kind as EntryKind, MetaError, Node};
+use locus_cluster::{normalise, split, Content, Entry, Kind as EntryKind, MetaError};
 use locus_proto::capability::{HEAD_SUBJECT, NODE_SUBJECT};
 
 use locus_proto::ops::*;
@@ -539,32 +539,23 @@ impl Handler for HeadSession {
         if self.entry(&dir)?.kind != EntryKind::Dir {
             return Err(MetaError::NotDir(dir).into());
         }
-        let nodes = self.head.nodes()?;
-        if nodes.is_empty() {
-            return not_here("a storelet run without data nodes");
-        }
-        let mut shares: Vec<(Node, Vec<ViewFile>)> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
         let prefix = if dir == "/" { 0 } else { dir.len() };
         // Only what the subject may read goes into the nodes' views: a file is left out
         // when any directory between `dir` and it lacks `r` or `l` for the subject.
         let mut readable: HashMap<String, bool> = HashMap::from([(dir.clone(), true)]);
+        let mut files = Vec::new();
         for e in self.head.meta.files_under(&dir).map_err(meta_err)? {
             if !self.readable_dir(&who, governing(&e.path, false), &mut readable)? {
                 continue;
             }
             let path = e.path[prefix..].trim_start_matches('/').to_string();
-            let (at, inline) = match e.content {
-                Content::Nodes(ids) => match shares.iter().position(|(n, _)| ids.first() == Some(&n.id)) {
-                    Some(i) => (i, None),
-                    None => continue,
-                },
-                Content::Inline(bytes) => {
-                    let fewest = (0..shares.len()).min_by_key(|&i| shares[i].1.len()).expect("nodes exist");
-                    (fewest, Some(bytes))
-                }
+            let (holders, inline) = match e.content {
+                Content::Nodes(ids) => (ids, None),
+                Content::Inline(bytes) => (Vec::new(), Some(bytes)),
             };
-            shares[at].1.push(ViewFile { path, object: e.object, version: e.version, inline });
+            files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
         }
+        let shares = self.head.plan_run(files, &[])?;
         let head = self.head.clone();
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
