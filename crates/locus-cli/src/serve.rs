@@ -139,11 +139,13 @@ pub struct ServeArgs {
     /// Data nodes that hold each file version (2 keeps every byte readable when one dies).
     #[arg(long, default_value_t = 1, requires = "head")]
     replication: usize,
-    /// Seconds a third-party read capability stays valid.
+    /// Seconds a third-party read capability stays valid (and a write capability may
+    /// start uploads); replaced versions are kept this long plus 5 s for reads under way.
     #[arg(long, default_value_t = 60, requires = "head")]
     capability_ttl_s: u64,
     /// Seconds without a heartbeat after which a data node is down: its versions are
-    /// copied from their replicas to other nodes until each has --replication again.
+    /// copied from their replicas to other nodes until each has --replication again (so
+    /// a node restarted more slowly than this has its contents copied elsewhere).
     #[arg(long, value_name = "SECS", default_value_t = locus_server::cluster::HeadConfig::new("").node_timeout.as_secs(), requires = "head")]
     node_timeout_s: u64,
     /// MiB a second healing copies between nodes at most (0: as fast as the links go).

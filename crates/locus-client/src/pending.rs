@@ -209,6 +209,15 @@ impl Client {
         Ok(self.call_with(req, &[]).await?.0)
     }
 
+    /// Runs an operation whose reply may take up to `limit` (longer than the request
+    /// deadline: a node reading back or copying a whole large version).
+    pub async fn call_within<O: Operation>(&self, req: O, limit: Duration) -> Result<O::Reply> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.register(Waiter::One(tx))?;
+        self.send(O::INFO.code, id, false, &codec::encode(&req), &[]).await?;
+        Ok(codec::decode(&self.reply_within(Some(limit), rx).await?.meta)?)
+    }
+
     /// Runs an operation with request data; returns the reply and the reply's data.
     pub async fn call_with<O: Operation>(&self, req: O, data: &[u8]) -> Result<(O::Reply, Bytes)> {
         let f = self.call_raw(O::INFO.code, &codec::encode(&req), data).await?;

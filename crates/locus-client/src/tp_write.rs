@@ -93,9 +93,7 @@ impl Client {
         }
         // The head has every node read its copy back against the CRC before it commits.
         let commit = WriteCommit { path: path.into(), mode, target, crc: crc.finalize() };
-        let (tx, rx) = oneshot::channel();
-        let id = self.register(Waiter::One(tx))?;
-        self.send(WriteCommit::INFO.code, id, false, &codec::encode(&commit), &[]).await?;
-        Ok(codec::decode(&self.reply_within(self.commit_deadline(sent), rx).await?.meta)?)
+        let limit = self.commit_deadline(sent).unwrap_or(self.deadlines.request);
+        self.call_within(commit, limit).await
     }
 }

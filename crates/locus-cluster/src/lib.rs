@@ -317,18 +317,43 @@ impl Meta {
         self.tx(|tx| commit(tx, entry))
     }
 
+    /// Whether `(object, version)` on `nodes` is pending (its `garbage` row is there)
+    /// and due no sooner than `not_before`.
+    pub fn is_pending(&self, object: u64, version: u64, nodes: &[u64], not_before: u64) -> Result<bool> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                "SELECT after FROM garbage WHERE object = $1 AND version = $2 AND nodes = $3 AND after > $4",
+                &[
+                    Val::Int(object as i64),
+                    Val::Int(version as i64),
+                    Val::Text(nodes_text(nodes)),
+                    Val::Int(not_before as i64),
+                ],
+            )?;
+            Ok(!rows.is_empty())
+        })
+    }
+
     /// As [`Meta::commit`], for a version written to nodes by a client (a third-party
     /// write): in the same transaction its pending row in `garbage` goes, so its bytes
     /// stay; refused when that row is gone (the write's time ran out, or it was
     /// committed already).
-    pub fn commit_pending(&self, entry: &Entry) -> Result<Option<Entry>> {
+    ///
+    /// The row must be due no sooner than `not_before` (seconds since the epoch): a
+    /// collector that took the row as due may be dropping its bytes already.
+    pub fn commit_pending(&self, entry: &Entry, not_before: u64) -> Result<Option<Entry>> {
         let Content::Nodes(nodes) = &entry.content else {
             return Err(MetaError::Invalid("a pending version lives on data nodes".into()));
         };
         self.tx(|tx| {
             let pending = tx.exec(
-                "DELETE FROM garbage WHERE object = $1 AND version = $2 AND nodes = $3",
-                &[Val::Int(entry.object as i64), Val::Int(entry.version as i64), Val::Text(nodes_text(nodes))],
+                "DELETE FROM garbage WHERE object = $1 AND version = $2 AND nodes = $3 AND after > $4",
+                &[
+                    Val::Int(entry.object as i64),
+                    Val::Int(entry.version as i64),
+                    Val::Text(nodes_text(nodes)),
+                    Val::Int(not_before as i64),
+                ],
             )?;
             if pending == 0 {
                 return Err(MetaError::NotFound(format!(

@@ -79,8 +79,8 @@ impl Meta {
             let held = count_on(tx, node)?;
             if held > 0 {
                 return Err(MetaError::Busy(format!(
-                    "data node {node} still holds {held} version(s) no other node has copied yet: drain it \
-                     (`locus node drain`) and wait for `locus node list` to show it drained"
+                    "data node {node} is still listed for {held} current version(s): drain it (`locus node \
+                     drain`), or, if it died, let healing copy them, until `locus node list` shows 0"
                 )));
             }
             match tx.exec("DELETE FROM nodes WHERE id = $1", &[Val::Int(node as i64)])? {

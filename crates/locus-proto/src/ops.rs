@@ -153,9 +153,9 @@ macro_rules! operation_table {
             0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)> } -> StoreletEvent;
             /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
             0x67 KeyRotate key_rotate Unary {} -> ();
-            /// Checks a version a data node was just given against the head's CRC-32 of its bytes and records its block checksums (the head only); a mismatch removes it and fails.
+            /// Checks a version a data node was just given against the head's CRC-32 of its bytes and records its block checksums (the head only); a mismatch fails, removing the version unless it was sealed before (a sealed version is only compared).
             0x68 ObjectSeal object_seal Unary { object: u64, version: u64, crc: u32 } -> ();
-            /// Copies a version to this data node from one of the nodes `from` (the head only), reading under `capability` (signed for `locus-node`) at most `rate` bytes a second (0: unlimited), then checks it as `object_seal` does.
+            /// Copies a version to this data node from one of the nodes `from` (the head only), reading under `capability` (signed for `locus-node`) at most `rate` bytes a second (0: unlimited), each block checked at the source, then records its block checksums.
             0x69 ObjectFetch object_fetch Unary { capability: Capability, from: Vec<String>, rate: u64 } -> ();
             /// The data nodes of a cluster head, their state and the versions each holds (admin).
             0x6a NodeList node_list Unary {} -> Vec<NodeInfo>;
@@ -165,7 +165,7 @@ macro_rules! operation_table {
             0x6c NodeRemove node_remove Unary { node: u64 } -> ();
             /// Starts a third-party write of `size` bytes to a file on a cluster head (write right needed): answers the data nodes to send them to and a write capability, or nothing when the file is to go through the head (too small, or no data nodes).
             0x6d WriteBegin write_begin Unary { path: String, mode: u32, size: u64 } -> Option<WriteTarget>;
-            /// Stores the bytes of a new version at a data node under a write capability from the head (exactly its size; a version already there is refused).
+            /// Stores the bytes of a new version at a data node under a write capability from the head (exactly its size; started before the capability expires; a version already there is never replaced).
             0x6e ObjectWrite object_write StreamIn { capability: Capability } -> Attr;
             /// Makes a version written to data nodes the file's current one, once every node has checked it against `crc` (the CRC-32 of its bytes); answers the file's attributes.
             0x6f WriteCommit write_commit Unary { path: String, mode: u32, target: WriteTarget, crc: u32 } -> Attr;

@@ -54,6 +54,9 @@ pub struct PutFile {
     pub(crate) done: bool,
     /// Whether `finish` waits for the disk before the rename (the default).
     pub durable: bool,
+    /// Whether `finish` refuses (`EEXIST`) to replace a file already at the name: a
+    /// cluster's immutable object versions are never overwritten.
+    pub no_replace: bool,
     pub io: FileIo,
     pub(crate) removals: Option<Arc<dyn RemovalObserver>>,
     /// The device it goes to, and, with several devices, the namespace lock and the
@@ -200,7 +203,17 @@ impl PutFile {
         }
         let replaced = last_link(self.removals.as_ref(), dir, &self.name);
         let _names = self.namespace.as_ref().map(|n| n.lock());
-        rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()).ctx("put", &self.name)?;
+        match self.no_replace {
+            true => rustix::fs::renameat_with(
+                dir,
+                self.tmp.as_str(),
+                dir,
+                self.name.as_str(),
+                rustix::fs::RenameFlags::NOREPLACE,
+            ),
+            false => rustix::fs::renameat(dir, self.tmp.as_str(), dir, self.name.as_str()),
+        }
+        .ctx("put", &self.name)?;
         if self.durable {
             // The rename is on disk before the put is answered: a crash of the machine
             // cannot bring the old file back after the client was told the new one is there.
@@ -303,6 +316,7 @@ impl Store {
             name: t.name,
             mode: mode & 0o7777,
             durable: true,
+            no_replace: false,
             done: false,
             io: self.counters.file_on(&t.rel, device),
             removals: self.removals.get().cloned(),

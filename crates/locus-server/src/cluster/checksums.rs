@@ -1,9 +1,11 @@
 //! Checksums of the versions a data node keeps, so that a flipped bit on a node's disk
 //! is found and repaired from a replica, never served.
 //!
-//! Beside each version `OBJECT.VERSION` lies `OBJECT.VERSION.crc`: the CRC-32 of every
-//! [`BLOCK`] of it, little-endian, one after another (as HDFS keeps a checksum per
-//! chunk, so a read checks only the blocks it covers). The node writes it when the head
+//! Beside each version `OBJECT.VERSION` lies `OBJECT.VERSION.crc`: the CRC-32 of the
+//! whole version, then the CRC-32 of every [`BLOCK`] of it, little-endian, one after
+//! another (as HDFS keeps a checksum per chunk, so a read checks only the blocks it
+//! covers). A version with checksums is sealed: it is never sealed again otherwise,
+//! written over, or removed by a failed seal. The node writes it when the head
 //! seals the version (checking the whole file against the CRC the head computed of the
 //! bytes it sent), and checks it on every read and in the scrub. A damaged version is
 //! moved to [`DAMAGED_DIR`] (so no read gets it again) and reported to the head at the
@@ -72,21 +74,42 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 }
 
 /// Writes the checksums of the version at `object_file` durably, after checking its
-/// whole CRC-32 against `expected` (when given); a mismatch leaves no checksum file.
+/// whole CRC-32 against `expected` (when given); a mismatch leaves no checksum file. A
+/// version sealed already is only compared: its stored CRC-32 against `expected`.
 pub fn seal(object_file: &Path, expected: Option<u32>) -> Result<(), CheckError> {
+    let to = sidecar(object_file);
+    if let Some(found) = sealed_crc(object_file)? {
+        return match expected.filter(|e| *e != found) {
+            Some(expected) => Err(CheckError::Whole { found, expected }),
+            None => Ok(()),
+        };
+    }
     let (sums, whole) = compute(&File::open(object_file)?)?;
     if let Some(expected) = expected.filter(|e| *e != whole) {
         return Err(CheckError::Whole { found: whole, expected });
     }
-    let to = sidecar(object_file);
     let mut tmp = to.clone().into_os_string();
     tmp.push(".tmp");
-    let bytes: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+    let bytes: Vec<u8> = std::iter::once(whole).chain(sums).flat_map(|s| s.to_le_bytes()).collect();
     let file = File::create(&tmp)?;
     file.write_all_at(&bytes, 0)?;
     file.sync_all()?;
     std::fs::rename(&tmp, &to)?;
     Ok(())
+}
+
+/// The whole CRC-32 a sealed version was sealed with; `None` if it has no checksums.
+pub fn sealed_crc(object_file: &Path) -> io::Result<Option<u32>> {
+    let file = match File::open(sidecar(object_file)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut raw = [0u8; 4];
+    match read_full(&file, &mut raw, 0)? {
+        4 => Ok(Some(u32::from_le_bytes(raw))),
+        _ => Err(io::Error::new(io::ErrorKind::InvalidData, "a checksum file without its header")),
+    }
 }
 
 /// The checksums of blocks `first..=last` of the version at `object_file`, or `None`
@@ -98,7 +121,7 @@ fn load(object_file: &Path, first: u64, last: u64) -> io::Result<Option<Vec<u32>
         Err(e) => return Err(e),
     };
     let mut raw = vec![0u8; ((last - first + 1) * 4) as usize];
-    let n = read_full(&file, &mut raw, first * 4)?;
+    let n = read_full(&file, &mut raw, 4 + first * 4)?;
     raw.truncate(n);
     Ok(Some(raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("four bytes"))).collect()))
 }
@@ -173,6 +196,11 @@ mod tests {
         assert!(matches!(seal(&path, Some(whole ^ 1)), Err(CheckError::Whole { .. })));
         assert!(!sidecar(&path).exists());
         seal(&path, Some(whole)).unwrap();
+        // Sealed: sealing again only compares, and a wrong CRC changes nothing.
+        assert_eq!(sealed_crc(&path).unwrap(), Some(whole));
+        seal(&path, Some(whole)).unwrap();
+        assert!(matches!(seal(&path, Some(whole ^ 1)), Err(CheckError::Whole { .. })));
+        assert!(path.exists() && sidecar(&path).exists());
         let file = File::open(&path).unwrap();
         let got = read_checked(&path, &file, BLOCK - 10, BLOCK + 20).unwrap();
         assert_eq!(got, data[(BLOCK - 10) as usize..(2 * BLOCK + 10) as usize]);

@@ -180,7 +180,17 @@ impl Head {
         let mut dropped = 0;
         for g in due {
             let mut all = true;
-            for id in &g.nodes {
+            // A node a current file lists for this version holds a copy put there since
+            // (healing may copy back to a node that once lost it): that copy stays.
+            let listed = match self.meta.file_of(g.object, g.version) {
+                Ok(Some(e)) => match e.content {
+                    locus_cluster::Content::Nodes(ids) => ids,
+                    locus_cluster::Content::Inline(_) => Vec::new(),
+                },
+                Ok(None) => Vec::new(),
+                Err(_) => continue,
+            };
+            for id in g.nodes.iter().filter(|id| !listed.contains(id)) {
                 if *id == LOCAL_NODE {
                     let _ = std::fs::remove_file(self.objects.join(object_name(g.object, g.version)));
                     continue;

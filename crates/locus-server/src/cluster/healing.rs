@@ -175,6 +175,11 @@ impl Head {
         let nodes = Arc::new(nodes);
         let (mut running, mut healed) = (tokio::task::JoinSet::new(), 0);
         for (e, leaving, damaged) in work {
+            // A round may outlast the lease: it is renewed before each copy, and the round
+            // ends if another head holds it now.
+            if !self.take_lease() {
+                break;
+            }
             while running.len() >= PARALLEL {
                 healed += running.join_next().await.is_some_and(|r| r.unwrap_or(false)) as usize;
             }
@@ -236,9 +241,13 @@ impl Head {
             match self.meta.move_replica(&e.path, e.object, e.version, None, Some(target.id)) {
                 Ok(true) => keep.push(target.id),
                 // The file changed meanwhile: the copy is not needed.
-                _ => {
+                Ok(false) => {
                     let _ = self.meta.add_garbage_on(e.object, e.version, &[target.id], self.garbage_after());
                     return true;
+                }
+                Err(err) => {
+                    tracing::warn!(path = %e.path, "recording a copied replica failed: {err}");
+                    return false;
                 }
             }
         }
@@ -253,8 +262,11 @@ impl Head {
         let expires = capability::now() + self.config.capability_ttl.as_secs();
         let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
         let fetch = ObjectFetch { capability: cap, from: sources.to_vec(), rate: self.config.repair_rate };
+        // The copy may take long: a generous second per MiB beyond the usual deadline
+        // (a node that hangs is still given up).
+        let limit = locus_client::Deadlines::default().request + Duration::from_secs(e.size >> 20);
         match self.writer(target).await {
-            Ok(c) => c.call(fetch).await.map_err(|err| err.to_string()),
+            Ok(c) => c.call_within(fetch, limit).await.map_err(|err| err.to_string()),
             Err(err) => Err(err.message),
         }
     }

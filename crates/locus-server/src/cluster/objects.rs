@@ -67,9 +67,11 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
     use tokio::io::AsyncWriteExt;
     let cap = &location.capability;
     let name = object_name(cap.object, cap.version);
-    let tmp = objects.join(format!(".fetch-{name}"));
+    let mut salt = [0u8; 8];
+    getrandom::fill(&mut salt).expect("the OS provides randomness");
+    let tmp = objects.join(format!(".fetch-{name}-{}", hex::encode(salt)));
     let io = |e: std::io::Error| WireError::io("object_fetch", e);
-    let mut out = tokio::fs::File::create(&tmp).await.map_err(io)?;
+    let mut out = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await.map_err(io)?;
     let reads = locus_client::nodes::NodeReads::default();
     let started = std::time::Instant::now();
     let mut at = 0u64;
@@ -91,8 +93,22 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
             }
         }
         out.sync_all().await.map_err(io)?;
-        tokio::fs::rename(&tmp, objects.join(&name)).await.map_err(io)?;
         let file = objects.join(&name);
+        // A copy already here (a retried or concurrent fetch) is kept, not replaced.
+        let placed = rustix::fs::renameat_with(
+            rustix::fs::CWD,
+            &tmp,
+            rustix::fs::CWD,
+            &file,
+            rustix::fs::RenameFlags::NOREPLACE,
+        );
+        match placed {
+            Ok(()) => {}
+            Err(rustix::io::Errno::EXIST) => {
+                let _ = tokio::fs::remove_file(&tmp).await;
+            }
+            Err(e) => return Err(io(e.into())),
+        }
         tokio::task::spawn_blocking(move || checksums::seal(&file, None))
             .await
             .map_err(|_| WireError::new(Code::IO, "checksum task failed"))?
@@ -233,16 +249,28 @@ impl Session {
     }
 
     /// `object_seal`: checks a version the head just stored here against the CRC-32 the
-    /// head computed of what it sent, and records its block checksums.
+    /// head computed of what it sent, and records its block checksums. An unsealed
+    /// version that differs is removed (it was never committed); a sealed one is only
+    /// compared, never removed. The reading runs off the connection's thread.
     pub(crate) fn seal_object(&mut self, req: ObjectSeal, _: Bytes) -> Reply<()> {
         self.node_key()?;
         self.check_from_head()?;
         let file = objects_dir(&self.shared).join(object_name(req.object, req.version));
-        checksums::seal(&file, Some(req.crc)).map_err(|e| {
-            let _ = std::fs::remove_file(&file);
-            WireError::new(Code::IO, format!("version {}.{}: {e}", req.object, req.version))
-        })?;
-        Ok(().into())
+        Ok(Answer::later(Box::pin(async move {
+            let name = format!("{}.{}", req.object, req.version);
+            tokio::task::spawn_blocking(move || {
+                let sealed = checksums::sealed_crc(&file).map_err(|e| WireError::io(&name, e))?.is_some();
+                checksums::seal(&file, Some(req.crc)).map_err(|e| {
+                    if !sealed {
+                        let _ = std::fs::remove_file(&file);
+                    }
+                    WireError::new(Code::IO, format!("version {name}: {e}"))
+                })
+            })
+            .await
+            .map_err(|_| WireError::new(Code::IO, "checksum task failed"))??;
+            Ok(Answer::from(()).encode())
+        })))
     }
 
     /// `object_fetch`: copies a version from another node (healing a lost or damaged

@@ -23,9 +23,13 @@ use locus_proto::types::WriteTarget;
 use locus_proto::{Code, Error as WireError};
 use std::sync::Arc;
 
-/// The slowest transfer a write capability allows for (its lifetime grows by a second
+/// The slowest transfer a write allows for (the time to commit it grows by a second
 /// per this many bytes), so a large file on a slow link is not cut off.
 const SLOWEST: u64 = 1 << 20;
+
+/// A commit is refused this close to the time its pending version is due for removal
+/// (a collector may be dropping its bytes).
+const COMMIT_MARGIN: u64 = 10;
 
 impl Head {
     /// Begins a third-party write of `size` bytes to `path` by `who` (whose right to
@@ -55,12 +59,16 @@ impl Head {
             None => self.meta.next_id().map_err(meta_err)?,
         };
         let version = self.meta.next_id().map_err(meta_err)?;
-        let expires = capability::now() + self.config.capability_ttl.as_secs() + size / SLOWEST;
+        // The capability only starts uploads (a node checks it on the first frame), so it
+        // lives as long as a read capability; the commit may come later, until the
+        // pending version is due for removal.
+        let ttl = self.config.capability_ttl.as_secs();
+        let expires = capability::now() + ttl;
         let key = self.key();
         let cap = capability::sign_for(Grant::Write, &key, who, object, version, size, expires);
         let node_ids: Vec<u64> = chosen.iter().map(|n| n.id).collect();
         // Never committed, its bytes go once no commit could name them any more.
-        let after = expires + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
+        let after = expires + size / SLOWEST + ttl + GARBAGE_SLACK.as_secs() + COMMIT_MARGIN;
         self.meta.add_garbage_on(object, version, &node_ids, after).map_err(meta_err)?;
         let mut placed = self.placed.lock();
         for id in &node_ids {
@@ -90,29 +98,53 @@ impl Head {
         let c = &target.capability;
         let now = capability::now();
         let keys = self.keys();
+        // Signed by this cluster, for this subject, path and nodes. Its expiry bounded
+        // when uploads could start; the commit's own bound is the pending row's.
         let began_here = keys.valid(now).into_iter().any(|k| {
             locus_proto::auth::proofs_equal(&capability::write_seal(k, c, &path, &target.node_ids), &target.seal)
-                && capability::verify_for(Grant::Write, k, c, &who, now).is_ok()
+                && capability::verify_for(Grant::Write, k, c, &who, c.expires).is_ok()
         });
         if !began_here {
+            return Err(WireError::new(Code::ACCES, format!("{path}: not a write this cluster began for {who} here")));
+        }
+        // Still pending (not committed already, not about to be dropped) before any node
+        // is asked anything: a sealed version is never sealed again.
+        let (object, version, ids) = (c.object, c.version, &target.node_ids);
+        if !self.meta.is_pending(object, version, ids, now + COMMIT_MARGIN).map_err(meta_err)? {
             return Err(WireError::new(
-                Code::ACCES,
-                format!("{path}: not a write this cluster began for {who} at this path, or its time ran out"),
+                Code::NOENT,
+                format!("{path}: version {version} is not pending (its time ran out, or it was committed already)"),
             ));
         }
         let nodes = self.nodes()?;
-        for id in &target.node_ids {
+        let mut seals = tokio::task::JoinSet::new();
+        for id in ids {
             let node = nodes
                 .iter()
                 .find(|n| n.id == *id)
+                .cloned()
                 .ok_or_else(|| WireError::new(Code::IO, format!("data node {id} is gone")))?;
-            let seal = ObjectSeal { object: c.object, version: c.version, crc };
-            self.writer(node).await?.call(seal).await.map_err(|e| {
-                WireError::new(
-                    Code::IO,
-                    format!("{path}: data node {id} at {} did not keep the bytes sent: {e}", node.addr),
-                )
-            })?;
+            let (head, path) = (self.clone(), path.clone());
+            // The node reads the whole version back: a second per 100 MiB beyond the usual.
+            let limit =
+                locus_client::Deadlines::default().request + std::time::Duration::from_secs(c.size / (100 << 20));
+            seals.spawn(async move {
+                let seal = ObjectSeal { object, version, crc };
+                let sealed = match head.writer(&node).await {
+                    Ok(client) => client.call_within(seal, limit).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.message),
+                };
+                sealed.map_err(|e| {
+                    let (id, addr) = (node.id, &node.addr);
+                    WireError::new(
+                        Code::IO,
+                        format!("{path}: data node {id} at {addr} did not keep the bytes sent: {e}"),
+                    )
+                })
+            });
+        }
+        while let Some(sealed) = seals.join_next().await {
+            sealed.map_err(|_| WireError::new(Code::IO, "a seal task failed"))??;
         }
         let entry = Entry {
             path,
@@ -124,7 +156,7 @@ impl Head {
             version: c.version,
             content: Content::Nodes(target.node_ids.clone()),
         };
-        if let Some(old) = self.meta.commit_pending(&entry).map_err(meta_err)? {
+        if let Some(old) = self.meta.commit_pending(&entry, capability::now() + COMMIT_MARGIN).map_err(meta_err)? {
             self.retire(&old)?;
         }
         Ok(entry)

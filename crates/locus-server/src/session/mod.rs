@@ -234,6 +234,8 @@ impl Session {
         }
         let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
         put.durable = durable;
+        // A version written under a capability never replaces one already there.
+        put.no_replace = exact.is_some();
         let mut upload = Upload { put, path: req.path, exact, written: 0 };
         upload.write(&data)?;
         if more {
