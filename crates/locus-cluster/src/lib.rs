@@ -74,6 +74,8 @@ pub type Result<T> = std::result::Result<T, MetaError>;
 pub enum Kind {
     File = 1,
     Dir = 2,
+    /// A symbolic link: its target is its inline content.
+    Symlink = 3,
 }
 
 /// Where a file version's bytes are.
@@ -109,7 +111,7 @@ impl Entry {
     /// is its object id, with no bytes.
     pub fn empty(path: String, kind: Kind, mode: u32, object: u64) -> Entry {
         let (version, content) = match kind {
-            Kind::File => (object, Content::Inline(Vec::new())),
+            Kind::File | Kind::Symlink => (object, Content::Inline(Vec::new())),
             Kind::Dir => (0, Content::Nodes(Vec::new())),
         };
         Entry { path, kind, mode: mode & 0o7777, size: 0, mtime_ns: now_ns(), object, version, content }
@@ -157,6 +159,31 @@ pub fn normalise(path: &str) -> Result<String> {
         .ok_or_else(|| MetaError::Invalid(format!("{path}: '..' and NUL are not allowed in paths")))
 }
 
+/// Where a symbolic link at `link` whose target is `target` points, as a normalised
+/// path of the namespace: a relative target is taken from the link's directory, and
+/// `..` above the root is refused (a link cannot lead out of the namespace).
+pub fn link_target(link: &str, target: &str) -> Result<String> {
+    let base = match target.starts_with('/') {
+        true => String::new(),
+        false => split(link).map_or(String::new(), |(parent, _)| parent.to_string()),
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in base.split('/').chain(target.split('/')) {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(MetaError::Invalid(format!(
+                        "{link}: its target {target:?} leads out of the namespace"
+                    )));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    normalise(&format!("/{}", parts.join("/")))
+}
+
 /// The first path after every path under `dir` in byte order (`dir` + `0`, the byte
 /// after `/`), so `path > dir/ AND path < end` selects exactly its descendants.
 fn descendants(dir: &str) -> (String, String) {
@@ -194,7 +221,11 @@ fn entry_params(e: &Entry) -> Vec<Val> {
 fn entry_of(row: &[Val]) -> Result<Entry> {
     let bad = || MetaError::Engine("malformed entry row".into());
     let int = |i: usize| row.get(i).and_then(Val::int).ok_or_else(bad);
-    let kind = if int(1)? == Kind::Dir as i64 { Kind::Dir } else { Kind::File };
+    let kind = match int(1)? {
+        k if k == Kind::Dir as i64 => Kind::Dir,
+        k if k == Kind::Symlink as i64 => Kind::Symlink,
+        _ => Kind::File,
+    };
     let nodes = row.get(7).and_then(Val::text).ok_or_else(bad)?;
     let content = match row.get(8) {
         Some(Val::Blob(Some(bytes))) => Content::Inline(bytes.clone()),
@@ -371,7 +402,7 @@ impl Meta {
             let e = get(tx, path)?.ok_or_else(|| MetaError::NotFound(path.into()))?;
             match (e.kind, dir) {
                 (Kind::Dir, false) => return Err(MetaError::IsDir(path.into())),
-                (Kind::File, true) => return Err(MetaError::NotDir(path.into())),
+                (Kind::File | Kind::Symlink, true) => return Err(MetaError::NotDir(path.into())),
                 (Kind::Dir, true) => {
                     if path == "/" {
                         return Err(MetaError::Invalid("the root cannot be removed".into()));
@@ -383,7 +414,7 @@ impl Meta {
                     }
                     tx.exec("DELETE FROM acls WHERE path = $1", &[Val::Text(path.into())])?;
                 }
-                (Kind::File, false) => {}
+                (Kind::File | Kind::Symlink, false) => {}
             }
             tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(path.into())])?;
             Ok(e)
@@ -525,6 +556,16 @@ pub fn now_ns() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_targets_resolve_inside_the_namespace_only() {
+        assert_eq!(link_target("/a/l", "b/c").unwrap(), "/a/b/c");
+        assert_eq!(link_target("/a/l", "../x").unwrap(), "/x");
+        assert_eq!(link_target("/a/l", "/abs/./y").unwrap(), "/abs/y");
+        assert_eq!(link_target("/l", ".").unwrap(), "/");
+        assert!(link_target("/a/l", "../../etc/passwd").is_err());
+        assert!(link_target("/l", "..").is_err());
+    }
 
     fn file(path: &str, version: u64, content: Content) -> Entry {
         Entry { path: path.into(), kind: Kind::File, mode: 0o644, size: 3, mtime_ns: 1, object: 100, version, content }

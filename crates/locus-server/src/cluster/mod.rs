@@ -20,7 +20,7 @@
 //! locations, third-party reads), `writes` (staging a new version and committing it on
 //! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `session` (the
-//! head's side of the protocol, [`HeadSession`]), and for data nodes `node` (joining
+//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
 //! block checksums, checked on every read and by the scrub) and
 //! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
@@ -52,6 +52,8 @@ mod healing;
 #[cfg(feature = "cluster")]
 pub(crate) mod http;
 pub mod keys;
+#[cfg(feature = "cluster")]
+mod links;
 pub mod node;
 pub mod objects;
 #[cfg(feature = "cluster")]
@@ -85,7 +87,11 @@ fn meta_err(e: MetaError) -> WireError {
 #[cfg(feature = "cluster")]
 pub fn attr_of(e: &Entry) -> Attr {
     let t = Time { sec: e.mtime_ns.div_euclid(1_000_000_000), nsec: e.mtime_ns.rem_euclid(1_000_000_000) as u32 };
-    let kind = if e.kind == EntryKind::Dir { S_IFDIR } else { S_IFREG };
+    let kind = match e.kind {
+        EntryKind::Dir => S_IFDIR,
+        EntryKind::Symlink => S_IFLNK,
+        EntryKind::File => S_IFREG,
+    };
     Attr {
         dev: 0,
         ino: e.object,

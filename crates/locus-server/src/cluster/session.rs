@@ -105,7 +105,7 @@ impl HeadSession {
         Ok(yes)
     }
 
-    fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
+    pub(crate) fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
         let who = self.who()?;
         check(self.head.meta.rights(&who, dir).map_err(meta_err)?, need, dir)?;
         Ok(who)
@@ -113,7 +113,17 @@ impl HeadSession {
 
     /// Checks that the subject holds `need` in the directory of `path`, and answers the
     /// subject and the entry at `path` (one transaction).
+    /// A link at the end of `path` is followed (the rights are checked where it leads).
     fn need_entry(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
+        let (who, e) = self.need_entry_here(path, need)?;
+        match e.kind {
+            EntryKind::Symlink => self.need_entry_here(&self.follow(path.to_string())?, need),
+            _ => Ok((who, e)),
+        }
+    }
+
+    /// As [`HeadSession::need_entry`], for the entry at `path` itself (a link too).
+    pub(crate) fn need_entry_here(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
         let who = self.who()?;
         let dir = governing(path, false);
         let (rights, entry) = self.head.meta.rights_and_get(&who, dir, path).map_err(meta_err)?;
@@ -232,8 +242,9 @@ impl Handler for HeadSession {
         Ok(attr_of(&self.need_entry(&path, Rights::LIST)?.1).into())
     }
 
-    fn lstat(&mut self, req: Lstat, data: Bytes) -> Reply<Attr> {
-        self.stat(Stat { path: req.path }, data)
+    fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
+        let path = normalise(&req.path).map_err(meta_err)?;
+        Ok(attr_of(&self.need_entry_here(&path, Rights::LIST)?.1).into())
     }
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
@@ -246,7 +257,7 @@ impl Handler for HeadSession {
     }
 
     fn open(&mut self, req: Open, _: Bytes) -> Reply<Opened> {
-        let path = normalise(&req.path).map_err(meta_err)?;
+        let path = self.follow(normalise(&req.path).map_err(meta_err)?)?;
         let writing = req.flags & (open_flags::WRITE | open_flags::TRUNCATE | open_flags::APPEND) != 0;
         let need = if writing || req.flags & open_flags::CREATE != 0 { Rights::WRITE } else { Rights::READ };
         let who = self.need(governing(&path, false), need)?;
@@ -359,7 +370,7 @@ impl Handler for HeadSession {
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
-        let path = normalise(&req.path).map_err(meta_err)?;
+        let path = self.follow(normalise(&req.path).map_err(meta_err)?)?;
         self.need(&path, Rights::LIST)?;
         let entries: Vec<DirEntry> = self
             .head
@@ -406,16 +417,16 @@ impl Handler for HeadSession {
         Ok(().into())
     }
 
-    fn symlink(&mut self, _: Symlink, _: Bytes) -> Reply<()> {
-        not_here("symlink")
+    fn symlink(&mut self, req: Symlink, _: Bytes) -> Reply<()> {
+        Ok(self.make_link(&req.target, &req.path)?.into())
     }
 
-    fn readlink(&mut self, _: Readlink, _: Bytes) -> Reply<String> {
-        not_here("readlink")
+    fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
+        Ok(self.read_link(&req.path)?.into())
     }
 
     fn link(&mut self, _: Link, _: Bytes) -> Reply<()> {
-        not_here("link")
+        not_here("link (hard links; symbolic links are)")
     }
 
     fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {
