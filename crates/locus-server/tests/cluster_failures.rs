@@ -1,0 +1,140 @@
+//! The failure table's remaining rows (docs/cluster.md): a data node killed in the middle
+//! of a write, with one replica and with two, and PostgreSQL restarted under a head.
+//! Real head and data nodes on ephemeral ports.
+
+use locus_cluster::Content;
+use locus_testkit::TestServer;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+const MIB: usize = 1 << 20;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(seed as u32) as u8 ^ seed).collect()
+}
+
+fn holders(head: &TestServer, path: &str) -> Vec<u64> {
+    let head = head.shared().head.as_deref().unwrap();
+    match head.meta.get(path).unwrap().expect("the file exists").content {
+        Content::Nodes(ids) => ids,
+        Content::Inline(_) => Vec::new(),
+    }
+}
+
+/// A source that hands out `data` a MiB at a time, pausing between, so that a test can
+/// act while an upload is under way.
+struct Slow {
+    data: Vec<u8>,
+    at: usize,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl tokio::io::AsyncRead for Slow {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if let Some(sleep) = self.sleep.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.sleep = None;
+        }
+        let n = buf.remaining().min(MIB).min(self.data.len() - self.at);
+        let at = self.at;
+        buf.put_slice(&self.data[at..at + n]);
+        self.at += n;
+        self.sleep = Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))));
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Writes `data` to `path` as a third-party write while the first of `nodes` still
+/// running is killed once 8 MiB have gone; answers whether the write succeeded.
+async fn write_while_killing(head: &TestServer, nodes: &mut [Option<TestServer>], path: &str, data: &[u8]) -> bool {
+    let admin = head.client("admin").await;
+    let mut source = Slow { data: data.to_vec(), at: 0, sleep: None };
+    let mut killed = false;
+    let outcome = admin
+        .put_sized(path, 0o644, &mut source, data.len() as u64, |sent| {
+            if sent >= 8 * MIB as u64 && !killed {
+                killed = true;
+                // The first node still running goes (the head chose among them all).
+                if let Some(n) = nodes.iter_mut().find(|n| n.is_some()) {
+                    drop(n.take());
+                }
+            }
+        })
+        .await;
+    assert!(killed, "the write ended before a node could be killed");
+    outcome.is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_write_loses_nothing_acknowledged() {
+    for replication in [1, 2] {
+        let head = TestServer::head(None, |h| {
+            h.replication = replication;
+            h.node_timeout = Duration::from_secs(2);
+        });
+        // Exactly the nodes a write needs: the one killed is among those written to.
+        let mut nodes: Vec<Option<TestServer>> = (0..replication).map(|_| Some(TestServer::data_node(&head))).collect();
+        let admin = head.client("admin").await;
+        let old = pattern(3 * MIB, 1);
+        admin.write_file("/f", 0o644, &old).await.unwrap();
+        let new = pattern(32 * MIB, 2);
+        let ok = write_while_killing(&head, &mut nodes, "/f", &new).await;
+        // The write fails (a node it needed is gone) and the old version stays whole,
+        // or it was acknowledged and is whole.
+        let got = admin.read_file("/f").await;
+        match ok {
+            false if replication == 1 => assert!(got.is_err(), "the old version's only node is gone"),
+            false => assert_eq!(got.unwrap(), old, "replication {replication}: the old version stays"),
+            true => assert_eq!(got.unwrap(), new, "replication {replication}: an acknowledged write is whole"),
+        }
+        assert!(!ok, "replication {replication}: a write whose node died mid-stream was acknowledged");
+        // A node joins in the dead one's place: writes succeed again once it is down.
+        nodes.push(Some(TestServer::data_node(&head)));
+        nodes.push(Some(TestServer::data_node(&head)));
+        let start = Instant::now();
+        while admin.write_file("/g", 0o644, &new).await.is_err() {
+            assert!(start.elapsed() < Duration::from_secs(20), "writes did not come back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(admin.read_file("/g").await.unwrap(), new);
+        assert_eq!(holders(&head, "/g").len(), replication);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_rides_out_a_postgres_restart() {
+    if !locus_testkit::require_postgres() {
+        return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
+    }
+    let pg = locus_testkit::TestPostgres::start();
+    let head = TestServer::head(Some(&pg.url()), |_| {});
+    let _node = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    let big = pattern(3 * MIB, 3);
+    admin.write_file("/before", 0o644, &big).await.unwrap();
+    assert!(pg.restart(), "PostgreSQL restarts");
+    // Metadata calls may fail (EAGAIN) until the next transaction reconnects; then all
+    // is there, and writes go on.
+    let start = Instant::now();
+    let got = loop {
+        match admin.read_file("/before").await {
+            Ok(got) => break got,
+            Err(e) => {
+                assert_eq!(e.code(), locus_proto::Code::AGAIN, "{e}");
+                assert!(start.elapsed() < Duration::from_secs(20), "the head did not reconnect");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(got, big);
+    admin.write_file("/after", 0o644, &big).await.unwrap();
+    assert_eq!(admin.read_file("/after").await.unwrap(), big);
+}
