@@ -64,7 +64,7 @@ impl Client {
             let id = node.register(Waiter::One(tx))?;
             uploads.push((node, id, rx));
         }
-        let meta = codec::encode(&ObjectWrite { capability: cap.clone() });
+        let meta = codec::encode(&ObjectWrite { capability: cap.clone(), nodes: target.node_ids.clone() });
         let (mut chunk, mut next) = (vec![0u8; PUT_CHUNK], vec![0u8; PUT_CHUNK]);
         let mut n = read_full(source, &mut chunk).await?;
         let (mut sent, mut first) = (0u64, true);

@@ -27,22 +27,24 @@ fn mac(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
 
 /// What a capability lets its subject do with the version it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Grant {
+pub enum Grant<'a> {
     /// Read its bytes at a node (`object_read`).
     Read,
-    /// Store exactly its size in bytes as a new version at a node (`object_write`).
-    Write,
+    /// Store exactly its size in bytes as a new version at one of these nodes (by id;
+    /// `object_write`): no other node takes it.
+    Write(&'a [u64]),
 }
 
 fn capability_mac(key: &[u8], c: &Capability, grant: Grant) -> Vec<u8> {
-    let label: &[u8] = match grant {
-        Grant::Read => b"locus capability",
-        Grant::Write => b"locus write capability",
+    let (label, nodes): (&[u8], Vec<u8>) = match grant {
+        Grant::Read => (b"locus capability", Vec::new()),
+        Grant::Write(nodes) => (b"locus write capability", nodes.iter().flat_map(|n| n.to_le_bytes()).collect()),
     };
     mac(
         key,
         &[
             label,
+            &nodes,
             c.subject.as_bytes(),
             &c.object.to_le_bytes(),
             &c.version.to_le_bytes(),
@@ -76,8 +78,7 @@ pub fn sign_for(
 /// The head's seal over a third-party write it began (see
 /// [`crate::types::WriteTarget::seal`]).
 pub fn write_seal(key: &[u8], c: &Capability, path: &str, node_ids: &[u64]) -> Vec<u8> {
-    let nodes: Vec<u8> = node_ids.iter().flat_map(|n| n.to_le_bytes()).collect();
-    mac(key, &[b"locus write commit", &capability_mac(key, c, Grant::Write), path.as_bytes(), &nodes])
+    mac(key, &[b"locus write commit", &capability_mac(key, c, Grant::Write(node_ids)), path.as_bytes()])
 }
 
 /// Why a capability is refused.
@@ -231,9 +232,10 @@ mod tests {
     fn a_read_capability_does_not_write_and_a_write_capability_does_not_read() {
         let key = b"cluster key";
         let read = sign(key, "alice", 7, 3, 100, 1000);
-        let write = sign_for(Grant::Write, key, "alice", 7, 3, 100, 1000);
-        assert_eq!(verify_for(Grant::Write, key, &write, "alice", 999), Ok(()));
-        assert_eq!(verify_for(Grant::Write, key, &read, "alice", 999), Err(Refusal::Forged));
+        let write = sign_for(Grant::Write(&[1, 2]), key, "alice", 7, 3, 100, 1000);
+        assert_eq!(verify_for(Grant::Write(&[1, 2]), key, &write, "alice", 999), Ok(()));
+        assert_eq!(verify_for(Grant::Write(&[1, 3]), key, &write, "alice", 999), Err(Refusal::Forged));
+        assert_eq!(verify_for(Grant::Write(&[1, 2]), key, &read, "alice", 999), Err(Refusal::Forged));
         assert_eq!(verify(key, &write, "alice", 999), Err(Refusal::Forged));
         // The head's seal names the path and the nodes too.
         let seal = write_seal(key, &write, "/a", &[1, 2]);

@@ -165,8 +165,8 @@ macro_rules! operation_table {
             0x6c NodeRemove node_remove Unary { node: u64 } -> ();
             /// Starts a third-party write of `size` bytes to a file on a cluster head (write right needed): answers the data nodes to send them to and a write capability, or nothing when the file is to go through the head (too small, or no data nodes).
             0x6d WriteBegin write_begin Unary { path: String, mode: u32, size: u64 } -> Option<WriteTarget>;
-            /// Stores the bytes of a new version at a data node under a write capability from the head (exactly its size; started before the capability expires; a version already there is never replaced).
-            0x6e ObjectWrite object_write StreamIn { capability: Capability } -> Attr;
+            /// Stores the bytes of a new version at a data node under a write capability from the head for the nodes `nodes` (this node among them; exactly its size; started before the capability expires; a version already there is never replaced).
+            0x6e ObjectWrite object_write StreamIn { capability: Capability, nodes: Vec<u64> } -> Attr;
             /// Makes a version written to data nodes the file's current one, once every node has checked it against `crc` (the CRC-32 of its bytes); answers the file's attributes.
             0x6f WriteCommit write_commit Unary { path: String, mode: u32, target: WriteTarget, crc: u32 } -> Attr;
         }

@@ -159,6 +159,8 @@ pub struct Shared {
     node_key: parking_lot::RwLock<Option<Arc<locus_proto::capability::KeyRing>>>,
     /// On a data node: versions found damaged since the last heartbeat told the head.
     damaged: parking_lot::Mutex<Vec<(u64, u64)>>,
+    /// On a data node: the id its head gave it at the last join (0: none yet).
+    node_id: std::sync::atomic::AtomicU64,
     /// The address the native protocol listens on, once [`Server::run`] has started:
     /// which addresses name this server in a login (see [`login`]).
     listen: std::sync::OnceLock<std::net::SocketAddr>,
@@ -234,6 +236,7 @@ impl Server {
             head,
             node_key: parking_lot::RwLock::new(None),
             damaged: parking_lot::Mutex::new(Vec::new()),
+            node_id: std::sync::atomic::AtomicU64::new(0),
             listen: std::sync::OnceLock::new(),
         });
         #[cfg(feature = "cluster")]
@@ -343,6 +346,16 @@ impl Shared {
     /// Makes this server a data node of the cluster whose keys these are.
     pub fn set_node_key(&self, keys: locus_proto::capability::KeyRing) {
         *self.node_key.write() = Some(Arc::new(keys));
+    }
+
+    /// On a data node: the id its head gave it, once it has joined.
+    pub fn node_id(&self) -> Option<u64> {
+        Some(self.node_id.load(std::sync::atomic::Ordering::Relaxed)).filter(|id| *id != 0)
+    }
+
+    /// Records the id a head gave this data node when it joined.
+    pub fn set_node_id(&self, id: u64) {
+        self.node_id.store(id, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// On a data node: notes a version whose checksum failed (it was moved aside), for

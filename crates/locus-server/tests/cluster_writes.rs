@@ -42,6 +42,11 @@ fn has_version(node: &TestServer, object: u64, version: u64) -> bool {
     node.root().join(OBJECTS_DIR).join(format!("{object}.{version}")).exists()
 }
 
+/// The upload of `target`'s version to one of its nodes.
+fn write_of(target: &WriteTarget) -> ObjectWrite {
+    ObjectWrite { capability: target.capability.clone(), nodes: target.node_ids.clone() }
+}
+
 /// A node's connection as the subject the target's capability names.
 async fn at_node(target: &WriteTarget, i: usize) -> Client {
     let reads = locus_client::nodes::NodeReads::default();
@@ -119,7 +124,7 @@ async fn every_step_of_a_third_party_write_refuses_what_it_was_not_granted() {
 
     let target = alice.call(begin("/d/f")).await.unwrap().expect("a large file goes to the nodes");
     let at = at_node(&target, 0).await;
-    let write = ObjectWrite { capability: target.capability.clone() };
+    let write = write_of(&target);
     // More than granted, or fewer: refused, and nothing is left on the node.
     let mut more = data.clone();
     more.push(0);
@@ -128,7 +133,7 @@ async fn every_step_of_a_third_party_write_refuses_what_it_was_not_granted() {
     assert!(!has_version(&node, target.object, target.version));
     // A read capability does not write, and a write capability does not read.
     let read_target = alice.open("/d/f", open_flags::READ, 0).await.unwrap().location.expect("on a node");
-    let forged = ObjectWrite { capability: read_target.capability.clone() };
+    let forged = ObjectWrite { capability: read_target.capability.clone(), nodes: target.node_ids.clone() };
     assert_eq!(at.upload_bytes(forged, &data).await.unwrap_err().code(), Code::ACCES);
     let as_read = Location { capability: target.capability.clone(), ..read_target.clone() };
     let reads = locus_client::nodes::NodeReads::default();
@@ -167,14 +172,14 @@ async fn every_step_of_a_third_party_write_refuses_what_it_was_not_granted() {
 
     // Another write, committed as sent: the file is new, and a second commit is refused.
     let target = alice.call(begin("/d/f")).await.unwrap().unwrap();
-    at_node(&target, 0).await.upload_bytes(ObjectWrite { capability: target.capability.clone() }, &data).await.unwrap();
+    at_node(&target, 0).await.upload_bytes(write_of(&target), &data).await.unwrap();
     alice.call(commit(target.clone(), "/d/f", crc)).await.unwrap();
     assert_eq!(alice.read_file("/d/f").await.unwrap(), data);
     assert_eq!(alice.call(commit(target.clone(), "/d/f", crc)).await.unwrap_err().code(), Code::NOENT);
     // Replaying the commit with a wrong checksum, or the upload, changes nothing: the
     // committed version is neither removed nor written over.
     assert_eq!(alice.call(commit(target.clone(), "/d/f", crc ^ 1)).await.unwrap_err().code(), Code::NOENT);
-    let again = ObjectWrite { capability: target.capability.clone() };
+    let again = write_of(&target);
     let other = pattern(size as usize, 9);
     assert_eq!(at_node(&target, 0).await.upload_bytes(again, &other).await.unwrap_err().code(), Code::EXIST);
     assert!(has_version(&node, target.object, target.version));
@@ -182,7 +187,7 @@ async fn every_step_of_a_third_party_write_refuses_what_it_was_not_granted() {
 
     // A write never committed is dropped from its node once no commit could name it.
     let orphan = alice.call(begin("/d/orphan")).await.unwrap().unwrap();
-    at_node(&orphan, 0).await.upload_bytes(ObjectWrite { capability: orphan.capability.clone() }, &data).await.unwrap();
+    at_node(&orphan, 0).await.upload_bytes(write_of(&orphan), &data).await.unwrap();
     assert!(has_version(&node, orphan.object, orphan.version));
     let start = Instant::now();
     while has_version(&node, orphan.object, orphan.version) {
@@ -191,4 +196,22 @@ async fn every_step_of_a_third_party_write_refuses_what_it_was_not_granted() {
     }
     assert_eq!(alice.call(commit(orphan, "/d/orphan", crc)).await.unwrap_err().code(), Code::NOENT);
     assert_eq!(alice.stat("/d/orphan").await.unwrap_err().code(), Code::NOENT);
+
+    // A node the head did not choose refuses the capability, and so does a chosen one
+    // when it is presented for other nodes.
+    let other = TestServer::data_node(&head);
+    let target = alice.call(begin("/d/two")).await.unwrap().unwrap();
+    let spare = [&node, &other].into_iter().find(|n| n.addr.to_string() != target.nodes[0]).unwrap();
+    let elsewhere = locus_client::nodes::NodeReads::default()
+        .connect(&spare.addr.to_string(), "alice", &target.node_token)
+        .await
+        .unwrap();
+    let err = elsewhere.upload_bytes(write_of(&target), &data).await.unwrap_err();
+    assert_eq!(err.code(), Code::ACCES, "{err}");
+    assert!(err.to_string().contains("other data nodes"), "{err}");
+    let moved = ObjectWrite { nodes: vec![target.node_ids[0] + 1000], ..write_of(&target) };
+    assert_eq!(at_node(&target, 0).await.upload_bytes(moved, &data).await.unwrap_err().code(), Code::ACCES);
+    at_node(&target, 0).await.upload_bytes(write_of(&target), &data).await.unwrap();
+    alice.call(commit(target, "/d/two", crc)).await.unwrap();
+    assert_eq!(alice.read_file("/d/two").await.unwrap(), data);
 }

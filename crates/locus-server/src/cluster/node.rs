@@ -62,6 +62,7 @@ pub async fn join(
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
     keep_keys(shared, token, &keys);
     shared.set_node_key(keys);
+    shared.set_node_id(welcome.node);
     let every = Duration::from_millis(welcome.every_ms).clamp(Duration::from_millis(100), REJOIN_EVERY);
     Ok((welcome.node, every))
 }

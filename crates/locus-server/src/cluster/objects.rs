@@ -222,8 +222,12 @@ impl Session {
     pub(crate) fn write_object(&mut self, req: ObjectWrite, data: Bytes) -> Reply<Attr> {
         let key = self.node_key()?;
         let cap = &req.capability;
-        if let Err(why) = key.verify_for(Grant::Write, cap, self.who()?, locus_proto::capability::now()) {
+        if let Err(why) = key.verify_for(Grant::Write(&req.nodes), cap, self.who()?, locus_proto::capability::now()) {
             return Err(WireError::new(Code::ACCES, format!("write capability refused: {why:?}")));
+        }
+        // Only the nodes the head chose take the version (so only they hold it pending).
+        if !self.shared.node_id().is_some_and(|id| req.nodes.contains(&id)) {
+            return Err(WireError::new(Code::ACCES, "write capability refused: it is for other data nodes"));
         }
         let file = objects_dir(&self.shared).join(object_name(cap.object, cap.version));
         if file.exists() || checksums::sidecar(&file).exists() {

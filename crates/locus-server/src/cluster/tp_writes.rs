@@ -65,8 +65,8 @@ impl Head {
         let ttl = self.config.capability_ttl.as_secs();
         let expires = capability::now() + ttl;
         let key = self.key();
-        let cap = capability::sign_for(Grant::Write, &key, who, object, version, size, expires);
         let node_ids: Vec<u64> = chosen.iter().map(|n| n.id).collect();
+        let cap = capability::sign_for(Grant::Write(&node_ids), &key, who, object, version, size, expires);
         // Never committed, its bytes go once no commit could name them any more.
         let after = expires + size / SLOWEST + ttl + GARBAGE_SLACK.as_secs() + COMMIT_MARGIN;
         self.meta.add_garbage_on(object, version, &node_ids, after).map_err(meta_err)?;
@@ -102,7 +102,7 @@ impl Head {
         // when uploads could start; the commit's own bound is the pending row's.
         let began_here = keys.valid(now).into_iter().any(|k| {
             locus_proto::auth::proofs_equal(&capability::write_seal(k, c, &path, &target.node_ids), &target.seal)
-                && capability::verify_for(Grant::Write, k, c, &who, c.expires).is_ok()
+                && capability::verify_for(Grant::Write(&target.node_ids), k, c, &who, c.expires).is_ok()
         });
         if !began_here {
             return Err(WireError::new(Code::ACCES, format!("{path}: not a write this cluster began for {who} here")));
