@@ -360,6 +360,33 @@ fn a_hung_data_node_stalls_neither_reads_nor_the_head() {
     }
     let (_, bytes) = rt.block_on(through_head).unwrap().expect("the head's read did not fail over in 40 s").unwrap();
     assert_eq!(bytes, data[..1 << 20]);
+
+    // No replica left: both nodes hang. The read fails in bounded time, never with
+    // wrong bytes.
+    let second = if nodes[0].ends_with(&format!(":{p1}")) { &procs.0[2] } else { &procs.0[1] };
+    let also = Stopped::new(second);
+    let got = rt.block_on(async { tokio::time::timeout(Duration::from_secs(60), admin.read_file("/big")).await });
+    let err = got.expect("a read with every replica hung did not end within 60 s").unwrap_err();
+    assert!(matches!(err.code(), locus_proto::Code::IO | locus_proto::Code::TIMEDOUT), "{err}");
+    drop(also);
     drop(stopped);
+
+    // The head hangs: a request fails with ETIMEDOUT after the request deadline.
+    let quick = {
+        let opts = locus_client::ConnectOptions {
+            addr: format!("127.0.0.1:{ph}"),
+            credentials: locus_client::Credentials { subject: "admin".into(), token: "admin-token".into() },
+            tls_ca: None,
+            tls_name: None,
+            deadlines: locus_client::Deadlines { request: Duration::from_secs(2), ..deadlines },
+        };
+        rt.block_on(Client::connect(&opts)).unwrap()
+    };
+    let head_stopped = Stopped::new(&procs.0[0]);
+    let t = Instant::now();
+    let err = rt.block_on(quick.stat("/big")).unwrap_err();
+    assert!(matches!(err, locus_client::ClientError::TimedOut(_)), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    drop(head_stopped);
     drop(procs);
 }
