@@ -33,11 +33,7 @@ const FLOORS: &[(&str, u32)] = &[
 
 /// Circles between files that are one type's methods split by concern across rooms
 /// (each said in the crate's docs where it is): crate, then the files of the circle.
-const INHERENT_CIRCLES: &[(&str, &[&str])] = &[
-    // `impl Head` split by concern: collection names objects as writes do, writes use
-    // the head's state (said in cluster/mod.rs).
-    ("locus-server", &["cluster/head", "cluster/writes"]),
-];
+const INHERENT_CIRCLES: &[(&str, &[&str])] = &[];
 
 fn floor(name: &str) -> u32 {
     FLOORS.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} has no floor in this test")).1

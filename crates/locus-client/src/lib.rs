@@ -39,7 +39,7 @@ use locus_proto::ops::*;
 use locus_proto::types::*;
 use locus_proto::{codec, Operation};
 use parking_lot::Mutex;
-use receive::{next_frame, read_full};
+use receive::{next_frame, ReadAhead};
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU32;
@@ -344,24 +344,13 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         let id = self.register(Waiter::One(tx))?;
         let meta = codec::encode(&req);
-        let mut chunk = vec![0u8; PUT_CHUNK];
-        let mut next = vec![0u8; PUT_CHUNK];
-        let mut n = read_full(source, &mut chunk).await?;
-        let mut sent = 0u64;
-        let mut first = true;
-        loop {
-            // Read ahead one chunk so the last frame can be flagged as such.
-            let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
-            let more = m > 0;
-            self.send(O::INFO.code, id, more, if first { &meta } else { &[] }, &chunk[..n]).await?;
-            sent += n as u64;
+        let mut chunks = ReadAhead::new(source).await?;
+        let (mut sent, mut first) = (0u64, true);
+        while let Some((chunk, more)) = chunks.next().await? {
+            self.send(O::INFO.code, id, more, if first { &meta } else { &[] }, chunk).await?;
+            sent += chunk.len() as u64;
             progress(sent);
             first = false;
-            if !more {
-                break;
-            }
-            std::mem::swap(&mut chunk, &mut next);
-            n = m;
         }
         let f = self.reply_within(self.commit_deadline(sent), rx).await?;
         Ok(codec::decode(&f.meta)?)

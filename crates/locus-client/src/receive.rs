@@ -53,6 +53,39 @@ pub(crate) fn abandon(inner: &Arc<Inner>) -> ClientError {
     why()
 }
 
+/// A source read one chunk ahead, so that the chunk handed out is known to be the
+/// last (its frame then goes without the MORE flag). An empty source gives one empty
+/// chunk.
+pub(crate) struct ReadAhead<'a, R> {
+    source: &'a mut R,
+    ahead: Vec<u8>,
+    out: Vec<u8>,
+    n: usize,
+    done: bool,
+}
+
+impl<'a, R: AsyncRead + Unpin> ReadAhead<'a, R> {
+    /// Reads the first chunk of `source`.
+    pub(crate) async fn new(source: &'a mut R) -> Result<Self> {
+        let mut ahead = vec![0u8; crate::PUT_CHUNK];
+        let n = read_full(source, &mut ahead).await?;
+        Ok(ReadAhead { source, ahead, out: vec![0u8; crate::PUT_CHUNK], n, done: false })
+    }
+
+    /// The next chunk, and whether more follow; `None` after the last.
+    pub(crate) async fn next(&mut self) -> Result<Option<(&[u8], bool)>> {
+        if self.done {
+            return Ok(None);
+        }
+        let m = if self.n == crate::PUT_CHUNK { read_full(self.source, &mut self.out).await? } else { 0 };
+        // `out` now holds the chunk after; swapped, it is `ahead` and the one to hand out is `out`.
+        std::mem::swap(&mut self.ahead, &mut self.out);
+        let n = std::mem::replace(&mut self.n, m);
+        self.done = m == 0;
+        Ok(Some((&self.out[..n], m > 0)))
+    }
+}
+
 pub(crate) async fn read_full(r: &mut (impl AsyncRead + Unpin), buf: &mut [u8]) -> Result<usize> {
     let mut n = 0;
     while n < buf.len() {

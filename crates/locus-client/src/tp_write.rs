@@ -8,8 +8,8 @@
 //! against. Until the commit no reader sees the new version; a write never committed is
 //! dropped by the head. Off with `LOCUS_THIRD_PARTY=0` and over TLS, as reads are.
 
-use crate::receive::read_full;
-use crate::{Client, Result, Waiter, PUT_CHUNK};
+use crate::receive::ReadAhead;
+use crate::{Client, Result, Waiter};
 use locus_proto::ops::{ObjectWrite, Put, WriteBegin, WriteCommit};
 use locus_proto::types::{Attr, WriteTarget};
 use locus_proto::{codec, Operation};
@@ -65,27 +65,18 @@ impl Client {
             uploads.push((node, id, rx));
         }
         let meta = codec::encode(&ObjectWrite { capability: cap.clone(), nodes: target.node_ids.clone() });
-        let (mut chunk, mut next) = (vec![0u8; PUT_CHUNK], vec![0u8; PUT_CHUNK]);
-        let mut n = read_full(source, &mut chunk).await?;
+        let mut chunks = ReadAhead::new(source).await?;
         let (mut sent, mut first) = (0u64, true);
         let mut crc = crc32fast::Hasher::new();
-        loop {
-            // Read ahead one chunk so the last frame can be flagged as such.
-            let m = if n == PUT_CHUNK { read_full(source, &mut next).await? } else { 0 };
-            let more = m > 0;
-            crc.update(&chunk[..n]);
+        while let Some((chunk, more)) = chunks.next().await? {
+            crc.update(chunk);
             let head: &[u8] = if first { &meta } else { &[] };
             for (node, id, _) in &uploads {
-                node.send(ObjectWrite::INFO.code, *id, more, head, &chunk[..n]).await?;
+                node.send(ObjectWrite::INFO.code, *id, more, head, chunk).await?;
             }
-            sent += n as u64;
+            sent += chunk.len() as u64;
             progress(sent);
             first = false;
-            if !more {
-                break;
-            }
-            std::mem::swap(&mut chunk, &mut next);
-            n = m;
         }
         for (node, _, rx) in uploads {
             let frame = node.reply_within(self.commit_deadline(sent), rx).await?;

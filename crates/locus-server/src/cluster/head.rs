@@ -3,7 +3,7 @@
 //! more.
 
 use crate::cluster::meta_err;
-use crate::cluster::writes::object_name;
+use crate::cluster::objects::object_name;
 use crate::cluster::HeadConfig;
 
 use locus_client::nodes::NodeReads;

@@ -12,7 +12,7 @@
 
 use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE};
 use crate::cluster::meta_err;
-use crate::cluster::writes::object_name;
+use crate::cluster::objects::object_name;
 use crate::cluster::Head;
 use crate::dispatch::Reply;
 use locus_cluster::{Content, Damaged, Entry, Node};
@@ -138,8 +138,8 @@ impl Head {
     /// down or draining, up to [`PARALLEL`] copies at once. Answers how many copies
     /// were replaced.
     pub async fn heal(self: &Arc<Self>) -> usize {
-        self.forget_nodes();
-        let Ok(nodes) = self.nodes() else { return 0 };
+        // Fresh for healing, without emptying the cache every request reads.
+        let Ok(nodes) = self.meta.nodes() else { return 0 };
         let damaged = self.meta.damaged(BATCH).unwrap_or_default();
         let leaving: Vec<&Node> = nodes.iter().filter(|n| n.draining || !self.is_live(n)).collect();
         // Versions the head kept itself before any data node joined move to the nodes

@@ -93,27 +93,35 @@ pub fn open_from_head(
 
 /// The ring as the database keeps it: sealed under the wrap key, in hex.
 pub fn wrap(wrap_key: &[u8], keys: &KeyRing) -> String {
-    hex::encode(seal(wrap_key, b"at rest", KEYS_SETTING.as_bytes(), &locus_proto::codec::encode(keys)))
+    seal_ring(wrap_key, b"at rest", KEYS_SETTING, keys)
+}
+
+/// A ring sealed under `key` (with `label` and bound to `aad`), in hex.
+fn seal_ring(key: &[u8], label: &[u8], aad: &str, keys: &KeyRing) -> String {
+    hex::encode(seal(key, label, aad.as_bytes(), &locus_proto::codec::encode(keys)))
+}
+
+/// A ring [`seal_ring`] sealed; `None` if anything differs.
+fn open_ring(key: &[u8], label: &[u8], aad: &str, text: &str) -> Option<KeyRing> {
+    let plain = unseal(key, label, aad.as_bytes(), &hex::decode(text.trim()).ok()?)?;
+    locus_proto::codec::decode(&plain).ok()
 }
 
 /// The ring from its database form; `None` if the wrap key is not the one it was
 /// sealed with.
 pub fn unwrap(wrap_key: &[u8], text: &str) -> Option<KeyRing> {
-    let sealed = hex::decode(text).ok()?;
-    let plain = unseal(wrap_key, b"at rest", KEYS_SETTING.as_bytes(), &sealed)?;
-    locus_proto::codec::decode(&plain).ok()
+    open_ring(wrap_key, b"at rest", KEYS_SETTING, text)
 }
 
 /// The ring as a data node keeps it in its state directory, sealed under its own
 /// token (`locus-node`), so that a node restarted while no head answers goes on serving.
 pub fn seal_at_node(token: &[u8], keys: &KeyRing) -> String {
-    hex::encode(seal(token, b"node at rest", NODE_KEYS_FILE.as_bytes(), &locus_proto::codec::encode(keys)))
+    seal_ring(token, b"node at rest", NODE_KEYS_FILE, keys)
 }
 
 /// The ring a data node kept; `None` if `token` is not the one it was sealed with.
 pub fn open_at_node(token: &[u8], text: &str) -> Option<KeyRing> {
-    let plain = unseal(token, b"node at rest", NODE_KEYS_FILE.as_bytes(), &hex::decode(text.trim()).ok()?)?;
-    locus_proto::codec::decode(&plain).ok()
+    open_ring(token, b"node at rest", NODE_KEYS_FILE, text)
 }
 
 /// The file in a data node's state directory holding the cluster's keys it last

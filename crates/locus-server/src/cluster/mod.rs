@@ -33,11 +33,9 @@
 //! `checksums`, `keys`, `config` are always built).
 //!
 //! `head`, `healing`, `placement`, `tp_writes` and `writes` are one type's methods (`impl Head`) split by
-//! concern. `head` (garbage collection) names an object by `writes::object_name` and
-//! `writes` takes the head's constants and state: the one import circle in the wing
-//! (`head` <-> `writes`), inherent to splitting a type's methods across files, and
-//! named in the house rules (crates/locus-cli/tests/house.rs). `session` depends on the
-//! others and nothing depends on it but the server's connection loop.
+//! concern; they name object versions as the data nodes do (`objects::object_name`), so
+//! no import circle runs between them. `session` depends on the others and nothing
+//! depends on it but the server's connection loop.
 
 pub mod checksums;
 mod config;

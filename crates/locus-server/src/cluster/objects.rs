@@ -154,7 +154,7 @@ impl View {
             match &f.inline {
                 Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
                 None => {
-                    let from = root.join(OBJECTS_DIR).join(format!("{}.{}", f.object, f.version));
+                    let from = root.join(OBJECTS_DIR).join(object_name(f.object, f.version));
                     std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?
                 }
             }

@@ -4,7 +4,7 @@
 
 use crate::cluster::attr_of;
 use crate::cluster::head::LOCAL_NODE;
-use crate::cluster::writes::object_name;
+use crate::cluster::objects::object_name;
 use crate::cluster::Head;
 use crate::dispatch::Answer;
 use crate::dispatch::Reply;

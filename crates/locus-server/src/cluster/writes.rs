@@ -3,6 +3,7 @@
 
 use crate::cluster::head::LOCAL_NODE;
 use crate::cluster::meta_err;
+use crate::cluster::objects::object_name;
 use crate::cluster::Head;
 
 use locus_client::Client;
@@ -13,11 +14,6 @@ use locus_proto::{Code, Error as WireError};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-/// The file name of an object version (on the head's own directory).
-pub(crate) fn object_name(object: u64, version: u64) -> String {
-    format!("{object}.{version}")
-}
 
 /// The CRC-32 of a staged file (what a node checks the version it stored against).
 async fn crc_of(staged: &std::path::Path) -> Result<u32, WireError> {
