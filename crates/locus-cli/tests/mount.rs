@@ -589,6 +589,57 @@ fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
     assert!(within(Duration::from_secs(5), || s.shared().callbacks.held() == 0), "{before} promises left");
 }
 
+/// The same on a cluster: two heads on one PostgreSQL namespace, a mount on each; a
+/// change made through one mount shows in the other, whose kernel was told to cache for
+/// ten minutes, because the first head's change reaches the second head's promises.
+#[test]
+fn callbacks_reach_a_mount_on_another_head() {
+    if !fuse_available() || !locus_testkit::require_postgres() {
+        return;
+    }
+    let pg = locus_testkit::TestPostgres::start();
+    let first = TestServer::head(Some(&pg.url()), |_| {});
+    let second = TestServer::head(Some(&pg.url()), |_| {});
+    let _node = TestServer::data_node(&first);
+    let big: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 241) as u8).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let admin = first.client("admin").await;
+        admin.mkdir("/d", 0o755).await.unwrap();
+        admin.write_file("/d/f.txt", 0o644, b"one").await.unwrap();
+        admin.write_file("/d/big", 0o644, &big).await.unwrap();
+    });
+    let flags = ["--attr-timeout-ms", "600000", "--consistency", "afs"];
+    let a = mount_at(&first.url("/d"), first.scratch(), "a", &flags);
+    let b = mount_at(&second.url("/d"), second.scratch(), "b", &flags);
+    let read = |m: &Mount, p: &str| std::fs::read_to_string(m.mnt.join(p)).unwrap_or_else(|e| format!("error: {e}"));
+    let names = |m: &Mount| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(&m.mnt).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v.join(" ")
+    };
+    assert_eq!(read(&a, "f.txt"), "one");
+    assert_eq!(read(&b, "f.txt"), "one");
+    assert_eq!(std::fs::read(b.mnt.join("big")).unwrap(), big);
+    assert_eq!(names(&b), "big f.txt");
+    assert!(second.shared().callbacks.held() >= 3, "the second head holds B's promises");
+
+    std::fs::write(a.mnt.join("f.txt"), "two, longer").unwrap();
+    assert!(within(Duration::from_secs(3), || read(&b, "f.txt") == "two, longer"), "B reads {:?}", read(&b, "f.txt"));
+    let mut bigger = big.clone();
+    bigger.extend_from_slice(b"more");
+    std::fs::write(a.mnt.join("big"), &bigger).unwrap();
+    assert!(within(Duration::from_secs(3), || std::fs::read(b.mnt.join("big")).unwrap() == bigger));
+    std::fs::write(a.mnt.join("new.txt"), "new").unwrap();
+    assert!(within(Duration::from_secs(3), || names(&b) == "big f.txt new.txt"), "B lists {}", names(&b));
+    std::fs::remove_file(a.mnt.join("f.txt")).unwrap();
+    assert!(within(Duration::from_secs(3), || !b.mnt.join("f.txt").exists()));
+    // And the other way round.
+    std::fs::write(b.mnt.join("from-b.txt"), "bee").unwrap();
+    assert!(within(Duration::from_secs(3), || read(&a, "from-b.txt") == "bee"));
+}
+
 /// How many requests of operation `op` the server has answered.
 fn served(s: &TestServer, op: &str) -> u64 {
     let stats = s.shared().store.stats("admin", 0).unwrap();

@@ -183,6 +183,9 @@ impl NodeReads {
     }
 }
 
+/// A chunk asked of a node: its offset, and the node and reply while it is in flight.
+type SentPiece = (u64, Option<(String, Pending<()>)>);
+
 /// Streams a located file into `sink` from its data nodes, [`WINDOW`] requests in
 /// flight. A chunk no node serves is read through the head, provided the head still
 /// has the same version; otherwise the read fails with `ESTALE` rather than mixing.
@@ -196,7 +199,7 @@ pub(crate) async fn get(
 ) -> Result<Attr> {
     let nodes = &head.nodes;
     let size = location.capability.size;
-    let mut sent: VecDeque<(u64, Option<(String, Pending<()>)>)> = VecDeque::new();
+    let mut sent: VecDeque<SentPiece> = VecDeque::new();
     let mut next = 0u64;
     let mut done = 0u64;
     let mut fallback: Option<u64> = None;

@@ -293,6 +293,17 @@ impl Meta {
         Ok(out.expect("a transaction that succeeded ran its body"))
     }
 
+    /// Tells the other heads on this namespace `payloads` (see [`Engine::notify`]).
+    pub fn notify(&self, channel: &str, payloads: &[String]) -> Result<()> {
+        self.engine.notify(channel, payloads)
+    }
+
+    /// Hands what heads notify on `channel` to `on` (see [`Engine::listen`]); false
+    /// where the engine serves one head only.
+    pub fn listen(&self, channel: &str, on: Box<dyn FnMut(sql::Notice) -> bool + Send>) -> bool {
+        self.engine.listen(channel, on)
+    }
+
     /// The entry at `path`, if any.
     pub fn get(&self, path: &str) -> Result<Option<Entry>> {
         self.tx(|tx| get(tx, path))

@@ -46,6 +46,37 @@ pub trait Engine: Send + Sync {
     /// Runs `body` in one transaction, committing if it succeeds and rolling back if not;
     /// a serialization conflict reruns it.
     fn run(&self, body: &mut (dyn FnMut(&mut dyn Tx) -> Result<()> + Send)) -> Result<()>;
+
+    /// Tells every other head on this database `payloads` (each under
+    /// [`MAX_NOTICE`] bytes) on `channel`. An engine that serves one head only (SQLite)
+    /// has no one to tell.
+    fn notify(&self, channel: &str, payloads: &[String]) -> Result<()> {
+        let _ = (channel, payloads);
+        Ok(())
+    }
+
+    /// Starts a thread that hands what other heads notify on `channel` to `on`, until
+    /// `on` answers false; [`Notice::Lost`] when the link to the database broke and
+    /// was made again, so that notices may have been missed. False where the engine
+    /// serves one head only (nothing will ever come).
+    fn listen(&self, channel: &str, on: Box<dyn FnMut(Notice) -> bool + Send>) -> bool {
+        let _ = (channel, on);
+        false
+    }
+}
+
+/// The largest payload of one notice (PostgreSQL refuses 8000 bytes and more).
+pub const MAX_NOTICE: usize = 7900;
+
+/// What a listener hears.
+#[derive(Debug)]
+pub enum Notice {
+    /// A payload another head (or this one) notified.
+    Payload(String),
+    /// The link to the database broke and was made again: notices may have been lost.
+    Lost,
+    /// Nothing came for a while (a chance to stop listening).
+    Idle,
 }
 
 const SQLITE_SCHEMA: &str = "
@@ -323,5 +354,68 @@ impl Engine for Postgres {
             }
             unreachable!("the loop returns")
         })
+    }
+
+    fn notify(&self, channel: &str, payloads: &[String]) -> Result<()> {
+        self.run(&mut |tx| {
+            for p in payloads {
+                tx.exec("SELECT pg_notify($1, $2)", &[Val::Text(channel.into()), Val::Text(p.clone())])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn listen(&self, channel: &str, mut on: Box<dyn FnMut(Notice) -> bool + Send>) -> bool {
+        let (url, channel) = (self.url.clone(), channel.to_string());
+        let listening = move || {
+            let mut connected_before = false;
+            loop {
+                let client = postgres::Client::connect(&url, postgres::NoTls)
+                    .and_then(|mut c| c.batch_execute(&format!("LISTEN \"{channel}\"")).map(|()| c));
+                let mut client = match client {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("listening for other heads' changes: {e}");
+                        if !on(Notice::Idle) {
+                            return;
+                        }
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                        continue;
+                    }
+                };
+                if std::mem::replace(&mut connected_before, true) && !on(Notice::Lost) {
+                    return;
+                }
+                loop {
+                    let mut broken = false;
+                    let mut notices = client.notifications();
+                    let mut heard = notices.timeout_iter(std::time::Duration::from_secs(1));
+                    loop {
+                        match postgres::fallible_iterator::FallibleIterator::next(&mut heard) {
+                            Ok(Some(n)) => {
+                                if !on(Notice::Payload(n.payload().to_string())) {
+                                    return;
+                                }
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                tracing::warn!("listening for other heads' changes: {e}; connecting again");
+                                broken = true;
+                                break;
+                            }
+                        }
+                    }
+                    drop(heard);
+                    drop(notices);
+                    if broken || client.is_closed() {
+                        break;
+                    }
+                    if !on(Notice::Idle) {
+                        return;
+                    }
+                }
+            }
+        };
+        std::thread::Builder::new().name("locus-listen".into()).spawn(listening).is_ok()
     }
 }

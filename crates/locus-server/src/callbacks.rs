@@ -420,9 +420,11 @@ impl Callbacks {
                 broken.push((parent(path).to_string(), path.clone()));
             }
             for path in &named {
+                // Beneath `/` is every other path; beneath `/a`, `/a/...` (`0` follows `/`).
+                let dir = path.trim_end_matches('/');
                 let beneath = state.holders.range::<str, _>((
-                    std::ops::Bound::Excluded(format!("{path}/").as_str()),
-                    std::ops::Bound::Excluded(format!("{path}0").as_str()),
+                    std::ops::Bound::Excluded(format!("{dir}/").as_str()),
+                    std::ops::Bound::Excluded(format!("{dir}0").as_str()),
                 ));
                 broken.extend(beneath.map(|(key, _)| (key.to_string(), key.to_string())));
             }
@@ -572,6 +574,18 @@ mod tests {
         // Client 2 lost both (the file and its directory); client 1 keeps its own.
         assert_eq!(cb.held(), 1);
         cb.changed(&registry, 2, &["/d/f"], false);
+        assert_eq!(cb.held(), 0);
+    }
+
+    #[test]
+    fn names_changed_at_the_root_break_every_promise() {
+        let (registry, cb) = (Registry::default(), Callbacks::default());
+        cb.enable(1, "a", 10, 1);
+        for p in ["/", "/a", "/a/b/c", "/z"] {
+            cb.promise(&registry, 1, p, p == "/");
+        }
+        assert_eq!(cb.held(), 4);
+        cb.changed(&registry, 0, &["/"], true);
         assert_eq!(cb.held(), 0);
     }
 

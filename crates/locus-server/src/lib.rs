@@ -242,6 +242,7 @@ impl Server {
         #[cfg(feature = "cluster")]
         if let Some(head) = &shared.head {
             head.start_collector();
+            head.start_changes(Arc::downgrade(&shared));
         }
         Ok(Server { shared, tls })
     }

@@ -120,6 +120,12 @@ async fn a_head_rides_out_a_postgres_restart() {
     let admin = head.client("admin").await;
     let big = pattern(3 * MIB, 3);
     admin.write_file("/before", 0o644, &big).await.unwrap();
+    // A client holding a promise: changes announced by other heads while the link was
+    // down are lost, so the head breaks every promise once it listens again.
+    let holder = head.client("admin").await;
+    let mut pushes = holder.subscribe();
+    holder.callbacks(10, 0).await.unwrap();
+    holder.stat("/before").await.unwrap();
     assert!(pg.restart(), "PostgreSQL restarts");
     // Metadata calls may fail (EAGAIN) until the next transaction reconnects; then all
     // is there, and writes go on.
@@ -135,6 +141,15 @@ async fn a_head_rides_out_a_postgres_restart() {
         }
     };
     assert_eq!(got, big);
+    let broken = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let push = pushes.recv().await.expect("the connection stays");
+            if push.topic == locus_proto::frame::PUSH_BREAK {
+                return locus_proto::codec::decode::<Vec<String>>(&push.meta).unwrap();
+            }
+        }
+    });
+    assert_eq!(broken.await.expect("a break after the link came back"), ["/before"]);
     admin.write_file("/after", 0o644, &big).await.unwrap();
     assert_eq!(admin.read_file("/after").await.unwrap(), big);
 }

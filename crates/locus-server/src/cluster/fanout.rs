@@ -78,7 +78,7 @@ async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -
         };
         match codec::decode::<StoreletEvent>(&f.meta) {
             Ok(event) => events.push((event, f.data.clone())),
-            Err(e) => return (share, Err((e.into(), false))),
+            Err(e) => return (share, Err((e, false))),
         }
         if !f.header.more() {
             return (share, Ok(events));

@@ -56,6 +56,9 @@ pub struct Head {
     /// The runtime that talks to data nodes (connection threads are single-threaded and
     /// must not block on their own I/O).
     pub(crate) io: Option<tokio::runtime::Runtime>,
+    /// Where this head's changes go to be announced to the other heads (none: the
+    /// engine has no other heads).
+    pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<crate::cluster::changes::Change>>>,
 }
 
 impl Drop for Head {
@@ -101,6 +104,7 @@ impl Head {
             open_versions: Mutex::new(HashMap::new()),
             reads: NodeReads::default(),
             io: Some(io),
+            announce: Mutex::new(None),
         })
     }
 

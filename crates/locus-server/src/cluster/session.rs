@@ -41,6 +41,18 @@ pub struct HeadSession {
     pub(crate) next_handle: u64,
     pub(crate) puts: HashMap<u32, Staged>,
     pub(crate) current: (u32, bool),
+    /// This connection turned callbacks on: what it asks about is promised.
+    callbacks_on: bool,
+    /// Paths the request being answered asked about and holds no promise on.
+    unpromised: Vec<String>,
+}
+
+/// Client `by` changed `paths` (with `names`: made or removed names there) through this
+/// head: the promises this head's other clients hold on them break, and the other
+/// heads are told, to break their clients' (`changes`).
+pub(crate) fn changed(shared: &crate::Shared, head: &Head, by: u64, paths: &[&str], names: bool) {
+    shared.callbacks.changed(&shared.registry, by, paths, names);
+    head.announce(paths, names);
 }
 
 pub(crate) fn not_here<T>(what: &str) -> Reply<T> {
@@ -75,7 +87,47 @@ impl Drop for HeadSession {
 impl HeadSession {
     /// A session for a new connection.
     pub fn new(inner: Session, head: Arc<Head>) -> Self {
-        HeadSession { inner, head, handles: HashMap::new(), next_handle: 1, puts: HashMap::new(), current: (0, false) }
+        HeadSession {
+            inner,
+            head,
+            handles: HashMap::new(),
+            next_handle: 1,
+            puts: HashMap::new(),
+            current: (0, false),
+            callbacks_on: false,
+            unpromised: Vec::new(),
+        }
+    }
+
+    /// Promises this client a break when `path` (with `listing`, a directory being
+    /// listed) changes, as a single server does (`Session::promise`): only if callbacks
+    /// are on and the subject holds `need` in the directory the operation looks in.
+    fn promise(&mut self, path: &str, listing: bool, need: Rights) {
+        if !self.callbacks_on {
+            return;
+        }
+        let Some(canonical) = crate::callbacks::canonical(path) else { return };
+        let dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        let allowed = match self.who() {
+            Ok(who) => self.head.meta.rights(&who, dir).is_ok_and(|r| r.contains(need)),
+            Err(_) => false,
+        };
+        let shared = &self.inner.shared;
+        if !allowed || !shared.callbacks.promise(&shared.registry, self.inner.client_id, &canonical, listing) {
+            self.unpromised.push(canonical);
+        }
+    }
+
+    /// This client changed `paths` (see [`changed`]).
+    fn changed(&self, paths: &[&str], names: bool) {
+        changed(&self.inner.shared, &self.head, self.inner.client_id, paths, names);
+    }
+
+    /// What tells the others, later, that this client changed a file (a commit that
+    /// completes after the request returned to the connection loop).
+    fn change_teller(&self) -> impl Fn(&str) + Send + 'static {
+        let (shared, head, by) = (self.inner.shared.clone(), self.head.clone(), self.inner.client_id);
+        move |path: &str| changed(&shared, &head, by, &[path], false)
     }
 
     /// The subject of the connection: never the nodes' or the head's own subject, which
@@ -183,7 +235,12 @@ impl HeadSession {
         }
         let staged = self.puts.remove(&id).expect("present");
         let head = self.head.clone();
-        later(&self.head, async move { Ok(attr_of(&head.commit(&staged).await?).into()) })
+        let tell = self.change_teller();
+        later(&self.head, async move {
+            let committed = head.commit(&staged).await?;
+            tell(&committed.path);
+            Ok(attr_of(&committed).into())
+        })
     }
 
     /// Commits a handle's private copy now, waiting for it (fsync).
@@ -193,6 +250,7 @@ impl HeadSession {
             self.handles.get_mut(&handle).ok_or_else(|| WireError::new(Code::BADF, format!("bad handle {handle}")))?;
         let Some(staged) = h.staged.as_mut().filter(|s| s.dirty) else { return Ok(()) };
         let committed = head.block(head.clone().commit(staged))?;
+        changed(&self.inner.shared, &self.head, self.inner.client_id, &[&committed.path], false);
         staged.dirty = false;
         staged.base = Some(committed.clone());
         h.entry = committed;
@@ -215,6 +273,14 @@ impl Connection for HeadSession {
 
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
         self.upload(id, data, more).map(Answer::encode)
+    }
+
+    fn take_unpromised(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.unpromised)
+    }
+
+    fn heartbeat_deadline(&self) -> Option<std::time::Duration> {
+        self.inner.heartbeat_deadline()
     }
 }
 
@@ -239,16 +305,22 @@ impl Handler for HeadSession {
 
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
+        self.promise(&path, false, Rights::LIST);
         Ok(attr_of(&self.need_entry(&path, Rights::LIST)?.1).into())
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
+        self.promise(&path, false, Rights::LIST);
         Ok(attr_of(&self.need_entry_here(&path, Rights::LIST)?.1).into())
     }
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
         let h = self.handles.get(&req.handle).ok_or_else(|| WireError::new(Code::BADF, "bad handle"))?;
+        let path = h.entry.path.clone();
+        // The handle shows the subject could open it.
+        self.promise(&path, false, Rights(0));
+        let h = self.handles.get(&req.handle).expect("looked up above");
         let mut attr = attr_of(&h.entry);
         if let Some(s) = &h.staged {
             attr.size = s.file.metadata().map_err(|e| WireError::io(&s.path, e))?.len();
@@ -260,6 +332,7 @@ impl Handler for HeadSession {
         let path = self.follow(normalise(&req.path).map_err(meta_err)?)?;
         let writing = req.flags & (open_flags::WRITE | open_flags::TRUNCATE | open_flags::APPEND) != 0;
         let need = if writing || req.flags & open_flags::CREATE != 0 { Rights::WRITE } else { Rights::READ };
+        self.promise(&path, false, need);
         let who = self.need(governing(&path, false), need)?;
         let existing = self.head.meta.get(&path).map_err(meta_err)?;
         let entry = match existing {
@@ -275,7 +348,10 @@ impl Handler for HeadSession {
                 let id = self.head.meta.next_id().map_err(meta_err)?;
                 let e = Entry::empty(path.clone(), EntryKind::File, req.mode, id);
                 match self.head.meta.create(&e) {
-                    Ok(()) => e,
+                    Ok(()) => {
+                        self.changed(&[&path], true);
+                        e
+                    }
                     Err(MetaError::Exists(_)) => self.entry(&path)?,
                     Err(err) => return Err(err.into()),
                 }
@@ -307,7 +383,12 @@ impl Handler for HeadSession {
         match h.staged.filter(|s| s.dirty) {
             Some(staged) => {
                 let head = self.head.clone();
-                later(&self.head, async move { head.commit(&staged).await.map(|_| ().into()) })
+                let tell = self.change_teller();
+                later(&self.head, async move {
+                    let committed = head.commit(&staged).await?;
+                    tell(&committed.path);
+                    Ok(().into())
+                })
             }
             None => Ok(().into()),
         }
@@ -344,6 +425,7 @@ impl Handler for HeadSession {
 
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
+        self.promise(&path, false, Rights::READ);
         let (_, e) = self.need_entry(&path, Rights::READ)?;
         if e.kind == EntryKind::Dir {
             return Err(MetaError::IsDir(path).into());
@@ -371,6 +453,7 @@ impl Handler for HeadSession {
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
         let path = self.follow(normalise(&req.path).map_err(meta_err)?)?;
+        self.promise(&path, true, Rights::LIST);
         self.need(&path, Rights::LIST)?;
         let entries: Vec<DirEntry> = self
             .head
@@ -387,14 +470,17 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::WRITE)?;
         let id = self.head.meta.next_id().map_err(meta_err)?;
-        let e = Entry::empty(path, EntryKind::Dir, req.mode, id);
-        Ok(self.head.meta.create(&e).map_err(meta_err)?.into())
+        let e = Entry::empty(path.clone(), EntryKind::Dir, req.mode, id);
+        self.head.meta.create(&e).map_err(meta_err)?;
+        self.changed(&[&path], true);
+        Ok(().into())
     }
 
     fn rmdir(&mut self, req: Rmdir, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::DELETE)?;
         self.head.meta.remove(&path, true).map_err(meta_err)?;
+        self.changed(&[&path], true);
         Ok(().into())
     }
 
@@ -402,6 +488,7 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::DELETE)?;
         let old = self.head.meta.remove(&path, false).map_err(meta_err)?;
+        self.changed(&[&path], true);
         self.head.retire(&old)?;
         Ok(().into())
     }
@@ -411,17 +498,22 @@ impl Handler for HeadSession {
         let to = normalise(&req.to).map_err(meta_err)?;
         self.need(governing(&from, false), Rights::DELETE)?;
         self.need(governing(&to, false), Rights::WRITE)?;
-        if let Some(replaced) = self.head.meta.rename(&from, &to).map_err(meta_err)? {
+        let replaced = self.head.meta.rename(&from, &to).map_err(meta_err)?;
+        self.changed(&[&from, &to], true);
+        if let Some(replaced) = replaced {
             self.head.retire(&replaced)?;
         }
         Ok(().into())
     }
 
     fn symlink(&mut self, req: Symlink, _: Bytes) -> Reply<()> {
-        Ok(self.make_link(&req.target, &req.path)?.into())
+        self.make_link(&req.target, &req.path)?;
+        self.changed(&[&req.path], true);
+        Ok(().into())
     }
 
     fn readlink(&mut self, req: Readlink, _: Bytes) -> Reply<String> {
+        self.promise(&req.path, false, Rights::LIST);
         Ok(self.read_link(&req.path)?.into())
     }
 
@@ -438,13 +530,16 @@ impl Handler for HeadSession {
         let staged = self.stage(&path, e.mode, Some(e), req.size > 0)?;
         staged.file.set_len(req.size).map_err(|err| WireError::io(&path, err))?;
         self.head.block(self.head.clone().commit(&staged))?;
+        self.changed(&[&path], false);
         Ok(().into())
     }
 
     fn chmod(&mut self, req: Chmod, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::WRITE)?;
-        Ok(self.head.meta.set_mode(&path, req.mode).map_err(meta_err)?.into())
+        self.head.meta.set_mode(&path, req.mode).map_err(meta_err)?;
+        self.changed(&[&path], false);
+        Ok(().into())
     }
 
     fn utimes(&mut self, req: Utimes, _: Bytes) -> Reply<()> {
@@ -455,7 +550,9 @@ impl Handler for HeadSession {
             SetTime::Now => locus_cluster::now_ns(),
             SetTime::At(t) => t.sec * 1_000_000_000 + t.nsec as i64,
         };
-        Ok(self.head.meta.set_mtime(&path, ns).map_err(meta_err)?.into())
+        self.head.meta.set_mtime(&path, ns).map_err(meta_err)?;
+        self.changed(&[&path], false);
+        Ok(().into())
     }
 
     fn fsync(&mut self, req: Fsync, _: Bytes) -> Reply<()> {
@@ -500,9 +597,21 @@ impl Handler for HeadSession {
         Ok(().into())
     }
 
-    fn callbacks(&mut self, _: Callbacks, _: Bytes) -> Reply<u32> {
-        // Several heads share a namespace in the database; none sees another's changes.
-        Err(WireError::new(Code::NOTSUP, "a cluster head does not promise callbacks"))
+    /// As on a single server; changes made through other heads reach this head's
+    /// promise holders through the namespace's engine (`changes`).
+    fn callbacks(&mut self, req: Callbacks, _: Bytes) -> Reply<u32> {
+        let who = self.who()?;
+        if !self.inner.can_push() {
+            return Err(WireError::new(Code::NOTSUP, "scripts do not hold callbacks"));
+        }
+        let shared = &self.inner.shared;
+        let to = match req.to {
+            0 => self.inner.client_id,
+            to if shared.registry.subject(to).as_deref() == Some(who.as_str()) => to,
+            to => return Err(WireError::new(Code::ACCES, format!("connection {to} is not one of this subject's"))),
+        };
+        self.callbacks_on = true;
+        Ok(shared.callbacks.enable(self.inner.client_id, &who, req.max, to).into())
     }
 
     fn acl_get(&mut self, req: AclGet, _: Bytes) -> Reply<Vec<AclEntry>> {
@@ -514,7 +623,10 @@ impl Handler for HeadSession {
     fn acl_set(&mut self, req: AclSet, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(&path, Rights::ADMIN)?;
-        Ok(self.head.meta.acl_set(&path, &req.subject, req.rights).map_err(meta_err)?.into())
+        self.head.meta.acl_set(&path, &req.subject, req.rights).map_err(meta_err)?;
+        // Rights change beneath too (ACLs are inherited): every promise there breaks.
+        self.changed(&[&path], true);
+        Ok(().into())
     }
 
     fn stats(&mut self, req: Stats, data: Bytes) -> Reply<StatsReport> {
@@ -641,8 +753,13 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         let who = self.need(governing(&path, false), Rights::WRITE)?;
         let head = self.head.clone();
-        let commit = head.clone().commit_write(who, path, req.mode, req.target, req.crc);
-        later(&self.head, async move { Ok(attr_of(&commit.await?).into()) })
+        let commit = head.clone().commit_write(who, path.clone(), req.mode, req.target, req.crc);
+        let tell = self.change_teller();
+        later(&self.head, async move {
+            let committed = commit.await?;
+            tell(&path);
+            Ok(attr_of(&committed).into())
+        })
     }
 
     fn node_list(&mut self, _: NodeList, _: Bytes) -> Reply<Vec<NodeInfo>> {

@@ -293,6 +293,12 @@ impl Session {
         Ok(r)
     }
 
+    /// True when this connection can be told things outside any reply (a client's own
+    /// connection; not a script's or a Chirp client's session).
+    pub(crate) fn can_push(&self) -> bool {
+        self.outbox.is_some()
+    }
+
     pub(crate) fn who(&self) -> Result<&str, WireError> {
         self.subject.as_deref().ok_or_else(|| WireError::new(Code::NOT_AUTHENTICATED, "authenticate first"))
     }

@@ -1,0 +1,147 @@
+//! Callbacks across heads: a change made through one head breaks the promises that
+//! every head made to its clients.
+//!
+//! A head breaks its own clients' promises as a single server does (the session calls
+//! [`crate::callbacks::Callbacks::changed`]). It also announces each change on the
+//! namespace's engine (PostgreSQL `NOTIFY` on [`CHANNEL`], sent in batches by a thread
+//! of its own, so a writer never waits for it), and listens there for the other heads'
+//! announcements, breaking its clients' promises on what they name. PostgreSQL delivers
+//! a notice after the change's transaction committed, to every head listening then; a
+//! head whose link to the database broke may have missed some, so when it listens
+//! again it breaks every promise it holds (its clients ask again). A SQLite namespace
+//! has one head: nothing is announced.
+
+use crate::cluster::Head;
+use crate::Shared;
+use locus_cluster::sql::{Notice, MAX_NOTICE};
+use serde::{Deserialize, Serialize};
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+
+/// The channel heads announce changes on.
+pub(crate) const CHANNEL: &str = "locus_changes";
+
+/// One change: a path, and whether names were made or removed there.
+pub(crate) type Change = (bool, String);
+
+/// Changes announced to the other heads at most in one notification round.
+const BATCH: usize = 512;
+
+/// One notice: the head that made the changes, and the changes.
+#[derive(Serialize, Deserialize)]
+struct Announcement {
+    h: u64,
+    c: Vec<Change>,
+}
+
+/// The payloads announcing `changes` by head `from`, each under [`MAX_NOTICE`] bytes. A
+/// path too long to fit is announced as its nearest directory that fits, with names
+/// changed there (which breaks every promise beneath it).
+fn payloads(from: u64, changes: Vec<Change>) -> Vec<String> {
+    let encode = |c: &[Change]| serde_json::to_string(&Announcement { h: from, c: c.to_vec() }).expect("encodable");
+    let mut out = Vec::new();
+    let mut batch: Vec<Change> = Vec::new();
+    for (mut names, mut path) in changes {
+        while encode(&[(names, path.clone())]).len() > MAX_NOTICE {
+            path = crate::callbacks::parent(&path).to_string();
+            names = true;
+        }
+        batch.push((names, path));
+        if encode(&batch).len() > MAX_NOTICE {
+            let last = batch.pop().expect("just pushed");
+            out.push(encode(&batch));
+            batch = vec![last];
+        }
+    }
+    if !batch.is_empty() {
+        out.push(encode(&batch));
+    }
+    out
+}
+
+impl Head {
+    /// Starts announcing this head's changes and hearing the other heads' (where the
+    /// engine has other heads: PostgreSQL). Breaks go to the clients of `shared`.
+    pub(crate) fn start_changes(self: &Arc<Self>, shared: Weak<Shared>) {
+        let me = self.id;
+        let listening = self.meta.listen(
+            CHANNEL,
+            Box::new(move |notice| {
+                let Some(shared) = shared.upgrade() else { return false };
+                match notice {
+                    Notice::Payload(p) => match serde_json::from_str::<Announcement>(&p) {
+                        Ok(a) if a.h != me => {
+                            for (names, path) in a.c {
+                                shared.callbacks.changed(&shared.registry, 0, &[&path], names);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!("an unreadable change notice ({e}): ignored"),
+                    },
+                    Notice::Lost => {
+                        tracing::warn!("the link to the namespace broke: every callback promise is broken");
+                        shared.callbacks.changed(&shared.registry, 0, &["/"], true);
+                    }
+                    Notice::Idle => {}
+                }
+                true
+            }),
+        );
+        if !listening {
+            return;
+        }
+        let (tx, rx) = mpsc::channel::<Change>();
+        *self.announce.lock() = Some(tx);
+        let head = Arc::downgrade(self);
+        let announcing = move || {
+            while let Ok(first) = rx.recv() {
+                let mut changes = vec![first];
+                while let (true, Ok(more)) = (changes.len() < BATCH, rx.try_recv()) {
+                    changes.push(more);
+                }
+                let Some(head) = head.upgrade() else { return };
+                if let Err(e) = head.meta.notify(CHANNEL, &payloads(me, changes)) {
+                    tracing::warn!("cannot tell the other heads of a change ({e}): their clients' caches may hold it");
+                }
+            }
+        };
+        if let Err(e) = std::thread::Builder::new().name("locus-announce".into()).spawn(announcing) {
+            tracing::warn!("cannot start announcing changes to other heads: {e}");
+            *self.announce.lock() = None;
+        }
+    }
+
+    /// Announces to the other heads that `paths` changed (with `names`: names were made
+    /// or removed there).
+    pub(crate) fn announce(&self, paths: &[&str], names: bool) {
+        if let Some(tx) = self.announce.lock().as_ref() {
+            for p in paths {
+                let _ = tx.send((names, p.to_string()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_stay_under_the_notice_limit_and_lose_no_change() {
+        let long = format!("/d/{}", "x".repeat(MAX_NOTICE));
+        let mut changes: Vec<Change> = (0..2000).map(|i| (i % 2 == 0, format!("/dir/file-{i}"))).collect();
+        changes.push((false, long));
+        let out = payloads(7, changes.clone());
+        assert!(out.len() > 1);
+        let mut back = Vec::new();
+        for p in &out {
+            assert!(p.len() <= MAX_NOTICE, "{}", p.len());
+            let a: Announcement = serde_json::from_str(p).unwrap();
+            assert_eq!(a.h, 7);
+            back.extend(a.c);
+        }
+        assert_eq!(back[..2000], changes[..2000]);
+        // The path too long for a notice is announced as its directory, names changed.
+        assert_eq!(back[2000], (true, "/d".to_string()));
+    }
+}

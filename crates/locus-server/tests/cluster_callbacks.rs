@@ -1,0 +1,123 @@
+//! Callbacks on a cluster head: a client's promises break when another client changes
+//! what it asked about, through the same head or through another head on the same
+//! PostgreSQL namespace; promises are made only for what the subject may see.
+
+use locus_client::{Client, PushMessage};
+use locus_proto::types::Rights;
+use locus_testkit::{TestPostgres, TestServer};
+use std::collections::BTreeSet;
+use std::time::Duration;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Every path named by the breaks pushed within `wait`.
+async fn told_within(pushes: &mut UnboundedReceiver<PushMessage>, wait: Duration) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    while let Ok(Some(push)) = tokio::time::timeout_at(deadline, pushes.recv()).await {
+        if push.topic == locus_proto::frame::PUSH_BREAK {
+            out.extend(locus_proto::codec::decode::<Vec<String>>(&push.meta).unwrap());
+        }
+    }
+    out
+}
+
+/// Waits (up to 5 s) until a break names `path`.
+async fn told(pushes: &mut UnboundedReceiver<PushMessage>, path: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = told_within(pushes, Duration::from_millis(100)).await;
+        if got.contains(path) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no break named {path} within 5 s");
+    }
+}
+
+/// `holder` asks about /d, /d/f and /d/big through `head`; `writer` changes them.
+async fn changes_break_promises(holder_head: &TestServer, writer: &Client) {
+    let (holder, listener) = (holder_head.client("admin").await, holder_head.client("admin").await);
+    let mut pushes = listener.subscribe();
+    holder.callbacks(1000, listener.client_id()).await.unwrap();
+    let big: Vec<u8> = (0..(3u32 << 20)).map(|i| (i % 253) as u8).collect();
+
+    let ask = || async {
+        holder.stat("/d/f").await.unwrap();
+        holder.stat("/d/big").await.unwrap();
+        holder.readdir("/d").await.unwrap();
+    };
+    ask().await;
+    assert!(holder_head.shared().callbacks.held() >= 3);
+    // A small file rewritten (kept in the namespace).
+    writer.write_file("/d/f", 0o644, b"second").await.unwrap();
+    told(&mut pushes, "/d/f").await;
+    // A large one (its bytes go straight to the nodes; the commit breaks).
+    ask().await;
+    writer.write_file("/d/big", 0o644, &big).await.unwrap();
+    told(&mut pushes, "/d/big").await;
+    // Names made and removed, attributes changed.
+    ask().await;
+    writer.write_file("/d/new", 0o644, b"new").await.unwrap();
+    told(&mut pushes, "/d/new").await;
+    ask().await;
+    writer.unlink("/d/new").await.unwrap();
+    told(&mut pushes, "/d/new").await;
+    ask().await;
+    writer.chmod("/d/f", 0o600).await.unwrap();
+    told(&mut pushes, "/d/f").await;
+    ask().await;
+    writer.rename("/d/f", "/d/g").await.unwrap();
+    told(&mut pushes, "/d/f").await;
+    // Nothing changed: nothing is told.
+    holder.stat("/d/g").await.unwrap();
+    assert_eq!(told_within(&mut pushes, Duration::from_millis(700)).await, BTreeSet::new());
+}
+
+async fn setup(head: &TestServer) {
+    let admin = head.client("admin").await;
+    admin.mkdir("/d", 0o755).await.unwrap();
+    admin.write_file("/d/f", 0o644, b"first").await.unwrap();
+    admin.write_file("/d/big", 0o644, &vec![7u8; 2 << 20]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_a_head_breaks_its_other_clients_promises() {
+    let head = TestServer::head(None, |_| {});
+    let _node = TestServer::data_node(&head);
+    setup(&head).await;
+    let writer = head.client("admin").await;
+    changes_break_promises(&head, &writer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_another_head_breaks_promises_on_postgresql() {
+    if !locus_testkit::require_postgres() {
+        return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
+    }
+    let pg = TestPostgres::start();
+    let first = TestServer::head(Some(&pg.url()), |_| {});
+    let second = TestServer::head(Some(&pg.url()), |_| {});
+    let _nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
+    setup(&first).await;
+    let writer = second.client("admin").await;
+    changes_break_promises(&first, &writer).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_promises_nothing_a_subject_may_not_see() {
+    let head = TestServer::head(None, |_| {});
+    let admin = head.client("admin").await;
+    admin.mkdir("/d", 0o755).await.unwrap();
+    admin.acl_set("/", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    admin.acl_set("/d", "alice", Rights(0)).await.unwrap();
+    let (holder, listener) = (head.client("alice").await, head.client("alice").await);
+    let mut pushes = listener.subscribe();
+    holder.callbacks(100, listener.client_id()).await.unwrap();
+    assert!(holder.readdir("/d").await.is_err());
+    assert!(holder.stat("/d/secret").await.is_err());
+    assert_eq!(head.shared().callbacks.held(), 0, "a refused lookup or listing holds no promise");
+    admin.write_file("/d/secret", 0o644, b"made by admin").await.unwrap();
+    assert_eq!(told_within(&mut pushes, Duration::from_millis(500)).await, BTreeSet::new());
+    // Breaks go only to connections of the same subject.
+    let bob = head.client("bob").await;
+    assert!(bob.callbacks(10, listener.client_id()).await.is_err());
+}
