@@ -188,6 +188,25 @@ impl Meta {
         })
     }
 
+    /// Keeps a registered script's source, so that every head can run it by its id.
+    pub fn add_script(&self, id: &str, source: &str) -> Result<()> {
+        self.tx(|tx| {
+            tx.exec(
+                "INSERT INTO scripts (id, source) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
+                &[Val::Text(id.into()), Val::Text(source.into())],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The source of the script registered as `id`, if any head registered it.
+    pub fn script(&self, id: &str) -> Result<Option<String>> {
+        self.tx(|tx| {
+            let rows = tx.query("SELECT source FROM scripts WHERE id = $1", &[Val::Text(id.into())])?;
+            Ok(rows.first().and_then(|r| r[0].text().map(str::to_string)))
+        })
+    }
+
     /// A setting's value (the cluster's sealed keys live in one), if it has one.
     pub fn setting(&self, name: &str) -> Result<Option<String>> {
         self.tx(|tx| {

@@ -246,6 +246,11 @@ impl Engine {
         Ok(id)
     }
 
+    /// True if a script of that id is registered (and not evicted).
+    pub fn knows(&self, id: &str) -> bool {
+        self.sources.lock().by_id.contains_key(id)
+    }
+
     /// The state scripts attach to files (`state.of`), for the server to drop when a file
     /// leaves the export.
     pub fn object_states(&self) -> Arc<ObjectStates> {

@@ -3,43 +3,106 @@
 //! the call ends, with the session.
 //!
 //! A session's handler (`session/handler.rs`) runs a script through this host, and this
-//! host makes a session (`session/mod.rs`): mutual in idea, one way between files.
+//! host makes a session (`session/mod.rs`): mutual in idea, one way between files. On a
+//! cluster head the script's session is a head's ([`crate::cluster::HeadSession`]), whose
+//! answers may come later (bytes read from data nodes): the host waits for them.
 
-use crate::dispatch;
+use crate::dispatch::{self, Handler, Later};
 use crate::session::Session;
-use crate::transport::Body;
-use crate::{Push, Shared};
+use crate::transport::{Body, EventStream};
+use crate::{Connection, Push, Shared};
 use bytes::Bytes;
+use locus_proto::frame::Kind;
 use locus_proto::{codec, Code, Error as WireError};
 use std::sync::Arc;
 
 /// Largest file a script may read whole with `fs.get`.
 const MAX_SCRIPT_GET: u64 = 64 << 20;
 
+/// A session a script acts through: a server's own, or a cluster head's.
+pub trait ScriptSession: Handler + Connection + Send + 'static {
+    /// The subject the script acts as.
+    fn acting_as(&self) -> &str;
+
+    /// Waits for an answer that comes later (none on a single server, whose file
+    /// operations answer at once).
+    fn wait(&self, later: Later) -> Result<crate::dispatch::Encoded, WireError> {
+        drop(later);
+        Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets"))
+    }
+
+    /// Gathers a reply streamed as events: its metadata pages and its bytes.
+    fn gather(&self, events: EventStream) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
+        drop(events);
+        Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets"))
+    }
+}
+
+impl ScriptSession for Session {
+    fn acting_as(&self) -> &str {
+        self.subject().expect("a script's session acts as its caller")
+    }
+}
+
+/// Gathers the frames of a streamed reply (on the runtime that feeds them), at most
+/// [`MAX_SCRIPT_GET`] bytes.
+pub(crate) async fn gather_events(mut events: EventStream) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
+    let (mut metas, mut data) = (Vec::new(), Vec::new());
+    while let Some(frame) = events.frames.recv().await {
+        events.queued.fetch_sub(frame.data.len(), std::sync::atomic::Ordering::Relaxed);
+        match frame.kind {
+            Kind::Error => return Err(codec::decode(&frame.meta).unwrap_or_else(|e| e)),
+            _ => {
+                if !frame.meta.is_empty() {
+                    metas.push(frame.meta);
+                }
+                if data.len() as u64 + frame.data.len() as u64 > MAX_SCRIPT_GET {
+                    return Err(WireError::new(
+                        Code::TOO_LARGE,
+                        "file too large to read whole in a script; use fs.pread",
+                    ));
+                }
+                data.extend_from_slice(&frame.data);
+            }
+        }
+        if !frame.more {
+            break;
+        }
+    }
+    Ok((metas, data))
+}
+
 /// The [`locus_script::Host`] of one script call.
-pub struct ScriptHost {
-    session: Session,
+pub struct ScriptHost<S: ScriptSession = Session> {
+    session: S,
     shared: Arc<Shared>,
     caller: u64,
 }
 
-impl ScriptHost {
+impl ScriptHost<Session> {
     /// A host acting as `subject` for the client `caller`.
     pub fn new(shared: Arc<Shared>, subject: &str, caller: u64) -> Self {
-        ScriptHost { session: Session::acting_as(shared.clone(), subject), shared, caller }
+        ScriptHost::over(Session::acting_as(shared.clone(), subject), shared, caller)
     }
 }
 
-impl locus_script::Host for ScriptHost {
+impl<S: ScriptSession> ScriptHost<S> {
+    /// A host acting through `session` (already acting as the caller's subject) for the
+    /// client `caller`.
+    pub fn over(session: S, shared: Arc<Shared>, caller: u64) -> Self {
+        ScriptHost { session, shared, caller }
+    }
+}
+
+impl<S: ScriptSession> locus_script::Host for ScriptHost<S> {
     fn call(&mut self, op: u16, meta: &[u8], data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
         self.session.set_current(0, false);
-        let enc = dispatch::dispatch(&mut self.session, op, meta, Bytes::copy_from_slice(data))?;
-        // Only a storelet run answers later (script calls refuse a script's session).
-        if enc.later.is_some() {
-            return Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets"));
+        let mut enc = dispatch::dispatch(&mut self.session, op, meta, Bytes::copy_from_slice(data))?;
+        if let Some(later) = enc.later.take() {
+            enc = self.session.wait(later)?;
         }
         let data = match enc.body {
-            Body::Events(_) => return Err(WireError::new(Code::NOTSUP, "scripts cannot run storelets")),
+            Body::Events(events) => return self.session.gather(events),
             Body::None => Vec::new(),
             Body::Bytes(b) => b.to_vec(),
             Body::File { file, offset, len } => file.read_at(offset, len as usize).map_err(WireError::from)?,
@@ -71,6 +134,6 @@ impl locus_script::Host for ScriptHost {
     }
 
     fn subject(&self) -> &str {
-        self.session.subject().expect("a script's session acts as its caller")
+        self.session.acting_as()
     }
 }

@@ -118,6 +118,16 @@ impl HeadSession {
         }
     }
 
+    /// `e` left the namespace: the state scripts attached to it (`state.of`) goes too.
+    /// (A file's new version keeps its object, and its state, as a file written in place
+    /// does on one server.)
+    fn gone(&self, e: &Entry) {
+        let states = self.inner.shared.scripts.object_states();
+        if states.watching() {
+            states.forget((attr_of(e).dev, e.object));
+        }
+    }
+
     /// This client changed `paths` (see [`changed`]).
     fn changed(&self, paths: &[&str], names: bool) {
         changed(&self.inner.shared, &self.head, self.inner.client_id, paths, names);
@@ -258,6 +268,20 @@ impl HeadSession {
     }
 }
 
+impl crate::script_host::ScriptSession for HeadSession {
+    fn acting_as(&self) -> &str {
+        self.inner.subject().expect("a script's session acts as its caller")
+    }
+
+    fn wait(&self, later: crate::dispatch::Later) -> Result<Encoded, WireError> {
+        self.head.block(later)
+    }
+
+    fn gather(&self, events: EventStream) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
+        self.head.block(crate::script_host::gather_events(events))
+    }
+}
+
 impl Connection for HeadSession {
     fn authenticated(&self) -> bool {
         self.inner.authenticated()
@@ -265,6 +289,8 @@ impl Connection for HeadSession {
 
     fn set_current(&mut self, id: u32, more: bool) {
         self.current = (id, more);
+        // A script call's reply is sent by the inner session's outbox, under this id.
+        self.inner.set_current(id, more);
     }
 
     fn is_uploading(&self, id: u32) -> bool {
@@ -479,7 +505,8 @@ impl Handler for HeadSession {
     fn rmdir(&mut self, req: Rmdir, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::DELETE)?;
-        self.head.meta.remove(&path, true).map_err(meta_err)?;
+        let old = self.head.meta.remove(&path, true).map_err(meta_err)?;
+        self.gone(&old);
         self.changed(&[&path], true);
         Ok(().into())
     }
@@ -488,6 +515,7 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.need(governing(&path, false), Rights::DELETE)?;
         let old = self.head.meta.remove(&path, false).map_err(meta_err)?;
+        self.gone(&old);
         self.changed(&[&path], true);
         self.head.retire(&old)?;
         Ok(().into())
@@ -501,6 +529,7 @@ impl Handler for HeadSession {
         let replaced = self.head.meta.rename(&from, &to).map_err(meta_err)?;
         self.changed(&[&from, &to], true);
         if let Some(replaced) = replaced {
+            self.gone(&replaced);
             self.head.retire(&replaced)?;
         }
         Ok(().into())
@@ -641,12 +670,27 @@ impl Handler for HeadSession {
         not_here("rebalancing")
     }
 
-    fn script_register(&mut self, _: ScriptRegister, _: Bytes) -> Reply<String> {
-        not_here("scripts")
+    fn script_register(&mut self, req: ScriptRegister, _: Bytes) -> Reply<String> {
+        self.need("/", Rights::EXECUTE)?;
+        let id = self.inner.shared.scripts.register(&req.source)?;
+        // Kept in the namespace: a call through another head finds it by its id.
+        self.head.meta.add_script(&id, &req.source).map_err(meta_err)?;
+        Ok(id.into())
     }
 
-    fn script_call(&mut self, _: ScriptCall, _: Bytes) -> Reply<Vec<Value>> {
-        not_here("scripts")
+    /// As on a single server: the script's `fs.*` calls go to a head's session acting
+    /// as the caller (so over the namespace and the nodes, under the same ACLs).
+    fn script_call(&mut self, mut req: ScriptCall, data: Bytes) -> Reply<Vec<Value>> {
+        let who = self.need("/", Rights::EXECUTE)?;
+        if req.source.is_none() && !self.inner.shared.scripts.knows(&req.id) {
+            req.source = self.head.meta.script(&req.id).map_err(meta_err)?;
+        }
+        let head = self.head.clone();
+        let host = |s: &Session| -> Box<dyn locus_script::Host> {
+            let session = HeadSession::new(Session::acting_as(s.shared.clone(), &who), head.clone());
+            Box::new(crate::script_host::ScriptHost::over(session, s.shared.clone(), s.client_id))
+        };
+        self.inner.run_script(&who, req, data, host)
     }
 
     /// Runs the module on every data node over the files of `dir` that the node holds

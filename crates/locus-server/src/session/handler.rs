@@ -11,7 +11,7 @@ use bytes::Bytes;
 use locus_proto::auth;
 use locus_proto::ops::*;
 use locus_proto::types::*;
-use locus_proto::{Code, Error as WireError, Operation};
+use locus_proto::{Code, Error as WireError};
 use locus_store::StoreError;
 use std::sync::Arc;
 
@@ -334,43 +334,10 @@ impl Handler for Session {
 
     fn script_call(&mut self, req: ScriptCall, data: Bytes) -> Reply<Vec<Value>> {
         let who = self.may_execute()?.to_string();
-        let Some(outbox) = self.outbox.clone() else {
-            return Err(WireError::new(Code::NOTSUP, "scripts cannot call scripts"));
+        let host = |s: &Session| -> Box<dyn locus_script::Host> {
+            Box::new(crate::script_host::ScriptHost::new(s.shared.clone(), &who, s.client_id))
         };
-        let limits =
-            self.shared.config.script_limits_by_subject.get(&who).copied().unwrap_or(self.shared.config.script_limits);
-        let host = |s: &Session| Box::new(crate::script_host::ScriptHost::new(s.shared.clone(), &who, s.client_id));
-        // First on this thread: a short lookup is answered here (see `Engine::try_inline`).
-        let inline = locus_script::CallRequest {
-            id: req.id.clone(),
-            source: req.source.clone(),
-            args: req.args.clone(),
-            input: data.to_vec(),
-            limits,
-            host: host(self),
-        };
-        if let Some(outcome) = self.shared.scripts.try_inline(inline) {
-            let out = outcome?;
-            return Ok(Answer::with_body(out.values, Body::Bytes(out.output.into())));
-        }
-        let (op, id) = (ScriptCall::INFO.code, self.current.0);
-        // The interpreter thread that runs the call sends its reply.
-        let reply = Box::new(move |result: Result<locus_script::CallOutcome, locus_script::ScriptError>| {
-            let outcome = result
-                .map(|out| Answer::with_body(out.values, Body::Bytes(out.output.into())).encode())
-                .map_err(WireError::from);
-            outbox.reply(op, id, outcome);
-        });
-        let call = locus_script::CallRequest {
-            id: req.id,
-            source: req.source,
-            args: req.args,
-            input: data.to_vec(),
-            limits,
-            host: host(self),
-        };
-        self.shared.scripts.call(call, reply)?;
-        Ok(Answer::deferred())
+        self.run_script(&who, req, data, host)
     }
 
     fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {

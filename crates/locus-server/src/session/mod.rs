@@ -9,11 +9,12 @@ mod handler;
 use crate::active::{self, Found, Run};
 use crate::dispatch::Reply;
 use crate::dispatch::{Answer, Encoded};
+use crate::transport::Body;
 use crate::{Outbox, Shared};
 use bytes::Bytes;
 use locus_proto::ops::*;
 use locus_proto::types::*;
-use locus_proto::{Code, Error as WireError};
+use locus_proto::{Code, Error as WireError, Operation};
 use locus_store::{OpenFile, PutFile, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -291,6 +292,54 @@ impl Session {
         let r = store(r)?;
         self.changed(paths, true);
         Ok(r)
+    }
+
+    /// Runs script call `req` for `who` (who may execute), with the `fs.*` calls going
+    /// to the host `host` makes: a short lookup on this thread, anything else on the
+    /// interpreter pool, whose thread sends the reply.
+    pub(crate) fn run_script(
+        &mut self,
+        who: &str,
+        req: ScriptCall,
+        data: Bytes,
+        host: impl Fn(&Session) -> Box<dyn locus_script::Host>,
+    ) -> Reply<Vec<Value>> {
+        let Some(outbox) = self.outbox.clone() else {
+            return Err(WireError::new(Code::NOTSUP, "scripts cannot call scripts"));
+        };
+        let limits =
+            self.shared.config.script_limits_by_subject.get(who).copied().unwrap_or(self.shared.config.script_limits);
+        // First on this thread: a short lookup is answered here (see `Engine::try_inline`).
+        let inline = locus_script::CallRequest {
+            id: req.id.clone(),
+            source: req.source.clone(),
+            args: req.args.clone(),
+            input: data.to_vec(),
+            limits,
+            host: host(self),
+        };
+        if let Some(outcome) = self.shared.scripts.try_inline(inline) {
+            let out = outcome?;
+            return Ok(Answer::with_body(out.values, Body::Bytes(out.output.into())));
+        }
+        let (op, id) = (ScriptCall::INFO.code, self.current.0);
+        // The interpreter thread that runs the call sends its reply.
+        let reply = Box::new(move |result: Result<locus_script::CallOutcome, locus_script::ScriptError>| {
+            let outcome = result
+                .map(|out| Answer::with_body(out.values, Body::Bytes(out.output.into())).encode())
+                .map_err(WireError::from);
+            outbox.reply(op, id, outcome);
+        });
+        let call = locus_script::CallRequest {
+            id: req.id,
+            source: req.source,
+            args: req.args,
+            input: data.to_vec(),
+            limits,
+            host: host(self),
+        };
+        self.shared.scripts.call(call, reply)?;
+        Ok(Answer::deferred())
     }
 
     /// True when this connection can be told things outside any reply (a client's own
