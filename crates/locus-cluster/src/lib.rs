@@ -243,6 +243,24 @@ fn entry_of(row: &[Val]) -> Result<Entry> {
     })
 }
 
+/// The output of an active-file invocation run on a cluster (Lerna's active files at
+/// cluster scale): kept as a version like a file's, under a key naming who asked, where,
+/// which handler and which arguments, and reused while the inputs' versions (`stamp`)
+/// are unchanged. A failed run keeps its error instead (`error` not empty, no content).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveResult {
+    pub key: String,
+    /// A digest of the input files' names and versions when the run started.
+    pub stamp: String,
+    /// The failed run's error (empty for an output).
+    pub error: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub object: u64,
+    pub version: u64,
+    pub content: Content,
+}
+
 /// The namespace, on one engine.
 pub struct Meta {
     engine: Box<dyn Engine>,

@@ -4,7 +4,8 @@
 use crate::sql::Val;
 use crate::COLUMNS;
 use crate::{
-    entry_of, get, next_id, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node, Result,
+    entry_of, get, next_id, nodes_text, ActiveResult, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node,
+    Result,
 };
 
 /// Seconds since the epoch.
@@ -186,6 +187,65 @@ impl Meta {
             )
             .map(drop)
         })
+    }
+
+    /// The last result kept for active-file invocation `key` (see [`ActiveResult`]).
+    pub fn active_result(&self, key: &str) -> Result<Option<ActiveResult>> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                "SELECT stamp, error, size, mtime, object, version, nodes, inline FROM active_results WHERE key = $1",
+                &[Val::Text(key.into())],
+            )?;
+            let Some(r) = rows.first() else { return Ok(None) };
+            let bad = || MetaError::Engine("malformed active result row".into());
+            let int = |i: usize| r.get(i).and_then(Val::int).ok_or_else(bad);
+            let content = match r.get(7) {
+                Some(Val::Blob(Some(bytes))) => Content::Inline(bytes.clone()),
+                _ => Content::Nodes(
+                    r.get(6).and_then(Val::text).unwrap_or("").split(',').filter_map(|n| n.parse().ok()).collect(),
+                ),
+            };
+            Ok(Some(ActiveResult {
+                key: key.to_string(),
+                stamp: r[0].text().ok_or_else(bad)?.to_string(),
+                error: r[1].text().ok_or_else(bad)?.to_string(),
+                size: int(2)? as u64,
+                mtime_ns: int(3)?,
+                object: int(4)? as u64,
+                version: int(5)? as u64,
+                content,
+            }))
+        })
+    }
+
+    /// Keeps `result` for its invocation, replacing the one before, which it answers (its
+    /// version's bytes become garbage).
+    pub fn put_active_result(&self, result: &ActiveResult) -> Result<Option<ActiveResult>> {
+        let old = self.active_result(&result.key)?;
+        let (nodes, inline) = match &result.content {
+            Content::Inline(bytes) => (String::new(), Some(bytes.clone())),
+            Content::Nodes(n) => (nodes_text(n), None),
+        };
+        self.tx(|tx| {
+            tx.exec("DELETE FROM active_results WHERE key = $1", &[Val::Text(result.key.clone())])?;
+            tx.exec(
+                "INSERT INTO active_results (key, stamp, error, size, mtime, object, version, nodes, inline) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                &[
+                    Val::Text(result.key.clone()),
+                    Val::Text(result.stamp.clone()),
+                    Val::Text(result.error.clone()),
+                    Val::Int(result.size as i64),
+                    Val::Int(result.mtime_ns),
+                    Val::Int(result.object as i64),
+                    Val::Int(result.version as i64),
+                    Val::Text(nodes.clone()),
+                    Val::Blob(inline.clone()),
+                ],
+            )
+            .map(drop)
+        })?;
+        Ok(old.filter(|o| o.version != result.version))
     }
 
     /// Keeps a registered script's source, so that every head can run it by its id.

@@ -40,6 +40,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;
 
+/// A handler invocation resolved for a cluster head (see [`ActiveFiles::resolve`]).
+pub(crate) struct Resolved {
+    pub(crate) inv: Invocation,
+    /// The module (empty for a command handler, which a head does not run).
+    pub(crate) wasm: Bytes,
+    pub(crate) command: bool,
+    /// The handler's arguments, then the invocation's.
+    pub(crate) args: Vec<String>,
+    /// The result's cache key (who, where, what and with what).
+    pub(crate) key: String,
+}
+
 /// The handler registry in the state directory.
 pub const HANDLERS_FILE: &str = "handlers.conf";
 /// The result cache in the state directory.
@@ -221,6 +233,17 @@ impl ActiveFiles {
             .collect();
         list.sort_by(|a, b| a.name.cmp(&b.name));
         list
+    }
+
+    /// The invocation file name `name` in directory `dir` makes, if it names a
+    /// registered handler: what a cluster head needs to run it on a data node.
+    pub(crate) fn resolve(&self, who: &str, dir: &str, name: &str) -> Option<Resolved> {
+        let inv = active::parse(name)?;
+        let handler = self.handlers().get(&inv.handler).cloned()?;
+        let key = key_of(who, dir.trim_matches('/'), &handler, &inv);
+        let mut args = handler.args.clone();
+        args.extend(inv.args.iter().cloned());
+        Some(Resolved { command: handler.program.is_some(), wasm: handler.wasm.clone(), args, key, inv })
     }
 
     /// For a lookup of `path` that found nothing: the active file its name invokes, or

@@ -14,6 +14,14 @@ fn s(v: &str) -> Value {
     Value::Str(v.into())
 }
 
+const SALES: &str = "region,price\nnorth,10\nsouth,5\nnorth,7\n";
+
+/// Registers the shipped `csv` storelet as a handler at `server` (each head keeps its
+/// own `handlers.conf`, as an operator installs it on each).
+fn with_csv(server: &TestServer) {
+    server.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
+}
+
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
@@ -44,6 +52,7 @@ async fn suite(first: &TestServer, second: &TestServer) {
 
     scripts(&admin, &other, &big).await;
     links(&admin, &other, &big).await;
+    active_files(first, &admin, &other).await;
     callbacks(first, &other).await;
     refusals(first, second, &admin).await;
 }
@@ -92,6 +101,53 @@ async fn scripts(admin: &Client, other: &Client, big: &[u8]) {
     // Errors come back as values.
     let missing = "local x, m, code = fs.stat('/p/none') return x, code";
     assert_eq!(admin.script_call(missing, vec![], b"").await.unwrap().0, vec![Value::Nil, s("ENOENT")]);
+}
+
+/// Active files: a missing name invoking a registered storelet handler reads as its
+/// output, through either door, reused until an input changes; a failed run leaves an
+/// error record; running code needs `x` at the root.
+async fn active_files(first: &TestServer, admin: &Client, other: &Client) {
+    admin.write_file("/p/sales.csv", 0o644, SALES.as_bytes()).await.unwrap();
+    // A larger input, kept on a data node on a cluster.
+    let mut rows = String::from("region,price\n");
+    for i in 0..20_000 {
+        rows.push_str(&format!("r{},{}\n", i % 3, i % 10));
+    }
+    admin.write_file("/p/many.csv", 0o644, rows.as_bytes()).await.unwrap();
+    assert!(rows.len() > 64 << 10);
+    let names = |h: Vec<locus_client::types::HandlerInfo>| h.into_iter().map(|h| h.name).collect::<Vec<_>>();
+    assert_eq!(names(other.handlers().await.unwrap()), ["csv"]);
+
+    let sum = "/p/csv@sales.csv,-sum,price";
+    assert_eq!(admin.read_file(sum).await.unwrap(), b"22\n");
+    let attr = other.stat(sum).await.unwrap();
+    assert_eq!((attr.mode & 0o7777, attr.size), (0o444, 3), "a read-only file of its output's size");
+    // Reused through either door while the input is unchanged (the same result file).
+    assert_eq!(other.read_file(sum).await.unwrap(), b"22\n");
+    assert_eq!(admin.stat(sum).await.unwrap().ino, attr.ino);
+    let big_sum = other.read_file("/p/csv@many.csv,-sum,price").await.unwrap();
+    assert_eq!(big_sum, format!("{}\n", (0..20_000).map(|i| i % 10).sum::<i64>()).into_bytes());
+    // Read through a handle too (as the mount does).
+    let h = admin.open(sum, open_flags::READ, 0).await.unwrap();
+    assert_eq!(admin.pread(h.handle, 0, 100).await.unwrap(), &b"22\n"[..]);
+    admin.close(h.handle).await.unwrap();
+    // Results are not listed.
+    let listed: Vec<String> = admin.readdir("/p").await.unwrap().into_iter().map(|e| e.name).collect();
+    assert!(listed.iter().all(|n| !n.contains('@')), "{listed:?}");
+    // A changed input runs the handler again.
+    other.write_file("/p/sales.csv", 0o644, b"region,price\nnorth,1\n").await.unwrap();
+    assert_eq!(admin.read_file(sum).await.unwrap(), b"1\n");
+    assert_ne!(admin.stat(sum).await.unwrap().ino, attr.ino, "a new run makes a new file");
+    // Unknown handlers are plain ENOENT; a failed run is EIO with an error record.
+    assert_eq!(admin.stat("/p/nothing@sales.csv").await.unwrap_err().code(), Code::NOENT);
+    let e = admin.read_file("/p/csv@absent.csv,-count").await.unwrap_err();
+    assert_eq!(e.code(), Code::IO, "{e}");
+    let record = String::from_utf8(other.read_file("/p/csv@absent.csv,-count.err").await.unwrap()).unwrap();
+    assert!(record.contains("absent.csv"), "{record}");
+    // Running code needs x at the root.
+    admin.acl_set("/", "bob", Rights::parse("rl").unwrap()).await.unwrap();
+    let bob = first.client("bob").await;
+    assert_eq!(bob.read_file(sum).await.unwrap_err().code(), Code::ACCES);
 }
 
 /// Symbolic links: made through one door, followed through the other.
@@ -151,6 +207,7 @@ async fn refusals(first: &TestServer, second: &TestServer, admin: &Client) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_suite_passes_on_one_server() {
     let server = TestServer::start();
+    with_csv(&server);
     suite(&server, &server).await;
 }
 
@@ -163,5 +220,7 @@ async fn the_suite_passes_on_two_heads_with_two_data_nodes_on_postgresql() {
     let first = TestServer::head(Some(&pg.url()), |_| {});
     let second = TestServer::head(Some(&pg.url()), |_| {});
     let _nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
+    with_csv(&first);
+    with_csv(&second);
     suite(&first, &second).await;
 }

@@ -56,7 +56,7 @@ impl Head {
 type Outcome = (Share, Result<Vec<(StoreletEvent, Bytes)>, (WireError, bool)>);
 
 /// Runs a share at its node and gathers its events until it finishes.
-async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -> Outcome {
+pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -> Outcome {
     let (node, id) = (&share.0, share.0.id);
     let frames = match head.writer(node).await {
         Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| (WireError::new(e.code(), e.to_string()), true)),

@@ -59,6 +59,8 @@ pub struct Head {
     /// Where this head's changes go to be announced to the other heads (none: the
     /// engine has no other heads).
     pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<crate::cluster::changes::Change>>>,
+    /// Active-file results being made at this head: one run at a time for each.
+    pub(crate) active_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Drop for Head {
@@ -105,6 +107,7 @@ impl Head {
             reads: NodeReads::default(),
             io: Some(io),
             announce: Mutex::new(None),
+            active_runs: Mutex::new(HashMap::new()),
         })
     }
 

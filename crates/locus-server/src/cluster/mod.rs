@@ -20,7 +20,7 @@
 //! locations, third-party reads), `writes` (staging a new version and committing it on
 //! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `changes` (callbacks across heads: changes announced and heard on the engine), `session` (the
-//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), and for data nodes `node` (joining
+//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
 //! block checksums, checked on every read and by the scrub) and
 //! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
@@ -37,6 +37,8 @@
 //! no import circle runs between them. `session` depends on the others and nothing
 //! depends on it but the server's connection loop.
 
+#[cfg(feature = "cluster")]
+mod active_files;
 #[cfg(feature = "cluster")]
 mod changes;
 pub mod checksums;

@@ -2,7 +2,7 @@
 //! the namespace and the nodes, checking rights on the namespace's ACLs.
 
 use crate::cluster::attr_of;
-use crate::cluster::fanout::merge_runs;
+use crate::cluster::fanout::{merge_runs, RunFile};
 use crate::cluster::meta_err;
 use crate::cluster::placement::later;
 use crate::cluster::placement::slice;
@@ -142,7 +142,7 @@ impl HeadSession {
 
     /// The subject of the connection: never the nodes' or the head's own subject, which
     /// act through `node_join` (and at the nodes) only.
-    fn who(&self) -> Result<String, WireError> {
+    pub(crate) fn who(&self) -> Result<String, WireError> {
         match self.inner.subject() {
             None => Err(WireError::new(Code::NOT_AUTHENTICATED, "authenticate first")),
             Some(s @ (NODE_SUBJECT | HEAD_SUBJECT)) => {
@@ -165,6 +165,27 @@ impl HeadSession {
             && self.head.meta.rights(who, dir).map_err(meta_err)?.contains(Rights::READ.union(Rights::LIST));
         known.insert(dir.to_string(), yes);
         Ok(yes)
+    }
+
+    /// The files under `dir` that `who` may read (every directory between `dir` and the
+    /// file grants `r` and `l`), as a run on the nodes sees them, with the nodes holding
+    /// each (none for a small file, whose bytes go with it).
+    pub(crate) fn view_files(&self, who: &str, dir: &str) -> Result<Vec<RunFile>, WireError> {
+        let prefix = if dir == "/" { 0 } else { dir.len() };
+        let mut readable: HashMap<String, bool> = HashMap::from([(dir.to_string(), true)]);
+        let mut files = Vec::new();
+        for e in self.head.meta.files_under(dir).map_err(meta_err)? {
+            if !self.readable_dir(who, governing(&e.path, false), &mut readable)? {
+                continue;
+            }
+            let path = e.path[prefix..].trim_start_matches('/').to_string();
+            let (holders, inline) = match e.content {
+                Content::Nodes(ids) => (ids, None),
+                Content::Inline(bytes) => (Vec::new(), Some(bytes)),
+            };
+            files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
+        }
+        Ok(files)
     }
 
     pub(crate) fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
@@ -332,13 +353,19 @@ impl Handler for HeadSession {
     fn stat(&mut self, req: Stat, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.promise(&path, false, Rights::LIST);
-        Ok(attr_of(&self.need_entry(&path, Rights::LIST)?.1).into())
+        match self.need_entry(&path, Rights::LIST) {
+            Ok((_, e)) => Ok(attr_of(&e).into()),
+            Err(err) => Ok(attr_of(&self.active(&path, err)?).into()),
+        }
     }
 
     fn lstat(&mut self, req: Lstat, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.promise(&path, false, Rights::LIST);
-        Ok(attr_of(&self.need_entry_here(&path, Rights::LIST)?.1).into())
+        match self.need_entry_here(&path, Rights::LIST) {
+            Ok((_, e)) => Ok(attr_of(&e).into()),
+            Err(err) => Ok(attr_of(&self.active(&path, err)?).into()),
+        }
     }
 
     fn fstat(&mut self, req: Fstat, _: Bytes) -> Reply<Attr> {
@@ -382,7 +409,11 @@ impl Handler for HeadSession {
                     Err(err) => return Err(err.into()),
                 }
             }
-            None => return Err(MetaError::NotFound(path).into()),
+            None if writing => return Err(MetaError::NotFound(path).into()),
+            None => {
+                let err = MetaError::NotFound(path.clone()).into();
+                self.active(&path, err)?
+            }
         };
         let staged = if writing {
             let truncate = req.flags & open_flags::TRUNCATE != 0;
@@ -452,7 +483,10 @@ impl Handler for HeadSession {
     fn get(&mut self, req: Get, _: Bytes) -> Reply<Attr> {
         let path = normalise(&req.path).map_err(meta_err)?;
         self.promise(&path, false, Rights::READ);
-        let (_, e) = self.need_entry(&path, Rights::READ)?;
+        let e = match self.need_entry(&path, Rights::READ) {
+            Ok((_, e)) => e,
+            Err(err) => self.active(&path, err)?,
+        };
         if e.kind == EntryKind::Dir {
             return Err(MetaError::IsDir(path).into());
         }
@@ -607,7 +641,16 @@ impl Handler for HeadSession {
 
     fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        let e = self.entry(&path)?;
+        let e = match self.entry(&path) {
+            Ok(e) => e,
+            // An active file exists for reading only.
+            Err(err) => match self.active(&path, err)? {
+                _ if req.mode & 2 != 0 => {
+                    return Err(WireError::new(Code::ACCES, format!("{path}: active files are read-only")))
+                }
+                _ => return Ok(().into()),
+            },
+        };
         let mut need = Rights(0);
         if req.mode & 4 != 0 {
             need = need.union(if e.kind == EntryKind::Dir { Rights::LIST } else { Rights::READ });
@@ -706,22 +749,7 @@ impl Handler for HeadSession {
         if self.entry(&dir)?.kind != EntryKind::Dir {
             return Err(MetaError::NotDir(dir).into());
         }
-        let prefix = if dir == "/" { 0 } else { dir.len() };
-        // Only what the subject may read goes into the nodes' views: a file is left out
-        // when any directory between `dir` and it lacks `r` or `l` for the subject.
-        let mut readable: HashMap<String, bool> = HashMap::from([(dir.clone(), true)]);
-        let mut files = Vec::new();
-        for e in self.head.meta.files_under(&dir).map_err(meta_err)? {
-            if !self.readable_dir(&who, governing(&e.path, false), &mut readable)? {
-                continue;
-            }
-            let path = e.path[prefix..].trim_start_matches('/').to_string();
-            let (holders, inline) = match e.content {
-                Content::Nodes(ids) => (ids, None),
-                Content::Inline(bytes) => (Vec::new(), Some(bytes)),
-            };
-            files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
-        }
+        let files = self.view_files(&who, &dir)?;
         let shares = self.head.plan_run(files, &[])?;
         let head = self.head.clone();
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
@@ -744,12 +772,16 @@ impl Handler for HeadSession {
     }
 
     fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
-        Ok(Vec::new().into())
+        self.who()?;
+        Ok(self.inner.shared.active.list().into())
     }
 
     fn locate(&mut self, req: Locate, _: Bytes) -> Reply<Located> {
         let path = normalise(&req.path).map_err(meta_err)?;
-        let (who, e) = self.need_entry(&path, Rights::READ)?;
+        let (who, e) = match self.need_entry(&path, Rights::READ) {
+            Ok(found) => found,
+            Err(err) => (self.who()?, self.active(&path, err)?),
+        };
         Ok(Located { attr: attr_of(&e), location: self.head.location(&who, &e)? }.into())
     }
 
