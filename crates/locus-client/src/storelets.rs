@@ -54,6 +54,10 @@ impl StoreletRun {
             StoreletEvent::Stdout => StoreletUpdate::Stdout(frame.data),
             StoreletEvent::Stderr => StoreletUpdate::Stderr(frame.data),
             StoreletEvent::Finished(r) => StoreletUpdate::Finished(r),
+            StoreletEvent::Wrote { .. } | StoreletEvent::Removed { .. } => {
+                self.done = true;
+                return Err(ClientError::Protocol("a data node's report reached a client".into()));
+            }
         }))
     }
 }

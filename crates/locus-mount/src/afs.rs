@@ -192,7 +192,9 @@ impl LocusFs {
                         e.message,
                         self.copies.as_ref().map(|c| c.journal_dir().display().to_string()).unwrap_or_default()
                     );
-                    self.copies.as_mut().map(|c| c.keep(ino));
+                    if let Some(c) = self.copies.as_mut() {
+                        c.keep(ino);
+                    }
                     self.unpin_and_drop(ino);
                 }
             }
@@ -419,7 +421,9 @@ impl LocusFs {
                     e.errno,
                     e.message
                 );
-                self.copies.as_mut().map(|c| c.keep(ino));
+                if let Some(c) = self.copies.as_mut() {
+                    c.keep(ino);
+                }
                 self.unpin_and_drop(ino);
             }
         }

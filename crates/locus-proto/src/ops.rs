@@ -149,8 +149,8 @@ macro_rules! operation_table {
             0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8>, damaged: Vec<(u64, u64)> } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
-            /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`), read-only; replies stream as `storelet_run`'s.
-            0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)> } -> StoreletEvent;
+            /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`); replies stream as `storelet_run`'s. With `write`, the run works on copies, and before its last event the node reports each file it wrote (kept aside for `object_adopt`) and each it removed.
+            0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)>, write: bool } -> StoreletEvent;
             /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
             0x67 KeyRotate key_rotate Unary {} -> ();
             /// Checks a version a data node was just given against the head's CRC-32 of its bytes and records its block checksums (the head only); a mismatch fails, removing the version unless it was sealed before (a sealed version is only compared).
@@ -169,6 +169,8 @@ macro_rules! operation_table {
             0x6e ObjectWrite object_write StreamIn { capability: Capability, nodes: Vec<u64> } -> Attr;
             /// Makes a version written to data nodes the file's current one, once every node has checked it against `crc` (the CRC-32 of its bytes); answers the file's attributes.
             0x6f WriteCommit write_commit Unary { path: String, mode: u32, target: WriteTarget, crc: u32 } -> Attr;
+            /// Makes a file a writable run wrote at this data node (reported as `token`) the object version `object`.`version` and records its block checksums (the head only); answers its CRC-32.
+            0x70 ObjectAdopt object_adopt Unary { token: String, object: u64, version: u64 } -> u32;
         }
     };
 }

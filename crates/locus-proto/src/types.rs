@@ -413,6 +413,11 @@ pub enum StoreletEvent {
     /// The program ended (the last frame); a run stopped by a limit or cancelled ends
     /// with an error frame instead.
     Finished(StoreletResult),
+    /// Between a data node and its head only, in a writable run: the run wrote the file
+    /// `path` (relative to the run's directory), `size` bytes, kept aside as `token`.
+    Wrote { path: String, size: u64, token: String },
+    /// Between a data node and its head only, in a writable run: the run removed `path`.
+    Removed { path: String },
 }
 
 /// How a storelet run ended and what it used: its account.

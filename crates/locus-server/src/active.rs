@@ -41,6 +41,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// A handler invocation resolved for a cluster head (see [`ActiveFiles::resolve`]).
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) struct Resolved {
     pub(crate) inv: Invocation,
     /// The module (empty for a command handler, which a head does not run).
@@ -237,6 +238,7 @@ impl ActiveFiles {
 
     /// The invocation file name `name` in directory `dir` makes, if it names a
     /// registered handler: what a cluster head needs to run it on a data node.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn resolve(&self, who: &str, dir: &str, name: &str) -> Option<Resolved> {
         let inv = active::parse(name)?;
         let handler = self.handlers().get(&inv.handler).cloned()?;

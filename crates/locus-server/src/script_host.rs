@@ -46,6 +46,7 @@ impl ScriptSession for Session {
 
 /// Gathers the frames of a streamed reply (on the runtime that feeds them), at most
 /// [`MAX_SCRIPT_GET`] bytes.
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 pub(crate) async fn gather_events(mut events: EventStream) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
     let (mut metas, mut data) = (Vec::new(), Vec::new());
     while let Some(frame) = events.frames.recv().await {

@@ -53,6 +53,7 @@ async fn suite(first: &TestServer, second: &TestServer) {
     scripts(&admin, &other, &big).await;
     links(&admin, &other, &big).await;
     active_files(first, &admin, &other).await;
+    writable_run(first, &admin, &other).await;
     callbacks(first, &other).await;
     refusals(first, second, &admin).await;
 }
@@ -148,6 +149,52 @@ async fn active_files(first: &TestServer, admin: &Client, other: &Client) {
     admin.acl_set("/", "bob", Rights::parse("rl").unwrap()).await.unwrap();
     let bob = first.client("bob").await;
     assert_eq!(bob.read_file(sum).await.unwrap_err().code(), Code::ACCES);
+}
+
+/// A writable storelet run: what it writes and removes is there afterwards, through
+/// either door (on a cluster, each node's share writes its files and the head commits
+/// them); a read-only run changes nothing; a subject without `w` may not start one.
+async fn writable_run(first: &TestServer, admin: &Client, other: &Client) {
+    let big_log = pattern(300 << 10);
+    admin.mkdir("/p/w", 0o755).await.unwrap();
+    admin.mkdir("/p/w/sub", 0o755).await.unwrap();
+    for (path, data) in [
+        ("/p/w/a.txt", &b"alpha\n"[..]),
+        ("/p/w/b.txt", b"beta\n"),
+        ("/p/w/sub/c.txt", b"gamma\n"),
+        ("/p/w/x.tmp", b"junk"),
+        ("/p/w/sub/y.tmp", b"junk"),
+        ("/p/w/big.log", &big_log),
+    ] {
+        admin.write_file(path, 0o644, data).await.unwrap();
+    }
+    let edit = locus_testkit::build_storelet("edit");
+    let edits: Vec<String> =
+        ["upper", ".txt", "copy", ".log", ".bak", "rm", ".tmp"].iter().map(|a| a.to_string()).collect();
+    // Read-only: the run cannot write, and nothing changes.
+    let _ = admin.storelet_run(&edit, "/p/w", edits.clone(), false).await;
+    assert_eq!(other.read_file("/p/w/a.txt").await.unwrap(), b"alpha\n");
+    assert_eq!(other.stat("/p/w/x.tmp").await.unwrap().size, 4);
+
+    let out = other.storelet_run(&edit, "/p/w", edits.clone(), true).await.unwrap();
+    assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect();
+    lines.sort();
+    assert_eq!(lines, ["copy big.log", "rm sub/y.tmp", "rm x.tmp", "upper a.txt", "upper b.txt", "upper sub/c.txt"]);
+    for door in [admin, other] {
+        assert_eq!(door.read_file("/p/w/a.txt").await.unwrap(), b"ALPHA\n");
+        assert_eq!(door.read_file("/p/w/sub/c.txt").await.unwrap(), b"GAMMA\n");
+        assert_eq!(door.read_file("/p/w/big.log.bak").await.unwrap(), big_log);
+        assert_eq!(door.read_file("/p/w/big.log").await.unwrap(), big_log);
+        assert_eq!(door.stat("/p/w/x.tmp").await.unwrap_err().code(), Code::NOENT);
+        assert_eq!(door.stat("/p/w/sub/y.tmp").await.unwrap_err().code(), Code::NOENT);
+    }
+    // Without `w` on the directory, a writable run is refused.
+    admin.acl_set("/", "alice", Rights::parse("rlx").unwrap()).await.unwrap();
+    let alice = first.client("alice").await;
+    let e = alice.storelet_run(&edit, "/p/w", edits, true).await.unwrap_err();
+    assert_eq!(e.code(), Code::ACCES, "{e}");
+    assert_eq!(admin.read_file("/p/w/b.txt").await.unwrap(), b"BETA\n");
 }
 
 /// Symbolic links: made through one door, followed through the other.

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 // ---------------------------------------------------------------------------------
 // Client workloads (native protocol)
 
-/// The subject data nodes join a head as.
-
+/// Connection options for the benchmark's clients at `addr`.
 pub(super) fn options(addr: &str) -> ConnectOptions {
     ConnectOptions {
         addr: addr.to_string(),

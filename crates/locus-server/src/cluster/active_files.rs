@@ -166,6 +166,7 @@ impl Head {
                 files: view.iter().map(|(f, _)| f.clone()).collect(),
                 args: found.args.clone(),
                 env: Vec::new(),
+                write: false,
             };
             let (_, outcome) = run_share(self.clone(), req, found.wasm.clone(), (node.clone(), view)).await;
             let events = match outcome {

@@ -7,12 +7,21 @@
 //! the node's storelet output limit), so a node that fails before then (it cannot be
 //! reached, or goes away) leaves no partial output: its files are planned again over
 //! the other live nodes holding them, and run there.
+//!
+//! A writable run works on copies at each node; each node tells the head what its share
+//! wrote and removed, keeping the written files aside. Only when every share has ended
+//! well does the head adopt them: each becomes a new version of its file (replicated as
+//! the head's policy asks, small ones moved into the namespace), removals are made, and
+//! the subject's `w` (and `d`) rights are checked for every one of them first, so a run
+//! with a change it may not make changes nothing. A run that fails, or whose program
+//! exits with a status other than 0 on any node, changes nothing.
 
 use crate::cluster::head::LOCAL_NODE;
+use crate::cluster::meta_err;
 use crate::cluster::Head;
 use crate::transport::EventFrame;
 use bytes::Bytes;
-use locus_cluster::Node;
+use locus_cluster::{Content, Entry, Kind as EntryKind, Node};
 use locus_proto::frame::Kind;
 use locus_proto::ops::*;
 use locus_proto::types::*;
@@ -24,6 +33,21 @@ pub(crate) type RunFile = (ViewFile, Vec<u64>);
 
 /// One node's share of a run.
 pub(crate) type Share = (Node, Vec<RunFile>);
+
+/// What a writable run's changes are committed under: its directory, its subject, and
+/// what tells clients holding promises on a changed path.
+pub(crate) struct Writes {
+    pub(crate) dir: String,
+    pub(crate) tell: Box<dyn Fn(&str) + Send + Sync>,
+}
+
+/// A file a writable run wrote at a node, kept there as `token`.
+struct Wrote {
+    node: Node,
+    path: String,
+    size: u64,
+    token: String,
+}
 
 impl Head {
     /// Splits a run's files over the live nodes, none of `failed`: each file to the
@@ -92,6 +116,7 @@ pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, shar
 /// finishes, then one `Finished` adding up the accounts (the highest exit code). A
 /// share whose node fails is planned again over the other nodes; the run fails when a
 /// file is left with no live node, or a node answers an error of the run's own.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn merge_runs(
     head: Arc<Head>,
     subject: String,
@@ -99,6 +124,7 @@ pub(crate) async fn merge_runs(
     args: Vec<String>,
     env: Vec<(String, String)>,
     module: Bytes,
+    writes: Option<Writes>,
     tx: tokio::sync::mpsc::UnboundedSender<EventFrame>,
 ) {
     let frame = |kind: Kind, more: bool, meta: Vec<u8>, data: Bytes| EventFrame {
@@ -112,13 +138,15 @@ pub(crate) async fn merge_runs(
     let mut running = tokio::task::JoinSet::new();
     let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share| {
         let files = share.1.iter().map(|(f, _)| f.clone()).collect();
-        let req = NodeRun { subject: subject.clone(), files, args: args.clone(), env: env.clone() };
+        let write = writes.is_some();
+        let req = NodeRun { subject: subject.clone(), files, args: args.clone(), env: env.clone(), write };
         running.spawn(run_share(head.clone(), req, module.clone(), share));
     };
     for share in shares {
         start(&mut running, share);
     }
     let (mut total, mut started, mut failed) = (StoreletResult::default(), false, Vec::new());
+    let (mut wrote, mut removed) = (Vec::new(), Vec::new());
     while let Some(done) = running.join_next().await {
         let Ok((share, outcome)) = done else { return fail(&WireError::new(Code::IO, "a share's task failed")) };
         let events = match outcome {
@@ -145,6 +173,10 @@ pub(crate) async fn merge_runs(
                 e @ (StoreletEvent::Stdout | StoreletEvent::Stderr) => {
                     let _ = tx.send(frame(Kind::Reply, true, codec::encode(&e), data));
                 }
+                StoreletEvent::Wrote { path, size, token } => {
+                    wrote.push(Wrote { node: share.0.clone(), path, size, token })
+                }
+                StoreletEvent::Removed { path } => removed.push(path),
                 StoreletEvent::Finished(r) => {
                     total.module = r.module;
                     total.exit_code = total.exit_code.max(r.exit_code);
@@ -160,5 +192,113 @@ pub(crate) async fn merge_runs(
             }
         }
     }
+    if let (Some(writes), 0) = (writes, total.exit_code) {
+        if let Err(e) = head.commit_run_writes(&subject, &writes, wrote, removed).await {
+            return fail(&e);
+        }
+    }
     let _ = tx.send(frame(Kind::Reply, false, codec::encode(&StoreletEvent::Finished(total)), Bytes::new()));
+}
+
+impl Head {
+    /// Adopts what a writable run wrote and makes its removals (see the module's
+    /// comment), telling promise holders of each changed path.
+    async fn commit_run_writes(
+        self: &Arc<Self>,
+        who: &str,
+        writes: &Writes,
+        wrote: Vec<Wrote>,
+        removed: Vec<String>,
+    ) -> Result<(), WireError> {
+        let dir = writes.dir.trim_end_matches('/');
+        let abs = |p: &str| format!("{dir}/{p}");
+        for (path, need) in
+            wrote.iter().map(|w| (abs(&w.path), Rights::WRITE)).chain(removed.iter().map(|p| (abs(p), Rights::DELETE)))
+        {
+            let parent = locus_cluster::split(&path).map_or("/", |(d, _)| d);
+            let rights = self.meta.rights(who, parent).map_err(meta_err)?;
+            if !rights.contains(need) {
+                return Err(WireError::new(
+                    Code::ACCES,
+                    format!("{path}: the run changed it without the '{need}' right there; nothing was changed"),
+                ));
+            }
+        }
+        for w in wrote {
+            let path = abs(&w.path);
+            self.make_parents(&path)?;
+            let existing = self.meta.get(&path).map_err(meta_err)?;
+            if existing.as_ref().is_some_and(|e| e.kind != EntryKind::File) {
+                return Err(WireError::new(Code::ISDIR, format!("{path}: the run wrote a file where there is none")));
+            }
+            let object = match &existing {
+                Some(e) => e.object,
+                None => self.meta.next_id().map_err(meta_err)?,
+            };
+            let version = self.meta.next_id().map_err(meta_err)?;
+            let adopt = ObjectAdopt { token: w.token.clone(), object, version };
+            let at = |e: String| WireError::new(Code::IO, format!("{path}: data node {}: {e}", w.node.id));
+            self.writer(&w.node).await?.call(adopt).await.map_err(|e| at(e.to_string()))?;
+            let mut entry = Entry {
+                path: path.clone(),
+                kind: EntryKind::File,
+                mode: existing.as_ref().map_or(0o644, |e| e.mode),
+                size: w.size,
+                mtime_ns: locus_cluster::now_ns(),
+                object,
+                version,
+                content: Content::Nodes(vec![w.node.id]),
+            };
+            if w.size <= self.config.inline_max {
+                // Small files live in the namespace: the node's copy goes.
+                let bytes = self.clone().read(entry.clone(), 0, w.size as u32).await?;
+                self.retire(&entry)?;
+                entry.content = Content::Inline(bytes.to_vec());
+            } else {
+                let mut holders = vec![w.node.id];
+                for target in self.candidates(w.size)?.into_iter().filter(|n| n.id != w.node.id) {
+                    if holders.len() >= self.config.replication.max(1) {
+                        break;
+                    }
+                    match self.fetch_to(&target, &entry, std::slice::from_ref(&w.node.addr)).await {
+                        Ok(()) => holders.push(target.id),
+                        Err(why) => {
+                            tracing::warn!(%path, node = target.id, "a replica of a run's output failed: {why}")
+                        }
+                    }
+                }
+                entry.content = Content::Nodes(holders);
+            }
+            if let Some(old) = self.meta.commit(&entry).map_err(meta_err)? {
+                self.retire(&old)?;
+            }
+            (writes.tell)(&path);
+        }
+        for p in removed {
+            let path = abs(&p);
+            match self.meta.remove(&path, false) {
+                Ok(old) => {
+                    self.retire(&old)?;
+                    (writes.tell)(&path);
+                }
+                Err(locus_cluster::MetaError::NotFound(_)) => {}
+                Err(e) => return Err(meta_err(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the directories above `path` that are missing (a run wrote beneath them).
+    fn make_parents(&self, path: &str) -> Result<(), WireError> {
+        let Some((parent, _)) = locus_cluster::split(path) else { return Ok(()) };
+        if parent == "/" || self.meta.get(parent).map_err(meta_err)?.is_some() {
+            return Ok(());
+        }
+        self.make_parents(parent)?;
+        let id = self.meta.next_id().map_err(meta_err)?;
+        match self.meta.create(&Entry::empty(parent.to_string(), EntryKind::Dir, 0o755, id)) {
+            Ok(()) | Err(locus_cluster::MetaError::Exists(_)) => Ok(()),
+            Err(e) => Err(meta_err(e)),
+        }
+    }
 }

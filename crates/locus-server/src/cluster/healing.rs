@@ -258,7 +258,7 @@ impl Head {
     }
 
     /// Has `target` copy `e`'s version from one of the nodes `sources` (`object_fetch`).
-    async fn fetch_to(&self, target: &Node, e: &Entry, sources: &[String]) -> Result<(), String> {
+    pub(crate) async fn fetch_to(&self, target: &Node, e: &Entry, sources: &[String]) -> Result<(), String> {
         let expires = capability::now() + self.config.capability_ttl.as_secs();
         let cap = capability::sign(&self.key(), NODE_SUBJECT, e.object, e.version, e.size, expires);
         let fetch = ObjectFetch { capability: cap, from: sources.to_vec(), rate: self.config.repair_rate };

@@ -8,7 +8,7 @@ use crate::cluster::checksums;
 use crate::dispatch::Answer;
 use crate::dispatch::Reply;
 use crate::session::{store, Session};
-use crate::transport::Body;
+use crate::transport::{Body, EventFrame};
 use bytes::Bytes;
 use locus_proto::capability::{Grant, NODE_SUBJECT};
 use locus_proto::ops::*;
@@ -121,12 +121,82 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
     copied
 }
 
+/// Where a data node keeps, under [`OBJECTS_DIR`], the files writable runs wrote until
+/// the head adopts them as versions (`object_adopt`); what is not adopted within
+/// [`PENDING_KEPT`] is removed.
+pub const PENDING_DIR: &str = "pending";
+
+/// How long a file a writable run wrote waits for its head to adopt it.
+const PENDING_KEPT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// A regular file's size and modification time: how a writable run's copies are told
+/// from what the run wrote.
+type Seen = (u64, std::time::SystemTime);
+
+/// Every regular file under `dir` (never following links), by its path relative to it.
+fn regular_files(dir: &std::path::Path) -> std::io::Result<std::collections::BTreeMap<String, Seen>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![(dir.to_path_buf(), String::new())];
+    while let Some((abs, rel)) = todo.pop() {
+        for entry in std::fs::read_dir(&abs)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+            let meta = entry.path().symlink_metadata()?;
+            if meta.is_dir() {
+                todo.push((entry.path(), path));
+            } else if meta.is_file() {
+                out.insert(path, (meta.len(), meta.modified()?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// What a writable run changed in its view, as the events that tell the head: each
+/// file written (new, or different in size or time from its copy) moved to `pending`
+/// under a fresh token, and each file removed.
+fn changes(
+    view: &std::path::Path,
+    before: &std::collections::BTreeMap<String, Seen>,
+    pending: &std::path::Path,
+) -> std::io::Result<Vec<StoreletEvent>> {
+    let after = regular_files(view)?;
+    let mut events = Vec::new();
+    for (path, seen) in &after {
+        if before.get(path) == Some(seen) {
+            continue;
+        }
+        let mut token = [0u8; 16];
+        getrandom::fill(&mut token).expect("the OS provides randomness");
+        let token = hex::encode(token);
+        std::fs::rename(view.join(path), pending.join(&token))?;
+        events.push(StoreletEvent::Wrote { path: path.clone(), size: seen.0, token });
+    }
+    for path in before.keys().filter(|p| !after.contains_key(*p)) {
+        events.push(StoreletEvent::Removed { path: path.clone() });
+    }
+    Ok(events)
+}
+
+/// Removes files writable runs wrote that no head adopted within [`PENDING_KEPT`].
+fn sweep_pending(pending: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(pending) else { return };
+    for entry in entries.flatten() {
+        let old = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if old.is_some_and(|age| age > PENDING_KEPT) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Where a data node lays out the files of a cluster-wide run, under its export.
 pub const VIEWS_DIR: &str = "views";
 
 /// A directory of hard links to object versions (and copies of inline files) under
-/// their names in a cluster-wide run: what the node's share of the run sees. Removed
-/// when dropped.
+/// their names in a cluster-wide run: what the node's share of the run sees; for a
+/// writable run, copies of the versions (a write must never reach a version's bytes).
+/// Removed when dropped.
 struct View {
     /// The directory, relative to the export.
     rel: String,
@@ -134,7 +204,7 @@ struct View {
 }
 
 impl View {
-    fn make(root: &std::path::Path, files: &[ViewFile]) -> Result<View, WireError> {
+    fn make(root: &std::path::Path, files: &[ViewFile], copy: bool) -> Result<View, WireError> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let name = hex::encode(id);
@@ -155,8 +225,17 @@ impl View {
                 Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
                 None => {
                     let from = root.join(OBJECTS_DIR).join(object_name(f.object, f.version));
-                    std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?
+                    match copy {
+                        true => std::fs::copy(from, &to).map(drop).map_err(|e| io(&f.path, e))?,
+                        false => std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?,
+                    }
                 }
+            }
+            if copy {
+                // Dated long ago: any write, however soon (timestamps are coarse), shows.
+                let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
+                let copied = std::fs::OpenOptions::new().write(true).open(&to).map_err(|e| io(&f.path, e))?;
+                copied.set_modified(long_ago).map_err(|e| io(&f.path, e))?;
             }
         }
         Ok(view)
@@ -293,19 +372,29 @@ impl Session {
     }
 
     /// `node_run`: this node's share of a cluster-wide storelet run, over a view of the
-    /// files the head named.
+    /// files the head named. A writable run works on copies; when it ends well, what it
+    /// wrote is moved aside for the head to adopt and told before the last event.
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;
         self.check_from_head()?;
-        let view = View::make(&self.shared.config.root, &req.files)?;
-        let dir = store(self.shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, false))?;
+        let view = View::make(&self.shared.config.root, &req.files, req.write)?;
+        let pending = objects_dir(&self.shared).join(PENDING_DIR);
+        let before = match req.write {
+            true => {
+                std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
+                sweep_pending(&pending);
+                regular_files(&view.abs).map_err(|e| WireError::io("view", e))?
+            }
+            false => Default::default(),
+        };
+        let dir = store(self.shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, req.write))?;
         let submission = crate::storelet_host::Submission {
             subject: req.subject,
             wasm: data,
             args: req.args,
             env: req.env,
             view: dir,
-            write: false,
+            write: req.write,
             record_inputs: false,
             native: None,
             active_file: None,
@@ -316,10 +405,44 @@ impl Session {
         // The view goes once the run's last event has been handed on.
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         let queued = events.queued.clone();
+        let write = req.write;
         tokio::spawn(async move {
             let mut view = Some(view);
             while let Some(frame) = events.frames.recv().await {
                 if !frame.more {
+                    if let (true, locus_proto::frame::Kind::Reply, Some(v)) = (write, frame.kind, view.as_ref()) {
+                        let (abs, before, pending) = (v.abs.clone(), before.clone(), pending.clone());
+                        let found = tokio::task::spawn_blocking(move || changes(&abs, &before, &pending)).await;
+                        let told = match found {
+                            Ok(Ok(changed)) => changed.iter().all(|event| {
+                                let meta = locus_proto::codec::encode(event);
+                                tx.send(EventFrame {
+                                    kind: frame.kind,
+                                    more: true,
+                                    meta,
+                                    data: Bytes::new(),
+                                    mergeable: false,
+                                })
+                                .is_ok()
+                            }),
+                            _ => {
+                                let e = WireError::new(Code::IO, "the run's writes could not be gathered");
+                                let meta = locus_proto::codec::encode(&e);
+                                let kind = locus_proto::frame::Kind::Error;
+                                let _ = tx.send(EventFrame {
+                                    kind,
+                                    more: false,
+                                    meta,
+                                    data: Bytes::new(),
+                                    mergeable: false,
+                                });
+                                return;
+                            }
+                        };
+                        if !told {
+                            return;
+                        }
+                    }
                     view.take();
                 }
                 if tx.send(frame).is_err() {
@@ -329,5 +452,40 @@ impl Session {
         });
         let stream = crate::transport::EventStream { frames, queued };
         Ok(Answer::events(stream))
+    }
+
+    /// `object_adopt`: makes a file a writable run wrote here the version the head
+    /// named, and records its block checksums. The reading runs off the connection's
+    /// thread.
+    pub(crate) fn adopt_object(&mut self, req: ObjectAdopt, _: Bytes) -> Reply<u32> {
+        self.node_key()?;
+        self.check_from_head()?;
+        if req.token.len() != 32 || !req.token.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(WireError::new(Code::INVAL, "not a token of a written file"));
+        }
+        let objects = objects_dir(&self.shared);
+        let from = objects.join(PENDING_DIR).join(&req.token);
+        let to = objects.join(object_name(req.object, req.version));
+        Ok(Answer::later(Box::pin(async move {
+            let name = object_name(req.object, req.version);
+            let crc = tokio::task::spawn_blocking(move || {
+                // Never replaces a version (the head's ids are fresh; a replay finds it there).
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    &from,
+                    rustix::fs::CWD,
+                    &to,
+                    rustix::fs::RenameFlags::NOREPLACE,
+                )
+                .map_err(|e| WireError::io(&name, std::io::Error::from(e)))?;
+                checksums::seal(&to, None).map_err(|e| WireError::new(Code::IO, format!("version {name}: {e}")))?;
+                checksums::sealed_crc(&to)
+                    .map_err(|e| WireError::io(&name, e))?
+                    .ok_or_else(|| WireError::new(Code::IO, format!("version {name}: not sealed")))
+            })
+            .await
+            .map_err(|_| WireError::new(Code::IO, "adopting task failed"))??;
+            Ok(Answer::from(crc).encode())
+        })))
     }
 }

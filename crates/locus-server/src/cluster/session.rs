@@ -2,7 +2,7 @@
 //! the namespace and the nodes, checking rights on the namespace's ACLs.
 
 use crate::cluster::attr_of;
-use crate::cluster::fanout::{merge_runs, RunFile};
+use crate::cluster::fanout::{merge_runs, RunFile, Writes};
 use crate::cluster::meta_err;
 use crate::cluster::placement::later;
 use crate::cluster::placement::slice;
@@ -135,7 +135,7 @@ impl HeadSession {
 
     /// What tells the others, later, that this client changed a file (a commit that
     /// completes after the request returned to the connection loop).
-    fn change_teller(&self) -> impl Fn(&str) + Send + 'static {
+    fn change_teller(&self) -> impl Fn(&str) + Send + Sync + 'static {
         let (shared, head, by) = (self.inner.shared.clone(), self.head.clone(), self.inner.client_id);
         move |path: &str| changed(&shared, &head, by, &[path], false)
     }
@@ -739,23 +739,37 @@ impl Handler for HeadSession {
     /// Runs the module on every data node over the files of `dir` that the node holds
     /// (small files, which live at the head, go to the node with the fewest), and
     /// streams the nodes' output back as it comes; the result adds up their accounts.
+    /// A writable run (`req.write`) needs `w` on the directory too, and is refused where
+    /// the subject may not read everything beneath it (as on one server); what it wrote
+    /// is committed only when every share ended well (see `fanout`).
     fn storelet_run(&mut self, req: StoreletRun, data: Bytes) -> Reply<StoreletEvent> {
-        if req.write {
-            return not_here("a writable storelet run");
-        }
         let dir = normalise(&req.dir).map_err(meta_err)?;
         let who = self.need("/", Rights::EXECUTE)?;
-        self.need(&dir, Rights::READ.union(Rights::LIST))?;
+        let mut need = Rights::READ.union(Rights::LIST);
+        if req.write {
+            need = need.union(Rights::WRITE);
+        }
+        self.need(&dir, need)?;
         if self.entry(&dir)?.kind != EntryKind::Dir {
             return Err(MetaError::NotDir(dir).into());
         }
         let files = self.view_files(&who, &dir)?;
+        if req.write && files.len() != self.head.meta.files_under(&dir).map_err(meta_err)?.len() {
+            return Err(WireError::new(
+                Code::ACCES,
+                format!("{dir}: a writable run needs every file beneath it readable by its subject"),
+            ));
+        }
         let shares = self.head.plan_run(files, &[])?;
         let head = self.head.clone();
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let stream = EventStream { frames, queued };
-        self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, tx));
+        let writes = req.write.then(|| {
+            let tell = self.change_teller();
+            Writes { dir: dir.clone(), tell: Box::new(move |p: &str| tell(p)) as Box<dyn Fn(&str) + Send + Sync> }
+        });
+        self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, writes, tx));
         Ok(Answer::events(stream))
     }
 
@@ -817,6 +831,10 @@ impl Handler for HeadSession {
 
     fn object_write(&mut self, _: ObjectWrite, _: Bytes) -> Reply<Attr> {
         not_here("object_write (a data node's operation)")
+    }
+
+    fn object_adopt(&mut self, _: ObjectAdopt, _: Bytes) -> Reply<u32> {
+        not_here("object_adopt (a data node's operation)")
     }
 
     fn write_begin(&mut self, req: WriteBegin, _: Bytes) -> Reply<Option<WriteTarget>> {

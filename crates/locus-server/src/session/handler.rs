@@ -438,6 +438,10 @@ impl Handler for Session {
         self.write_object(req, data)
     }
 
+    fn object_adopt(&mut self, req: ObjectAdopt, data: Bytes) -> Reply<u32> {
+        self.adopt_object(req, data)
+    }
+
     fn write_begin(&mut self, _: WriteBegin, _: Bytes) -> Reply<Option<WriteTarget>> {
         Ok(None.into()) // not a head: the client puts through this server
     }

@@ -344,6 +344,7 @@ impl Session {
 
     /// True when this connection can be told things outside any reply (a client's own
     /// connection; not a script's or a Chirp client's session).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn can_push(&self) -> bool {
         self.outbox.is_some()
     }

@@ -1,0 +1,3 @@
+module locus/storelets/edit
+
+go 1.22
