@@ -160,14 +160,14 @@ fn mount_sshfs(sshd: &Sshd, port: u16, remote: &Path, dir: &Path) -> Result<Moun
 }
 
 /// Go's standard library sources, if Go is installed.
-fn go_sources() -> Option<PathBuf> {
+pub(crate) fn go_sources() -> Option<PathBuf> {
     let out = Command::new("go").args(["env", "GOROOT"]).output().ok()?;
     let src = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("src");
     src.is_dir().then_some(src)
 }
 
 /// Seconds `find DIR` takes (its output counted, not printed).
-fn find(dir: &Path) -> Result<f64, String> {
+pub(crate) fn find(dir: &Path) -> Result<f64, String> {
     let t = Instant::now();
     let out = Command::new("find").arg(dir).output().map_err(|e| e.to_string())?;
     if !out.status.success() || out.stdout.is_empty() {

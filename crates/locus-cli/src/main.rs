@@ -415,6 +415,9 @@ enum BenchCommand {
     /// A head, data nodes and clients in network namespaces on rate-limited links:
     /// aggregate read throughput with third-party transfer on and off (needs root).
     Cluster(locus_bench::cluster::ClusterArgs),
+    /// `locus mount --consistency afs` on a cluster head beside the same mount on a
+    /// single server: cold and warm `find` over a large tree (Go's sources by default).
+    ClusterMount(locus_bench::cluster_mount::ClusterMountArgs),
     /// Fault injection: kill -9 of servers, heads, data nodes, PostgreSQL and mounts, a
     /// full disk, a cut link, each during writes; checks that every acknowledged write
     /// reads back and nothing is half-written (needs root).
@@ -490,6 +493,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Cluster(args)) => locus_bench::cluster::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::ClusterMount(args)) => {
+            locus_bench::cluster_mount::run(args).map_err(|e| e.to_string())
+        }
         Command::Bench(BenchCommand::Faults(args)) => locus_bench::faults::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),

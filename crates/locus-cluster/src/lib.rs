@@ -104,6 +104,8 @@ pub struct Entry {
     /// The current version (globally unique, so that concurrent writers never collide).
     pub version: u64,
     pub content: Content,
+    /// How many names the file has (hard links): every name's row says the same.
+    pub links: u64,
 }
 
 impl Entry {
@@ -114,7 +116,7 @@ impl Entry {
             Kind::File | Kind::Symlink => (object, Content::Inline(Vec::new())),
             Kind::Dir => (0, Content::Nodes(Vec::new())),
         };
-        Entry { path, kind, mode: mode & 0o7777, size: 0, mtime_ns: now_ns(), object, version, content }
+        Entry { path, kind, mode: mode & 0o7777, size: 0, mtime_ns: now_ns(), object, version, content, links: 1 }
     }
 }
 
@@ -191,7 +193,7 @@ fn descendants(dir: &str) -> (String, String) {
     (format!("{base}/"), format!("{base}0"))
 }
 
-const COLUMNS: &str = "path, kind, mode, size, mtime, object, version, nodes, inline";
+const COLUMNS: &str = "path, kind, mode, size, mtime, object, version, nodes, inline, links";
 
 fn nodes_text(nodes: &[u64]) -> String {
     nodes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
@@ -215,6 +217,7 @@ fn entry_params(e: &Entry) -> Vec<Val> {
         Val::Int(e.version as i64),
         Val::Text(nodes),
         Val::Blob(inline),
+        Val::Int(e.links as i64),
     ]
 }
 
@@ -240,6 +243,7 @@ fn entry_of(row: &[Val]) -> Result<Entry> {
         object: int(5)? as u64,
         version: int(6)? as u64,
         content,
+        links: row.get(9).and_then(Val::int).unwrap_or(1).max(1) as u64,
     })
 }
 
@@ -282,8 +286,8 @@ impl Meta {
             let mut params = entry_params(&root);
             params[1] = Val::Text(String::new());
             let added = tx.exec(
-                "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (path) DO NOTHING",
+                "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline, links) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (path) DO NOTHING",
                 &params,
             )?;
             if added == 1 {
@@ -446,6 +450,7 @@ impl Meta {
                 (Kind::File | Kind::Symlink, false) => {}
             }
             tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(path.into())])?;
+            unlinked(tx, e.object)?;
             Ok(e)
         })
     }
@@ -464,6 +469,10 @@ impl Meta {
             }
             parent_dir(tx, to)?;
             let replaced = get(tx, to)?;
+            // Two names of one file: rename(2) does nothing.
+            if replaced.as_ref().is_some_and(|r| r.object == src.object && r.kind != Kind::Dir) {
+                return Ok(None);
+            }
             match (&replaced, src.kind) {
                 (Some(r), Kind::File) if r.kind == Kind::Dir => return Err(MetaError::IsDir(to.into())),
                 (Some(r), Kind::Dir) if r.kind == Kind::File => return Err(MetaError::NotDir(to.into())),
@@ -477,8 +486,9 @@ impl Meta {
                 }
                 _ => {}
             }
-            if replaced.is_some() {
+            if let Some(r) = &replaced {
                 tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(to.into())])?;
+                unlinked(tx, r.object)?;
             }
             let mut moved = vec![src];
             if moved[0].kind == Kind::Dir {
@@ -516,14 +526,48 @@ impl Meta {
         })
     }
 
+    /// Gives the file at `from` a second name `to` (a hard link): both name one object,
+    /// and every new version, mode or time shows under each.
+    pub fn link(&self, from: &str, to: &str) -> Result<Entry> {
+        self.tx(|tx| {
+            let src = get(tx, from)?.ok_or_else(|| MetaError::NotFound(from.into()))?;
+            if src.kind == Kind::Dir {
+                return Err(MetaError::Invalid(format!("{from}: a directory cannot have another name")));
+            }
+            parent_dir(tx, to)?;
+            if get(tx, to)?.is_some() {
+                return Err(MetaError::Exists(to.into()));
+            }
+            let mut e = src.clone();
+            e.path = to.to_string();
+            insert(tx, &e)?;
+            tx.exec("UPDATE entries SET links = links + 1 WHERE object = $1", &[Val::Int(src.object as i64)])?;
+            e.links += 1;
+            Ok(e)
+        })
+    }
+
+    /// Whether some name still has `(object, version)` as its current version.
+    pub fn names_version(&self, object: u64, version: u64) -> Result<bool> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                "SELECT path FROM entries WHERE object = $1 AND version = $2 LIMIT 1",
+                &[Val::Int(object as i64), Val::Int(version as i64)],
+            )?;
+            Ok(!rows.is_empty())
+        })
+    }
+
     /// Sets permission bits.
     pub fn set_mode(&self, path: &str, mode: u32) -> Result<()> {
-        self.update(path, "UPDATE entries SET mode = $2 WHERE path = $1", Val::Int((mode & 0o7777) as i64))
+        let sql = "UPDATE entries SET mode = $2 WHERE object = (SELECT object FROM entries WHERE path = $1)";
+        self.update(path, sql, Val::Int((mode & 0o7777) as i64))
     }
 
     /// Sets the modification time.
     pub fn set_mtime(&self, path: &str, mtime_ns: i64) -> Result<()> {
-        self.update(path, "UPDATE entries SET mtime = $2 WHERE path = $1", Val::Int(mtime_ns))
+        let sql = "UPDATE entries SET mtime = $2 WHERE object = (SELECT object FROM entries WHERE path = $1)";
+        self.update(path, sql, Val::Int(mtime_ns))
     }
 
     fn update(&self, path: &str, sql: &str, value: Val) -> Result<()> {
@@ -548,14 +592,46 @@ fn commit(tx: &mut dyn Tx, entry: &Entry) -> Result<Option<Entry>> {
         }
         None => parent_dir(tx, &entry.path)?,
     }
-    insert(tx, entry)?;
+    let mut entry = entry.clone();
+    entry.links = 1;
+    let replaced_other = old.as_ref().is_some_and(|o| o.object != entry.object);
+    if let Some(o) = old.as_ref().filter(|_| replaced_other) {
+        unlinked(tx, o.object)?;
+    }
+    insert(tx, &entry)?;
+    // The file's other names (hard links) show the new version too.
+    let p = entry_params(&entry);
+    tx.exec(
+        "UPDATE entries SET mode = $3, size = $4, mtime = $5, version = $6, nodes = $7, inline = $8 \
+         WHERE object = $2 AND path <> $1",
+        &[
+            p[0].clone(),
+            p[7].clone(),
+            p[4].clone(),
+            p[5].clone(),
+            p[6].clone(),
+            p[8].clone(),
+            p[9].clone(),
+            p[10].clone(),
+        ],
+    )?;
+    tx.exec(
+        "UPDATE entries SET links = (SELECT count(*) FROM entries WHERE object = $1) WHERE object = $1",
+        &[Val::Int(entry.object as i64)],
+    )?;
     Ok(old)
+}
+
+/// A name of `object` went: its other names count one less.
+fn unlinked(tx: &mut dyn Tx, object: u64) -> Result<()> {
+    tx.exec("UPDATE entries SET links = links - 1 WHERE object = $1 AND links > 1", &[Val::Int(object as i64)])
+        .map(drop)
 }
 
 fn insert(tx: &mut dyn Tx, e: &Entry) -> Result<()> {
     tx.exec(
-        "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "INSERT INTO entries (path, parent, name, kind, mode, size, mtime, object, version, nodes, inline, links) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         &entry_params(e),
     )
     .map(drop)
@@ -597,7 +673,17 @@ mod tests {
     }
 
     fn file(path: &str, version: u64, content: Content) -> Entry {
-        Entry { path: path.into(), kind: Kind::File, mode: 0o644, size: 3, mtime_ns: 1, object: 100, version, content }
+        Entry {
+            path: path.into(),
+            kind: Kind::File,
+            mode: 0o644,
+            size: 3,
+            mtime_ns: 1,
+            object: path.bytes().map(u64::from).sum::<u64>() + 100,
+            version,
+            content,
+            links: 1,
+        }
     }
 
     fn dir(path: &str) -> Entry {
@@ -664,7 +750,7 @@ mod tests {
         meta.add_garbage(&replaced, 50).unwrap();
         assert!(meta.due_garbage(49).unwrap().is_empty());
         let due = meta.due_garbage(50).unwrap();
-        assert_eq!(due, [Garbage { object: 100, version: 6, nodes: vec![3, 4] }]);
+        assert_eq!(due, [Garbage { object: replaced.object, version: 6, nodes: vec![3, 4] }]);
         meta.forget_garbage(&due[0]).unwrap();
         assert!(meta.due_garbage(60).unwrap().is_empty());
     }

@@ -141,9 +141,10 @@ impl Meta {
             if let Some(add) = add.filter(|a| !nodes.contains(a)) {
                 nodes.push(add);
             }
+            // Every name of the file (hard links) holds the same version.
             tx.exec(
-                "UPDATE entries SET nodes = $2 WHERE path = $1",
-                &[Val::Text(path.into()), Val::Text(nodes_text(&nodes))],
+                "UPDATE entries SET nodes = $3 WHERE object = $1 AND version = $2",
+                &[Val::Int(object as i64), Val::Int(version as i64), Val::Text(nodes_text(&nodes))],
             )?;
             Ok(true)
         })

@@ -83,7 +83,7 @@ const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS entries (
     path TEXT PRIMARY KEY, parent TEXT NOT NULL, name TEXT NOT NULL, kind INTEGER NOT NULL,
     mode INTEGER NOT NULL, size INTEGER NOT NULL, mtime INTEGER NOT NULL, object INTEGER NOT NULL,
-    version INTEGER NOT NULL, nodes TEXT NOT NULL, inline BLOB);
+    version INTEGER NOT NULL, nodes TEXT NOT NULL, inline BLOB, links INTEGER NOT NULL DEFAULT 1);
 CREATE INDEX IF NOT EXISTS entries_parent ON entries (parent, name);
 CREATE TABLE IF NOT EXISTS acls (path TEXT NOT NULL, subject TEXT NOT NULL, rights INTEGER NOT NULL,
     PRIMARY KEY (path, subject));
@@ -111,6 +111,7 @@ CREATE TABLE IF NOT EXISTS entries (
     path TEXT COLLATE "C" PRIMARY KEY, parent TEXT COLLATE "C" NOT NULL, name TEXT COLLATE "C" NOT NULL,
     kind BIGINT NOT NULL, mode BIGINT NOT NULL, size BIGINT NOT NULL, mtime BIGINT NOT NULL,
     object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL, inline BYTEA);
+ALTER TABLE entries ADD COLUMN IF NOT EXISTS links BIGINT NOT NULL DEFAULT 1;
 CREATE INDEX IF NOT EXISTS entries_parent ON entries (parent, name);
 CREATE TABLE IF NOT EXISTS acls (path TEXT COLLATE "C" NOT NULL, subject TEXT NOT NULL, rights BIGINT NOT NULL,
     PRIMARY KEY (path, subject));
@@ -156,15 +157,20 @@ impl Sqlite {
             .map_err(engine_error)?
             > 0;
         if has_nodes {
-            for column in ["seen", "draining"] {
+            // (The entries table is as old as the nodes table.)
+            for (table, column, default) in [("nodes", "seen", 0), ("nodes", "draining", 0), ("entries", "links", 1)] {
                 let present: i64 = conn
-                    .query_row("SELECT count(*) FROM pragma_table_info('nodes') WHERE name = ?1", [column], |r| {
-                        r.get(0)
-                    })
+                    .query_row(
+                        &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                        [column],
+                        |r| r.get(0),
+                    )
                     .map_err(engine_error)?;
                 if present == 0 {
-                    conn.execute_batch(&format!("ALTER TABLE nodes ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"))
-                        .map_err(engine_error)?;
+                    conn.execute_batch(&format!(
+                        "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT {default}"
+                    ))
+                    .map_err(engine_error)?;
                 }
             }
         }

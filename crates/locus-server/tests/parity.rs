@@ -197,12 +197,58 @@ async fn writable_run(first: &TestServer, admin: &Client, other: &Client) {
     assert_eq!(admin.read_file("/p/w/b.txt").await.unwrap(), b"BETA\n");
 }
 
-/// Symbolic links: made through one door, followed through the other.
+/// Symbolic and hard links: made through one door, followed through the other; a hard
+/// link is one file under two names, whatever writes it.
 async fn links(admin: &Client, other: &Client, big: &[u8]) {
     admin.symlink("big", "/p/to-big").await.unwrap();
     assert_eq!(other.readlink("/p/to-big").await.unwrap(), "big");
     assert_eq!(other.read_file("/p/to-big").await.unwrap(), big);
     assert_eq!(other.stat("/p/to-big").await.unwrap().size, big.len() as u64);
+
+    // Hard links, of a small file and of a large one: written through a handle, the
+    // file is the same under both names.
+    admin.link("/p/small", "/p/small-too").await.unwrap();
+    admin.link("/p/big", "/p/big-too").await.unwrap();
+    let (a, b) = (other.stat("/p/small").await.unwrap(), other.stat("/p/small-too").await.unwrap());
+    assert_eq!((a.ino, a.nlink), (b.ino, 2));
+    assert_eq!(other.read_file("/p/small-too").await.unwrap(), b"small");
+    let rewrite = |c: &Client, path: &'static str, data: Vec<u8>| {
+        let c = c.clone();
+        async move {
+            let h = c.open(path, open_flags::WRITE | open_flags::TRUNCATE, 0).await.unwrap();
+            for (i, piece) in data.chunks(1 << 20).enumerate() {
+                c.pwrite(h.handle, (i << 20) as u64, piece).await.unwrap();
+            }
+            c.close(h.handle).await.unwrap();
+        }
+    };
+    rewrite(other, "/p/small-too", b"written through the other name".to_vec()).await;
+    assert_eq!(admin.read_file("/p/small").await.unwrap(), b"written through the other name");
+    let new_big = pattern(2 << 20).into_iter().rev().collect::<Vec<u8>>();
+    rewrite(other, "/p/big-too", new_big.clone()).await;
+    assert_eq!(admin.read_file("/p/big").await.unwrap(), new_big);
+    admin.chmod("/p/big", 0o600).await.unwrap();
+    assert_eq!(other.stat("/p/big-too").await.unwrap().mode & 0o7777, 0o600);
+    // A whole file put under one name is a new file there (as a file renamed over it):
+    // the other name keeps the old one.
+    other.write_file("/p/big-too", 0o644, big).await.unwrap();
+    assert_eq!(admin.read_file("/p/big").await.unwrap(), new_big);
+    assert_eq!(admin.stat("/p/big").await.unwrap().nlink, 1);
+    admin.link("/p/big", "/p/big-again").await.unwrap();
+    // One name goes: the other keeps the file.
+    other.unlink("/p/big-again").await.unwrap();
+    assert_eq!(admin.stat("/p/big").await.unwrap().nlink, 1);
+    assert_eq!(admin.read_file("/p/big").await.unwrap(), new_big);
+    other.unlink("/p/big-too").await.unwrap();
+    // Renaming one name of a file onto another does nothing (rename(2)).
+    admin.rename("/p/small-too", "/p/small").await.unwrap();
+    assert_eq!(other.stat("/p/small-too").await.unwrap().nlink, 2);
+    admin.unlink("/p/small-too").await.unwrap();
+    assert_eq!(other.read_file("/p/small").await.unwrap(), b"written through the other name");
+    assert_eq!(other.stat("/p/small").await.unwrap().nlink, 1);
+    assert!(admin.link("/p", "/p-too").await.is_err(), "a directory has one name");
+    admin.write_file("/p/small", 0o644, b"small").await.unwrap();
+    admin.write_file("/p/big", 0o644, big).await.unwrap();
 }
 
 /// Callbacks: a holder on the first door hears of a change made through the second.

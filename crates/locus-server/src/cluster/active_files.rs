@@ -95,6 +95,7 @@ fn entry_of(path: &str, r: &ActiveResult) -> Entry {
         object: r.object,
         version: r.version,
         content: r.content.clone(),
+        links: 1,
     }
 }
 

@@ -248,6 +248,7 @@ impl Head {
                 object,
                 version,
                 content: Content::Nodes(vec![w.node.id]),
+                links: 1,
             };
             if w.size <= self.config.inline_max {
                 // Small files live in the namespace: the node's copy goes.

@@ -168,6 +168,10 @@ impl Head {
     /// Queues a replaced or removed version's bytes for removal once no capability for
     /// it can still be valid.
     pub(crate) fn retire(&self, old: &Entry) -> Result<(), WireError> {
+        // Another name of the file (a hard link) still has that version.
+        if old.links > 1 && self.meta.names_version(old.object, old.version).map_err(meta_err)? {
+            return Ok(());
+        }
         let after = capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs();
         self.meta.add_garbage(old, after).map_err(meta_err)
     }

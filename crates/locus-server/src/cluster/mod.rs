@@ -98,7 +98,7 @@ pub fn attr_of(e: &Entry) -> Attr {
         dev: 0,
         ino: e.object,
         mode: kind | (e.mode & 0o7777),
-        nlink: if e.kind == EntryKind::Dir { 2 } else { 1 },
+        nlink: if e.kind == EntryKind::Dir { 2 } else { e.links.max(1) },
         uid: 0,
         gid: 0,
         rdev: 0,

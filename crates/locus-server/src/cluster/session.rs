@@ -123,7 +123,7 @@ impl HeadSession {
     /// does on one server.)
     fn gone(&self, e: &Entry) {
         let states = self.inner.shared.scripts.object_states();
-        if states.watching() {
+        if states.watching() && e.links <= 1 {
             states.forget((attr_of(e).dev, e.object));
         }
     }
@@ -229,7 +229,7 @@ impl HeadSession {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| WireError::io("staging", e))?;
-        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy };
+        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy, fresh: false };
         if let (true, Some(base)) = (copy, staged.base.clone()) {
             let head = self.head.clone();
             let mut at = 0u64;
@@ -505,7 +505,8 @@ impl Handler for HeadSession {
         if base.as_ref().is_some_and(|b| b.kind == EntryKind::Dir) {
             return Err(MetaError::IsDir(path).into());
         }
-        let staged = self.stage(&path, req.mode & 0o7777, base, false)?;
+        let mut staged = self.stage(&path, req.mode & 0o7777, base, false)?;
+        staged.fresh = true;
         let id = self.current.0;
         self.puts.insert(id, staged);
         self.upload(id, &data, self.current.1)
@@ -580,8 +581,16 @@ impl Handler for HeadSession {
         Ok(self.read_link(&req.path)?.into())
     }
 
-    fn link(&mut self, _: Link, _: Bytes) -> Reply<()> {
-        not_here("link (hard links; symbolic links are)")
+    /// A hard link: needs `r` where the file is and `w` where the new name goes, as on
+    /// one server. Both names then show one object (see `Meta::link`).
+    fn link(&mut self, req: Link, _: Bytes) -> Reply<()> {
+        let from = normalise(&req.from).map_err(meta_err)?;
+        let to = normalise(&req.to).map_err(meta_err)?;
+        self.need(governing(&from, false), Rights::READ)?;
+        self.need(governing(&to, false), Rights::WRITE)?;
+        self.head.meta.link(&from, &to).map_err(meta_err)?;
+        self.changed(&[&from, &to], true);
+        Ok(().into())
     }
 
     fn truncate(&mut self, req: Truncate, _: Bytes) -> Reply<()> {

@@ -53,11 +53,13 @@ impl Head {
                 ),
             ));
         }
-        let object = match self.meta.get(path).map_err(meta_err)? {
-            Some(e) if e.kind == EntryKind::Dir => return Err(MetaError::IsDir(path.into()).into()),
-            Some(e) => e.object,
-            None => self.meta.next_id().map_err(meta_err)?,
-        };
+        // A whole file written anew is a new file under the name, as `put` makes one on a
+        // single server (its temporary file renamed over the name): another name the
+        // old one had (a hard link) keeps the old bytes.
+        if let Some(e) = self.meta.get(path).map_err(meta_err)?.filter(|e| e.kind == EntryKind::Dir) {
+            return Err(MetaError::IsDir(e.path).into());
+        }
+        let object = self.meta.next_id().map_err(meta_err)?;
         let version = self.meta.next_id().map_err(meta_err)?;
         // The capability only starts uploads (a node checks it on the first frame), so it
         // lives as long as a read capability; the commit may come later, until the
@@ -155,6 +157,7 @@ impl Head {
             object: c.object,
             version: c.version,
             content: Content::Nodes(target.node_ids.clone()),
+            links: 1,
         };
         if let Some(old) = self.meta.commit_pending(&entry, capability::now() + COMMIT_MARGIN).map_err(meta_err)? {
             self.retire(&old)?;

@@ -36,6 +36,10 @@ pub(crate) struct Staged {
     pub(crate) base: Option<Entry>,
     /// Changed since it was made or last committed.
     pub(crate) dirty: bool,
+    /// A whole new file replacing what the name had (`put`), not the same file written
+    /// (a handle, `truncate`): it gets a new object, as a file renamed over the name
+    /// would, and another name the old one had (a hard link) keeps the old bytes.
+    pub(crate) fresh: bool,
 }
 
 impl Drop for Staged {
@@ -158,8 +162,8 @@ impl Head {
         let size = staged.file.metadata().map_err(|e| WireError::io(&staged.path, e))?.len();
         let version = self.meta.next_id().map_err(meta_err)?;
         let object = match &staged.base {
-            Some(e) => e.object,
-            None => self.meta.next_id().map_err(meta_err)?,
+            Some(e) if !staged.fresh => e.object,
+            _ => self.meta.next_id().map_err(meta_err)?,
         };
         let content = if size <= self.config.inline_max {
             let mut bytes = vec![0u8; size as usize];
@@ -184,6 +188,7 @@ impl Head {
             object,
             version,
             content,
+            links: 1,
         };
         let old = self.meta.commit(&entry).map_err(meta_err)?;
         if let Some(old) = old {
