@@ -51,3 +51,56 @@ async fn a_writable_run_that_fails_or_oversteps_changes_nothing() {
     assert_eq!(admin.read_file("/d/big.txt").await.unwrap(), vec![b'X'; 200 << 10]);
     assert_eq!(admin.read_file("/d/locked/b.txt").await.unwrap(), b"BETA\n");
 }
+
+/// `storelet ps`, `cancel` and `stats` on a head ask the nodes: a subject sees and
+/// cancels its own runs' shares, not another's; an admin sees every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_across_nodes_are_listed_cancelled_and_counted_through_the_head() {
+    let head = TestServer::head(None, |_| {});
+    let _nodes = [TestServer::data_node(&head), TestServer::data_node(&head)];
+    let admin = head.client("admin").await;
+    admin.mkdir("/s", 0o755).await.unwrap();
+    for i in 0..4 {
+        admin.write_file(&format!("/s/f{i}"), 0o644, &vec![i as u8; 100 << 10]).await.unwrap();
+    }
+    admin.acl_set("/", "alice", Rights::parse("rlx").unwrap()).await.unwrap();
+    admin.acl_set("/", "bob", Rights::parse("rlx").unwrap()).await.unwrap();
+    let (alice, bob) = (head.client("alice").await, head.client("bob").await);
+    let spin = build_storelet("hostile");
+    let running = {
+        let alice = head.client("alice").await;
+        tokio::spawn(async move { alice.storelet_run(&spin, "/s", args(&["spin"]), false).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let listed = loop {
+        let runs = alice.storelet_ps().await.unwrap();
+        if runs.len() == 2 && runs.iter().all(|r| r.running) {
+            break runs;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run's two shares never showed: {runs:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(listed.iter().all(|r| r.subject == "alice"));
+    assert_ne!(listed[0].run >> 32, listed[1].run >> 32, "one share on each node");
+    assert!(bob.storelet_ps().await.unwrap().is_empty(), "bob sees none of alice's runs");
+    assert_eq!(admin.storelet_ps().await.unwrap().len(), 2, "the admin sees every run");
+    assert_eq!(bob.storelet_cancel(listed[0].run).await.unwrap_err().code(), Code::PERM);
+    assert_eq!(alice.storelet_cancel(12345).await.unwrap_err().code(), Code::NOENT);
+    for r in &listed {
+        alice.storelet_cancel(r.run).await.unwrap();
+    }
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), running).await.unwrap().unwrap();
+    assert!(ended.is_err(), "a cancelled run ends in an error");
+    // Each node counts its share once it has stopped.
+    let stats = loop {
+        let stats = alice.storelet_stats().await.unwrap();
+        let mine = stats.subjects.iter().find(|s| s.subject == "alice").expect("alice's totals");
+        if mine.runs == 2 && mine.stopped == 2 && mine.active == 0 {
+            break stats;
+        }
+        assert!(std::time::Instant::now() < deadline, "{mine:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(stats.subjects.iter().all(|s| s.subject == "alice"));
+    assert!(bob.storelet_stats().await.unwrap().subjects.iter().all(|s| s.subject == "bob"));
+}

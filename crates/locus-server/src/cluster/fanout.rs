@@ -8,6 +8,11 @@
 //! reached, or goes away) leaves no partial output: its files are planned again over
 //! the other live nodes holding them, and run there.
 //!
+//! `storelet ps`, `cancel` and `stats` on a head ask every live node, as the head (which
+//! a node answers for every subject): a run is listed once per node share, under an id
+//! naming the node (`NODE << 32 | RUN`), and a subject sees and cancels only its own
+//! unless it holds `a` at the root.
+//!
 //! A writable run works on copies at each node; each node tells the head what its share
 //! wrote and removed, keeping the written files aside. Only when every share has ended
 //! well does the head adopt them: each becomes a new version of its file (replicated as
@@ -164,9 +169,10 @@ pub(crate) async fn merge_runs(
         };
         for (event, data) in events {
             match event {
-                StoreletEvent::Started { module, .. } if !started => {
+                StoreletEvent::Started { run, module } if !started => {
                     started = true;
-                    let first = StoreletEvent::Started { run: 0, module };
+                    // Named as `storelet ps` on the head lists it (its first share).
+                    let first = StoreletEvent::Started { run: run_id(share.0.id, run), module };
                     let _ = tx.send(frame(Kind::Reply, true, codec::encode(&first), Bytes::new()));
                 }
                 StoreletEvent::Started { .. } => {}
@@ -301,5 +307,83 @@ impl Head {
             Ok(()) | Err(locus_cluster::MetaError::Exists(_)) => Ok(()),
             Err(e) => Err(meta_err(e)),
         }
+    }
+}
+
+/// A run of a node's share, as a head names it: the node in the high half.
+fn run_id(node: u64, run: u64) -> u64 {
+    node << 32 | (run & 0xffff_ffff)
+}
+
+impl Head {
+    /// The live nodes, each with a connection as the head.
+    async fn live_writers(&self) -> Result<Vec<(Node, locus_client::Client)>, WireError> {
+        let mut out = Vec::new();
+        for n in self.nodes()?.into_iter().filter(|n| self.is_live(n)) {
+            match self.writer(&n).await {
+                Ok(c) => out.push((n, c)),
+                Err(e) => tracing::warn!(node = n.id, "not asked for its storelet runs: {e}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// `storelet ps` across the nodes: `who`'s runs (everyone's for an admin).
+    pub(crate) async fn runs_ps(&self, who: &str, admin: bool) -> Result<Vec<StoreletRunInfo>, WireError> {
+        let mut all = Vec::new();
+        for (node, c) in self.live_writers().await? {
+            let runs = c.call(StoreletPs {}).await.map_err(|e| WireError::new(e.code(), e.to_string()))?;
+            all.extend(
+                runs.into_iter()
+                    .filter(|r| admin || r.subject == who)
+                    .map(|r| StoreletRunInfo { run: run_id(node.id, r.run), ..r }),
+            );
+        }
+        all.sort_by_key(|r| r.run);
+        Ok(all)
+    }
+
+    /// `storelet cancel` of a run a head listed (see [`run_id`]).
+    pub(crate) async fn runs_cancel(&self, who: &str, admin: bool, run: u64) -> Result<(), WireError> {
+        let (node, local) = (run >> 32, run & 0xffff_ffff);
+        let missing = || WireError::new(Code::NOENT, format!("no storelet run {run} is queued or running"));
+        let node = self.nodes()?.into_iter().find(|n| n.id == node).ok_or_else(missing)?;
+        let c = self.writer(&node).await?;
+        let as_err = |e: locus_client::ClientError| WireError::new(e.code(), e.to_string());
+        let listed = c.call(StoreletPs {}).await.map_err(as_err)?;
+        match listed.iter().find(|r| r.run == local) {
+            Some(r) if admin || r.subject == who => c.call(StoreletCancel { run: local }).await.map_err(as_err),
+            Some(_) => Err(WireError::new(Code::PERM, format!("run {run} belongs to another subject"))),
+            None => Err(missing()),
+        }
+    }
+
+    /// `storelet stats` across the nodes: each subject's totals added up, the recent
+    /// runs of each node in turn (most recent first within a node).
+    pub(crate) async fn runs_stats(&self, who: &str, admin: bool) -> Result<StoreletReport, WireError> {
+        let mut report = StoreletReport::default();
+        let mut subjects: std::collections::BTreeMap<String, SubjectStoreletStats> = Default::default();
+        for (_, c) in self.live_writers().await? {
+            let r = c.call(StoreletStats {}).await.map_err(|e| WireError::new(e.code(), e.to_string()))?;
+            report.compiles += r.compiles;
+            report.recent.extend(r.recent.into_iter().filter(|e| admin || e.subject == who));
+            for s in r.subjects.into_iter().filter(|s| admin || s.subject == who) {
+                let t = subjects.entry(s.subject.clone()).or_insert_with(|| SubjectStoreletStats {
+                    subject: s.subject.clone(),
+                    budget_us: s.budget_us,
+                    ..Default::default()
+                });
+                t.runs += s.runs;
+                t.stopped += s.stopped;
+                t.active += s.active;
+                t.cpu_us += s.cpu_us;
+                t.fuel += s.fuel;
+                t.read_bytes += s.read_bytes;
+                t.write_bytes += s.write_bytes;
+                t.budget_spent_us += s.budget_spent_us;
+            }
+        }
+        report.subjects = subjects.into_values().collect();
+        Ok(report)
     }
 }

@@ -188,6 +188,13 @@ impl HeadSession {
         Ok(files)
     }
 
+    /// The subject, and whether it holds `a` at the root.
+    fn who_and_admin(&self) -> Result<(String, bool), WireError> {
+        let who = self.who()?;
+        let admin = self.head.meta.rights(&who, "/").map_err(meta_err)?.contains(Rights::ADMIN);
+        Ok((who, admin))
+    }
+
     pub(crate) fn need(&self, dir: &str, need: Rights) -> Result<String, WireError> {
         let who = self.who()?;
         check(self.head.meta.rights(&who, dir).map_err(meta_err)?, need, dir)?;
@@ -783,15 +790,21 @@ impl Handler for HeadSession {
     }
 
     fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
-        not_here("storelets")
+        let (who, admin) = self.who_and_admin()?;
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(head.runs_ps(&who, admin).await?.into()) })
     }
 
-    fn storelet_cancel(&mut self, _: StoreletCancel, _: Bytes) -> Reply<()> {
-        not_here("storelets")
+    fn storelet_cancel(&mut self, req: StoreletCancel, _: Bytes) -> Reply<()> {
+        let (who, admin) = self.who_and_admin()?;
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(head.runs_cancel(&who, admin, req.run).await?.into()) })
     }
 
     fn storelet_stats(&mut self, _: StoreletStats, _: Bytes) -> Reply<StoreletReport> {
-        not_here("storelets")
+        let (who, admin) = self.who_and_admin()?;
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(head.runs_stats(&who, admin).await?.into()) })
     }
 
     fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
