@@ -635,9 +635,14 @@ fn callbacks_reach_a_mount_on_another_head() {
     assert!(within(Duration::from_secs(3), || names(&b) == "big f.txt new.txt"), "B lists {}", names(&b));
     std::fs::remove_file(a.mnt.join("f.txt")).unwrap();
     assert!(within(Duration::from_secs(3), || !b.mnt.join("f.txt").exists()));
-    // And the other way round.
-    std::fs::write(b.mnt.join("from-b.txt"), "bee").unwrap();
-    assert!(within(Duration::from_secs(3), || read(&a, "from-b.txt") == "bee"));
+    // And the other way round, on a file A has cached.
+    assert_eq!(read(&a, "new.txt"), "new");
+    std::fs::write(b.mnt.join("new.txt"), "changed by b").unwrap();
+    assert!(
+        within(Duration::from_secs(3), || read(&a, "new.txt") == "changed by b"),
+        "A reads {:?}",
+        read(&a, "new.txt")
+    );
 }
 
 /// How many requests of operation `op` the server has answered.

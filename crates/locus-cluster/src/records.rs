@@ -219,16 +219,35 @@ impl Meta {
         })
     }
 
-    /// Keeps `result` for its invocation, replacing the one before, which it answers (its
-    /// version's bytes become garbage).
-    pub fn put_active_result(&self, result: &ActiveResult) -> Result<Option<ActiveResult>> {
-        let old = self.active_result(&result.key)?;
+    /// Keeps `result` for its invocation, replacing the one before, in one transaction;
+    /// beyond `keep` results in all, the least recently made go too. Answers what it
+    /// replaced or dropped (their versions' bytes become garbage).
+    pub fn put_active_result(&self, result: &ActiveResult, keep: u64) -> Result<Vec<ActiveResult>> {
         let (nodes, inline) = match &result.content {
             Content::Inline(bytes) => (String::new(), Some(bytes.clone())),
             Content::Nodes(n) => (nodes_text(n), None),
         };
         self.tx(|tx| {
-            tx.exec("DELETE FROM active_results WHERE key = $1", &[Val::Text(result.key.clone())])?;
+            let mut gone = Vec::new();
+            let old = tx.query(
+                "SELECT key, object, version, nodes FROM active_results WHERE key = $1",
+                &[Val::Text(result.key.clone())],
+            )?;
+            let over = tx.query(
+                "SELECT key, object, version, nodes FROM active_results ORDER BY mtime LIMIT \
+                 (SELECT CASE WHEN count(*) >= $1 THEN count(*) - $1 + 1 ELSE 0 END FROM active_results)",
+                &[Val::Int(keep as i64)],
+            )?;
+            for r in old.iter().chain(over.iter()) {
+                let key = r[0].text().unwrap_or_default().to_string();
+                tx.exec("DELETE FROM active_results WHERE key = $1", &[Val::Text(key.clone())])?;
+                let (object, version) = (r[1].int().unwrap_or(0) as u64, r[2].int().unwrap_or(0) as u64);
+                let ids = r[3].text().unwrap_or("").split(',').filter_map(|n| n.parse().ok()).collect();
+                if version != result.version && !gone.iter().any(|g: &ActiveResult| g.key == key) {
+                    let content = Content::Nodes(ids);
+                    gone.push(ActiveResult { key, object, version, content, ..result.clone() });
+                }
+            }
             tx.exec(
                 "INSERT INTO active_results (key, stamp, error, size, mtime, object, version, nodes, inline) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -243,20 +262,27 @@ impl Meta {
                     Val::Text(nodes.clone()),
                     Val::Blob(inline.clone()),
                 ],
-            )
-            .map(drop)
-        })?;
-        Ok(old.filter(|o| o.version != result.version))
+            )?;
+            Ok(gone)
+        })
     }
 
     /// Keeps a registered script's source, so that every head can run it by its id.
-    pub fn add_script(&self, id: &str, source: &str) -> Result<()> {
+    /// At most `keep` are kept: past that, the oldest go.
+    pub fn add_script(&self, id: &str, source: &str, keep: u64) -> Result<()> {
         self.tx(|tx| {
-            tx.exec(
-                "INSERT INTO scripts (id, source) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING",
-                &[Val::Text(id.into()), Val::Text(source.into())],
-            )
-            .map(drop)
+            let added = tx.exec(
+                "INSERT INTO scripts (id, source, added) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING",
+                &[Val::Text(id.into()), Val::Text(source.into()), Val::Int(crate::now_ns())],
+            )?;
+            if added > 0 {
+                tx.exec(
+                    "DELETE FROM scripts WHERE id IN (SELECT id FROM scripts ORDER BY added LIMIT \
+                     (SELECT CASE WHEN count(*) > $1 THEN count(*) - $1 ELSE 0 END FROM scripts))",
+                    &[Val::Int(keep as i64)],
+                )?;
+            }
+            Ok(())
         })
     }
 

@@ -56,9 +56,9 @@ pub trait Engine: Send + Sync {
     }
 
     /// Starts a thread that hands what other heads notify on `channel` to `on`, until
-    /// `on` answers false; [`Notice::Lost`] when the link to the database broke and
-    /// was made again, so that notices may have been missed. False where the engine
-    /// serves one head only (nothing will ever come).
+    /// `on` answers false: [`Notice::Listening`] each time it starts listening (notices
+    /// before may have been missed), [`Notice::Down`] when its link broke or cannot be
+    /// made. False where the engine serves one head only (nothing will ever come).
     fn listen(&self, channel: &str, on: Box<dyn FnMut(Notice) -> bool + Send>) -> bool {
         let _ = (channel, on);
         false
@@ -73,11 +73,17 @@ pub const MAX_NOTICE: usize = 7900;
 pub enum Notice {
     /// A payload another head (or this one) notified.
     Payload(String),
-    /// The link to the database broke and was made again: notices may have been lost.
-    Lost,
+    /// Listening now (the first time, or again after the link broke): what was
+    /// notified before may not have been heard.
+    Listening,
+    /// Not listening (the link broke, or cannot be made): notices are being missed.
+    Down,
     /// Nothing came for a while (a chance to stop listening).
     Idle,
 }
+
+/// How often a quiet listening connection is checked (a half-open link hears nothing).
+const LISTEN_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS entries (
@@ -95,7 +101,7 @@ CREATE TABLE IF NOT EXISTS damaged (object INTEGER NOT NULL, version INTEGER NOT
 CREATE TABLE IF NOT EXISTS garbage (object INTEGER NOT NULL, version INTEGER NOT NULL, nodes TEXT NOT NULL,
     after INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL, added BIGINT NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS active_results (key TEXT PRIMARY KEY, stamp TEXT NOT NULL, error TEXT NOT NULL,
     size INTEGER NOT NULL, mtime INTEGER NOT NULL, object INTEGER NOT NULL, version INTEGER NOT NULL,
     nodes TEXT NOT NULL, inline BLOB);
@@ -125,7 +131,7 @@ CREATE TABLE IF NOT EXISTS damaged (object BIGINT NOT NULL, version BIGINT NOT N
 CREATE TABLE IF NOT EXISTS garbage (object BIGINT NOT NULL, version BIGINT NOT NULL, nodes TEXT NOT NULL,
     after BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL, added BIGINT NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS active_results (key TEXT PRIMARY KEY, stamp TEXT NOT NULL, error TEXT NOT NULL,
     size BIGINT NOT NULL, mtime BIGINT NOT NULL, object BIGINT NOT NULL, version BIGINT NOT NULL,
     nodes TEXT NOT NULL, inline BYTEA);
@@ -382,14 +388,19 @@ impl Engine for Postgres {
     fn listen(&self, channel: &str, mut on: Box<dyn FnMut(Notice) -> bool + Send>) -> bool {
         let (url, channel) = (self.url.clone(), channel.to_string());
         let listening = move || {
-            let mut connected_before = false;
+            let mut down = false;
             loop {
                 let client = postgres::Client::connect(&url, postgres::NoTls)
                     .and_then(|mut c| c.batch_execute(&format!("LISTEN \"{channel}\"")).map(|()| c));
                 let mut client = match client {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::warn!("listening for other heads' changes: {e}");
+                        if !std::mem::replace(&mut down, true) {
+                            tracing::warn!("listening for other heads' changes: {e}");
+                            if !on(Notice::Down) {
+                                return;
+                            }
+                        }
                         if !on(Notice::Idle) {
                             return;
                         }
@@ -397,9 +408,10 @@ impl Engine for Postgres {
                         continue;
                     }
                 };
-                if std::mem::replace(&mut connected_before, true) && !on(Notice::Lost) {
+                if !on(Notice::Listening) {
                     return;
                 }
+                let mut checked = std::time::Instant::now();
                 loop {
                     let mut broken = false;
                     let mut notices = client.notifications();
@@ -421,7 +433,15 @@ impl Engine for Postgres {
                     }
                     drop(heard);
                     drop(notices);
+                    if !broken && checked.elapsed() >= LISTEN_CHECK {
+                        checked = std::time::Instant::now();
+                        broken = client.is_valid(LISTEN_CHECK).is_err();
+                    }
                     if broken || client.is_closed() {
+                        down = true;
+                        if !on(Notice::Down) {
+                            return;
+                        }
                         break;
                     }
                     if !on(Notice::Idle) {

@@ -178,6 +178,11 @@ impl State {
 /// store refuses, so nothing is promised on it).
 pub use locus_proto::path::{canonical, parent};
 
+/// The last name of a canonical path (empty for `/`).
+pub fn name_of(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(_, name)| name)
+}
+
 impl Callbacks {
     /// Callbacks bounded by `limits`.
     pub fn new(limits: PromiseLimits) -> Callbacks {

@@ -3,7 +3,7 @@
 //! PostgreSQL namespace; promises are made only for what the subject may see.
 
 use locus_client::{Client, PushMessage};
-use locus_proto::types::Rights;
+use locus_proto::types::{Rights, SetTime};
 use locus_testkit::{TestPostgres, TestServer};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -67,6 +67,28 @@ async fn changes_break_promises(holder_head: &TestServer, writer: &Client) {
     ask().await;
     writer.rename("/d/f", "/d/g").await.unwrap();
     told(&mut pushes, "/d/f").await;
+    // Directories, links, sizes, times and ACLs.
+    holder.readdir("/d").await.unwrap();
+    writer.mkdir("/d/sub", 0o755).await.unwrap();
+    told(&mut pushes, "/d/sub").await;
+    holder.readdir("/d").await.unwrap();
+    writer.symlink("g", "/d/link").await.unwrap();
+    told(&mut pushes, "/d/link").await;
+    holder.stat("/d/g").await.unwrap();
+    writer.truncate("/d/g", 2).await.unwrap();
+    told(&mut pushes, "/d/g").await;
+    holder.stat("/d/g").await.unwrap();
+    writer
+        .call(locus_proto::ops::Utimes { path: "/d/g".into(), atime: SetTime::Now, mtime: SetTime::Now })
+        .await
+        .unwrap();
+    told(&mut pushes, "/d/g").await;
+    holder.stat("/d/sub").await.unwrap();
+    writer.acl_set("/d/sub", "alice", Rights::parse("rl").unwrap()).await.unwrap();
+    told(&mut pushes, "/d/sub").await;
+    holder.readdir("/d").await.unwrap();
+    writer.rmdir("/d/sub").await.unwrap();
+    told(&mut pushes, "/d/sub").await;
     // Nothing changed: nothing is told.
     holder.stat("/d/g").await.unwrap();
     assert_eq!(told_within(&mut pushes, Duration::from_millis(700)).await, BTreeSet::new());

@@ -104,3 +104,43 @@ async fn runs_across_nodes_are_listed_cancelled_and_counted_through_the_head() {
     assert!(stats.subjects.iter().all(|s| s.subject == "alice"));
     assert!(bob.storelet_stats().await.unwrap().subjects.iter().all(|s| s.subject == "bob"));
 }
+
+/// An active-file name in a directory that is not there is ENOENT on a head, as on one
+/// server, and nothing runs or is kept; under a file it is ENOTDIR; a write is refused
+/// before anything runs; a kept result no live node holds any more is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_files_on_a_head_run_only_where_a_directory_is() {
+    let head = TestServer::head(None, |h| h.node_timeout = std::time::Duration::from_secs(2));
+    let node = TestServer::data_node(&head);
+    head.add_handler("csv", &build_storelet("csv"), &[]);
+    let admin = head.client("admin").await;
+    admin.mkdir("/d", 0o755).await.unwrap();
+    let mut rows = String::from("region,price\n");
+    for i in 0..20_000 {
+        rows.push_str(&format!("r{},{}\n", i % 3, i % 10));
+    }
+    admin.write_file("/d/many.csv", 0o644, rows.as_bytes()).await.unwrap();
+    for missing in ["/nowhere/csv@many.csv,-count", "/d/sub/csv@many.csv,-count"] {
+        assert_eq!(admin.stat(missing).await.unwrap_err().code(), Code::NOENT, "{missing}");
+        assert_eq!(admin.read_file(&format!("{missing}.err")).await.unwrap_err().code(), Code::NOENT);
+    }
+    let under_file = "/d/many.csv/csv@many.csv,-count";
+    assert_eq!(admin.stat(under_file).await.unwrap_err().code(), Code::NOTDIR);
+    let write = admin.call(locus_proto::ops::Access { path: "/d/csv@many.csv,-count".into(), mode: 2 }).await;
+    assert_eq!(write.unwrap_err().code(), Code::ACCES);
+    // A large output (over the inline size: kept on the node), then the node dies.
+    let name = "/d/csv@many.csv,-by,region";
+    let want = admin.read_file(name).await.unwrap();
+    assert!(want.len() > 1000);
+    let first = admin.stat(name).await.unwrap().ino;
+    assert_eq!(admin.stat(name).await.unwrap().ino, first, "reused while its node lives");
+    let _other = TestServer::data_node(&head);
+    drop(node);
+    // Once the node is marked down, the result it held is not trusted: the handler runs
+    // again (here it fails, its input gone with the node), never answering the lost one.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    match admin.stat(name).await {
+        Ok(a) => assert_ne!(a.ino, first, "the result on the dead node was trusted"),
+        Err(e) => assert_eq!(e.code(), Code::IO, "{e}"),
+    }
+}

@@ -33,6 +33,10 @@ use locus_proto::{Code, Error as WireError};
 use sha2::Digest;
 use std::sync::Arc;
 
+/// Results (outputs and error records) kept in the namespace, over all subjects: past
+/// it, the least recently made go.
+const RESULTS_KEPT: u64 = 10_000;
+
 /// Bytes of a failed run's standard error kept in its error record.
 const STDERR_KEPT: usize = 64 << 10;
 
@@ -41,12 +45,29 @@ impl HeadSession {
     /// (running the handler if no good result is kept), or `err` when the name invokes no
     /// registered handler. Scripts' sessions run no handlers, as on one server.
     pub(crate) fn active(&self, path: &str, err: WireError) -> Result<Entry, WireError> {
+        let run = self.active_run(path, err)?;
+        self.head.block(run)
+    }
+
+    /// As [`HeadSession::active`], answering at once what can be checked here (rights,
+    /// the handler, the directory), and the run as a future to wait for elsewhere.
+    pub(crate) fn active_run(
+        &self,
+        path: &str,
+        err: WireError,
+    ) -> Result<impl std::future::Future<Output = Result<Entry, WireError>> + Send + 'static, WireError> {
         if err.code != Code::NOENT || !self.inner.can_push() {
             return Err(err);
         }
         let Some((dir, name)) = split(path) else { return Err(err) };
         let who = self.who()?;
         let Some(found) = self.inner.shared.active.resolve(&who, dir, name) else { return Err(err) };
+        // As on one server: a name in a directory that is not there is not there.
+        match self.head.meta.get(dir).map_err(meta_err)? {
+            Some(d) if d.kind == EntryKind::Dir => {}
+            Some(_) => return Err(WireError::new(Code::NOTDIR, format!("{dir}: not a directory"))),
+            None => return Err(err),
+        }
         if !self.head.meta.rights(&who, "/").map_err(meta_err)?.contains(Rights::EXECUTE) {
             return Err(WireError::new(
                 Code::ACCES,
@@ -65,8 +86,14 @@ impl HeadSession {
             ));
         }
         let files = self.view_files(&who, dir)?;
-        let head = self.head.clone();
-        self.head.block(head.active_file(who, path.to_string(), found, files))
+        Ok(self.head.clone().active_file(who, path.to_string(), found, files))
+    }
+
+    /// True when `path` would invoke a registered handler (an active file), which is
+    /// read-only whatever it would hold: a write is refused before anything runs.
+    pub(crate) fn names_handler(&self, path: &str) -> bool {
+        let Ok(who) = self.who() else { return false };
+        split(path).is_some_and(|(dir, name)| self.inner.shared.active.resolve(&who, dir, name).is_some())
     }
 }
 
@@ -128,7 +155,7 @@ impl Head {
                 None if found.inv.error_record => {
                     Err(WireError::new(Code::NOENT, format!("{path}: no run of it has failed")))
                 }
-                Some(r) if r.stamp == stamp && r.error.is_empty() => Ok(entry_of(&path, &r)),
+                Some(r) if r.stamp == stamp && r.error.is_empty() && self.still_held(&r)? => Ok(entry_of(&path, &r)),
                 _ => self.clone().run_handler(&who, &path, &found, files, stamp).await,
             }
         };
@@ -245,11 +272,21 @@ impl Head {
         Err(WireError::new(Code::IO, format!("{path}: {why} (see {path}.err)")))
     }
 
-    /// Keeps `result`, sending the version it replaces to the collector.
+    /// Keeps `result`, sending the versions it replaces (and the oldest results past
+    /// [`RESULTS_KEPT`]) to the collector.
     fn replace_result(&self, result: &ActiveResult) -> Result<(), WireError> {
-        if let Some(old) = self.meta.put_active_result(result).map_err(meta_err)? {
-            self.retire(&entry_of("/", &old))?;
+        for old in self.meta.put_active_result(result, RESULTS_KEPT).map_err(meta_err)? {
+            if old.version != 0 {
+                self.retire(&entry_of("/", &old))?;
+            }
         }
         Ok(())
+    }
+
+    /// Whether a live node holds a kept result (a small one is in the namespace): one
+    /// whose nodes are all gone is made again, not trusted.
+    fn still_held(&self, r: &ActiveResult) -> Result<bool, WireError> {
+        let Content::Nodes(ids) = &r.content else { return Ok(true) };
+        Ok(self.nodes()?.iter().any(|n| ids.contains(&n.id) && self.is_live(n)))
     }
 }

@@ -6,10 +6,12 @@
 //! namespace's engine (PostgreSQL `NOTIFY` on [`CHANNEL`], sent in batches by a thread
 //! of its own, so a writer never waits for it), and listens there for the other heads'
 //! announcements, breaking its clients' promises on what they name. PostgreSQL delivers
-//! a notice after the change's transaction committed, to every head listening then; a
-//! head whose link to the database broke may have missed some, so when it listens
-//! again it breaks every promise it holds (its clients ask again). A SQLite namespace
-//! has one head: nothing is announced.
+//! a notice after the change's transaction committed, to every head listening then. A
+//! head promises nothing while it is not listening (before its first `LISTEN`, or
+//! while its link is down: a quiet link is checked every few seconds), and each time
+//! it starts listening it breaks every promise it holds, since what was announced
+//! meanwhile went unheard (its clients ask again). An announcement that fails is tried
+//! again until it goes. A SQLite namespace has one head: nothing is announced.
 
 use crate::cluster::Head;
 use crate::Shared;
@@ -78,8 +80,17 @@ impl Head {
                         Ok(_) => {}
                         Err(e) => tracing::warn!("an unreadable change notice ({e}): ignored"),
                     },
-                    Notice::Lost => {
-                        tracing::warn!("the link to the namespace broke: every callback promise is broken");
+                    Notice::Listening => {
+                        if let Some(head) = &shared.head {
+                            head.listening.store(true, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        shared.callbacks.changed(&shared.registry, 0, &["/"], true);
+                    }
+                    Notice::Down => {
+                        tracing::warn!("not hearing other heads' changes: promising nothing until heard again");
+                        if let Some(head) = &shared.head {
+                            head.listening.store(false, std::sync::atomic::Ordering::SeqCst);
+                        }
                         shared.callbacks.changed(&shared.registry, 0, &["/"], true);
                     }
                     Notice::Idle => {}
@@ -99,9 +110,15 @@ impl Head {
                 while let (true, Ok(more)) = (changes.len() < BATCH, rx.try_recv()) {
                     changes.push(more);
                 }
-                let Some(head) = head.upgrade() else { return };
-                if let Err(e) = head.meta.notify(CHANNEL, &payloads(me, changes)) {
-                    tracing::warn!("cannot tell the other heads of a change ({e}): their clients' caches may hold it");
+                let payloads = payloads(me, changes);
+                loop {
+                    let Some(head) = head.upgrade() else { return };
+                    match head.meta.notify(CHANNEL, &payloads) {
+                        Ok(()) => break,
+                        Err(e) => tracing::warn!("cannot tell the other heads of a change yet ({e}): trying again"),
+                    }
+                    drop(head);
+                    std::thread::sleep(std::time::Duration::from_secs(1));
                 }
             }
         };
@@ -109,6 +126,12 @@ impl Head {
             tracing::warn!("cannot start announcing changes to other heads: {e}");
             *self.announce.lock() = None;
         }
+    }
+
+    /// Whether this head hears every change other heads make (always, when there are
+    /// none: a SQLite namespace), so that it may promise callbacks.
+    pub(crate) fn hears_others(&self) -> bool {
+        self.announce.lock().is_none() || self.listening.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Announces to the other heads that `paths` changed (with `names`: names were made

@@ -59,6 +59,8 @@ pub struct Head {
     /// Where this head's changes go to be announced to the other heads (none: the
     /// engine has no other heads).
     pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<crate::cluster::changes::Change>>>,
+    /// Listening for other heads' changes now (see `changes`).
+    pub(crate) listening: std::sync::atomic::AtomicBool,
     /// Active-file results being made at this head: one run at a time for each.
     pub(crate) active_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -108,6 +110,7 @@ impl Head {
             io: Some(io),
             announce: Mutex::new(None),
             active_runs: Mutex::new(HashMap::new()),
+            listening: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -55,6 +55,9 @@ pub(crate) fn changed(shared: &crate::Shared, head: &Head, by: u64, paths: &[&st
     head.announce(paths, names);
 }
 
+/// Script sources kept in the namespace for calls by id through any head.
+const SCRIPTS_KEPT: u64 = 10_000;
+
 pub(crate) fn not_here<T>(what: &str) -> Reply<T> {
     Err(WireError::new(Code::NOTSUP, format!("{what} is not available on a cluster head yet")))
 }
@@ -107,9 +110,16 @@ impl HeadSession {
             return;
         }
         let Some(canonical) = crate::callbacks::canonical(path) else { return };
+        // A name that may invoke a handler reads as output that changes with files
+        // nothing ties it to: it is never promised (its holder asks again each time).
+        if !listing && locus_proto::active::may_invoke(crate::callbacks::name_of(&canonical)) {
+            self.unpromised.push(canonical);
+            return;
+        }
         let dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        // A head not hearing other heads' changes promises nothing.
         let allowed = match self.who() {
-            Ok(who) => self.head.meta.rights(&who, dir).is_ok_and(|r| r.contains(need)),
+            Ok(who) => self.head.hears_others() && self.head.meta.rights(&who, dir).is_ok_and(|r| r.contains(need)),
             Err(_) => false,
         };
         let shared = &self.inner.shared;
@@ -362,7 +372,11 @@ impl Handler for HeadSession {
         self.promise(&path, false, Rights::LIST);
         match self.need_entry(&path, Rights::LIST) {
             Ok((_, e)) => Ok(attr_of(&e).into()),
-            Err(err) => Ok(attr_of(&self.active(&path, err)?).into()),
+            Err(err) => {
+                // The run is waited for off the connection's thread.
+                let run = self.active_run(&path, err)?;
+                later(&self.head, async move { Ok(attr_of(&run.await?).into()) })
+            }
         }
     }
 
@@ -371,7 +385,10 @@ impl Handler for HeadSession {
         self.promise(&path, false, Rights::LIST);
         match self.need_entry_here(&path, Rights::LIST) {
             Ok((_, e)) => Ok(attr_of(&e).into()),
-            Err(err) => Ok(attr_of(&self.active(&path, err)?).into()),
+            Err(err) => {
+                let run = self.active_run(&path, err)?;
+                later(&self.head, async move { Ok(attr_of(&run.await?).into()) })
+            }
         }
     }
 
@@ -659,13 +676,14 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         let e = match self.entry(&path) {
             Ok(e) => e,
-            // An active file exists for reading only.
-            Err(err) => match self.active(&path, err)? {
-                _ if req.mode & 2 != 0 => {
-                    return Err(WireError::new(Code::ACCES, format!("{path}: active files are read-only")))
-                }
-                _ => return Ok(().into()),
-            },
+            // An active file exists for reading only (a write is refused before it runs).
+            Err(_) if req.mode & 2 != 0 && self.names_handler(&path) => {
+                return Err(WireError::new(Code::ACCES, format!("{path}: active files are read-only")))
+            }
+            Err(err) => {
+                let run = self.active_run(&path, err)?;
+                return later(&self.head, async move { run.await.map(|_| ().into()) });
+            }
         };
         let mut need = Rights(0);
         if req.mode & 4 != 0 {
@@ -733,7 +751,7 @@ impl Handler for HeadSession {
         self.need("/", Rights::EXECUTE)?;
         let id = self.inner.shared.scripts.register(&req.source)?;
         // Kept in the namespace: a call through another head finds it by its id.
-        self.head.meta.add_script(&id, &req.source).map_err(meta_err)?;
+        self.head.meta.add_script(&id, &req.source, SCRIPTS_KEPT).map_err(meta_err)?;
         Ok(id.into())
     }
 
@@ -816,7 +834,14 @@ impl Handler for HeadSession {
         let path = normalise(&req.path).map_err(meta_err)?;
         let (who, e) = match self.need_entry(&path, Rights::READ) {
             Ok(found) => found,
-            Err(err) => (self.who()?, self.active(&path, err)?),
+            Err(err) => {
+                let (run, who) = (self.active_run(&path, err)?, self.who()?);
+                let head = self.head.clone();
+                return later(&self.head, async move {
+                    let e = run.await?;
+                    Ok(Located { attr: attr_of(&e), location: head.location(&who, &e)? }.into())
+                });
+            }
         };
         Ok(Located { attr: attr_of(&e), location: self.head.location(&who, &e)? }.into())
     }

@@ -265,6 +265,12 @@ impl Session {
             return;
         }
         let Some(canonical) = crate::callbacks::canonical(path) else { return };
+        // A name that may invoke a handler reads as output that changes with files
+        // nothing ties it to: it is never promised (its holder asks again each time).
+        if !listing && locus_proto::active::may_invoke(crate::callbacks::name_of(&canonical)) {
+            self.unpromised.push(canonical);
+            return;
+        }
         let mut dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
         // A directory not made yet: its nearest ancestor's rights (where its making shows).
         let allowed = loop {
