@@ -11,8 +11,12 @@
 //! - [`sql`]: the two engines behind one small trait.
 
 mod acls;
+mod links;
+use links::unlinked;
 mod records;
 pub mod sql;
+
+pub use records::ActiveResult;
 
 use locus_proto::types::Rights;
 use locus_proto::Code;
@@ -245,24 +249,6 @@ fn entry_of(row: &[Val]) -> Result<Entry> {
         content,
         links: row.get(9).and_then(Val::int).unwrap_or(1).max(1) as u64,
     })
-}
-
-/// The output of an active-file invocation run on a cluster (Lerna's active files at
-/// cluster scale): kept as a version like a file's, under a key naming who asked, where,
-/// which handler and which arguments, and reused while the inputs' versions (`stamp`)
-/// are unchanged. A failed run keeps its error instead (`error` not empty, no content).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ActiveResult {
-    pub key: String,
-    /// A digest of the input files' names and versions when the run started.
-    pub stamp: String,
-    /// The failed run's error (empty for an output).
-    pub error: String,
-    pub size: u64,
-    pub mtime_ns: i64,
-    pub object: u64,
-    pub version: u64,
-    pub content: Content,
 }
 
 /// The namespace, on one engine.
@@ -525,57 +511,6 @@ impl Meta {
             Ok(replaced)
         })
     }
-
-    /// Gives the file at `from` a second name `to` (a hard link): both name one object,
-    /// and every new version, mode or time shows under each.
-    pub fn link(&self, from: &str, to: &str) -> Result<Entry> {
-        self.tx(|tx| {
-            let src = get(tx, from)?.ok_or_else(|| MetaError::NotFound(from.into()))?;
-            if src.kind == Kind::Dir {
-                return Err(MetaError::Invalid(format!("{from}: a directory cannot have another name")));
-            }
-            parent_dir(tx, to)?;
-            if get(tx, to)?.is_some() {
-                return Err(MetaError::Exists(to.into()));
-            }
-            let mut e = src.clone();
-            e.path = to.to_string();
-            insert(tx, &e)?;
-            tx.exec("UPDATE entries SET links = links + 1 WHERE object = $1", &[Val::Int(src.object as i64)])?;
-            e.links += 1;
-            Ok(e)
-        })
-    }
-
-    /// Whether some name still has `(object, version)` as its current version.
-    pub fn names_version(&self, object: u64, version: u64) -> Result<bool> {
-        self.tx(|tx| {
-            let rows = tx.query(
-                "SELECT path FROM entries WHERE object = $1 AND version = $2 LIMIT 1",
-                &[Val::Int(object as i64), Val::Int(version as i64)],
-            )?;
-            Ok(!rows.is_empty())
-        })
-    }
-
-    /// Sets permission bits.
-    pub fn set_mode(&self, path: &str, mode: u32) -> Result<()> {
-        let sql = "UPDATE entries SET mode = $2 WHERE object = (SELECT object FROM entries WHERE path = $1)";
-        self.update(path, sql, Val::Int((mode & 0o7777) as i64))
-    }
-
-    /// Sets the modification time.
-    pub fn set_mtime(&self, path: &str, mtime_ns: i64) -> Result<()> {
-        let sql = "UPDATE entries SET mtime = $2 WHERE object = (SELECT object FROM entries WHERE path = $1)";
-        self.update(path, sql, Val::Int(mtime_ns))
-    }
-
-    fn update(&self, path: &str, sql: &str, value: Val) -> Result<()> {
-        self.tx(|tx| match tx.exec(sql, &[Val::Text(path.into()), value.clone()])? {
-            0 => Err(MetaError::NotFound(path.into())),
-            _ => Ok(()),
-        })
-    }
 }
 
 fn get(tx: &mut dyn Tx, path: &str) -> Result<Option<Entry>> {
@@ -620,12 +555,6 @@ fn commit(tx: &mut dyn Tx, entry: &Entry) -> Result<Option<Entry>> {
         &[Val::Int(entry.object as i64)],
     )?;
     Ok(old)
-}
-
-/// A name of `object` went: its other names count one less.
-fn unlinked(tx: &mut dyn Tx, object: u64) -> Result<()> {
-    tx.exec("UPDATE entries SET links = links - 1 WHERE object = $1 AND links > 1", &[Val::Int(object as i64)])
-        .map(drop)
 }
 
 fn insert(tx: &mut dyn Tx, e: &Entry) -> Result<()> {

@@ -4,8 +4,7 @@
 use crate::sql::Val;
 use crate::COLUMNS;
 use crate::{
-    entry_of, get, next_id, nodes_text, ActiveResult, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node,
-    Result,
+    entry_of, get, next_id, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node, Result,
 };
 
 /// Seconds since the epoch.
@@ -421,4 +420,22 @@ fn count_on(tx: &mut dyn crate::sql::Tx, node: u64) -> Result<u64> {
         &[Val::Int(Kind::File as i64), naming(node)],
     )?;
     Ok(rows.first().and_then(|r| r[0].int()).unwrap_or(0).max(0) as u64)
+}
+
+/// The output of an active-file invocation run on a cluster (Lerna's active files at
+/// cluster scale): kept as a version like a file's, under a key naming who asked, where,
+/// which handler and which arguments, and reused while the inputs' versions (`stamp`)
+/// are unchanged. A failed run keeps its error instead (`error` not empty, no content).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveResult {
+    pub key: String,
+    /// A digest of the input files' names and versions when the run started.
+    pub stamp: String,
+    /// The failed run's error (empty for an output).
+    pub error: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub object: u64,
+    pub version: u64,
+    pub content: Content,
 }

@@ -317,3 +317,12 @@ async fn the_suite_passes_on_two_heads_with_two_data_nodes_on_postgresql() {
     with_csv(&second);
     suite(&first, &second).await;
 }
+
+/// A head with no data node keeps every version itself and runs storelets and handlers
+/// itself: it passes the suite as one server does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_passes_on_a_head_without_data_nodes() {
+    let head = TestServer::head(None, |_| {});
+    with_csv(&head);
+    suite(&head, &head).await;
+}

@@ -24,6 +24,7 @@
 
 use crate::active::Resolved;
 use crate::cluster::fanout::{run_share, RunFile};
+use crate::cluster::head::LOCAL_NODE;
 use crate::cluster::session::HeadSession;
 use crate::cluster::{meta_err, Head};
 use locus_cluster::{split, ActiveResult, Content, Entry, Kind as EntryKind};
@@ -178,6 +179,10 @@ impl Head {
     ) -> Result<Entry, WireError> {
         let named: Vec<&str> = found.inv.args.iter().map(|a| a.trim_start_matches("./")).collect();
         let mut nodes: Vec<_> = self.nodes()?.into_iter().filter(|n| self.is_live(n)).collect();
+        if nodes.is_empty() {
+            // No data node: the head runs it itself, over what it keeps.
+            nodes.push(Head::here());
+        }
         let held = |id: u64, only_named: bool| {
             files.iter().filter(|(f, h)| h.contains(&id) && (!only_named || named.contains(&f.path.as_str()))).count()
         };
@@ -287,6 +292,9 @@ impl Head {
     /// whose nodes are all gone is made again, not trusted.
     fn still_held(&self, r: &ActiveResult) -> Result<bool, WireError> {
         let Content::Nodes(ids) = &r.content else { return Ok(true) };
+        if ids.contains(&LOCAL_NODE) {
+            return Ok(true);
+        }
         Ok(self.nodes()?.iter().any(|n| ids.contains(&n.id) && self.is_live(n)))
     }
 }

@@ -23,8 +23,7 @@ use std::sync::{Arc, Weak};
 /// The channel heads announce changes on.
 pub(crate) const CHANNEL: &str = "locus_changes";
 
-/// One change: a path, and whether names were made or removed there.
-pub(crate) type Change = (bool, String);
+use crate::cluster::head::Change;
 
 /// Changes announced to the other heads at most in one notification round.
 const BATCH: usize = 512;
@@ -65,6 +64,7 @@ impl Head {
     /// Starts announcing this head's changes and hearing the other heads' (where the
     /// engine has other heads: PostgreSQL). Breaks go to the clients of `shared`.
     pub(crate) fn start_changes(self: &Arc<Self>, shared: Weak<Shared>) {
+        let _ = self.shared.set(shared.clone());
         let me = self.id;
         let listening = self.meta.listen(
             CHANNEL,

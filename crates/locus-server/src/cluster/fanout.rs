@@ -58,10 +58,14 @@ impl Head {
     /// Splits a run's files over the live nodes, none of `failed`: each file to the
     /// holder with the fewest files so far (an inline file to any node).
     pub(crate) fn plan_run(&self, files: Vec<RunFile>, failed: &[u64]) -> Result<Vec<Share>, WireError> {
-        let nodes: Vec<Node> =
+        let mut nodes: Vec<Node> =
             self.nodes()?.into_iter().filter(|n| self.is_live(n) && !failed.contains(&n.id)).collect();
+        if nodes.is_empty() && !self.has_live_node()? && !failed.contains(&LOCAL_NODE) {
+            // No data node: the head runs it itself, over what it keeps.
+            nodes.push(Head::here());
+        }
         if nodes.is_empty() {
-            return Err(WireError::new(Code::NOTSUP, "a storelet run on a cluster head needs a live data node"));
+            return Err(WireError::new(Code::IO, "no live data node is left to run the storelet"));
         }
         let mut shares: Vec<Share> = nodes.into_iter().map(|n| (n, Vec::new())).collect();
         for (file, holders) in files {
@@ -87,6 +91,10 @@ type Outcome = (Share, Result<Vec<(StoreletEvent, Bytes)>, (WireError, bool)>);
 /// Runs a share at its node and gathers its events until it finishes.
 pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -> Outcome {
     let (node, id) = (&share.0, share.0.id);
+    if id == LOCAL_NODE {
+        let events = run_here(&head, req, module).await;
+        return (share, events.map_err(|e| (e, false)));
+    }
     let frames = match head.writer(node).await {
         Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| (WireError::new(e.code(), e.to_string()), true)),
         Err(e) => Err((e, true)),
@@ -115,6 +123,26 @@ pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, shar
     }
     let lost = WireError::new(Code::IO, format!("data node {id} went away"));
     (share, Err((lost, true)))
+}
+
+/// Runs a share at the head itself (which has no data node) over what it keeps, and
+/// gathers its events until it finishes.
+async fn run_here(head: &Head, req: NodeRun, module: Bytes) -> Result<Vec<(StoreletEvent, Bytes)>, WireError> {
+    let shared = head.shared.get().and_then(std::sync::Weak::upgrade);
+    let shared = shared.ok_or_else(|| WireError::new(Code::IO, "the server is stopping"))?;
+    let (_control, mut stream) = crate::cluster::objects::run_over_view(&shared, &head.objects, req, module)?;
+    let mut events = Vec::new();
+    while let Some(f) = stream.frames.recv().await {
+        stream.queued.fetch_sub(f.data.len(), std::sync::atomic::Ordering::Relaxed);
+        if f.kind == Kind::Error {
+            return Err(codec::decode::<WireError>(&f.meta).unwrap_or_else(|e| e));
+        }
+        events.push((codec::decode::<StoreletEvent>(&f.meta)?, f.data));
+        if !f.more {
+            return Ok(events);
+        }
+    }
+    Err(WireError::new(Code::IO, "the run at the head ended without its last event"))
 }
 
 /// Runs the shares at once and hands on one `Started`, every share's output as each
@@ -242,9 +270,17 @@ impl Head {
                 None => self.meta.next_id().map_err(meta_err)?,
             };
             let version = self.meta.next_id().map_err(meta_err)?;
-            let adopt = ObjectAdopt { token: w.token.clone(), object, version };
             let at = |e: String| WireError::new(Code::IO, format!("{path}: data node {}: {e}", w.node.id));
-            self.writer(&w.node).await?.call(adopt).await.map_err(|e| at(e.to_string()))?;
+            if w.node.id == LOCAL_NODE {
+                let (objects, token) = (self.objects.clone(), w.token.clone());
+                let adopted = tokio::task::spawn_blocking(move || {
+                    crate::cluster::objects::adopt(&objects, &token, object, version)
+                });
+                adopted.await.map_err(|_| at("adopting task failed".into()))??;
+            } else {
+                let adopt = ObjectAdopt { token: w.token.clone(), object, version };
+                self.writer(&w.node).await?.call(adopt).await.map_err(|e| at(e.to_string()))?;
+            }
             let mut entry = Entry {
                 path: path.clone(),
                 kind: EntryKind::File,
@@ -263,7 +299,8 @@ impl Head {
                 entry.content = Content::Inline(bytes.to_vec());
             } else {
                 let mut holders = vec![w.node.id];
-                for target in self.candidates(w.size)?.into_iter().filter(|n| n.id != w.node.id) {
+                let others = self.candidates(w.size)?.into_iter().filter(|n| n.id != w.node.id && n.id != LOCAL_NODE);
+                for target in others {
                     if holders.len() >= self.config.replication.max(1) {
                         break;
                     }
@@ -316,6 +353,11 @@ fn run_id(node: u64, run: u64) -> u64 {
 }
 
 impl Head {
+    /// Whether some data node is live.
+    pub(crate) fn has_live_node(&self) -> Result<bool, WireError> {
+        Ok(self.nodes()?.iter().any(|n| n.id != LOCAL_NODE && self.is_live(n)))
+    }
+
     /// The live nodes, each with a connection as the head.
     async fn live_writers(&self) -> Result<Vec<(Node, locus_client::Client)>, WireError> {
         let mut out = Vec::new();
@@ -360,11 +402,19 @@ impl Head {
 
     /// `storelet stats` across the nodes: each subject's totals added up, the recent
     /// runs of each node in turn (most recent first within a node).
-    pub(crate) async fn runs_stats(&self, who: &str, admin: bool) -> Result<StoreletReport, WireError> {
+    pub(crate) async fn runs_stats(
+        &self,
+        who: &str,
+        admin: bool,
+        here: StoreletReport,
+    ) -> Result<StoreletReport, WireError> {
         let mut report = StoreletReport::default();
         let mut subjects: std::collections::BTreeMap<String, SubjectStoreletStats> = Default::default();
+        let mut reports = vec![here];
         for (_, c) in self.live_writers().await? {
-            let r = c.call(StoreletStats {}).await.map_err(|e| WireError::new(e.code(), e.to_string()))?;
+            reports.push(c.call(StoreletStats {}).await.map_err(|e| WireError::new(e.code(), e.to_string()))?);
+        }
+        for r in reports {
             report.compiles += r.compiles;
             report.recent.extend(r.recent.into_iter().filter(|e| admin || e.subject == who));
             for s in r.subjects.into_iter().filter(|s| admin || s.subject == who) {

@@ -28,6 +28,10 @@ pub(crate) const NODES_FRESH: Duration = Duration::from_secs(2);
 /// Node id of the head's own object directory, used when no data node has joined.
 pub(crate) const LOCAL_NODE: u64 = 0;
 
+/// A change announced to the other heads (`changes`): whether names were made or
+/// removed, and the path.
+pub(crate) type Change = (bool, String);
+
 /// The state every connection to a head shares.
 pub struct Head {
     pub config: HeadConfig,
@@ -58,7 +62,10 @@ pub struct Head {
     pub(crate) io: Option<tokio::runtime::Runtime>,
     /// Where this head's changes go to be announced to the other heads (none: the
     /// engine has no other heads).
-    pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<crate::cluster::changes::Change>>>,
+    pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<Change>>>,
+    /// The server this head answers for (its storelet host runs what the head runs
+    /// itself while it has no data node).
+    pub(crate) shared: std::sync::OnceLock<std::sync::Weak<crate::Shared>>,
     /// Listening for other heads' changes now (see `changes`).
     pub(crate) listening: std::sync::atomic::AtomicBool,
     /// Active-file results being made at this head: one run at a time for each.
@@ -111,7 +118,13 @@ impl Head {
             announce: Mutex::new(None),
             active_runs: Mutex::new(HashMap::new()),
             listening: std::sync::atomic::AtomicBool::new(false),
+            shared: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The head itself as the node of a run (while it has no data node).
+    pub(crate) fn here() -> Node {
+        Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX, seen: 0, draining: false }
     }
 
     pub(crate) fn io(&self) -> &tokio::runtime::Handle {

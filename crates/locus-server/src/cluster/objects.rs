@@ -190,6 +190,23 @@ fn sweep_pending(pending: &std::path::Path) {
     }
 }
 
+/// Makes the file a writable run wrote (kept as `token` in `objects`'s [`PENDING_DIR`])
+/// the version `object`.`version` there, never replacing one, and records its block
+/// checksums; answers its CRC-32.
+pub(crate) fn adopt(objects: &std::path::Path, token: &str, object: u64, version: u64) -> Result<u32, WireError> {
+    if token.len() != 32 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(WireError::new(Code::INVAL, "not a token of a written file"));
+    }
+    let (from, to) = (objects.join(PENDING_DIR).join(token), objects.join(object_name(object, version)));
+    let name = object_name(object, version);
+    rustix::fs::renameat_with(rustix::fs::CWD, &from, rustix::fs::CWD, &to, rustix::fs::RenameFlags::NOREPLACE)
+        .map_err(|e| WireError::io(&name, std::io::Error::from(e)))?;
+    checksums::seal(&to, None).map_err(|e| WireError::new(Code::IO, format!("version {name}: {e}")))?;
+    checksums::sealed_crc(&to)
+        .map_err(|e| WireError::io(&name, e))?
+        .ok_or_else(|| WireError::new(Code::IO, format!("version {name}: not sealed")))
+}
+
 /// Where a data node lays out the files of a cluster-wide run, under its export.
 pub const VIEWS_DIR: &str = "views";
 
@@ -204,7 +221,13 @@ struct View {
 }
 
 impl View {
-    fn make(root: &std::path::Path, files: &[ViewFile], copy: bool) -> Result<View, WireError> {
+    /// The view under the export `root` of `files`, whose versions are in `objects`.
+    fn make(
+        root: &std::path::Path,
+        objects: &std::path::Path,
+        files: &[ViewFile],
+        copy: bool,
+    ) -> Result<View, WireError> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let name = hex::encode(id);
@@ -224,10 +247,14 @@ impl View {
             match &f.inline {
                 Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
                 None => {
-                    let from = root.join(OBJECTS_DIR).join(object_name(f.object, f.version));
-                    match copy {
-                        true => std::fs::copy(from, &to).map(drop).map_err(|e| io(&f.path, e))?,
-                        false => std::fs::hard_link(from, &to).map_err(|e| io(&f.path, e))?,
+                    let from = objects.join(object_name(f.object, f.version));
+                    // A link where it can be (the versions on another file system: a copy).
+                    let linked = match copy {
+                        true => Err(std::io::Error::from(std::io::ErrorKind::Other)),
+                        false => std::fs::hard_link(&from, &to),
+                    };
+                    if linked.is_err() {
+                        std::fs::copy(&from, &to).map(drop).map_err(|e| io(&f.path, e))?
                     }
                 }
             }
@@ -246,6 +273,85 @@ impl Drop for View {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.abs);
     }
+}
+
+/// Runs `req` over a view of its files, whose versions are in `objects` (a data node's,
+/// or a head's own while it has no data node): the run's control and its events. A
+/// writable run works on copies; when it ends well, what it wrote is moved aside (to
+/// `objects`'s [`PENDING_DIR`]) and told before the last event.
+pub(crate) fn run_over_view(
+    shared: &Arc<crate::Shared>,
+    objects: &std::path::Path,
+    req: NodeRun,
+    data: Bytes,
+) -> Result<(Arc<locus_storelet::RunControl>, crate::transport::EventStream), WireError> {
+    let view = View::make(&shared.config.root, objects, &req.files, req.write)?;
+    let pending = objects.join(PENDING_DIR);
+    let before = match req.write {
+        true => {
+            std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
+            sweep_pending(&pending);
+            regular_files(&view.abs).map_err(|e| WireError::io("view", e))?
+        }
+        false => Default::default(),
+    };
+    let dir = store(shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, req.write))?;
+    let submission = crate::storelet_host::Submission {
+        subject: req.subject,
+        wasm: data,
+        args: req.args,
+        env: req.env,
+        view: dir,
+        write: req.write,
+        record_inputs: false,
+        native: None,
+        active_file: None,
+    };
+    let (control, mut events) = shared.storelets.submit(submission)?;
+    // The view goes once the run's last event has been handed on.
+    let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
+    let queued = events.queued.clone();
+    let write = req.write;
+    tokio::spawn(async move {
+        let mut view = Some(view);
+        while let Some(frame) = events.frames.recv().await {
+            if !frame.more {
+                if let (true, locus_proto::frame::Kind::Reply, Some(v)) = (write, frame.kind, view.as_ref()) {
+                    let (abs, before, pending) = (v.abs.clone(), before.clone(), pending.clone());
+                    let found = tokio::task::spawn_blocking(move || changes(&abs, &before, &pending)).await;
+                    let told = match found {
+                        Ok(Ok(changed)) => changed.iter().all(|event| {
+                            let meta = locus_proto::codec::encode(event);
+                            tx.send(EventFrame {
+                                kind: frame.kind,
+                                more: true,
+                                meta,
+                                data: Bytes::new(),
+                                mergeable: false,
+                            })
+                            .is_ok()
+                        }),
+                        _ => {
+                            let e = WireError::new(Code::IO, "the run's writes could not be gathered");
+                            let meta = locus_proto::codec::encode(&e);
+                            let kind = locus_proto::frame::Kind::Error;
+                            let _ =
+                                tx.send(EventFrame { kind, more: false, meta, data: Bytes::new(), mergeable: false });
+                            return;
+                        }
+                    };
+                    if !told {
+                        return;
+                    }
+                }
+                view.take();
+            }
+            if tx.send(frame).is_err() {
+                break;
+            }
+        }
+    });
+    Ok((control, crate::transport::EventStream { frames, queued }))
 }
 
 impl Session {
@@ -377,80 +483,9 @@ impl Session {
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;
         self.check_from_head()?;
-        let view = View::make(&self.shared.config.root, &req.files, req.write)?;
-        let pending = objects_dir(&self.shared).join(PENDING_DIR);
-        let before = match req.write {
-            true => {
-                std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
-                sweep_pending(&pending);
-                regular_files(&view.abs).map_err(|e| WireError::io("view", e))?
-            }
-            false => Default::default(),
-        };
-        let dir = store(self.shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, req.write))?;
-        let submission = crate::storelet_host::Submission {
-            subject: req.subject,
-            wasm: data,
-            args: req.args,
-            env: req.env,
-            view: dir,
-            write: req.write,
-            record_inputs: false,
-            native: None,
-            active_file: None,
-        };
-        let (control, mut events) = self.shared.storelets.submit(submission)?;
+        let (control, stream) = run_over_view(&self.shared, &objects_dir(&self.shared), req, data)?;
         self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
         self.storelet_runs.push(control);
-        // The view goes once the run's last event has been handed on.
-        let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
-        let queued = events.queued.clone();
-        let write = req.write;
-        tokio::spawn(async move {
-            let mut view = Some(view);
-            while let Some(frame) = events.frames.recv().await {
-                if !frame.more {
-                    if let (true, locus_proto::frame::Kind::Reply, Some(v)) = (write, frame.kind, view.as_ref()) {
-                        let (abs, before, pending) = (v.abs.clone(), before.clone(), pending.clone());
-                        let found = tokio::task::spawn_blocking(move || changes(&abs, &before, &pending)).await;
-                        let told = match found {
-                            Ok(Ok(changed)) => changed.iter().all(|event| {
-                                let meta = locus_proto::codec::encode(event);
-                                tx.send(EventFrame {
-                                    kind: frame.kind,
-                                    more: true,
-                                    meta,
-                                    data: Bytes::new(),
-                                    mergeable: false,
-                                })
-                                .is_ok()
-                            }),
-                            _ => {
-                                let e = WireError::new(Code::IO, "the run's writes could not be gathered");
-                                let meta = locus_proto::codec::encode(&e);
-                                let kind = locus_proto::frame::Kind::Error;
-                                let _ = tx.send(EventFrame {
-                                    kind,
-                                    more: false,
-                                    meta,
-                                    data: Bytes::new(),
-                                    mergeable: false,
-                                });
-                                return;
-                            }
-                        };
-                        if !told {
-                            return;
-                        }
-                    }
-                    view.take();
-                }
-                if tx.send(frame).is_err() {
-                    break;
-                }
-            }
-        });
-        let stream = crate::transport::EventStream { frames, queued };
         Ok(Answer::events(stream))
     }
 
@@ -460,31 +495,11 @@ impl Session {
     pub(crate) fn adopt_object(&mut self, req: ObjectAdopt, _: Bytes) -> Reply<u32> {
         self.node_key()?;
         self.check_from_head()?;
-        if req.token.len() != 32 || !req.token.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(WireError::new(Code::INVAL, "not a token of a written file"));
-        }
         let objects = objects_dir(&self.shared);
-        let from = objects.join(PENDING_DIR).join(&req.token);
-        let to = objects.join(object_name(req.object, req.version));
         Ok(Answer::later(Box::pin(async move {
-            let name = object_name(req.object, req.version);
-            let crc = tokio::task::spawn_blocking(move || {
-                // Never replaces a version (the head's ids are fresh; a replay finds it there).
-                rustix::fs::renameat_with(
-                    rustix::fs::CWD,
-                    &from,
-                    rustix::fs::CWD,
-                    &to,
-                    rustix::fs::RenameFlags::NOREPLACE,
-                )
-                .map_err(|e| WireError::io(&name, std::io::Error::from(e)))?;
-                checksums::seal(&to, None).map_err(|e| WireError::new(Code::IO, format!("version {name}: {e}")))?;
-                checksums::sealed_crc(&to)
-                    .map_err(|e| WireError::io(&name, e))?
-                    .ok_or_else(|| WireError::new(Code::IO, format!("version {name}: not sealed")))
-            })
-            .await
-            .map_err(|_| WireError::new(Code::IO, "adopting task failed"))??;
+            let crc = tokio::task::spawn_blocking(move || adopt(&objects, &req.token, req.object, req.version))
+                .await
+                .map_err(|_| WireError::new(Code::IO, "adopting task failed"))??;
             Ok(Answer::from(crc).encode())
         })))
     }

@@ -1,5 +1,9 @@
 //! The head's side of the protocol: [`HeadSession`] answers each operation from
 //! the namespace and the nodes, checking rights on the namespace's ACLs.
+//!
+//! Longer than 700 lines because it is one trait impl (a method per operation of the
+//! table), which Rust keeps in one file; what is not the table's lives in the other
+//! rooms (`links`, `active_files`, `changes`, `fanout`).
 
 use crate::cluster::attr_of;
 use crate::cluster::fanout::{merge_runs, RunFile, Writes};
@@ -807,22 +811,34 @@ impl Handler for HeadSession {
         Ok(Answer::events(stream))
     }
 
+    /// The runs at the nodes, and those the head runs itself (with no data node).
     fn storelet_ps(&mut self, _: StoreletPs, _: Bytes) -> Reply<Vec<StoreletRunInfo>> {
         let (who, admin) = self.who_and_admin()?;
+        let here = self.inner.shared.storelets.ps(&who, admin);
         let head = self.head.clone();
-        later(&self.head, async move { Ok(head.runs_ps(&who, admin).await?.into()) })
+        later(&self.head, async move {
+            let mut all = head.runs_ps(&who, admin).await?;
+            all.extend(here);
+            all.sort_by_key(|r| r.run);
+            Ok(all.into())
+        })
     }
 
     fn storelet_cancel(&mut self, req: StoreletCancel, _: Bytes) -> Reply<()> {
         let (who, admin) = self.who_and_admin()?;
+        if req.run >> 32 == 0 {
+            // A run at the head itself (its ids name no node).
+            return Ok(self.inner.shared.storelets.cancel(&who, admin, req.run)?.into());
+        }
         let head = self.head.clone();
         later(&self.head, async move { Ok(head.runs_cancel(&who, admin, req.run).await?.into()) })
     }
 
     fn storelet_stats(&mut self, _: StoreletStats, _: Bytes) -> Reply<StoreletReport> {
         let (who, admin) = self.who_and_admin()?;
+        let here = self.inner.shared.storelets.stats(&who, admin);
         let head = self.head.clone();
-        later(&self.head, async move { Ok(head.runs_stats(&who, admin).await?.into()) })
+        later(&self.head, async move { Ok(head.runs_stats(&who, admin, here).await?.into()) })
     }
 
     fn handlers(&mut self, _: Handlers, _: Bytes) -> Reply<Vec<HandlerInfo>> {
