@@ -178,9 +178,27 @@ impl State {
 /// store refuses, so nothing is promised on it).
 pub use locus_proto::path::{canonical, parent};
 
-/// The last name of a canonical path (empty for `/`).
-pub fn name_of(path: &str) -> &str {
-    path.rsplit_once('/').map_or("", |(_, name)| name)
+/// What a promise on a path comes to, before rights are checked.
+pub(crate) enum Asked {
+    /// Not a path anything is answered about (it climbs): nothing to promise.
+    Nothing,
+    /// Never promised (its holder is told so): a name that may invoke a handler reads
+    /// as output that changes with files nothing ties it to.
+    Refused(String),
+    /// The canonical path, and the directory whose rights decide (the one listed, or
+    /// the one holding the path).
+    Check { path: String, dir: String },
+}
+
+/// What a promise on `path` (with `listing`, a directory being listed) comes to.
+pub(crate) fn asked(path: &str, listing: bool) -> Asked {
+    let Some(path) = canonical(path) else { return Asked::Nothing };
+    let name = path.rsplit_once('/').map_or("", |(_, name)| name);
+    if !listing && locus_proto::active::may_invoke(name) {
+        return Asked::Refused(path);
+    }
+    let dir = if listing { path.clone() } else { parent(&path).to_string() };
+    Asked::Check { path, dir }
 }
 
 impl Callbacks {

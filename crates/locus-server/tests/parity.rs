@@ -258,6 +258,10 @@ async fn callbacks(first: &TestServer, other: &Client) {
     holder.callbacks(100, listener.client_id()).await.unwrap();
     holder.stat("/p/small").await.unwrap();
     holder.readdir("/p").await.unwrap();
+    // A name that invokes a handler is never promised (its output follows its inputs).
+    let held = first.shared().callbacks.held();
+    holder.stat("/p/csv@sales.csv,-sum,price").await.unwrap();
+    assert_eq!(first.shared().callbacks.held(), held, "an active file's name is never promised");
     other.write_file("/p/small", 0o644, b"changed").await.unwrap();
     told(&mut pushes, "/p/small").await;
     holder.readdir("/p").await.unwrap();

@@ -113,17 +113,15 @@ impl HeadSession {
         if !self.callbacks_on {
             return;
         }
-        let Some(canonical) = crate::callbacks::canonical(path) else { return };
-        // A name that may invoke a handler reads as output that changes with files
-        // nothing ties it to: it is never promised (its holder asks again each time).
-        if !listing && locus_proto::active::may_invoke(crate::callbacks::name_of(&canonical)) {
-            self.unpromised.push(canonical);
-            return;
-        }
-        let dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        use crate::callbacks::Asked;
+        let (canonical, dir) = match crate::callbacks::asked(path, listing) {
+            Asked::Nothing => return,
+            Asked::Refused(canonical) => return self.unpromised.push(canonical),
+            Asked::Check { path, dir } => (path, dir),
+        };
         // A head not hearing other heads' changes promises nothing.
         let allowed = match self.who() {
-            Ok(who) => self.head.hears_others() && self.head.meta.rights(&who, dir).is_ok_and(|r| r.contains(need)),
+            Ok(who) => self.head.hears_others() && self.head.meta.rights(&who, &dir).is_ok_and(|r| r.contains(need)),
             Err(_) => false,
         };
         let shared = &self.inner.shared;

@@ -264,14 +264,13 @@ impl Session {
         if !self.callbacks_on {
             return;
         }
-        let Some(canonical) = crate::callbacks::canonical(path) else { return };
-        // A name that may invoke a handler reads as output that changes with files
-        // nothing ties it to: it is never promised (its holder asks again each time).
-        if !listing && locus_proto::active::may_invoke(crate::callbacks::name_of(&canonical)) {
-            self.unpromised.push(canonical);
-            return;
-        }
-        let mut dir = if listing { canonical.as_str() } else { crate::callbacks::parent(&canonical) };
+        use crate::callbacks::Asked;
+        let (canonical, dir) = match crate::callbacks::asked(path, listing) {
+            Asked::Nothing => return,
+            Asked::Refused(canonical) => return self.unpromised.push(canonical),
+            Asked::Check { path, dir } => (path, dir),
+        };
+        let mut dir = dir.as_str();
         // A directory not made yet: its nearest ancestor's rights (where its making shows).
         let allowed = loop {
             let Ok(who) = self.who() else { break false };
