@@ -62,3 +62,35 @@ impl Meta {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Content, Entry, Kind, Meta};
+
+    /// A namespace made by an earlier version (no `links`, `seen`, `draining` or
+    /// `added` columns) opens and works.
+    #[test]
+    fn an_older_sqlite_namespace_gains_the_new_columns() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("meta.db");
+        let old = rusqlite::Connection::open(&db).unwrap();
+        old.execute_batch(
+            "CREATE TABLE entries (path TEXT PRIMARY KEY, parent TEXT NOT NULL, name TEXT NOT NULL, \
+             kind INTEGER NOT NULL, mode INTEGER NOT NULL, size INTEGER NOT NULL, mtime INTEGER NOT NULL, \
+             object INTEGER NOT NULL, version INTEGER NOT NULL, nodes TEXT NOT NULL, inline BLOB); \
+             CREATE TABLE nodes (id INTEGER PRIMARY KEY, addr TEXT UNIQUE NOT NULL, http TEXT NOT NULL, \
+             free INTEGER NOT NULL); \
+             CREATE TABLE scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL);",
+        )
+        .unwrap();
+        drop(old);
+        let meta = Meta::open(db.to_str().unwrap(), "admin").unwrap();
+        meta.add_script("id", "return 1", 10).unwrap();
+        assert_eq!(meta.script("id").unwrap().as_deref(), Some("return 1"));
+        let mut f = Entry::empty("/f".into(), Kind::File, 0o644, 40);
+        f.content = Content::Inline(b"x".to_vec());
+        meta.commit(&f).unwrap();
+        meta.link("/f", "/g").unwrap();
+        assert_eq!(meta.get("/f").unwrap().unwrap().links, 2);
+    }
+}

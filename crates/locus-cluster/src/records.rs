@@ -266,6 +266,30 @@ impl Meta {
         })
     }
 
+    /// Commits what a writable storelet run did, in one transaction: each file in
+    /// `files` becomes its path's current version (the directories above it made where
+    /// missing), and each of `removed` goes (one already gone is passed over). Answers
+    /// the versions replaced or removed, whose bytes become garbage.
+    pub fn commit_run(&self, files: &[Entry], removed: &[String]) -> Result<Vec<Entry>> {
+        self.tx(|tx| {
+            let mut gone = Vec::new();
+            for e in files {
+                make_parents(tx, &e.path)?;
+                gone.extend(crate::commit(tx, e)?);
+            }
+            for path in removed {
+                let Some(e) = get(tx, path)? else { continue };
+                if e.kind == Kind::Dir {
+                    return Err(MetaError::IsDir(path.clone()));
+                }
+                tx.exec("DELETE FROM entries WHERE path = $1", &[Val::Text(path.clone())])?;
+                crate::links::unlinked(tx, e.object)?;
+                gone.push(e);
+            }
+            Ok(gone)
+        })
+    }
+
     /// Keeps a registered script's source, so that every head can run it by its id.
     /// At most `keep` are kept: past that, the oldest go.
     pub fn add_script(&self, id: &str, source: &str, keep: u64) -> Result<()> {
@@ -438,4 +462,18 @@ pub struct ActiveResult {
     pub object: u64,
     pub version: u64,
     pub content: Content,
+}
+
+/// Makes the directories above `path` that are missing.
+fn make_parents(tx: &mut dyn crate::sql::Tx, path: &str) -> Result<()> {
+    let Some((parent, _)) = crate::split(path) else { return Ok(()) };
+    match get(tx, parent)? {
+        Some(p) if p.kind == Kind::Dir => Ok(()),
+        Some(_) => Err(MetaError::NotDir(parent.into())),
+        None => {
+            make_parents(tx, parent)?;
+            let id = next_id(tx)?;
+            crate::insert(tx, &Entry::empty(parent.to_string(), Kind::Dir, 0o755, id))
+        }
+    }
 }

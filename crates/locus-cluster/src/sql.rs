@@ -132,6 +132,7 @@ CREATE TABLE IF NOT EXISTS garbage (object BIGINT NOT NULL, version BIGINT NOT N
     after BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS scripts (id TEXT PRIMARY KEY, source TEXT NOT NULL, added BIGINT NOT NULL DEFAULT 0);
+ALTER TABLE scripts ADD COLUMN IF NOT EXISTS added BIGINT NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS active_results (key TEXT PRIMARY KEY, stamp TEXT NOT NULL, error TEXT NOT NULL,
     size BIGINT NOT NULL, mtime BIGINT NOT NULL, object BIGINT NOT NULL, version BIGINT NOT NULL,
     nodes TEXT NOT NULL, inline BYTEA);
@@ -154,30 +155,22 @@ impl Sqlite {
             rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
             .map_err(engine_error)?;
-        // A namespace made before nodes had heartbeats gains the columns (SQLite has no
-        // `ADD COLUMN IF NOT EXISTS`), then the rest of the schema.
-        let has_nodes: bool = conn
-            .query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'nodes'", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map_err(engine_error)?
-            > 0;
-        if has_nodes {
-            // (The entries table is as old as the nodes table.)
-            for (table, column, default) in [("nodes", "seen", 0), ("nodes", "draining", 0), ("entries", "links", 1)] {
-                let present: i64 = conn
-                    .query_row(
-                        &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
-                        [column],
-                        |r| r.get(0),
-                    )
-                    .map_err(engine_error)?;
-                if present == 0 {
-                    conn.execute_batch(&format!(
-                        "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT {default}"
-                    ))
-                    .map_err(engine_error)?;
-                }
+        // Columns added since a table was first made (SQLite has no `ADD COLUMN IF NOT
+        // EXISTS`); tables not there yet are made whole by the schema below.
+        let columns =
+            [("nodes", "seen", 0), ("nodes", "draining", 0), ("entries", "links", 1), ("scripts", "added", 0)];
+        for (table, column, default) in columns {
+            let count = |sql: &str, arg: &str| -> Result<i64> {
+                conn.query_row(sql, [arg], |r| r.get(0)).map_err(engine_error)
+            };
+            let table_there =
+                count("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1", table)? > 0;
+            let present = count(&format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"), column)?;
+            if table_there && present == 0 {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT {default}"
+                ))
+                .map_err(engine_error)?;
             }
         }
         conn.execute_batch(SQLITE_SCHEMA).map_err(engine_error)?;

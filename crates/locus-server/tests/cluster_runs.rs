@@ -44,6 +44,19 @@ async fn a_writable_run_that_fails_or_oversteps_changes_nothing() {
     assert_eq!(e.code(), Code::ACCES, "{e}");
     unchanged().await;
 
+    // A change that cannot be made (a file written where a directory is) fails the run
+    // after the rights were checked: still nothing of it is committed.
+    admin.mkdir("/d/a.txt.bak", 0o755).await.unwrap();
+    let e = admin.storelet_run(&edit, "/d", args(&["upper", ".txt", "copy", ".txt", ".bak"]), true).await.unwrap_err();
+    assert_eq!(e.code(), Code::ISDIR, "{e}");
+    admin.rmdir("/d/a.txt.bak").await.unwrap();
+    unchanged().await;
+    // Removing needs `d`: alice has w but not d in /d.
+    admin.write_file("/d/x.tmp", 0o644, b"junk").await.unwrap();
+    let e = alice.storelet_run(&edit, "/d", args(&["rm", ".tmp"]), true).await.unwrap_err();
+    assert_eq!(e.code(), Code::ACCES, "{e}");
+    assert_eq!(admin.read_file("/d/x.tmp").await.unwrap(), b"junk");
+
     // A run that succeeds commits everything, on both nodes' shares.
     let out = admin.storelet_run(&edit, "/d", args(&["upper", ".txt"]), true).await.unwrap();
     assert_eq!(out.result.exit_code, 0);

@@ -195,6 +195,24 @@ pub(crate) async fn merge_runs(
             }
             Err((e, false)) => return fail(&e),
         };
+        // A share's report is trusted no further than its own files: it must end with
+        // `Finished`, and may remove only what it was given.
+        if !matches!(events.last(), Some((StoreletEvent::Finished(_), _))) {
+            return fail(&WireError::new(
+                Code::IO,
+                format!("data node {}: a share ended without its account", share.0.id),
+            ));
+        }
+        let given: std::collections::HashSet<&str> = share.1.iter().map(|(f, _)| f.path.as_str()).collect();
+        if let Some(bad) = events.iter().find_map(|(e, _)| match e {
+            StoreletEvent::Removed { path } if !given.contains(path.as_str()) => Some(path.clone()),
+            _ => None,
+        }) {
+            return fail(&WireError::new(
+                Code::IO,
+                format!("data node {} removed {bad:?}, not one of its files", share.0.id),
+            ));
+        }
         for (event, data) in events {
             match event {
                 StoreletEvent::Started { run, module } if !started => {
@@ -236,7 +254,9 @@ pub(crate) async fn merge_runs(
 
 impl Head {
     /// Adopts what a writable run wrote and makes its removals (see the module's
-    /// comment), telling promise holders of each changed path.
+    /// comment), telling promise holders of each changed path. Everything is checked
+    /// first, then every file adopted, then all committed in one transaction: a failure
+    /// on the way changes nothing (what was adopted goes to the collector).
     async fn commit_run_writes(
         self: &Arc<Self>,
         who: &str,
@@ -245,105 +265,141 @@ impl Head {
         removed: Vec<String>,
     ) -> Result<(), WireError> {
         let dir = writes.dir.trim_end_matches('/');
-        let abs = |p: &str| format!("{dir}/{p}");
-        for (path, need) in
-            wrote.iter().map(|w| (abs(&w.path), Rights::WRITE)).chain(removed.iter().map(|p| (abs(p), Rights::DELETE)))
-        {
-            let parent = locus_cluster::split(&path).map_or("/", |(d, _)| d);
-            let rights = self.meta.rights(who, parent).map_err(meta_err)?;
-            if !rights.contains(need) {
-                return Err(WireError::new(
-                    Code::ACCES,
-                    format!("{path}: the run changed it without the '{need}' right there; nothing was changed"),
-                ));
+        // A name a node reports must be one beneath the run's directory, as it is.
+        let abs = |p: &str| -> Result<String, WireError> {
+            let joined = format!("{dir}/{p}");
+            match locus_cluster::normalise(&joined) {
+                Ok(n) if n == joined && !p.is_empty() && !p.starts_with('/') => Ok(n),
+                _ => Err(WireError::new(Code::IO, format!("a data node reported {p:?}, not a name in {dir}"))),
             }
-        }
+        };
+        let mut planned: Vec<(Wrote, String, Option<Entry>)> = Vec::new();
+        let mut names = std::collections::HashSet::new();
         for w in wrote {
-            let path = abs(&w.path);
-            self.make_parents(&path)?;
+            let path = abs(&w.path)?;
+            if !names.insert(path.clone()) {
+                return Err(WireError::new(Code::IO, format!("{path}: written by two shares of the run")));
+            }
+            self.may_change(who, &path, Rights::WRITE)?;
             let existing = self.meta.get(&path).map_err(meta_err)?;
             if existing.as_ref().is_some_and(|e| e.kind != EntryKind::File) {
                 return Err(WireError::new(Code::ISDIR, format!("{path}: the run wrote a file where there is none")));
             }
-            let object = match &existing {
-                Some(e) => e.object,
-                None => self.meta.next_id().map_err(meta_err)?,
-            };
-            let version = self.meta.next_id().map_err(meta_err)?;
-            let at = |e: String| WireError::new(Code::IO, format!("{path}: data node {}: {e}", w.node.id));
-            if w.node.id == LOCAL_NODE {
-                let (objects, token) = (self.objects.clone(), w.token.clone());
-                let adopted = tokio::task::spawn_blocking(move || {
-                    crate::cluster::objects::adopt(&objects, &token, object, version)
-                });
-                adopted.await.map_err(|_| at("adopting task failed".into()))??;
-            } else {
-                let adopt = ObjectAdopt { token: w.token.clone(), object, version };
-                self.writer(&w.node).await?.call(adopt).await.map_err(|e| at(e.to_string()))?;
-            }
-            let mut entry = Entry {
-                path: path.clone(),
-                kind: EntryKind::File,
-                mode: existing.as_ref().map_or(0o644, |e| e.mode),
-                size: w.size,
-                mtime_ns: locus_cluster::now_ns(),
-                object,
-                version,
-                content: Content::Nodes(vec![w.node.id]),
-                links: 1,
-            };
-            if w.size <= self.config.inline_max {
-                // Small files live in the namespace: the node's copy goes.
-                let bytes = self.clone().read(entry.clone(), 0, w.size as u32).await?;
-                self.retire(&entry)?;
-                entry.content = Content::Inline(bytes.to_vec());
-            } else {
-                let mut holders = vec![w.node.id];
-                let others = self.candidates(w.size)?.into_iter().filter(|n| n.id != w.node.id && n.id != LOCAL_NODE);
-                for target in others {
-                    if holders.len() >= self.config.replication.max(1) {
-                        break;
-                    }
-                    match self.fetch_to(&target, &entry, std::slice::from_ref(&w.node.addr)).await {
-                        Ok(()) => holders.push(target.id),
-                        Err(why) => {
-                            tracing::warn!(%path, node = target.id, "a replica of a run's output failed: {why}")
-                        }
-                    }
+            let mut above = locus_cluster::split(&path).map(|(d, _)| d.to_string());
+            while let Some(d) = above.filter(|d| d.as_str() != "/") {
+                match self.meta.get(&d).map_err(meta_err)? {
+                    Some(e) if e.kind == EntryKind::Dir => break,
+                    Some(_) => return Err(WireError::new(Code::NOTDIR, format!("{d}: the run wrote beneath a file"))),
+                    None => above = locus_cluster::split(&d).map(|(p, _)| p.to_string()),
                 }
-                entry.content = Content::Nodes(holders);
             }
-            if let Some(old) = self.meta.commit(&entry).map_err(meta_err)? {
-                self.retire(&old)?;
-            }
-            (writes.tell)(&path);
+            planned.push((w, path, existing));
         }
-        for p in removed {
-            let path = abs(&p);
-            match self.meta.remove(&path, false) {
-                Ok(old) => {
-                    self.retire(&old)?;
-                    (writes.tell)(&path);
+        let mut removals = Vec::new();
+        for p in &removed {
+            let path = abs(p)?;
+            self.may_change(who, &path, Rights::DELETE)?;
+            removals.push(path);
+        }
+        let mut entries: Vec<Entry> = Vec::new();
+        for (w, path, existing) in planned {
+            match self.adopt_written(&w, path, existing).await {
+                Ok(e) => entries.push(e),
+                Err(e) => {
+                    for adopted in &entries {
+                        let _ = self.retire(adopted);
+                    }
+                    return Err(e);
                 }
-                Err(locus_cluster::MetaError::NotFound(_)) => {}
-                Err(e) => return Err(meta_err(e)),
             }
+        }
+        let gone = match self.meta.commit_run(&entries, &removals) {
+            Ok(gone) => gone,
+            Err(e) => {
+                for adopted in &entries {
+                    let _ = self.retire(adopted);
+                }
+                return Err(meta_err(e));
+            }
+        };
+        for old in &gone {
+            self.retire(old)?;
+        }
+        for path in entries.iter().map(|e| e.path.as_str()).chain(removals.iter().map(String::as_str)) {
+            (writes.tell)(path);
         }
         Ok(())
     }
 
-    /// Makes the directories above `path` that are missing (a run wrote beneath them).
-    fn make_parents(&self, path: &str) -> Result<(), WireError> {
-        let Some((parent, _)) = locus_cluster::split(path) else { return Ok(()) };
-        if parent == "/" || self.meta.get(parent).map_err(meta_err)?.is_some() {
-            return Ok(());
+    /// Refuses unless `who` holds `need` in the directory of `path`.
+    fn may_change(&self, who: &str, path: &str, need: Rights) -> Result<(), WireError> {
+        let parent = locus_cluster::split(path).map_or("/", |(d, _)| d);
+        if !self.meta.rights(who, parent).map_err(meta_err)?.contains(need) {
+            return Err(WireError::new(
+                Code::ACCES,
+                format!("{path}: the run changed it without the '{need}' right there; nothing was changed"),
+            ));
         }
-        self.make_parents(parent)?;
-        let id = self.meta.next_id().map_err(meta_err)?;
-        match self.meta.create(&Entry::empty(parent.to_string(), EntryKind::Dir, 0o755, id)) {
-            Ok(()) | Err(locus_cluster::MetaError::Exists(_)) => Ok(()),
-            Err(e) => Err(meta_err(e)),
+        Ok(())
+    }
+
+    /// Makes a file a share wrote a new version of `path` (on the node that wrote it,
+    /// copied to more as the replication asks; a small one moves into the namespace):
+    /// the entry to commit.
+    async fn adopt_written(
+        self: &Arc<Self>,
+        w: &Wrote,
+        path: String,
+        existing: Option<Entry>,
+    ) -> Result<Entry, WireError> {
+        let object = match &existing {
+            Some(e) => e.object,
+            None => self.meta.next_id().map_err(meta_err)?,
+        };
+        let version = self.meta.next_id().map_err(meta_err)?;
+        let at = |e: String| WireError::new(Code::IO, format!("{path}: data node {}: {e}", w.node.id));
+        if w.node.id == LOCAL_NODE {
+            let (objects, token) = (self.objects.clone(), w.token.clone());
+            let adopted =
+                tokio::task::spawn_blocking(move || crate::cluster::objects::adopt(&objects, &token, object, version));
+            adopted.await.map_err(|_| at("adopting task failed".into()))??;
+        } else {
+            let adopt = ObjectAdopt { token: w.token.clone(), object, version };
+            self.writer(&w.node).await?.call(adopt).await.map_err(|e| at(e.to_string()))?;
         }
+        let mut entry = Entry {
+            path,
+            kind: EntryKind::File,
+            mode: existing.as_ref().map_or(0o644, |e| e.mode),
+            size: w.size,
+            mtime_ns: locus_cluster::now_ns(),
+            object,
+            version,
+            content: Content::Nodes(vec![w.node.id]),
+            links: 1,
+        };
+        if w.size <= self.config.inline_max {
+            // Small files live in the namespace: the node's copy goes.
+            let bytes = self.clone().read(entry.clone(), 0, w.size as u32).await?;
+            self.retire(&entry)?;
+            entry.content = Content::Inline(bytes.to_vec());
+            return Ok(entry);
+        }
+        let mut holders = vec![w.node.id];
+        let others = self.candidates(w.size)?.into_iter().filter(|n| n.id != w.node.id && n.id != LOCAL_NODE);
+        for target in others {
+            if holders.len() >= self.config.replication.max(1) {
+                break;
+            }
+            match self.fetch_to(&target, &entry, std::slice::from_ref(&w.node.addr)).await {
+                Ok(()) => holders.push(target.id),
+                Err(why) => {
+                    tracing::warn!(path = %entry.path, node = target.id, "a replica of a run's output failed: {why}")
+                }
+            }
+        }
+        entry.content = Content::Nodes(holders);
+        Ok(entry)
     }
 }
 

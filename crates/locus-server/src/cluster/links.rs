@@ -3,8 +3,8 @@
 //! follow a link at the end of a path (up to [`MAX_LINKS`] in a row), `lstat`,
 //! `readlink`, `unlink` and `rename` act on the link itself. A target leads only within
 //! the namespace (`..` above the root is refused when followed). Links in the middle
-//! of a path are not followed, and hard links are not built (the namespace names a
-//! file's version by its path; a second name would need an inode table).
+//! of a path are not followed. Hard links (`link`) are rows naming one object
+//! (`locus_cluster::Meta::link`).
 
 use crate::cluster::meta_err;
 use crate::cluster::session::{governing, HeadSession};

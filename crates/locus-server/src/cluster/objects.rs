@@ -129,9 +129,9 @@ pub const PENDING_DIR: &str = "pending";
 /// How long a file a writable run wrote waits for its head to adopt it.
 const PENDING_KEPT: std::time::Duration = std::time::Duration::from_secs(3600);
 
-/// A regular file's size and modification time: how a writable run's copies are told
-/// from what the run wrote.
-type Seen = (u64, std::time::SystemTime);
+/// A regular file's size, modification time and change time (which a run cannot set
+/// back): how a writable run's copies are told from what the run wrote.
+type Seen = (u64, std::time::SystemTime, (i64, i64));
 
 /// Every regular file under `dir` (never following links), by its path relative to it.
 fn regular_files(dir: &std::path::Path) -> std::io::Result<std::collections::BTreeMap<String, Seen>> {
@@ -146,7 +146,8 @@ fn regular_files(dir: &std::path::Path) -> std::io::Result<std::collections::BTr
             if meta.is_dir() {
                 todo.push((entry.path(), path));
             } else if meta.is_file() {
-                out.insert(path, (meta.len(), meta.modified()?));
+                use std::os::unix::fs::MetadataExt;
+                out.insert(path, (meta.len(), meta.modified()?, (meta.ctime(), meta.ctime_nsec())));
             }
         }
     }
@@ -170,13 +171,28 @@ fn changes(
         let mut token = [0u8; 16];
         getrandom::fill(&mut token).expect("the OS provides randomness");
         let token = hex::encode(token);
-        std::fs::rename(view.join(path), pending.join(&token))?;
+        let (from, to) = (view.join(path), pending.join(&token));
+        // The pending file is dated now, whatever the run set (the sweep goes by it).
+        match std::fs::rename(&from, &to) {
+            Err(e) if e.raw_os_error() == Some(libc_exdev()) => {
+                std::fs::copy(&from, &to)?;
+                std::fs::remove_file(&from)?;
+            }
+            other => other?,
+        }
+        std::fs::File::options().write(true).open(&to)?.set_modified(std::time::SystemTime::now())?;
         events.push(StoreletEvent::Wrote { path: path.clone(), size: seen.0, token });
     }
     for path in before.keys().filter(|p| !after.contains_key(*p)) {
         events.push(StoreletEvent::Removed { path: path.clone() });
     }
     Ok(events)
+}
+
+/// `EXDEV`: a rename across file systems (a head's versions may live on another than
+/// its export, where its runs' views are).
+fn libc_exdev() -> i32 {
+    rustix::io::Errno::XDEV.raw_os_error()
 }
 
 /// Removes files writable runs wrote that no head adopted within [`PENDING_KEPT`].
