@@ -203,6 +203,11 @@ fn nodes_text(nodes: &[u64]) -> String {
     nodes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
 
+/// The node ids `nodes_text` wrote.
+fn nodes_from(text: &str) -> Vec<u64> {
+    text.split(',').filter_map(|n| n.parse().ok()).collect()
+}
+
 fn entry_params(e: &Entry) -> Vec<Val> {
     let (parent, name) = split(&e.path).unwrap_or(("", ""));
     let (nodes, inline) = match &e.content {
@@ -236,7 +241,7 @@ fn entry_of(row: &[Val]) -> Result<Entry> {
     let nodes = row.get(7).and_then(Val::text).ok_or_else(bad)?;
     let content = match row.get(8) {
         Some(Val::Blob(Some(bytes))) => Content::Inline(bytes.clone()),
-        _ => Content::Nodes(nodes.split(',').filter_map(|n| n.parse().ok()).collect()),
+        _ => Content::Nodes(nodes_from(nodes)),
     };
     Ok(Entry {
         path: row.first().and_then(Val::text).ok_or_else(bad)?.to_string(),

@@ -4,7 +4,8 @@
 use crate::sql::Val;
 use crate::COLUMNS;
 use crate::{
-    entry_of, get, next_id, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node, Result,
+    entry_of, get, next_id, nodes_from, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node,
+    Result,
 };
 
 /// Seconds since the epoch.
@@ -201,9 +202,7 @@ impl Meta {
             let int = |i: usize| r.get(i).and_then(Val::int).ok_or_else(bad);
             let content = match r.get(7) {
                 Some(Val::Blob(Some(bytes))) => Content::Inline(bytes.clone()),
-                _ => Content::Nodes(
-                    r.get(6).and_then(Val::text).unwrap_or("").split(',').filter_map(|n| n.parse().ok()).collect(),
-                ),
+                _ => Content::Nodes(nodes_from(r.get(6).and_then(Val::text).unwrap_or(""))),
             };
             Ok(Some(ActiveResult {
                 key: key.to_string(),
@@ -241,7 +240,7 @@ impl Meta {
                 let key = r[0].text().unwrap_or_default().to_string();
                 tx.exec("DELETE FROM active_results WHERE key = $1", &[Val::Text(key.clone())])?;
                 let (object, version) = (r[1].int().unwrap_or(0) as u64, r[2].int().unwrap_or(0) as u64);
-                let ids = r[3].text().unwrap_or("").split(',').filter_map(|n| n.parse().ok()).collect();
+                let ids = nodes_from(r[3].text().unwrap_or(""));
                 if version != result.version && !gone.iter().any(|g: &ActiveResult| g.key == key) {
                     let content = Content::Nodes(ids);
                     gone.push(ActiveResult { key, object, version, content, ..result.clone() });
@@ -419,7 +418,7 @@ impl Meta {
                     Some(Garbage {
                         object: r[0].int()? as u64,
                         version: r[1].int()? as u64,
-                        nodes: r[2].text()?.split(',').filter_map(|n| n.parse().ok()).collect(),
+                        nodes: nodes_from(r[2].text()?),
                     })
                 })
                 .collect())

@@ -4,7 +4,7 @@
 
 use locus_client::{Client, PushMessage};
 use locus_proto::types::{Rights, SetTime};
-use locus_testkit::{TestPostgres, TestServer};
+use locus_testkit::{wait_for_break, TestPostgres, TestServer};
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -19,18 +19,6 @@ async fn told_within(pushes: &mut UnboundedReceiver<PushMessage>, wait: Duration
         }
     }
     out
-}
-
-/// Waits (up to 5 s) until a break names `path`.
-async fn told(pushes: &mut UnboundedReceiver<PushMessage>, path: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let got = told_within(pushes, Duration::from_millis(100)).await;
-        if got.contains(path) {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no break named {path} within 5 s");
-    }
 }
 
 /// `holder` asks about /d, /d/f and /d/big through `head`; `writer` changes them.
@@ -49,46 +37,46 @@ async fn changes_break_promises(holder_head: &TestServer, writer: &Client) {
     assert!(holder_head.shared().callbacks.held() >= 3);
     // A small file rewritten (kept in the namespace).
     writer.write_file("/d/f", 0o644, b"second").await.unwrap();
-    told(&mut pushes, "/d/f").await;
+    wait_for_break(&mut pushes, "/d/f").await;
     // A large one (its bytes go straight to the nodes; the commit breaks).
     ask().await;
     writer.write_file("/d/big", 0o644, &big).await.unwrap();
-    told(&mut pushes, "/d/big").await;
+    wait_for_break(&mut pushes, "/d/big").await;
     // Names made and removed, attributes changed.
     ask().await;
     writer.write_file("/d/new", 0o644, b"new").await.unwrap();
-    told(&mut pushes, "/d/new").await;
+    wait_for_break(&mut pushes, "/d/new").await;
     ask().await;
     writer.unlink("/d/new").await.unwrap();
-    told(&mut pushes, "/d/new").await;
+    wait_for_break(&mut pushes, "/d/new").await;
     ask().await;
     writer.chmod("/d/f", 0o600).await.unwrap();
-    told(&mut pushes, "/d/f").await;
+    wait_for_break(&mut pushes, "/d/f").await;
     ask().await;
     writer.rename("/d/f", "/d/g").await.unwrap();
-    told(&mut pushes, "/d/f").await;
+    wait_for_break(&mut pushes, "/d/f").await;
     // Directories, links, sizes, times and ACLs.
     holder.readdir("/d").await.unwrap();
     writer.mkdir("/d/sub", 0o755).await.unwrap();
-    told(&mut pushes, "/d/sub").await;
+    wait_for_break(&mut pushes, "/d/sub").await;
     holder.readdir("/d").await.unwrap();
     writer.symlink("g", "/d/link").await.unwrap();
-    told(&mut pushes, "/d/link").await;
+    wait_for_break(&mut pushes, "/d/link").await;
     holder.stat("/d/g").await.unwrap();
     writer.truncate("/d/g", 2).await.unwrap();
-    told(&mut pushes, "/d/g").await;
+    wait_for_break(&mut pushes, "/d/g").await;
     holder.stat("/d/g").await.unwrap();
     writer
         .call(locus_proto::ops::Utimes { path: "/d/g".into(), atime: SetTime::Now, mtime: SetTime::Now })
         .await
         .unwrap();
-    told(&mut pushes, "/d/g").await;
+    wait_for_break(&mut pushes, "/d/g").await;
     holder.stat("/d/sub").await.unwrap();
     writer.acl_set("/d/sub", "alice", Rights::parse("rl").unwrap()).await.unwrap();
-    told(&mut pushes, "/d/sub").await;
+    wait_for_break(&mut pushes, "/d/sub").await;
     holder.readdir("/d").await.unwrap();
     writer.rmdir("/d/sub").await.unwrap();
-    told(&mut pushes, "/d/sub").await;
+    wait_for_break(&mut pushes, "/d/sub").await;
     // Nothing changed: nothing is told.
     holder.stat("/d/g").await.unwrap();
     assert_eq!(told_within(&mut pushes, Duration::from_millis(700)).await, BTreeSet::new());

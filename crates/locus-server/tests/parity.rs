@@ -4,11 +4,9 @@
 //! day it can, this file says to move it into the suite.
 
 use locus_client::types::{open_flags, Rights, Value};
-use locus_client::{Client, PushMessage};
+use locus_client::Client;
 use locus_proto::Code;
-use locus_testkit::{TestPostgres, TestServer};
-use std::time::Duration;
-use tokio::sync::mpsc::UnboundedReceiver;
+use locus_testkit::{wait_for_break, TestPostgres, TestServer};
 
 fn s(v: &str) -> Value {
     Value::Str(v.into())
@@ -24,20 +22,6 @@ fn with_csv(server: &TestServer) {
 
 fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
-}
-
-/// Waits (up to 5 s) until a break names `path`.
-async fn told(pushes: &mut UnboundedReceiver<PushMessage>, path: &str) {
-    let found = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(push) = pushes.recv().await {
-            if push.topic == locus_proto::frame::PUSH_BREAK
-                && locus_proto::codec::decode::<Vec<String>>(&push.meta).unwrap().iter().any(|p| p == path)
-            {
-                return;
-            }
-        }
-    });
-    found.await.unwrap_or_else(|_| panic!("no break named {path} within 5 s"));
 }
 
 /// The suite. `first` and `second` are two doors to one namespace: the same server
@@ -263,10 +247,10 @@ async fn callbacks(first: &TestServer, other: &Client) {
     holder.stat("/p/csv@sales.csv,-sum,price").await.unwrap();
     assert_eq!(first.shared().callbacks.held(), held, "an active file's name is never promised");
     other.write_file("/p/small", 0o644, b"changed").await.unwrap();
-    told(&mut pushes, "/p/small").await;
+    wait_for_break(&mut pushes, "/p/small").await;
     holder.readdir("/p").await.unwrap();
     other.write_file("/p/made", 0o644, b"made").await.unwrap();
-    told(&mut pushes, "/p/made").await;
+    wait_for_break(&mut pushes, "/p/made").await;
 }
 
 /// ACL refusals: the same answers through either door, and scripts have exactly their

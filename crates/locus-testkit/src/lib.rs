@@ -446,3 +446,19 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// Waits (up to 5 s) until a callback break pushed to `pushes` names `path`; panics if
+/// none does.
+pub async fn wait_for_break(pushes: &mut tokio::sync::mpsc::UnboundedReceiver<locus_client::PushMessage>, path: &str) {
+    let found = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(push) = pushes.recv().await {
+            if push.topic == locus_proto::frame::PUSH_BREAK
+                && locus_proto::codec::decode::<Vec<String>>(&push.meta)
+                    .is_ok_and(|told| told.iter().any(|p| p == path))
+            {
+                return;
+            }
+        }
+    });
+    found.await.unwrap_or_else(|_| panic!("no break named {path} within 5 s"));
+}

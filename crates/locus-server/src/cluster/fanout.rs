@@ -285,14 +285,6 @@ impl Head {
             if existing.as_ref().is_some_and(|e| e.kind != EntryKind::File) {
                 return Err(WireError::new(Code::ISDIR, format!("{path}: the run wrote a file where there is none")));
             }
-            let mut above = locus_cluster::split(&path).map(|(d, _)| d.to_string());
-            while let Some(d) = above.filter(|d| d.as_str() != "/") {
-                match self.meta.get(&d).map_err(meta_err)? {
-                    Some(e) if e.kind == EntryKind::Dir => break,
-                    Some(_) => return Err(WireError::new(Code::NOTDIR, format!("{d}: the run wrote beneath a file"))),
-                    None => above = locus_cluster::split(&d).map(|(p, _)| p.to_string()),
-                }
-            }
             planned.push((w, path, existing));
         }
         let mut removals = Vec::new();
@@ -411,7 +403,7 @@ fn run_id(node: u64, run: u64) -> u64 {
 impl Head {
     /// Whether some data node is live.
     pub(crate) fn has_live_node(&self) -> Result<bool, WireError> {
-        Ok(self.nodes()?.iter().any(|n| n.id != LOCAL_NODE && self.is_live(n)))
+        Ok(self.nodes()?.iter().any(|n| self.is_live(n)))
     }
 
     /// The live nodes, each with a connection as the head.

@@ -54,9 +54,7 @@ impl Head {
     pub(crate) fn candidates(&self, size: u64) -> Result<Vec<Node>, WireError> {
         let all = self.nodes()?;
         if all.is_empty() {
-            let local =
-                Node { id: LOCAL_NODE, addr: String::new(), http: None, free: u64::MAX, seen: 0, draining: false };
-            return Ok(vec![local]);
+            return Ok(vec![Head::here()]);
         }
         let placed = self.placed.lock();
         let recent = |n: &Node| placed.get(&n.id).copied().unwrap_or(0);
