@@ -14,6 +14,7 @@ mod acls;
 mod links;
 use links::unlinked;
 mod records;
+use records::nodes_from;
 pub mod sql;
 
 pub use records::ActiveResult;
@@ -201,11 +202,6 @@ const COLUMNS: &str = "path, kind, mode, size, mtime, object, version, nodes, in
 
 fn nodes_text(nodes: &[u64]) -> String {
     nodes.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
-}
-
-/// The node ids `nodes_text` wrote.
-fn nodes_from(text: &str) -> Vec<u64> {
-    text.split(',').filter_map(|n| n.parse().ok()).collect()
 }
 
 fn entry_params(e: &Entry) -> Vec<Val> {

@@ -4,8 +4,7 @@
 use crate::sql::Val;
 use crate::COLUMNS;
 use crate::{
-    entry_of, get, next_id, nodes_from, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node,
-    Result,
+    entry_of, get, next_id, nodes_text, Content, Damaged, Entry, Garbage, Kind, Meta, MetaError, Node, Result,
 };
 
 /// Seconds since the epoch.
@@ -475,4 +474,9 @@ fn make_parents(tx: &mut dyn crate::sql::Tx, path: &str) -> Result<()> {
             crate::insert(tx, &Entry::empty(parent.to_string(), Kind::Dir, 0o755, id))
         }
     }
+}
+
+/// The node ids `nodes_text` wrote.
+pub(crate) fn nodes_from(text: &str) -> Vec<u64> {
+    text.split(',').filter_map(|n| n.parse().ok()).collect()
 }
