@@ -244,7 +244,9 @@ struct Outcome {
 
 /// Median latencies (µs) at the head of `stat` (a namespace lookup) and of `ping` (no
 /// lookup: the server's request path alone), over `samples` calls each, or until
-/// `until` is true.
+/// `until` is true. Idle or loaded, a pair goes every 5 ms, so both see the same
+/// wake-ups (back to back, idle calls would find the head's CPU awake, as loaded ones
+/// spaced out cannot).
 async fn probe_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool) -> (f64, f64) {
     let (mut stats, mut pings) = (Vec::new(), Vec::new());
     while stats.len() < samples || (samples == 0 && !until()) {
@@ -254,9 +256,7 @@ async fn probe_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool
         let t = Instant::now();
         let _ = client.ping().await;
         pings.push(t.elapsed().as_secs_f64() * 1e6);
-        if samples == 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     (median(stats), median(pings))
 }
@@ -381,7 +381,16 @@ fn measure(
     }
     let (idle, ping_idle) = rt.block_on(probe_latency(&client, 200, &|| true));
     let mut echo = echo_at_head()?;
-    let echo_idle = echo_us(&mut echo, 200);
+    // Bursts of 20 every 5 ms, as under load below.
+    let echo_idle = median(
+        (0..10)
+            .map(|_| {
+                let t = echo_us(&mut echo, 20);
+                std::thread::sleep(Duration::from_millis(5));
+                t
+            })
+            .collect(),
+    );
     let (mut echoes, mut pings) = (Vec::new(), Vec::new());
 
     let mut rates = Vec::new();

@@ -158,9 +158,11 @@ pub struct ServeArgs {
     /// ~/.locus/nodes/PORT/.
     #[arg(long, value_name = "HEAD_URL")]
     data_node: Option<String>,
-    /// The address clients and the head reach this data node at (default: the listen
-    /// address).
-    #[arg(long, value_name = "HOST:PORT", requires = "data_node")]
+    /// The address others reach this server at (default: the listen address). A data
+    /// node's: where clients and its head reach it. A head's: where data nodes reach it,
+    /// kept in the namespace so that every node learns every head (a head listening on a
+    /// wildcard address and given none is not told to nodes).
+    #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
     /// Hours between the starts of a data node's scrubs, which read every version it
     /// keeps and check its checksums (a damaged one is moved aside and copied again from
@@ -189,10 +191,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "chirp_port")]
     chirp_idle_s: u64,
     /// Also serve HTTP on this port (same address as --listen; 0 picks one). A server
-    /// of its own export serves the web console there (log in with a token: browse and
-    /// transfer files, see the load of the last hour, see and cancel running code). A
-    /// head or a data node serves its files: GET with Range and HEAD; a head redirects
-    /// large reads to a data node.
+    /// or a cluster head serves the web console there (log in with a token: browse and
+    /// transfer files, see the load of the last hour, per data node on a head, see and
+    /// cancel running code). A head also serves its files there by path (GET with Range
+    /// and HEAD, large reads redirected to a data node; the console's own paths, `/`,
+    /// `/api/...` and its scripts and styles, are not files'). A data node serves the
+    /// versions it keeps to holders of a capability.
     #[arg(long)]
     http_port: Option<u16>,
     /// Milliseconds between the console's load samples (it keeps the last hour).
@@ -310,9 +314,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let advertise = args.advertise.clone().unwrap_or_else(|| addr.to_string());
-        if args.data_node.is_some() {
-            // The head and the clients log in to a data node at the address it advertises.
+        if args.data_node.is_some() || (config.head.is_some() && args.advertise.is_some()) {
+            // The head and the clients log in to a data node at the address it advertises;
+            // data nodes log in to a head at the address it advertises.
             config.names.push(advertise.parse().map_err(|e| format!("--advertise: {e}"))?);
+        }
+        if let Some(head) = config.head.as_mut() {
+            head.advertise = args.advertise.clone();
         }
         // The admin token of a new server (or of the user's own, in ~/.locus/server)
         // becomes the user's credentials for the addresses a local client dials; a data
@@ -402,7 +410,10 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
                 let public = format!("{host}:{}", listener.local_addr().map_err(|e| e.to_string())?.port());
                 let exposed = !locus_server::http::is_loopback(&listener);
                 let shared = server.shared().clone();
-                if config.head.is_none() && head_options.is_none() {
+                // A data node's HTTP door serves object versions under capabilities; a
+                // server's and a head's serve the web console (a head's, on the same
+                // port, also its files by path, redirected to their data nodes).
+                if head_options.is_none() {
                     eprintln!("  web console: {}://{public}/", if config.tls { "https" } else { "http" });
                     if exposed && !config.tls {
                         eprintln!("  (plain HTTP off loopback: the console takes no logins; add --tls)");

@@ -14,10 +14,12 @@ mod acls;
 mod links;
 use links::unlinked;
 mod records;
+mod script_state;
 use records::nodes_from;
 pub mod sql;
 
 pub use records::ActiveResult;
+pub use script_state::ValueLimits;
 
 use locus_proto::types::Rights;
 use locus_proto::Code;

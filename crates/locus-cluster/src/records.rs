@@ -40,6 +40,73 @@ impl Meta {
         })
     }
 
+    /// Records that the head reached at `addr` is serving now, and answers the heads
+    /// heard from within `within_s` seconds (itself included); rows silent for a day go.
+    pub fn head_alive(&self, addr: &str, within_s: u64) -> Result<Vec<String>> {
+        self.tx(|tx| {
+            let now = now_s();
+            tx.exec(
+                "INSERT INTO heads (addr, seen) VALUES ($1, $2) ON CONFLICT (addr) DO UPDATE SET seen = excluded.seen",
+                &[Val::Text(addr.into()), Val::Int(now)],
+            )?;
+            tx.exec("DELETE FROM heads WHERE seen < $1", &[Val::Int(now - 24 * 3600)])?;
+            let rows =
+                tx.query("SELECT addr FROM heads WHERE seen >= $1 ORDER BY addr", &[Val::Int(now - within_s as i64)])?;
+            Ok(rows.iter().filter_map(|r| r[0].text().map(str::to_string)).collect())
+        })
+    }
+
+    /// Records a data node's I/O totals as its last heartbeat gave them.
+    pub fn record_node_io(&self, node: u64, io: &locus_proto::types::IoCounters) -> Result<()> {
+        let n = |v: u64| Val::Int(v.min(i64::MAX as u64) as i64);
+        self.tx(|tx| {
+            tx.exec(
+                "INSERT INTO node_io (node, reads, read_bytes, read_ns, writes, write_bytes, write_ns) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (node) DO UPDATE SET reads = excluded.reads, \
+                 read_bytes = excluded.read_bytes, read_ns = excluded.read_ns, writes = excluded.writes, \
+                 write_bytes = excluded.write_bytes, write_ns = excluded.write_ns",
+                &[
+                    n(node),
+                    n(io.reads),
+                    n(io.read_bytes),
+                    n(io.read_ns),
+                    n(io.writes),
+                    n(io.write_bytes),
+                    n(io.write_ns),
+                ],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Every data node's I/O totals as it last reported them, by node id.
+    pub fn node_io(&self) -> Result<Vec<(u64, locus_proto::types::IoCounters)>> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                "SELECT node, reads, read_bytes, read_ns, writes, write_bytes, write_ns FROM node_io ORDER BY node",
+                &[],
+            )?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    let v = |i: usize| r.get(i).and_then(Val::int).map(|v| v.max(0) as u64);
+                    Some((
+                        v(0)?,
+                        locus_proto::types::IoCounters {
+                            reads: v(1)?,
+                            read_bytes: v(2)?,
+                            read_ns: v(3)?,
+                            writes: v(4)?,
+                            write_bytes: v(5)?,
+                            write_ns: v(6)?,
+                            ..Default::default()
+                        },
+                    ))
+                })
+                .collect())
+        })
+    }
+
     /// Every data node that has joined.
     pub fn nodes(&self) -> Result<Vec<Node>> {
         self.tx(|tx| {
@@ -83,6 +150,7 @@ impl Meta {
                      drain`), or, if it died, let healing copy them, until `locus node list` shows 0"
                 )));
             }
+            tx.exec("DELETE FROM node_io WHERE node = $1", &[Val::Int(node as i64)])?;
             match tx.exec("DELETE FROM nodes WHERE id = $1", &[Val::Int(node as i64)])? {
                 0 => Err(MetaError::NotFound(format!("data node {node}"))),
                 _ => Ok(()),

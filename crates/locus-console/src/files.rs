@@ -1,15 +1,18 @@
 //! The tree: listings, a text preview, ranged downloads and uploads, each done by a
 //! session acting as the logged-in subject (the same calls, ACL checks and callback
-//! breaks as the native protocol's).
+//! breaks as the native protocol's), on one server or a cluster head alike
+//! ([`locus_server::acting::Acting`]).
 
 use crate::auth::User;
 use crate::{error, json, next_frame, query, wire_error, Req, Resp};
 use bytes::Bytes;
 use hyper::header::{self, HeaderValue};
 use hyper::StatusCode;
-use locus_proto::ops::{Get, Put, Readdir};
+use locus_proto::ops::{Open, Pread, Readdir};
+use locus_proto::types::{open_flags, Attr};
 use locus_proto::{Code, Error as WireError};
-use locus_server::{Body, Handler, Session, Shared};
+use locus_server::acting::Acting;
+use locus_server::Shared;
 use std::sync::Arc;
 
 /// Bytes of a file the preview shows.
@@ -19,10 +22,10 @@ pub const PREVIEW_BYTES: usize = 64 << 10;
 async fn as_user<T: Send + 'static>(
     shared: &Arc<Shared>,
     user: &User,
-    work: impl FnOnce(&mut Session) -> Result<T, WireError> + Send + 'static,
+    work: impl FnOnce(&mut Acting) -> Result<T, WireError> + Send + 'static,
 ) -> Result<T, WireError> {
-    let mut session = Session::acting_as(shared.clone(), &user.subject);
-    tokio::task::spawn_blocking(move || work(&mut session))
+    let (shared, subject) = (shared.clone(), user.subject.clone());
+    tokio::task::spawn_blocking(move || work(&mut Acting::new(&shared, &subject)))
         .await
         .unwrap_or_else(|e| Err(WireError::new(Code::IO, format!("the request failed: {e}"))))
 }
@@ -39,13 +42,11 @@ fn bad_path() -> Resp {
 /// `GET /api/list?path=DIR`: the entries with kind, size, mode and modification time.
 pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
     let Some(path) = path_of(req) else { return bad_path() };
-    let (who, store) = (user.subject.clone(), shared.clone());
     let listed = as_user(shared, user, move |s| {
-        let entries: Vec<_> =
-            s.readdir(Readdir { path: path.clone() }, Bytes::new())?.pages.into_iter().flatten().collect();
+        let entries: Vec<_> = s.call(&Readdir { path: path.clone() }, Bytes::new())?.0.into_iter().flatten().collect();
         // What the subject may do here, for the page to offer only that (an upload
         // needs `w`).
-        let rights = store.store.rights(&who, &path).map(|r| r.to_string()).unwrap_or_default();
+        let rights = s.rights(&path).to_string();
         Ok((path, entries, rights))
     })
     .await;
@@ -76,17 +77,24 @@ pub async fn list(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
     }
 }
 
+/// Opens `path` for reading: its attributes and handle (a plain file only).
+fn open_file(s: &mut Acting, path: String) -> Result<(Attr, u64), WireError> {
+    let (opened, _) = s.call(&Open { path, flags: open_flags::READ, mode: 0 }, Bytes::new())?;
+    let opened = opened.into_iter().next().ok_or_else(|| WireError::new(Code::IO, "open answered nothing"))?;
+    if !opened.attr.is_file() {
+        return Err(WireError::new(Code::NOTSUP, "not a plain file"));
+    }
+    Ok((opened.attr, opened.handle))
+}
+
 /// `GET /api/preview?path=FILE`: the first 64 KiB as text, or word that it is binary.
 pub async fn preview(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
     let Some(path) = path_of(req) else { return bad_path() };
     let read = as_user(shared, user, move |s| {
-        let answer = s.get(Get { path }, Bytes::new())?;
-        let size = answer.pages.first().map_or(0, |a| a.size);
-        let Body::Stream(file) = answer.body else { return Err(WireError::new(Code::NOTSUP, "not a plain file")) };
-        let mut buf = vec![0u8; PREVIEW_BYTES.min(size as usize)];
-        let n = file.read_into(0, &mut buf).map_err(WireError::from)?;
-        buf.truncate(n);
-        Ok((size, buf))
+        let (attr, handle) = open_file(s, path)?;
+        let len = PREVIEW_BYTES.min(attr.size as usize) as u32;
+        let (_, bytes) = s.call(&Pread { handle, offset: 0, len }, Bytes::new())?;
+        Ok((attr.size, bytes))
     })
     .await;
     match read {
@@ -114,13 +122,13 @@ pub async fn preview(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
 /// `GET /api/download?path=FILE`: the bytes, with `Range` honoured (one range).
 pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
     let Some(path) = path_of(req) else { return bad_path() };
-    let opened = as_user(shared, user, move |s| {
-        let answer = s.get(Get { path }, Bytes::new())?;
-        let attr = answer.pages.first().cloned().unwrap_or_default();
-        let Body::Stream(file) = answer.body else { return Err(WireError::new(Code::NOTSUP, "not a plain file")) };
-        Ok((attr, file))
+    let (shared_, subject) = (shared.clone(), user.subject.clone());
+    let opened = tokio::task::spawn_blocking(move || {
+        let mut s = Acting::new(&shared_, &subject);
+        open_file(&mut s, path).map(|(attr, handle)| (attr, Arc::new(parking_lot::Mutex::new((s, handle)))))
     })
-    .await;
+    .await
+    .unwrap_or_else(|e| Err(WireError::new(Code::IO, format!("the request failed: {e}"))));
     let (attr, file) = match opened {
         Ok(o) => o,
         Err(e) => return wire_error(&e),
@@ -131,10 +139,9 @@ pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
         let file = file.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                let started = std::time::Instant::now();
-                let data = file.read_at(offset, len as usize).map_err(|e| std::io::Error::other(e.to_string()))?;
-                file.io.read(data.len() as u64, started.elapsed());
-                Ok(Bytes::from(data))
+                let (session, handle) = &mut *file.lock();
+                let read = session.call(&Pread { handle: *handle, offset, len: len as u32 }, Bytes::new());
+                read.map(|(_, data)| Bytes::from(data)).map_err(|e| std::io::Error::other(e.to_string()))
             })
             .await
             .map_err(std::io::Error::other)?
@@ -166,12 +173,8 @@ pub async fn download(shared: &Arc<Shared>, user: &User, req: &Req) -> Resp {
 /// that fails or is cut off leaves the old file as it was.
 pub async fn upload(shared: &Arc<Shared>, user: &User, req: Req) -> Resp {
     let Some(path) = path_of(&req) else { return bad_path() };
-    const UPLOAD: u32 = 1;
-    let mut session = Session::acting_as(shared.clone(), &user.subject);
-    let started = tokio::task::block_in_place(|| {
-        session.set_current(UPLOAD, true);
-        session.put(Put { path: path.clone(), mode: 0o644 }, Bytes::new())
-    });
+    let mut session = Acting::new(shared, &user.subject);
+    let started = tokio::task::block_in_place(|| session.put_start(&path, 0o644));
     if let Err(e) = started {
         return wire_error(&e);
     }
@@ -189,7 +192,7 @@ pub async fn upload(shared: &Arc<Shared>, user: &User, req: Req) -> Resp {
         };
         let last = data.is_empty();
         size += data.len() as u64;
-        if let Err(e) = tokio::task::block_in_place(|| session.put_more(UPLOAD, &data, !last)) {
+        if let Err(e) = tokio::task::block_in_place(|| session.put_more(&data, last)) {
             return wire_error(&e);
         }
         if last {

@@ -97,7 +97,8 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, confi
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            sampler.load.sample(&sampler.shared);
+            // A head's sample reads the namespace.
+            tokio::task::block_in_place(|| sampler.load.sample(&sampler.shared));
         }
     });
     loop {
@@ -215,7 +216,13 @@ impl Console {
                 return r;
             }
         }
-        let Some(api) = path.strip_prefix("/api/") else { return error(StatusCode::NOT_FOUND, "no such page") };
+        let Some(api) = path.strip_prefix("/api/") else {
+            // A head's HTTP door shares the port: every other path is a file's.
+            if self.shared.is_head() {
+                return locus_server::http::answer(&self.shared, req, self.tokens_safe).await;
+            }
+            return error(StatusCode::NOT_FOUND, "no such page");
+        };
         // State changes must come from the console's own script: a custom header needs a
         // CORS preflight no other site passes (the cookie's SameSite=Strict is the first line).
         let changing = method != Method::GET && method != Method::HEAD;
@@ -228,7 +235,10 @@ impl Console {
         let Some(user) = self.sessions.user(&req) else {
             return error(StatusCode::UNAUTHORIZED, "log in with a token");
         };
-        let admin = self.shared.store.rights(&user, "/").is_ok_and(|r| r.contains(locus_proto::types::Rights::ADMIN));
+        let (shared, subject) = (self.shared.clone(), user.clone());
+        let rights =
+            tokio::task::spawn_blocking(move || locus_server::acting::Acting::new(&shared, &subject).rights("/"));
+        let admin = rights.await.is_ok_and(|r| r.contains(locus_proto::types::Rights::ADMIN));
         let user = auth::User { subject: user, admin };
         match (api, method) {
             ("logout", Method::POST) => self.sessions.logout(&req),
@@ -240,8 +250,8 @@ impl Console {
             ("download", Method::GET | Method::HEAD) => files::download(&self.shared, &user, &req).await,
             ("upload", Method::PUT) => files::upload(&self.shared, &user, req).await,
             ("load", Method::GET) => self.load.report(&self.shared, &user, query(&req, "file").as_deref()),
-            ("runs", Method::GET) => code::runs(&self.shared, &user),
-            ("cancel", Method::POST) => code::cancel(&self.shared, &user, &req),
+            ("runs", Method::GET) => code::runs(&self.shared, &user).await,
+            ("cancel", Method::POST) => code::cancel(&self.shared, &user, &req).await,
             _ => error(StatusCode::NOT_FOUND, format!("no API {api}")),
         }
     }

@@ -1,6 +1,7 @@
 //! Where the load is, over the last hour: every few seconds the console samples the
 //! store's I/O counters (the export, each device, each file) and keeps what changed in a
-//! ring buffer, so the page can plot time series and a heat map with no database.
+//! ring buffer, so the page can plot time series and a heat map with no database. On a
+//! cluster head the devices are the data nodes, from the accounts their heartbeats carry.
 
 use crate::auth::User;
 use crate::{json, ConsoleConfig, Resp};
@@ -76,6 +77,8 @@ struct State {
     devices: Vec<IoCounters>,
     files: HashMap<String, IoCounters>,
     primed: bool,
+    /// A head's data nodes, in the order of `devices`.
+    device_names: Vec<String>,
 }
 
 /// The ring buffer of samples.
@@ -95,10 +98,38 @@ impl LoadHistory {
         }
     }
 
-    /// Takes one sample: what the counters moved since the last.
+    /// Takes one sample: what the counters moved since the last. On a cluster head the
+    /// devices are its data nodes, from their accounts (the totals their heartbeats
+    /// carry), and the export their sum; files are not named there.
     pub fn sample(&self, shared: &Shared) {
-        let counters = shared.store.counters();
-        let (export, devices, files) = (counters.export(), counters.devices(), counters.all());
+        let (export, devices, files) = match shared.data_node_io() {
+            Some(nodes) => {
+                let mut sum = IoCounters::default();
+                for (_, io) in &nodes {
+                    sum.reads += io.reads;
+                    sum.read_bytes += io.read_bytes;
+                    sum.read_ns += io.read_ns;
+                    sum.writes += io.writes;
+                    sum.write_bytes += io.write_bytes;
+                    sum.write_ns += io.write_ns;
+                }
+                let (names, io): (Vec<String>, Vec<IoCounters>) = nodes.into_iter().unzip();
+                let mut state = self.state.lock();
+                if state.device_names != names {
+                    // Nodes joined or left: their series start again.
+                    state.device_names = names;
+                    state.devices = Vec::new();
+                    state.samples.clear();
+                    state.primed = false;
+                }
+                drop(state);
+                (sum, io, Vec::new())
+            }
+            None => {
+                let counters = shared.store.counters();
+                (counters.export(), counters.devices(), counters.all())
+            }
+        };
         let t_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut state = self.state.lock();
@@ -183,8 +214,13 @@ impl LoadHistory {
                 .collect();
             serde_json::json!({ "path": f, "samples": points })
         });
-        let mut device_names = vec![shared.config.root.display().to_string()];
-        device_names.extend(shared.config.devices.iter().map(|d| d.display().to_string()));
+        let device_names = if shared.is_head() {
+            state.device_names.clone()
+        } else {
+            let mut names = vec![shared.config.root.display().to_string()];
+            names.extend(shared.config.devices.iter().map(|d| d.display().to_string()));
+            names
+        };
         let devices: Vec<String> = device_names
             .into_iter()
             .enumerate()

@@ -307,3 +307,83 @@ fn with_the_servers_tls_identity_the_console_speaks_https_and_its_cookie_is_secu
     let _ = plain.read_to_end(&mut got);
     assert!(!got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
 }
+
+/// A cluster head serves the console over its namespace and data nodes: listings and
+/// rights from the namespace, previews and ranged downloads of versions on a node,
+/// uploads committed as versions, the load per data node from the accounts their
+/// heartbeats carry, the storelets running on the nodes; and, on the same port, its
+/// files by path.
+#[test]
+fn a_head_serves_the_console_over_its_namespace_and_its_data_nodes() {
+    let head = TestServer::head(None, |h| h.node_timeout = Duration::from_secs(1));
+    let _node = TestServer::data_node(&head);
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let client = rt.block_on(locus_client::Client::connect(&head.options("admin"))).unwrap();
+    rt.block_on(async {
+        client.mkdir("/docs", 0o755).await.unwrap();
+        client.mkdir("/private", 0o755).await.unwrap();
+        client.write_file("/docs/readme.txt", 0o644, b"hello, head\n").await.unwrap();
+        client.write_file("/docs/big.bin", 0o644, &big).await.unwrap();
+        client.write_file("/private/secret.txt", 0o644, b"no\n").await.unwrap();
+        client.acl_set("/docs", "bob", Rights::READ.union(Rights::LIST)).await.unwrap();
+    });
+    let config = locus_console::ConsoleConfig { sample_every: Duration::from_millis(100), ..Default::default() };
+    let at = head.console(config);
+    let admin = login(at, "admin:admin-token");
+    let bob = login(at, "bob:bob-token");
+    let get = |cookie: &str, target: &str| http(at, "GET", target, &[("Cookie", cookie)], b"");
+
+    let list = get(&bob, "/api/list?path=/docs").json();
+    let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["big.bin", "readme.txt"]);
+    assert_eq!(list["rights"], "rl");
+    assert_eq!(get(&bob, "/api/list?path=/private").status, 403);
+    assert_eq!(get(&bob, "/api/preview?path=/private/secret.txt").status, 403);
+    assert_eq!(get(&bob, "/api/preview?path=/docs/readme.txt").json()["text"], "hello, head\n");
+    let part = http(
+        at,
+        "GET",
+        "/api/download?path=/docs/big.bin",
+        &[("Cookie", &bob), ("Range", "bytes=1000000-1999999")],
+        b"",
+    );
+    assert_eq!(part.status, 206);
+    assert!(part.body == big[1_000_000..2_000_000], "the bytes kept on the data node");
+    let whole = get(&admin, "/api/download?path=/docs/big.bin");
+    assert!(whole.status == 200 && whole.body == big);
+
+    let up = http(at, "PUT", "/api/upload?path=/docs/up.bin", &[CHANGE, ("Cookie", &admin)], &big);
+    assert_eq!(up.status, 200, "{}", String::from_utf8_lossy(&up.body));
+    assert_eq!(rt.block_on(client.read_file("/docs/up.bin")).unwrap(), big);
+    let refused = http(at, "PUT", "/api/upload?path=/docs/no.bin", &[CHANGE, ("Cookie", &bob)], b"x");
+    assert_eq!(refused.status, 403);
+    assert!(rt.block_on(client.stat("/docs/no.bin")).is_err(), "a refused upload leaves nothing");
+
+    // The reads above went to the data node; its heartbeats carry its accounts.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let report = loop {
+        for _ in 0..2 {
+            assert_eq!(rt.block_on(client.read_file("/docs/big.bin")).unwrap().len(), big.len());
+        }
+        let r = get(&admin, "/api/load").json();
+        let read: u64 =
+            r["samples"].as_array().unwrap().iter().map(|s| s["export"]["read_bytes"].as_u64().unwrap()).sum();
+        if read >= 3_000_000 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the samples never showed the node's reads: {r}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let devices: Vec<&str> = report["devices"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(devices.len() == 1 && devices[0].contains("node"), "{devices:?}");
+
+    let runs = get(&admin, "/api/runs");
+    assert_eq!(runs.status, 200);
+    assert!(runs.json()["storelets"]["running"].is_array());
+
+    // The head's files by path, on the console's port (Bearer on loopback).
+    let by_path = http(at, "GET", "/docs/readme.txt", &[("Authorization", "Bearer admin:admin-token")], b"");
+    assert_eq!((by_path.status, by_path.body.as_slice()), (200, &b"hello, head\n"[..]));
+    assert_eq!(http(at, "GET", "/docs/readme.txt", &[], b"").status, 401);
+}

@@ -173,6 +173,9 @@ pub struct NodeWelcome {
     pub sealed: Vec<u8>,
     /// How often the head wants the node to join again (its heartbeat), in milliseconds.
     pub every_ms: u64,
+    /// The addresses of the namespace's heads heard from lately (this one included), so
+    /// that the node can join another when this one dies, whichever the node was told.
+    pub heads: Vec<String>,
 }
 
 /// Where a client writes a new version's bytes itself (a third-party write): the nodes

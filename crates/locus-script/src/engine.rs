@@ -152,6 +152,17 @@ impl Engine {
     /// An engine with `workers` interpreter threads, a cache of `capacity` sources and a
     /// queue of `queue` waiting calls.
     pub fn new(workers: usize, capacity: usize, queue: usize) -> Engine {
+        Engine::keeping_state_in(workers, capacity, queue, Arc::new(crate::MemoryState::default()))
+    }
+
+    /// An engine as [`Engine::new`] makes, whose scripts keep named values and locks in
+    /// `store` (a cluster's heads: the namespace's database).
+    pub fn keeping_state_in(
+        workers: usize,
+        capacity: usize,
+        queue: usize,
+        store: Arc<dyn crate::StateStore>,
+    ) -> Engine {
         let workers = workers.max(1);
         let mut cpus = usable_cpus();
         cpus.truncate(workers);
@@ -159,7 +170,7 @@ impl Engine {
         if !pinned {
             cpus.push(0);
         }
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(store));
         let runs = Arc::new(ScriptRuns::default());
         let mut groups = Vec::with_capacity(cpus.len());
         let mut group_of_cpu = Vec::new();
@@ -264,7 +275,7 @@ impl Engine {
 
     /// True if a lock of that name is held now (for tests and diagnostics).
     pub fn lock_held(&self, name: &str) -> bool {
-        self.shared.locks.is_held(name)
+        self.shared.store.is_held(name)
     }
 
     /// Queues a call (registering its source first if given); `reply` gets the answer on
@@ -593,7 +604,7 @@ fn run(
     }
     let ctx = lua.remove_app_data::<CallCtx>().expect("set above");
     for name in &ctx.locks {
-        shared.locks.release(name, token);
+        shared.store.release(name, token);
     }
     for &(object, handle) in &ctx.handles {
         shared.objects.end_handle(object, handle);

@@ -10,6 +10,8 @@
 //! - `lua_ser`: replies as Lua tables, built in one protected call.
 //! - `stdlib`: buffers, named state (global, or attached to a file: [`ObjectStates`]),
 //!   locks released when the call ends, messages to clients, time.
+//! - [`StateStore`]: where named values and locks are kept: this server's memory
+//!   ([`MemoryState`]), or a cluster's database, shared by its heads.
 //! - [`ScriptRuns`]: calls running on the pool (cancellable) and the last ones that ended.
 //! - [`ScriptError`]: every way a call can fail, mapped to wire codes.
 
@@ -20,6 +22,7 @@ mod engine;
 mod error;
 mod lua_ser;
 mod runs;
+mod state_store;
 mod stdlib;
 mod value;
 
@@ -27,6 +30,7 @@ pub use call::Limits;
 pub use engine::{CallOutcome, CallRequest, Engine, ReplyFn};
 pub use error::ScriptError;
 pub use runs::{ScriptRunInfo, ScriptRuns};
+pub use state_store::{Change, MemoryState, Scope, StateStore, MAX_OBJECTS, MAX_OBJECT_KEYS, MAX_SUBJECT_KEYS};
 pub use stdlib::ObjectStates;
 
 use locus_proto::Error as WireError;

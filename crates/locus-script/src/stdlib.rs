@@ -5,119 +5,72 @@ use crate::buffer::charge;
 use crate::buffer::{bytes_of, Buffer};
 use crate::call::fail;
 use crate::call::{host_call, with_ctx};
+use crate::state_store::{self, Change, Scope, StateStore};
 use crate::value::{from_lua, to_lua};
 use locus_proto::ops;
 use locus_proto::types::Value;
 use mlua::{Lua, MultiValue, Table, UserData, UserDataMethods, Value as LuaValue};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Named state entries kept at most (scripts share them across calls).
-const MAX_STATE_KEYS: usize = 100_000;
-/// Objects with state attached kept at most, and entries each.
-const MAX_OBJECTS: usize = 100_000;
-const MAX_OBJECT_KEYS: usize = 1_000;
 /// Largest encoded value one state entry may hold.
 const MAX_STATE_VALUE: usize = 1 << 20;
 
 /// State shared by every call on every interpreter.
-#[derive(Default)]
 pub struct Shared {
-    pub locks: LockTable,
-    /// Each subject's own named values (`state.*`): one subject's scripts cannot read
-    /// another's. What subjects share goes in a file's state, which its ACL governs.
-    pub state: Mutex<HashMap<String, Entries>>,
+    /// Where named values and locks are kept (this server's memory, or a cluster's
+    /// database).
+    pub store: Arc<dyn StateStore>,
     pub objects: Arc<ObjectStates>,
 }
 
 impl Shared {
-    /// Runs `f` on the calling subject's named values (dropping them once empty).
-    fn own_state<R>(&self, lua: &Lua, f: impl FnOnce(&mut Entries) -> R) -> mlua::Result<R> {
-        let subject = with_ctx(lua, |ctx| Ok(ctx.host.subject().to_string()))?;
-        let mut all = self.state.lock();
-        let entries = all.entry(subject.clone()).or_default();
-        let r = f(entries);
-        if entries.0.is_empty() {
-            all.remove(&subject);
-        }
-        Ok(r)
+    /// Shared state kept in `store`.
+    pub fn new(store: Arc<dyn StateStore>) -> Shared {
+        Shared { objects: Arc::new(ObjectStates { store: store.clone(), handles: Mutex::default() }), store }
+    }
+
+    /// The calling subject's own scope (`state.*`): one subject's scripts cannot read
+    /// another's. What subjects share goes in a file's state, which its ACL governs.
+    fn own_scope(lua: &Lua) -> mlua::Result<Scope> {
+        with_ctx(lua, |ctx| Ok(Scope::Subject(ctx.host.subject().to_string())))
     }
 }
 
-/// Named values that outlive a call: the global `state`, or one object's.
-#[derive(Default)]
-pub struct Entries(HashMap<String, Value>);
-
-impl Entries {
-    /// Room for `key` among at most `max` entries.
-    fn room(&self, key: &str, max: usize) -> mlua::Result<()> {
-        if self.0.len() >= max && !self.0.contains_key(key) {
-            return Err(mlua::Error::runtime(format!("state is limited to {max} keys")));
-        }
-        Ok(())
-    }
-
-    fn set(&mut self, key: String, value: Value, max: usize) -> mlua::Result<()> {
-        if value == Value::Nil {
-            self.0.remove(&key);
-            return Ok(());
-        }
-        self.room(&key, max)?;
-        self.0.insert(key, value);
-        Ok(())
-    }
-
-    fn incr(&mut self, key: String, by: i64, max: usize) -> mlua::Result<i64> {
-        let now = match self.0.get(&key) {
-            Some(Value::Int(i)) => i.wrapping_add(by),
-            None => by,
-            Some(_) => return Err(mlua::Error::runtime(format!("state {key:?} is not an integer"))),
-        };
-        self.room(&key, max)?;
-        self.0.insert(key, Value::Int(now));
-        Ok(now)
-    }
-
-    fn push(&mut self, key: String, value: Value, max: usize) -> mlua::Result<usize> {
-        self.room(&key, max)?;
-        match self.0.entry(key.clone()).or_insert_with(|| Value::List(Vec::new())) {
-            Value::List(items) => {
-                items.push(value);
-                Ok(items.len())
-            }
-            _ => Err(mlua::Error::runtime(format!("state {key:?} is not a list"))),
-        }
-    }
+/// A store's refusal, as the script sees it.
+fn refused(e: String) -> mlua::Error {
+    mlua::Error::runtime(e)
 }
 
-/// State attached to objects (files, directories) by device and inode, so it follows a
-/// file across renames, as an open handle does, and is dropped when the file leaves the
-/// export ([`ObjectStates::forget`], which the server calls from the store).
-#[derive(Default)]
-pub struct ObjectStates(Mutex<Objects>);
+/// The values of files (`state.of`), and the handles calls hold to them. Values follow a
+/// file across renames, as an open handle does, and are dropped when the file leaves the
+/// export ([`ObjectStates::forget`], which the server calls when it removes one).
+pub struct ObjectStates {
+    store: Arc<dyn StateStore>,
+    handles: Mutex<Handles>,
+}
 
 #[derive(Default)]
-struct Objects {
-    entries: HashMap<(u64, u64), Entries>,
+struct Handles {
     /// Handles (`state.of`) of calls in progress, by object. A removal ends them, so a
     /// handle to a removed file cannot attach state to a later file that is given the
     /// same inode number.
-    handles: HashMap<(u64, u64), Vec<u64>>,
+    live: HashMap<(u64, u64), Vec<u64>>,
     ended: std::collections::HashSet<u64>,
-    next_handle: u64,
+    next: u64,
 }
 
-impl Objects {
+impl Handles {
     /// Takes `token` off `object`'s live handles; true if it was there.
     fn unlist(&mut self, object: (u64, u64), token: u64) -> bool {
-        let Some(tokens) = self.handles.get_mut(&object) else { return false };
+        let Some(tokens) = self.live.get_mut(&object) else { return false };
         let before = tokens.len();
         tokens.retain(|&t| t != token);
         let found = tokens.len() < before;
         if tokens.is_empty() {
-            self.handles.remove(&object);
+            self.live.remove(&object);
         }
         found
     }
@@ -126,86 +79,62 @@ impl Objects {
 impl ObjectStates {
     /// Drops what is attached to `object` and ends the handles to it.
     pub fn forget(&self, object: (u64, u64)) {
-        let mut all = self.0.lock();
-        all.entries.remove(&object);
-        if let Some(tokens) = all.handles.remove(&object) {
-            all.ended.extend(tokens);
+        let mut handles = self.handles.lock();
+        self.store.forget(&Scope::Object(object.0, object.1));
+        if let Some(tokens) = handles.live.remove(&object) {
+            handles.ended.extend(tokens);
         }
     }
 
-    /// True while an object has state attached or a call holds a handle to one: only
-    /// then do removals need to be reported.
+    /// True while an object may have state attached or a call holds a handle to one:
+    /// only then do removals need to be reported.
     pub fn watching(&self) -> bool {
-        let all = self.0.lock();
-        !all.entries.is_empty() || !all.handles.is_empty()
+        !self.handles.lock().live.is_empty() || self.store.watching()
     }
 
-    /// How many objects have state attached.
+    /// How many objects have state attached (0 where the store cannot count them).
     pub fn len(&self) -> usize {
-        self.0.lock().entries.len()
+        self.store.objects_with_state().unwrap_or(0)
     }
 
     /// True when no object has state attached.
     pub fn is_empty(&self) -> bool {
-        self.0.lock().entries.is_empty()
+        self.len() == 0
     }
 
     /// A handle to `object` for the call in progress.
     fn open_handle(&self, object: (u64, u64)) -> u64 {
-        let mut all = self.0.lock();
-        all.next_handle += 1;
-        let token = all.next_handle;
-        all.handles.entry(object).or_default().push(token);
+        let mut handles = self.handles.lock();
+        handles.next += 1;
+        let token = handles.next;
+        handles.live.entry(object).or_default().push(token);
         token
     }
 
     /// Ends a handle when its call ends (it can no longer attach anything).
     pub(crate) fn end_handle(&self, object: (u64, u64), token: u64) {
-        let mut all = self.0.lock();
-        if all.unlist(object, token) {
-            all.ended.insert(token);
+        let mut handles = self.handles.lock();
+        if handles.unlist(object, token) {
+            handles.ended.insert(token);
         }
     }
 
     /// Forgets a handle whose Lua value is gone.
     fn drop_handle(&self, object: (u64, u64), token: u64) {
-        let mut all = self.0.lock();
-        all.unlist(object, token);
-        all.ended.remove(&token);
+        let mut handles = self.handles.lock();
+        handles.unlist(object, token);
+        handles.ended.remove(&token);
     }
 
-    /// Runs `f` on `object`'s entries if it has any (dropping them once empty).
-    fn existing<R>(&self, object: (u64, u64), f: impl FnOnce(&mut Entries) -> R) -> Option<R> {
-        let mut all = self.0.lock();
-        let entries = all.entries.get_mut(&object)?;
-        let r = f(entries);
-        if entries.0.is_empty() {
-            all.entries.remove(&object);
-        }
-        Some(r)
-    }
-
-    /// Runs `f` on `object`'s entries, creating them if needed, unless the handle
-    /// `token` has ended because its object was removed.
-    fn attach<R>(
-        &self,
-        object: (u64, u64),
-        token: u64,
-        f: impl FnOnce(&mut Entries) -> mlua::Result<R>,
-    ) -> mlua::Result<R> {
-        let mut all = self.0.lock();
-        if all.ended.contains(&token) {
+    /// Applies `change` to `key` of `object`, unless the handle `token` has ended
+    /// because its object was removed. (The handles' lock is held throughout, so a
+    /// removal cannot come between the check and the change.)
+    fn update(&self, object: (u64, u64), token: u64, key: &str, change: Change) -> mlua::Result<Value> {
+        let handles = self.handles.lock();
+        if handles.ended.contains(&token) {
             return Err(mlua::Error::runtime("the file was removed or replaced since state.of gave this handle"));
         }
-        if !all.entries.contains_key(&object) && all.entries.len() >= MAX_OBJECTS {
-            return Err(mlua::Error::runtime(format!("state is attached to at most {MAX_OBJECTS} files")));
-        }
-        let entries = all.entries.entry(object).or_default();
-        let r = f(entries);
-        if entries.0.is_empty() {
-            all.entries.remove(&object);
-        }
-        r
+        self.store.update(&Scope::Object(object.0, object.1), key, change).map_err(refused)
     }
 }
 
@@ -226,72 +155,36 @@ impl Drop for ObjectState {
 impl UserData for ObjectState {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("get", |lua, o, key: String| {
-            let value = o.objects.existing(o.object, |e| e.0.get(&key).cloned()).flatten();
-            value.map(|v| to_lua(lua, &v)).transpose()
+            let scope = Scope::Object(o.object.0, o.object.1);
+            o.objects.store.get(&scope, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
         });
         m.add_method("set", |_, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            if value == Value::Nil {
-                o.objects.existing(o.object, |e| e.0.remove(&key));
-                return Ok(());
-            }
-            o.objects.attach(o.object, o.token, |e| e.set(key, value, MAX_OBJECT_KEYS))
+            o.objects.update(o.object, o.token, &key, &mut state_store::set(value)).map(drop)
         });
         m.add_method("incr", |_, o, (key, by): (String, Option<i64>)| {
-            o.objects.attach(o.object, o.token, |e| e.incr(key, by.unwrap_or(1), MAX_OBJECT_KEYS))
+            o.objects.update(o.object, o.token, &key, &mut state_store::incr(&key, by.unwrap_or(1))).map(|v| {
+                if let Value::Int(i) = v {
+                    i
+                } else {
+                    0
+                }
+            })
         });
         m.add_method("push", |_, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            o.objects.attach(o.object, o.token, |e| e.push(key, value, MAX_OBJECT_KEYS))
+            o.objects.update(o.object, o.token, &key, &mut state_store::push(&key, value)).map(|v| {
+                if let Value::Int(i) = v {
+                    i
+                } else {
+                    0
+                }
+            })
         });
         m.add_method("take", |lua, o, key: String| {
-            let value = o.objects.existing(o.object, |e| e.0.remove(&key)).flatten();
-            value.map(|v| to_lua(lua, &v)).transpose()
+            let v = o.objects.update(o.object, o.token, &key, &mut state_store::take)?;
+            to_lua(lua, &v)
         });
-    }
-}
-
-/// Named locks owned by calls.
-#[derive(Default)]
-pub struct LockTable {
-    held: Mutex<HashMap<String, u64>>,
-    freed: Condvar,
-}
-
-impl LockTable {
-    /// Takes `name` for `owner`, waiting until `until`; true if taken (or already held).
-    pub fn acquire(&self, name: &str, owner: u64, until: Instant) -> bool {
-        let mut held = self.held.lock();
-        loop {
-            match held.get(name) {
-                None => {
-                    held.insert(name.to_string(), owner);
-                    return true;
-                }
-                Some(o) if *o == owner => return true,
-                Some(_) => {
-                    if self.freed.wait_until(&mut held, until).timed_out() && held.contains_key(name) {
-                        return false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Releases `name` if `owner` holds it.
-    pub fn release(&self, name: &str, owner: u64) -> bool {
-        let mut held = self.held.lock();
-        if held.get(name) == Some(&owner) {
-            held.remove(name);
-            self.freed.notify_all();
-            return true;
-        }
-        false
-    }
-
-    /// True if anyone holds `name`.
-    pub fn is_held(&self, name: &str) -> bool {
-        self.held.lock().contains_key(name)
     }
 }
 
@@ -332,7 +225,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "get",
         lua.create_function(move |lua, key: String| {
-            s.own_state(lua, |e| e.0.get(&key).cloned())?.map(|v| to_lua(lua, &v)).transpose()
+            s.store.get(&Shared::own_scope(lua)?, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
         })?,
     )?;
     let s = shared.clone();
@@ -340,14 +233,15 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
         "set",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            s.own_state(lua, |e| e.set(key, value, MAX_STATE_KEYS))?
+            s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::set(value)).map_err(refused).map(drop)
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "incr",
         lua.create_function(move |lua, (key, by): (String, Option<i64>)| {
-            s.own_state(lua, |e| e.incr(key, by.unwrap_or(1), MAX_STATE_KEYS))?
+            let sum = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::incr(&key, by.unwrap_or(1)));
+            sum.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
         })?,
     )?;
     let s = shared.clone();
@@ -355,14 +249,16 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
         "push",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            s.own_state(lua, |e| e.push(key, value, MAX_STATE_KEYS))?
+            let len = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::push(&key, value));
+            len.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "take",
         lua.create_function(move |lua, key: String| {
-            s.own_state(lua, |e| e.0.remove(&key))?.map(|v| to_lua(lua, &v)).transpose()
+            let v = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::take).map_err(refused)?;
+            to_lua(lua, &v)
         })?,
     )?;
     let objects = shared.objects.clone();
@@ -395,11 +291,11 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     lock.set(
         "acquire",
         lua.create_function(move |lua, (name, timeout_ms): (String, Option<u64>)| {
-            let (owner, until) = with_ctx(lua, |ctx| {
+            let (owner, until, lease) = with_ctx(lua, |ctx| {
                 let wait = Duration::from_millis(timeout_ms.unwrap_or(u64::MAX / 4));
-                Ok((ctx.token, (Instant::now() + wait).min(ctx.deadline)))
+                Ok((ctx.token, (Instant::now() + wait).min(ctx.deadline), ctx.deadline))
             })?;
-            let got = s.locks.acquire(&name, owner, until);
+            let got = s.store.acquire(&name, owner, until, lease);
             if got {
                 with_ctx(lua, |ctx| {
                     if !ctx.locks.contains(&name) {
@@ -419,7 +315,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
                 ctx.locks.retain(|l| *l != name);
                 Ok(ctx.token)
             })?;
-            Ok(s.locks.release(&name, owner))
+            Ok(s.store.release(&name, owner))
         })?,
     )?;
     g.set("lock", lock)?;
@@ -447,20 +343,4 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     )?;
     g.set("time", time)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn locks_are_exclusive_and_time_out() {
-        let t = LockTable::default();
-        assert!(t.acquire("a", 1, Instant::now()));
-        assert!(t.acquire("a", 1, Instant::now()), "re-entrant for its owner");
-        assert!(!t.acquire("a", 2, Instant::now() + Duration::from_millis(20)));
-        assert!(!t.release("a", 2));
-        assert!(t.release("a", 1));
-        assert!(t.acquire("a", 2, Instant::now()));
-    }
 }

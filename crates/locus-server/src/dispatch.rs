@@ -91,7 +91,7 @@ macro_rules! define_dispatch {
         }
 
         /// Decodes the metadata of a request with code `op` and runs it on `handler`.
-        pub fn dispatch<H: Handler>(handler: &mut H, op: u16, meta: &[u8], data: Bytes) -> Result<Encoded, WireError> {
+        pub fn dispatch<H: Handler + ?Sized>(handler: &mut H, op: u16, meta: &[u8], data: Bytes) -> Result<Encoded, WireError> {
             match op {
                 $( $code => {
                     let req: ops::$name = codec::decode(meta)?;

@@ -6,6 +6,7 @@
 //! (the console's file calls), and the modules below. The rest are rooms of its own.
 //!
 //! Public:
+//! - [`acting`]: acting as a subject for the web console, on one server or a head alike.
 //! - [`active`]: active files, whose lookup runs a registered handler.
 //! - [`callbacks`]: promises to tell a client when what it cached changes (AFS).
 //! - [`chirp`]: the Chirp endpoint, for CCTools' clients (`locus serve --chirp-port`).
@@ -32,6 +33,7 @@
 //! that pipelines gets its replies batched. A bad request gets an error frame and the
 //! connection goes on; only a broken frame (bad header, oversized) closes it.
 
+pub mod acting;
 pub mod active;
 pub mod callbacks;
 pub mod chirp;
@@ -209,8 +211,6 @@ impl Server {
         let store = Store::with_devices(&config.root, &config.devices, &initial, Some(&config.state_dir))?;
         store.counters().restore(&config.state_dir.join(ACCOUNTS_FILE));
         let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
-        let scripts = locus_script::Engine::new(config.script_workers, config.script_cache, 4096);
-        store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
         let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
@@ -221,6 +221,18 @@ impl Server {
             Some(h) => Some(Arc::new(cluster::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
         };
+        // A head's scripts keep their values and locks in the namespace, shared with
+        // every other head; one server's, in memory.
+        #[cfg(feature = "cluster")]
+        let script_state: Arc<dyn locus_script::StateStore> = match &head {
+            Some(h) => Arc::new(cluster::HeadScriptState::new(h.clone())),
+            None => Arc::new(locus_script::MemoryState::default()),
+        };
+        #[cfg(not(feature = "cluster"))]
+        let script_state: Arc<dyn locus_script::StateStore> = Arc::new(locus_script::MemoryState::default());
+        let scripts =
+            locus_script::Engine::keeping_state_in(config.script_workers, config.script_cache, 4096, script_state);
+        store.observe_removals(Arc::new(DropScriptState(scripts.object_states())));
         let callbacks = callbacks::Callbacks::new(config.promises);
         let shared = Arc::new(Shared {
             config,
@@ -241,6 +253,10 @@ impl Server {
         });
         #[cfg(feature = "cluster")]
         if let Some(head) = &shared.head {
+            // Client ids carry 20 bits of the head's id above a count, so an id one head
+            // gave (kept in shared script state for `msg.send`, say) names no client of
+            // another head. They stay below 2^52, exact in any Lua number.
+            shared.registry.next.store((head.id & 0xF_FFFF) << 32, Ordering::Relaxed);
             head.start_collector();
             head.start_changes(Arc::downgrade(&shared));
         }
@@ -331,6 +347,30 @@ impl Server {
 }
 
 impl Shared {
+    /// True on a cluster head (whose files are in a namespace and on data nodes, not in
+    /// its export).
+    pub fn is_head(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        return self.head.is_some();
+        #[cfg(not(feature = "cluster"))]
+        false
+    }
+
+    /// On a cluster head: each data node's name (`node ID (ADDR)`) and I/O totals as its
+    /// last heartbeat gave them (the load the web console plots); `None` elsewhere.
+    pub fn data_node_io(&self) -> Option<Vec<(String, locus_proto::types::IoCounters)>> {
+        #[cfg(feature = "cluster")]
+        if let Some(head) = &self.head {
+            let addrs: HashMap<u64, String> =
+                head.meta.nodes().unwrap_or_default().into_iter().map(|n| (n.id, n.addr)).collect();
+            let io = head.meta.node_io().unwrap_or_default();
+            return Some(
+                io.into_iter().filter_map(|(id, io)| Some((format!("node {id} ({})", addrs.get(&id)?), io))).collect(),
+            );
+        }
+        None
+    }
+
     /// The cluster's keys (current, and the previous one until its time is up), once
     /// this server has joined a head as a data node.
     pub fn node_key(&self) -> Option<Arc<locus_proto::capability::KeyRing>> {

@@ -95,30 +95,49 @@ impl<S: ScriptSession> ScriptHost<S> {
     }
 }
 
+/// Runs operation `op` on `session` and answers it whole: its metadata pages and its
+/// bytes (an answer that comes later is waited for, a streamed one gathered, a file's
+/// bytes read; a whole file at most [`MAX_SCRIPT_GET`] bytes).
+pub(crate) fn call_whole<S: ScriptSession + ?Sized>(
+    session: &mut S,
+    op: u16,
+    meta: &[u8],
+    data: Bytes,
+) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
+    session.set_current(0, false);
+    let mut enc = dispatch::dispatch(session, op, meta, data)?;
+    if let Some(later) = enc.later.take() {
+        enc = session.wait(later)?;
+    }
+    let data = match enc.body {
+        Body::Events(events) => return session.gather(events),
+        Body::None => Vec::new(),
+        Body::Bytes(b) => b.to_vec(),
+        // A file's bytes are read here rather than sent by the transport, which would
+        // count them in the file's accounts: they are counted here.
+        Body::File { file, offset, len } => read_counted(&file, offset, len)?,
+        Body::Stream(file) => {
+            let size = file.stat().map_err(WireError::from)?.size;
+            if size > MAX_SCRIPT_GET {
+                return Err(WireError::new(Code::TOO_LARGE, "file too large to read whole in a script; use fs.pread"));
+            }
+            read_counted(&file, 0, size)?
+        }
+    };
+    Ok((enc.metas, data))
+}
+
+/// Reads `len` bytes of `file` at `offset`, counted in its accounts as a client's read.
+fn read_counted(file: &locus_store::OpenFile, offset: u64, len: u64) -> Result<Vec<u8>, WireError> {
+    let started = std::time::Instant::now();
+    let data = file.read_at(offset, len as usize).map_err(WireError::from)?;
+    file.io.read(data.len() as u64, started.elapsed());
+    Ok(data)
+}
+
 impl<S: ScriptSession> locus_script::Host for ScriptHost<S> {
     fn call(&mut self, op: u16, meta: &[u8], data: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), WireError> {
-        self.session.set_current(0, false);
-        let mut enc = dispatch::dispatch(&mut self.session, op, meta, Bytes::copy_from_slice(data))?;
-        if let Some(later) = enc.later.take() {
-            enc = self.session.wait(later)?;
-        }
-        let data = match enc.body {
-            Body::Events(events) => return self.session.gather(events),
-            Body::None => Vec::new(),
-            Body::Bytes(b) => b.to_vec(),
-            Body::File { file, offset, len } => file.read_at(offset, len as usize).map_err(WireError::from)?,
-            Body::Stream(file) => {
-                let size = file.stat().map_err(WireError::from)?.size;
-                if size > MAX_SCRIPT_GET {
-                    return Err(WireError::new(
-                        Code::TOO_LARGE,
-                        "file too large to read whole in a script; use fs.pread",
-                    ));
-                }
-                file.read_at(0, size as usize).map_err(WireError::from)?
-            }
-        };
-        Ok((enc.metas, data))
+        call_whole(&mut self.session, op, meta, Bytes::copy_from_slice(data))
     }
 
     fn push(&self, client: u64, data: &[u8]) -> bool {

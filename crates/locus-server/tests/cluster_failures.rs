@@ -153,3 +153,41 @@ async fn a_head_rides_out_a_postgres_restart() {
     admin.write_file("/after", 0o644, &big).await.unwrap();
     assert_eq!(admin.read_file("/after").await.unwrap(), big);
 }
+
+/// A data node told of one head learns the others from it (and keeps them in its state
+/// directory), so when that head dies it goes on joining through another: it stays up,
+/// and new versions still go to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_told_of_one_head_rejoins_through_another_when_it_dies() {
+    if !locus_testkit::require_postgres() {
+        return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
+    }
+    let pg = locus_testkit::TestPostgres::start();
+    let quick = |h: &mut locus_server::cluster::HeadConfig| h.node_timeout = Duration::from_secs(2);
+    let first = TestServer::head(Some(&pg.url()), quick);
+    let second = TestServer::head(Some(&pg.url()), quick);
+    let node = TestServer::data_node(&first);
+    let kept = node.state_dir().join(locus_server::cluster::node::HEADS_FILE);
+    let (first_addr, second_addr) = (first.addr.to_string(), second.addr.to_string());
+    let started = Instant::now();
+    loop {
+        let heads = std::fs::read_to_string(&kept).unwrap_or_default();
+        if heads.lines().any(|h| h == second_addr) && heads.lines().any(|h| h == first_addr) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "the node never learned both heads: {heads:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(first);
+    // Past the head's timeout twice over: a node that stopped joining would be down.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let admin = second.client("admin").await;
+    let list = admin.call(locus_client::ops::NodeList {}).await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].state, "up", "{:?}", list[0]);
+    assert!(list[0].seen_s <= 2, "{:?}", list[0]);
+    let big = pattern(3 * MIB, 9);
+    admin.write_file("/after", 0o644, &big).await.unwrap();
+    assert_eq!(holders(&second, "/after").len(), 1, "the new version is on the node");
+    assert_eq!(admin.read_file("/after").await.unwrap(), big);
+}

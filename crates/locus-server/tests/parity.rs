@@ -35,6 +35,7 @@ async fn suite(first: &TestServer, second: &TestServer) {
     admin.write_file("/p/small", 0o644, b"small").await.unwrap();
 
     scripts(&admin, &other, &big).await;
+    shared_state(&admin, &other).await;
     links(&admin, &other, &big).await;
     active_files(first, &admin, &other).await;
     writable_run(first, &admin, &other).await;
@@ -78,6 +79,11 @@ async fn scripts(admin: &Client, other: &Client, big: &[u8]) {
     let incr = "local st = assert(state.of(...)) return st:incr('opens')";
     assert_eq!(admin.script_call(incr, vec![s("/p/small")], b"").await.unwrap().0, vec![Value::Int(1)]);
     assert_eq!(admin.script_call(incr, vec![s("/p/small")], b"").await.unwrap().0, vec![Value::Int(2)]);
+    assert_eq!(
+        other.script_call(incr, vec![s("/p/small")], b"").await.unwrap().0,
+        vec![Value::Int(3)],
+        "one file's state through either door"
+    );
     admin.write_file("/p/gone", 0o644, b"x").await.unwrap();
     admin.script_call(incr, vec![s("/p/gone")], b"").await.unwrap();
     admin.unlink("/p/gone").await.unwrap();
@@ -86,6 +92,48 @@ async fn scripts(admin: &Client, other: &Client, big: &[u8]) {
     // Errors come back as values.
     let missing = "local x, m, code = fs.stat('/p/none') return x, code";
     assert_eq!(admin.script_call(missing, vec![], b"").await.unwrap().0, vec![Value::Nil, s("ENOENT")]);
+}
+
+/// What scripts keep between calls is one through either door: a subject's named values
+/// and its locks (a lock one call holds, a call through the other door waits for).
+async fn shared_state(admin: &Client, other: &Client) {
+    let incr = "return state.incr('hits')";
+    assert_eq!(admin.script_call(incr, vec![], b"").await.unwrap().0, vec![Value::Int(1)]);
+    assert_eq!(other.script_call(incr, vec![], b"").await.unwrap().0, vec![Value::Int(2)]);
+    other.script_call("state.push('log', 'a') return state.push('log', 'b')", vec![], b"").await.unwrap();
+    let (log, _) = admin.script_call("return state.take('log')", vec![], b"").await.unwrap();
+    assert_eq!(log, vec![Value::List(vec![s("a"), s("b")])]);
+    assert_eq!(other.script_call("return state.get('log')", vec![], b"").await.unwrap().0, vec![Value::Nil]);
+
+    let holder = r#"
+        assert(lock.acquire('L'))
+        state.set('holding', true)
+        local t = time.now()
+        while time.now() - t < 1.5 do fs.stat('/p') end
+        state.set('holding', nil)
+        return true
+    "#;
+    let held = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.script_call(holder, vec![], b"").await })
+    };
+    let started = std::time::Instant::now();
+    while other.script_call("return state.get('holding')", vec![], b"").await.unwrap().0 != vec![Value::Bool(true)] {
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the holder never took its lock");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let try_lock = "return lock.acquire('L', 100)";
+    assert_eq!(
+        other.script_call(try_lock, vec![], b"").await.unwrap().0,
+        vec![Value::Bool(false)],
+        "held through the other door"
+    );
+    assert_eq!(held.await.unwrap().unwrap().0, vec![Value::Bool(true)]);
+    assert_eq!(
+        other.script_call(try_lock, vec![], b"").await.unwrap().0,
+        vec![Value::Bool(true)],
+        "released when its call ended"
+    );
 }
 
 /// Active files: a missing name invoking a registered storelet handler reads as its

@@ -38,6 +38,10 @@ pub struct HeadConfig {
     /// How fast healing copies versions between nodes, in bytes a second (0: as fast as
     /// the links go), so that clients' reads keep their speed meanwhile.
     pub repair_rate: u64,
+    /// `host:port` other heads' data nodes reach this head at (`locus serve --advertise`;
+    /// by default the listen address unless it is a wildcard), kept in the namespace so
+    /// that every data node learns every head.
+    pub advertise: Option<String>,
 }
 
 /// The default of [`HeadConfig::share_max_ttl`]: seven days.
@@ -57,6 +61,7 @@ impl HeadConfig {
             key_grace: REJOIN_EVERY + Duration::from_secs(5),
             node_timeout: 3 * REJOIN_EVERY,
             repair_rate: 64 << 20,
+            advertise: None,
         }
     }
 }

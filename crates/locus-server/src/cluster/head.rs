@@ -68,6 +68,9 @@ pub struct Head {
     pub(crate) shared: std::sync::OnceLock<std::sync::Weak<crate::Shared>>,
     /// Listening for other heads' changes now (see `changes`).
     pub(crate) listening: std::sync::atomic::AtomicBool,
+    /// The heads of the namespace heard from lately, as last read (see
+    /// [`Head::heads_alive`]).
+    pub(crate) heads: Mutex<(Option<Instant>, Vec<String>)>,
     /// Active-file results being made at this head: one run at a time for each.
     pub(crate) active_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -117,6 +120,7 @@ impl Head {
             io: Some(io),
             announce: Mutex::new(None),
             active_runs: Mutex::new(HashMap::new()),
+            heads: Mutex::new((None, Vec::new())),
             listening: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),
         })
@@ -278,6 +282,7 @@ impl Head {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let Some(head) = head.upgrade() else { return };
                 head.refresh_keys();
+                head.heads_alive();
                 head.collect_garbage().await;
             }
         });

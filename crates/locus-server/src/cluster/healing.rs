@@ -10,7 +10,7 @@
 //! Among the heads of one namespace, one heals at a time: the holder of a lease kept in
 //! the namespace's settings, so two heads do not copy the same versions.
 
-use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE};
+use crate::cluster::head::{GARBAGE_SLACK, LOCAL_NODE, NODES_FRESH};
 use crate::cluster::meta_err;
 use crate::cluster::objects::object_name;
 use crate::cluster::Head;
@@ -21,7 +21,7 @@ use locus_proto::ops::{NodeJoin, ObjectFetch};
 use locus_proto::types::{NodeInfo, NodeWelcome};
 use locus_proto::Error as WireError;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long the healing lease lasts unless renewed (each round renews it).
 const LEASE: Duration = Duration::from_secs(30);
@@ -61,6 +61,9 @@ impl Head {
     /// keys sealed for it and how soon to join again.
     pub(crate) fn heartbeat(&self, req: &NodeJoin, token: &[u8]) -> Reply<NodeWelcome> {
         let node = self.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
+        if let Err(e) = self.meta.record_node_io(node, &req.io) {
+            tracing::warn!(node, "cannot record the node's I/O totals: {e}");
+        }
         if !req.damaged.is_empty() {
             tracing::warn!(node, versions = ?req.damaged, "data node found damaged versions: repairing from replicas");
             self.meta.add_damaged(node, &req.damaged).map_err(meta_err)?;
@@ -70,7 +73,36 @@ impl Head {
         tracing::debug!(node, addr = %req.addr, free = req.free, "data node heartbeat");
         let (nonce, sealed) = crate::cluster::keys::seal_for_node(&self.keys(), token, &req.nonce, &req.addr);
         let every_ms = self.heartbeat_every().as_millis() as u64;
-        Ok(NodeWelcome { node, nonce, sealed, every_ms }.into())
+        Ok(NodeWelcome { node, nonce, sealed, every_ms, heads: self.heads_alive() }.into())
+    }
+
+    /// Where data nodes reach this head: `--advertise`, else the address it listens
+    /// on unless that is a wildcard (which names no one head).
+    fn advertised(&self) -> Option<String> {
+        if let Some(a) = &self.config.advertise {
+            return Some(a.clone());
+        }
+        let shared = self.shared.get()?.upgrade()?;
+        let at = *shared.listen.get()?;
+        (!at.ip().is_unspecified()).then(|| at.to_string())
+    }
+
+    /// The heads of this namespace heard from within the node timeout, this one
+    /// included (its own row refreshed at most every [`NODES_FRESH`]): what a data node
+    /// is told, so that it joins another head when its own dies.
+    pub(crate) fn heads_alive(&self) -> Vec<String> {
+        let mut cached = self.heads.lock();
+        if cached.0.is_some_and(|at| at.elapsed() < NODES_FRESH) {
+            return cached.1.clone();
+        }
+        let Some(me) = self.advertised() else { return Vec::new() };
+        // Heads that stopped lately may come back: a node tries them after the others.
+        let within = self.config.node_timeout.as_secs().max(1) * 20;
+        match self.meta.head_alive(&me, within) {
+            Ok(heads) => *cached = (Some(Instant::now()), heads),
+            Err(e) => tracing::warn!("cannot record this head in the namespace: {e}"),
+        }
+        cached.1.clone()
     }
 
     /// Drains a node (its versions move to others), or with `remove` forgets one that

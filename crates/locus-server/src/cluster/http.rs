@@ -34,8 +34,10 @@ impl Head {
             .join("/");
         let subject = percent_encoding::utf8_percent_encode(who, percent_encoding::NON_ALPHANUMERIC);
         let rel = format!("{encoded}?s={subject}&e={expires}&sig={sig}");
+        // Under --tls the door is the web console's, which speaks HTTPS.
+        let tls = self.shared.get().and_then(|s| s.upgrade()).is_some_and(|s| s.config.tls);
         Ok(match &self.config.http {
-            Some(http) => format!("http://{http}{rel}"),
+            Some(http) => format!("{}://{http}{rel}", if tls { "https" } else { "http" }),
             None => rel,
         })
     }

@@ -20,7 +20,8 @@
 //! locations, third-party reads), `writes` (staging a new version and committing it on
 //! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `changes` (callbacks across heads: changes announced and heard on the engine), `session` (the
-//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input), and for data nodes `node` (joining
+//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input),
+//! `script_state` (scripts' named values and locks, kept in the namespace for every head), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
 //! block checksums, checked on every read and by the scrub) and
 //! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
@@ -61,6 +62,8 @@ pub mod objects;
 #[cfg(feature = "cluster")]
 mod placement;
 #[cfg(feature = "cluster")]
+mod script_state;
+#[cfg(feature = "cluster")]
 mod session;
 #[cfg(feature = "cluster")]
 mod tp_writes;
@@ -77,6 +80,8 @@ use locus_proto::Error as WireError;
 pub use config::{HeadConfig, SHARE_MAX_TTL};
 #[cfg(feature = "cluster")]
 pub use head::Head;
+#[cfg(feature = "cluster")]
+pub use script_state::HeadScriptState;
 #[cfg(feature = "cluster")]
 pub use session::HeadSession;
 

@@ -23,16 +23,31 @@ fn free_bytes(shared: &Shared) -> u64 {
     rustix::fs::statvfs(&shared.config.root).map_or(0, |s| s.f_bavail * s.f_frsize)
 }
 
+/// What a head answered a join.
+#[derive(Debug)]
+pub struct Joined {
+    /// The node's id in the cluster.
+    pub node: u64,
+    /// How soon to join again.
+    pub every: Duration,
+    /// The namespace's heads heard from lately (addresses), this one included.
+    pub heads: Vec<String>,
+}
+
+/// Where a data node keeps the heads it learned of, one address a line.
+pub const HEADS_FILE: &str = "cluster-heads";
+
 /// Joins the head once (a heartbeat): the head records the node (`advertise` is the
 /// address clients reach it at) and the versions it found damaged since it last joined,
-/// and answers the cluster's keys, sealed for this node, which it then trusts, and how
-/// soon to join again. `head` must hold the credentials of [`NODE_SUBJECT`] at the head.
+/// and answers the cluster's keys, sealed for this node, which it then trusts, how soon
+/// to join again and the other heads. `head` must hold the credentials of
+/// [`NODE_SUBJECT`] at the head.
 pub async fn join(
     shared: &Shared,
     head: &ConnectOptions,
     advertise: &str,
     http: Option<&str>,
-) -> Result<(u64, Duration), String> {
+) -> Result<Joined, String> {
     if head.credentials.subject != NODE_SUBJECT {
         return Err(format!(
             "a data node joins its head as {NODE_SUBJECT}, not {} (make its token at the head with `locus token \
@@ -49,6 +64,7 @@ pub async fn join(
         free: free_bytes(shared),
         nonce: nonce.clone(),
         damaged: shared.take_damaged(),
+        io: shared.store.counters().export(),
     };
     let damaged = join.damaged.clone();
     let welcome = client.call(join).await.map_err(|e| {
@@ -64,7 +80,52 @@ pub async fn join(
     shared.set_node_key(keys);
     shared.set_node_id(welcome.node);
     let every = Duration::from_millis(welcome.every_ms).clamp(Duration::from_millis(100), REJOIN_EVERY);
-    Ok((welcome.node, every))
+    Ok(Joined { node: welcome.node, every, heads: welcome.heads })
+}
+
+/// The heads a node tries, in order: those its URL names (`given`, comma-separated),
+/// then those it learned of that the URL does not name. At most [`MAX_HEADS`] learned
+/// ones are kept, each a `host:port` without commas or spaces.
+fn heads_to_try(given: &str, learned: &[String]) -> String {
+    let mut all: Vec<&str> = given.split(',').collect();
+    for h in learned.iter().take(MAX_HEADS) {
+        if !all.contains(&h.as_str()) {
+            all.push(h);
+        }
+    }
+    all.join(",")
+}
+
+/// Heads a node keeps learned at most.
+const MAX_HEADS: usize = 64;
+
+/// The heads a head named that a node may dial: `host:port` each, nothing else.
+fn plausible_heads(heads: Vec<String>) -> Vec<String> {
+    heads
+        .into_iter()
+        .filter(|h| {
+            h.len() <= 255
+                && h.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+                && !h.contains(|c: char| c == ',' || c.is_whitespace() || c.is_control() || c == '/')
+        })
+        .take(MAX_HEADS)
+        .collect()
+}
+
+/// The heads this node learned of before it last stopped.
+fn kept_heads(shared: &Shared) -> Vec<String> {
+    let text = std::fs::read_to_string(shared.config.state_dir.join(HEADS_FILE)).unwrap_or_default();
+    plausible_heads(text.lines().map(str::to_string).collect())
+}
+
+/// Keeps the heads learned, replacing the file atomically.
+fn keep_heads(shared: &Shared, heads: &[String]) {
+    let path = shared.config.state_dir.join(HEADS_FILE);
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::write(&tmp, heads.join("\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!("cannot keep the cluster's heads in {}: {e}", path.display());
+    }
 }
 
 /// Writes the keys a head sent into the state directory, sealed under the node's token
@@ -157,7 +218,9 @@ pub fn scrub(shared: &Shared, rate: u64) -> usize {
 
 /// Prepares the object directory and joins the head, then keeps sending it heartbeats
 /// (a head that cannot be reached is retried) while the scrub checks the node's
-/// versions on a thread of its own.
+/// versions on a thread of its own. Each join tries the heads `head` names, then the
+/// other heads of the namespace the last head named (kept in [`HEADS_FILE`] across
+/// restarts), so a node rejoins the cluster whichever head is left.
 pub async fn serve_head(
     shared: Arc<Shared>,
     head: ConnectOptions,
@@ -181,14 +244,23 @@ pub async fn serve_head(
         })
         .expect("a thread for the scrub");
     let mut joined = false;
+    let given = head.addr.clone();
+    let mut learned = kept_heads(&shared);
     loop {
+        let mut head = head.clone();
+        head.addr = heads_to_try(&given, &learned);
         let every = match join(&shared, &head, &advertise, http.as_deref()).await {
-            Ok((node, every)) => {
+            Ok(welcome) => {
                 if !joined {
-                    tracing::info!(node, head = %head.addr, "joined the cluster");
+                    tracing::info!(node = welcome.node, heads = %head.addr, "joined the cluster");
                     joined = true;
                 }
-                every
+                let heads = plausible_heads(welcome.heads);
+                if !heads.is_empty() && heads != learned {
+                    keep_heads(&shared, &heads);
+                    learned = heads;
+                }
+                welcome.every
             }
             Err(e) => {
                 tracing::warn!("{e}; retrying");

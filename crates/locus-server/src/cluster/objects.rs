@@ -51,7 +51,14 @@ pub(crate) fn read_version(
         std::io::ErrorKind::NotFound => WireError::new(Code::NOENT, "that version is gone from this node"),
         _ => WireError::io("object_read", e),
     })?;
-    checksums::read_checked(&path, &file, offset, len).map_err(|e| {
+    let started = std::time::Instant::now();
+    let read = checksums::read_checked(&path, &file, offset, len);
+    if let Ok(bytes) = &read {
+        // The node's accounts (its heartbeats carry the totals to the head).
+        let counters = shared.store.counters();
+        counters.file(&format!("{OBJECTS_DIR}/{name}")).read(bytes.len() as u64, started.elapsed());
+    }
+    read.map_err(|e| {
         if let checksums::CheckError::Mismatch { block } = e {
             tracing::error!(object, version, block, "checksum mismatch: the version is moved aside for repair");
             checksums::quarantine(&objects, &name);
@@ -443,7 +450,9 @@ impl Session {
     pub(crate) fn drop_object(&mut self, req: ObjectDrop, _: Bytes) -> Reply<()> {
         self.node_key()?;
         self.check_from_head()?;
-        let file = objects_dir(&self.shared).join(object_name(req.object, req.version));
+        let name = object_name(req.object, req.version);
+        self.shared.store.counters().removed(&format!("{OBJECTS_DIR}/{name}"));
+        let file = objects_dir(&self.shared).join(name);
         for path in [checksums::sidecar(&file), file] {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(WireError::io("object_drop", e)),

@@ -58,8 +58,9 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Answers one request; `bearer` says whether Bearer tokens may be taken on this door.
-async fn answer(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>, bearer: bool) -> Response<HttpBody> {
+/// Answers one request; `bearer` says whether Bearer tokens may be taken on this door
+/// (on a head, the web console passes on what is not its own).
+pub async fn answer(shared: &Arc<Shared>, req: Request<hyper::body::Incoming>, bearer: bool) -> Response<HttpBody> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
     }
