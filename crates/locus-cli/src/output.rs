@@ -186,14 +186,18 @@ pub fn devices_text(devices: &[DeviceStats]) -> String {
 /// A rebalancing plan, or what applying one did, for people.
 pub fn rebalance_text(r: &Rebalance, applied: bool) -> String {
     let loads = |v: &[u64]| v.iter().map(|&l| human(l)).collect::<Vec<_>>().join(" / ");
-    let mut s =
-        format!("device load {} {}, {} after\n", if applied { "was" } else { "is" }, loads(&r.before), loads(&r.after));
+    let mut s = format!(
+        "load per device (per data node on a cluster head) {} {}, {} after\n",
+        if applied { "was" } else { "is" },
+        loads(&r.before),
+        loads(&r.after)
+    );
     if r.moves.is_empty() {
         s.push_str("nothing to move\n");
     }
     for m in &r.moves {
         s.push_str(&format!(
-            "{} {} ({}, load {}) from device {} to {}\n",
+            "{} {} ({}, load {}) from {} to {}\n",
             if applied { "moved" } else { "move" },
             m.path,
             human(m.size),

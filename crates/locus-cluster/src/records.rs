@@ -79,6 +79,41 @@ impl Meta {
         })
     }
 
+    /// Records the versions a data node served most, with their load
+    /// (`IoCounters::load`) since it started, in place of what it reported before.
+    pub fn record_version_loads(&self, node: u64, loads: &[(u64, u64, u64)]) -> Result<()> {
+        let n = |v: u64| Val::Int(v.min(i64::MAX as u64) as i64);
+        self.tx(|tx| {
+            tx.exec("DELETE FROM version_load WHERE node = $1", &[n(node)])?;
+            for &(object, version, load) in loads {
+                tx.exec(
+                    "INSERT INTO version_load (node, object, version, load) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (node, object, version) DO UPDATE SET load = excluded.load",
+                    &[n(node), n(object), n(version), n(load)],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The load of each version the data nodes reported, summed over the nodes that
+    /// served it: `(object, version, load)`.
+    pub fn version_loads(&self) -> Result<Vec<(u64, u64, u64)>> {
+        self.tx(|tx| {
+            let rows = tx.query(
+                "SELECT object, version, CAST(sum(load) AS BIGINT) FROM version_load GROUP BY object, version",
+                &[],
+            )?;
+            Ok(rows
+                .iter()
+                .filter_map(|r| {
+                    let v = |i: usize| r.get(i).and_then(Val::int).map(|v| v.max(0) as u64);
+                    Some((v(0)?, v(1)?, v(2)?))
+                })
+                .collect())
+        })
+    }
+
     /// Every data node's I/O totals as it last reported them, by node id.
     pub fn node_io(&self) -> Result<Vec<(u64, locus_proto::types::IoCounters)>> {
         self.tx(|tx| {
@@ -151,6 +186,7 @@ impl Meta {
                 )));
             }
             tx.exec("DELETE FROM node_io WHERE node = $1", &[Val::Int(node as i64)])?;
+            tx.exec("DELETE FROM version_load WHERE node = $1", &[Val::Int(node as i64)])?;
             match tx.exec("DELETE FROM nodes WHERE id = $1", &[Val::Int(node as i64)])? {
                 0 => Err(MetaError::NotFound(format!("data node {node}"))),
                 _ => Ok(()),

@@ -56,7 +56,9 @@ impl Relay {
                             while f.load(Ordering::SeqCst) {
                                 std::thread::sleep(Duration::from_millis(20));
                             }
-                            if n == 0 || into.write_all(&buf[..n]).is_err() {
+                            // Become another while a read was under way: what it read
+                            // is not passed on either.
+                            if n == 0 || o.load(Ordering::SeqCst) || into.write_all(&buf[..n]).is_err() {
                                 break;
                             }
                         }

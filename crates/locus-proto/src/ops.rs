@@ -145,8 +145,8 @@ macro_rules! operation_table {
             0x62 ObjectPut object_put StreamIn { object: u64, version: u64 } -> Attr;
             /// Removes an object version at a data node (the head only, once no read can need it).
             0x63 ObjectDrop object_drop Unary { object: u64, version: u64 } -> ();
-            /// A data node joins a head (as the subject `locus-node`), announcing its address, free space, a fresh nonce, the object versions (`object`, `version`) it found damaged since it last joined and its I/O totals; joins are its heartbeats. The head replies with the node's id, the cluster's keys sealed under a key derived from the node's token and both nonces, and the namespace's heads.
-            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8>, damaged: Vec<(u64, u64)>, io: IoCounters } -> NodeWelcome;
+            /// A data node joins a head (as the subject `locus-node`), announcing its address, free space, a fresh nonce, the object versions (`object`, `version`) it found damaged since it last joined, its I/O totals and the versions it served most (`object`, `version`, load); joins are its heartbeats. The head replies with the node's id, the cluster's keys sealed under a key derived from the node's token and both nonces, and the namespace's heads.
+            0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8>, damaged: Vec<(u64, u64)>, io: IoCounters, busiest: Vec<(u64, u64, u64)> } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
             /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`); replies stream as `storelet_run`'s. With `write`, the run works on copies, and before its last event the node reports each file it wrote (kept aside for `object_adopt`) and each it removed.

@@ -554,6 +554,7 @@ async fn a_node_credential_joins_and_does_nothing_else() {
         nonce: vec![7; 32],
         damaged: Vec::new(),
         io: Default::default(),
+        busiest: Vec::new(),
     };
     assert_eq!(code(admin.call(join).await.unwrap_err()), Code::ACCES);
 }

@@ -376,3 +376,55 @@ async fn a_distributed_run_covers_files_kept_at_the_head_and_moves_off_a_dead_no
     assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(lines(&out), expected, "every file exactly once, with a node dead");
 }
+
+/// Rebalancing between data nodes by measured load: the versions the nodes' heartbeats
+/// report busy move from the busiest node to the least busy one; names, bytes and reads
+/// stay, the old copies go to the collector, and only an admin may ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_versions_move_to_the_least_busy_node_by_measured_load() {
+    use locus_proto::ops::{RebalanceApply, RebalancePlan};
+    let head = TestServer::head(None, |h| h.node_timeout = Duration::from_secs(1));
+    let first = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    // Written while only the first node exists: every version is on it.
+    let files: Vec<Vec<u8>> = (0..3).map(|i| pattern(2 * MIB, i)).collect();
+    for (i, data) in files.iter().enumerate() {
+        admin.write_file(&format!("/hot{i}"), 0o644, data).await.unwrap();
+    }
+    let second = TestServer::data_node(&head);
+    let (first_id, second_id) = (id_of(&head, &first), id_of(&head, &second));
+    assert!(first_id < second_id);
+    assert_eq!(holders(&head, "/hot0"), [first_id]);
+    let bob = head.client("bob").await;
+    assert_eq!(bob.call(RebalancePlan { max_moves: 4 }).await.unwrap_err().code(), Code::ACCES);
+
+    // Reads of two files go straight to the first node, whose heartbeats report them.
+    let started = Instant::now();
+    let plan = loop {
+        for i in 0..2 {
+            assert_eq!(admin.read_file(&format!("/hot{i}")).await.unwrap(), files[i]);
+        }
+        let plan = admin.call(RebalancePlan { max_moves: 4 }).await.unwrap();
+        if !plan.moves.is_empty() {
+            break plan;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "no plan from the reported load: {plan:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(plan.before.len(), 2);
+    assert!(plan.before[0] > 0 && plan.before[1] == 0, "{plan:?}");
+    assert!(plan.after[0] < plan.before[0] && plan.after[1] > 0, "{plan:?}");
+    let m = &plan.moves[0];
+    assert_eq!((m.from as u64, m.to as u64), (first_id, second_id));
+    assert!(m.path == "/hot0" || m.path == "/hot1", "a file that was read: {m:?}");
+    assert_eq!(holders(&head, &m.path), [first_id], "a plan moves nothing");
+
+    let applied = admin.call(RebalanceApply { max_moves: 4 }).await.unwrap();
+    assert!(!applied.moves.is_empty() && applied.skipped.is_empty(), "{applied:?}");
+    for m in &applied.moves {
+        assert_eq!(holders(&head, &m.path), [second_id], "{m:?}");
+        let i: usize = m.path.trim_start_matches("/hot").parse().unwrap();
+        assert_eq!(admin.read_file(&m.path).await.unwrap(), files[i], "the same bytes, now from the second node");
+    }
+    assert_eq!(holders(&head, "/hot2"), [first_id], "an unread file stays");
+}

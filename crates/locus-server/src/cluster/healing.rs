@@ -61,8 +61,11 @@ impl Head {
     /// keys sealed for it and how soon to join again.
     pub(crate) fn heartbeat(&self, req: &NodeJoin, token: &[u8]) -> Reply<NodeWelcome> {
         let node = self.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
-        if let Err(e) = self.meta.record_node_io(node, &req.io) {
-            tracing::warn!(node, "cannot record the node's I/O totals: {e}");
+        let busiest = &req.busiest[..req.busiest.len().min(crate::cluster::node::BUSIEST_REPORTED)];
+        if let Err(e) =
+            self.meta.record_node_io(node, &req.io).and_then(|()| self.meta.record_version_loads(node, busiest))
+        {
+            tracing::warn!(node, "cannot record the node's accounts: {e}");
         }
         if !req.damaged.is_empty() {
             tracing::warn!(node, versions = ?req.damaged, "data node found damaged versions: repairing from replicas");
@@ -305,7 +308,7 @@ impl Head {
 
     /// When a copy taken out of a version's list may be dropped: after every
     /// capability that could name its node has expired.
-    fn garbage_after(&self) -> u64 {
+    pub(crate) fn garbage_after(&self) -> u64 {
         capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs()
     }
 }

@@ -21,7 +21,8 @@
 //! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `changes` (callbacks across heads: changes announced and heard on the engine), `session` (the
 //! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input),
-//! `script_state` (scripts' named values and locks, kept in the namespace for every head), and for data nodes `node` (joining
+//! `script_state` (scripts' named values and locks, kept in the namespace for every head),
+//! `rebalance` (moving versions between nodes by the load their heartbeats report), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
 //! block checksums, checked on every read and by the scrub) and
 //! `keys` (sealing the cluster's keys, in transit and at rest). The plain server reaches
@@ -33,7 +34,7 @@
 //! refuses a [`HeadConfig`] at start and can still be a data node (`node`, `objects`,
 //! `checksums`, `keys`, `config` are always built).
 //!
-//! `head`, `healing`, `placement`, `tp_writes` and `writes` are one type's methods (`impl Head`) split by
+//! `head`, `healing`, `placement`, `rebalance`, `tp_writes` and `writes` are one type's methods (`impl Head`) split by
 //! concern; they name object versions as the data nodes do (`objects::object_name`), so
 //! no import circle runs between them. `session` depends on the others and nothing
 //! depends on it but the server's connection loop.
@@ -61,6 +62,8 @@ pub mod node;
 pub mod objects;
 #[cfg(feature = "cluster")]
 mod placement;
+#[cfg(feature = "cluster")]
+mod rebalance;
 #[cfg(feature = "cluster")]
 mod script_state;
 #[cfg(feature = "cluster")]

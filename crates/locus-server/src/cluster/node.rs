@@ -23,6 +23,30 @@ fn free_bytes(shared: &Shared) -> u64 {
     rustix::fs::statvfs(&shared.config.root).map_or(0, |s| s.f_bavail * s.f_frsize)
 }
 
+/// Versions a node tells its head it served most at each heartbeat (what rebalancing
+/// between nodes weighs).
+pub const BUSIEST_REPORTED: usize = 64;
+
+/// The versions this node served most since it started: `(object, version, load)`.
+fn busiest_versions(shared: &Shared) -> Vec<(u64, u64, u64)> {
+    let dir = format!("{}/", crate::cluster::objects::OBJECTS_DIR);
+    let mut versions: Vec<(u64, u64, u64)> = shared
+        .store
+        .counters()
+        .all()
+        .into_iter()
+        .filter_map(|f| {
+            let name = f.path.trim_start_matches('/').strip_prefix(&dir)?;
+            let (object, version) = name.split_once('.')?;
+            Some((object.parse().ok()?, version.parse().ok()?, f.io.load()))
+        })
+        .filter(|v| v.2 > 0)
+        .collect();
+    versions.sort_by_key(|v| std::cmp::Reverse(v.2));
+    versions.truncate(BUSIEST_REPORTED);
+    versions
+}
+
 /// What a head answered a join.
 #[derive(Debug)]
 pub struct Joined {
@@ -65,6 +89,7 @@ pub async fn join(
         nonce: nonce.clone(),
         damaged: shared.take_damaged(),
         io: shared.store.counters().export(),
+        busiest: busiest_versions(shared),
     };
     let damaged = join.damaged.clone();
     let welcome = client.call(join).await.map_err(|e| {

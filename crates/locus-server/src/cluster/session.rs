@@ -741,12 +741,20 @@ impl Handler for HeadSession {
         self.inner.stats(req, data)
     }
 
-    fn rebalance_plan(&mut self, _: RebalancePlan, _: Bytes) -> Reply<Rebalance> {
-        not_here("rebalancing")
+    fn rebalance_plan(&mut self, req: RebalancePlan, _: Bytes) -> Reply<Rebalance> {
+        self.need("/", Rights::ADMIN)?;
+        let head = self.head.clone();
+        later(&self.head, async move { Ok(head.rebalance_plan(req.max_moves)?.into()) })
     }
 
-    fn rebalance_apply(&mut self, _: RebalanceApply, _: Bytes) -> Reply<Rebalance> {
-        not_here("rebalancing")
+    fn rebalance_apply(&mut self, req: RebalanceApply, _: Bytes) -> Reply<Rebalance> {
+        let who = self.need("/", Rights::ADMIN)?;
+        let head = self.head.clone();
+        later(&self.head, async move {
+            let done = head.rebalance_apply(req.max_moves).await?;
+            tracing::info!(by = %who, moved = done.moves.len(), skipped = done.skipped.len(), "rebalanced data nodes");
+            Ok(done.into())
+        })
     }
 
     fn script_register(&mut self, req: ScriptRegister, _: Bytes) -> Reply<String> {
