@@ -401,8 +401,8 @@ async fn busy_versions_move_to_the_least_busy_node_by_measured_load() {
     // Reads of two files go straight to the first node, whose heartbeats report them.
     let started = Instant::now();
     let plan = loop {
-        for i in 0..2 {
-            assert_eq!(admin.read_file(&format!("/hot{i}")).await.unwrap(), files[i]);
+        for (i, data) in files.iter().enumerate().take(2) {
+            assert_eq!(&admin.read_file(&format!("/hot{i}")).await.unwrap(), data);
         }
         let plan = admin.call(RebalancePlan { max_moves: 4 }).await.unwrap();
         if !plan.moves.is_empty() {

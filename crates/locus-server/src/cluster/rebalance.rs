@@ -22,10 +22,18 @@ struct Planned {
     load: u64,
 }
 
+/// A plan: its moves, each node's load before and after (in the order of `nodes`, the
+/// live nodes that are not draining, by id).
+struct Plan {
+    moves: Vec<Planned>,
+    before: Vec<u64>,
+    after: Vec<u64>,
+    nodes: Vec<Node>,
+}
+
 impl Head {
-    /// The plan: up to `max_moves` moves, and each node's load before and after (in the
-    /// order of the nodes' ids, live nodes that are not draining only).
-    fn plan(&self, max_moves: u32) -> Result<(Vec<Planned>, Vec<u64>, Vec<u64>, Vec<Node>), WireError> {
+    /// Up to `max_moves` moves that even out the nodes' measured load.
+    fn plan(&self, max_moves: u32) -> Result<Plan, WireError> {
         let nodes: Vec<Node> =
             self.meta.nodes().map_err(meta_err)?.into_iter().filter(|n| self.is_live(n) && !n.draining).collect();
         let index: HashMap<u64, usize> = nodes.iter().enumerate().map(|(i, n)| (n.id, i)).collect();
@@ -69,19 +77,24 @@ impl Head {
             holders.push(cold);
             moves.push(Planned { entry: entry.clone(), from: nodes[hot].id, to: nodes[cold].id, load: *share });
         }
-        Ok((moves, before, load, nodes))
+        Ok(Plan { moves, before, after: load, nodes })
     }
 
     /// `rebalance_plan` on a head.
     pub(crate) fn rebalance_plan(&self, max_moves: u32) -> Result<Rebalance, WireError> {
-        let (moves, before, after, _) = self.plan(max_moves)?;
-        Ok(Rebalance { moves: moves.iter().map(as_move).collect(), before, after, skipped: Vec::new() })
+        let plan = self.plan(max_moves)?;
+        Ok(Rebalance {
+            moves: plan.moves.iter().map(as_move).collect(),
+            before: plan.before,
+            after: plan.after,
+            skipped: Vec::new(),
+        })
     }
 
     /// `rebalance_apply` on a head: makes the plan's moves one after another; a file
     /// that changed meanwhile, or a copy that fails, is skipped and said why.
     pub(crate) async fn rebalance_apply(&self, max_moves: u32) -> Result<Rebalance, WireError> {
-        let (moves, before, after, nodes) = self.plan(max_moves)?;
+        let Plan { moves, before, after, nodes } = self.plan(max_moves)?;
         let mut done = Rebalance { before, after, ..Default::default() };
         for m in moves {
             let (Some(from), Some(to)) = (nodes.iter().find(|n| n.id == m.from), nodes.iter().find(|n| n.id == m.to))
