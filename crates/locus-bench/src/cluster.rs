@@ -492,11 +492,14 @@ struct Healing {
     lost_bytes: u64,
     detect_s: f64,
     restore_s: f64,
+    /// What the readers took from the surviving nodes' links while the copies ran
+    /// (gets that ended within the copying window), in bytes a second.
+    read_rate: f64,
 }
 
-/// Three nodes at replication 2 hold `heal_gib` GiB; two clients read it in a loop
-/// while the first node is killed (SIGKILL).
-fn measure_heal(args: &ClusterArgs, rt: &tokio::runtime::Runtime) -> Result<Healing, BenchError> {
+/// Three nodes at replication 2 hold `heal_gib` GiB; `readers` clients (0 or 2) read it
+/// in a loop while the first node is killed (SIGKILL).
+fn measure_heal(args: &ClusterArgs, readers: usize, rt: &tokio::runtime::Runtime) -> Result<Healing, BenchError> {
     let flags = ["--replication", "2", "--node-timeout-s", "3"];
     let (net, _, node_pids) = start_cluster(args, 3, 2, &flags)?;
     let client = connect_head(rt)?;
@@ -518,20 +521,24 @@ fn measure_heal(args: &ClusterArgs, rt: &tokio::runtime::Runtime) -> Result<Heal
     let head_url = format!("locus://10.77.0.1:{PORT}/");
     let stop = std::sync::atomic::AtomicBool::new(false);
     let outcome = std::thread::scope(|s| {
-        let readers: Vec<_> = (1..=2)
+        let readers: Vec<_> = (1..=readers)
             .map(|c| {
                 let (net, stop, head_url) = (&net, &stop, &head_url);
                 s.spawn(move || {
-                    let (mut reads, mut failed) = (0, 0);
+                    let (mut reads, mut failed, mut ended) = (0, 0, Vec::new());
                     let mut i = c;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let url = format!("{head_url}h{}", i % files);
                         let status = net.locus(&format!("c{c}"), &[], &["get", &url, "/dev/null"]).status();
-                        failed += !status.is_ok_and(|s| s.success()) as usize;
+                        let ok = status.is_ok_and(|s| s.success());
+                        failed += !ok as usize;
+                        if ok {
+                            ended.push(Instant::now());
+                        }
                         reads += 1;
                         i += 7;
                     }
-                    (reads, failed)
+                    (reads, failed, ended)
                 })
             })
             .collect();
@@ -551,12 +558,23 @@ fn measure_heal(args: &ClusterArgs, rt: &tokio::runtime::Runtime) -> Result<Heal
             }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (reads, failed) =
-            readers.into_iter().map(|r| r.join().unwrap_or((0, 0))).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        (reads, failed, detect_s.unwrap_or(f64::NAN), restore_s.unwrap_or(f64::NAN))
+        let (detect_s, restore_s) = (detect_s.unwrap_or(f64::NAN), restore_s.unwrap_or(f64::NAN));
+        let window = |t: &Instant| {
+            let at = t.duration_since(killed).as_secs_f64();
+            at >= detect_s && at <= restore_s
+        };
+        let (mut reads, mut failed, mut during) = (0, 0, 0);
+        for r in readers {
+            let (n, f, ended) = r.join().unwrap_or((0, 0, Vec::new()));
+            reads += n;
+            failed += f;
+            during += ended.iter().filter(|t| window(t)).count();
+        }
+        let read_rate = during as f64 * data.len() as f64 / (restore_s - detect_s);
+        (reads, failed, detect_s, restore_s, read_rate)
     });
-    let (reads, failed_reads, detect_s, restore_s) = outcome;
-    Ok(Healing { reads, failed_reads, lost_bytes, detect_s, restore_s })
+    let (reads, failed_reads, detect_s, restore_s, read_rate) = outcome;
+    Ok(Healing { reads, failed_reads, lost_bytes, detect_s, restore_s, read_rate })
 }
 
 fn path(p: &Path) -> &str {
@@ -613,33 +631,41 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
         }
     }
     if args.heal_gib > 0 {
-        let runs: Vec<Healing> = (0..args.repeat).map(|_| measure_heal(&args, &rt)).collect::<Result<_, _>>()?;
-        let med = |f: fn(&Healing) -> f64| median(runs.iter().map(f).collect());
-        let h = Healing {
-            reads: runs.iter().map(|r| r.reads).sum(),
-            failed_reads: runs.iter().map(|r| r.failed_reads).sum(),
-            lost_bytes: med(|r| r.lost_bytes as f64) as u64,
-            detect_s: med(|r| r.detect_s),
-            restore_s: med(|r| r.restore_s),
-        };
-        let link = args.rate_mbit as f64 * 1e6 / 8.0;
-        // The two live nodes hold the other replica of every lost one and send at once.
-        let bound = h.lost_bytes as f64 / (2.0 * link);
-        let copy_s = h.restore_s - h.detect_s;
-        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL) while 2 clients read in a loop; head --node-timeout-s 3, --repair-rate-mib 64 (default); reads summed over {} runs, times their medians:\n", args.heal_gib, args.repeat);
-        println!("| reads | failed reads | replicas lost | down after s | restored after s | copying s | link-rate bound s (2 sources) | bound / copying |");
-        println!("|---|---|---|---|---|---|---|---|");
-        println!(
-            "| {} | {} | {:.0} MiB | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
-            h.reads,
-            h.failed_reads,
-            h.lost_bytes as f64 / (1 << 20) as f64,
-            h.detect_s,
-            h.restore_s,
-            copy_s,
-            bound,
-            bound / copy_s
-        );
+        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL), with 2 clients reading in a loop and with none; head --node-timeout-s 3, --repair-rate-mib 64 (default); reads summed over {} runs, times their medians. The link-rate bound sends the lost replicas over the two surviving nodes' links at once; with readers, over what the readers leave of them:\n", args.heal_gib, args.repeat);
+        println!("| readers | reads | failed reads | replicas lost | down after s | restored after s | copying s | readers' MB/s while copying | bound s (whole links) | bound / copying | bound s (links less the readers) | bound / copying |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for readers in [2, 0] {
+            let runs: Vec<Healing> =
+                (0..args.repeat).map(|_| measure_heal(&args, readers, &rt)).collect::<Result<_, _>>()?;
+            let med = |f: fn(&Healing) -> f64| median(runs.iter().map(f).collect());
+            let h = Healing {
+                reads: runs.iter().map(|r| r.reads).sum(),
+                failed_reads: runs.iter().map(|r| r.failed_reads).sum(),
+                lost_bytes: med(|r| r.lost_bytes as f64) as u64,
+                detect_s: med(|r| r.detect_s),
+                restore_s: med(|r| r.restore_s),
+                read_rate: med(|r| r.read_rate),
+            };
+            let link = args.rate_mbit as f64 * 1e6 / 8.0;
+            let copy_s = h.restore_s - h.detect_s;
+            let bound = h.lost_bytes as f64 / (2.0 * link);
+            let left = (2.0 * link - h.read_rate).max(link * 0.01);
+            let bound_left = h.lost_bytes as f64 / left;
+            println!(
+                "| {readers} | {} | {} | {:.0} MiB | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
+                h.reads,
+                h.failed_reads,
+                h.lost_bytes as f64 / (1 << 20) as f64,
+                h.detect_s,
+                h.restore_s,
+                copy_s,
+                h.read_rate / 1e6,
+                bound,
+                bound / copy_s,
+                bound_left,
+                bound_left / copy_s
+            );
+        }
     }
     if args.find_files > 0 {
         let find = locus_storelet::build_shipped("find").map_err(BenchError::Setup)?;

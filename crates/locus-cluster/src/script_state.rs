@@ -92,6 +92,18 @@ impl Meta {
         })
     }
 
+    /// Drops the values of files whose object no entry names any more (scopes
+    /// `PREFIX` + object id, as a head names them); answers how many went.
+    pub fn sweep_script_values(&self, prefix: &str) -> Result<u64> {
+        self.tx(|tx| {
+            tx.exec(
+                "DELETE FROM script_values WHERE scope LIKE $1 AND NOT EXISTS \
+                 (SELECT 1 FROM entries WHERE $2 || entries.object = script_values.scope)",
+                &[Val::Text(format!("{prefix}%")), Val::Text(prefix.into())],
+            )
+        })
+    }
+
     /// Drops every value of `scope`.
     pub fn forget_script_values(&self, scope: &str) -> Result<()> {
         self.tx(|tx| tx.exec("DELETE FROM script_values WHERE scope = $1", &[Val::Text(scope.into())]).map(drop))
@@ -175,6 +187,14 @@ mod tests {
         assert_eq!(meta.script_value("o:1", "a").unwrap(), None);
         meta.forget_script_values("o:1").unwrap();
         meta.update_script_value("o:2", "a", &limits, set(b"1")).unwrap().unwrap();
+        // Object 1 is the root directory's: its values stay; object 2 names no entry.
+        meta.update_script_value("o:1", "a", &limits, set(b"1")).unwrap().unwrap_err();
+        meta.forget_script_values("o:2").unwrap();
+        meta.update_script_value("o:1", "a", &limits, set(b"1")).unwrap().unwrap();
+        meta.update_script_value("o:7", "a", &ValueLimits { keys: 2, scopes: None }, set(b"1")).unwrap().unwrap();
+        assert_eq!(meta.sweep_script_values("o:").unwrap(), 1);
+        assert_eq!(meta.script_value("o:1", "a").unwrap(), Some(b"1".to_vec()));
+        assert_eq!(meta.script_value("o:7", "a").unwrap(), None);
     }
 
     #[test]

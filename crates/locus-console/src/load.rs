@@ -106,12 +106,12 @@ impl LoadHistory {
             Some(nodes) => {
                 let mut sum = IoCounters::default();
                 for (_, io) in &nodes {
-                    sum.reads += io.reads;
-                    sum.read_bytes += io.read_bytes;
-                    sum.read_ns += io.read_ns;
-                    sum.writes += io.writes;
-                    sum.write_bytes += io.write_bytes;
-                    sum.write_ns += io.write_ns;
+                    sum.reads = sum.reads.saturating_add(io.reads);
+                    sum.read_bytes = sum.read_bytes.saturating_add(io.read_bytes);
+                    sum.read_ns = sum.read_ns.saturating_add(io.read_ns);
+                    sum.writes = sum.writes.saturating_add(io.writes);
+                    sum.write_bytes = sum.write_bytes.saturating_add(io.write_bytes);
+                    sum.write_ns = sum.write_ns.saturating_add(io.write_ns);
                 }
                 let (names, io): (Vec<String>, Vec<IoCounters>) = nodes.into_iter().unzip();
                 let mut state = self.state.lock();

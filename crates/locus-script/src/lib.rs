@@ -30,7 +30,9 @@ pub use call::Limits;
 pub use engine::{CallOutcome, CallRequest, Engine, ReplyFn};
 pub use error::ScriptError;
 pub use runs::{ScriptRunInfo, ScriptRuns};
-pub use state_store::{Change, MemoryState, Scope, StateStore, MAX_OBJECTS, MAX_OBJECT_KEYS, MAX_SUBJECT_KEYS};
+pub use state_store::{
+    Change, MemoryState, Scope, StateStore, MAX_OBJECTS, MAX_OBJECT_KEYS, MAX_STATE_VALUE, MAX_SUBJECT_KEYS,
+};
 pub use stdlib::ObjectStates;
 
 use locus_proto::Error as WireError;

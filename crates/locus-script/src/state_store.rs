@@ -15,6 +15,9 @@ pub const MAX_SUBJECT_KEYS: usize = 100_000;
 pub const MAX_OBJECT_KEYS: usize = 1_000;
 /// Files with values attached, at most.
 pub const MAX_OBJECTS: usize = 100_000;
+/// Largest encoded value one named value may be set to (on a head, what a list grows
+/// to by `push` too: each value is one row of the namespace).
+pub const MAX_STATE_VALUE: usize = 1 << 20;
 
 /// Whose named values: a subject's own, or a file's (by device and inode on one server,
 /// by object id on a cluster), which the file's ACL governs.

@@ -15,8 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Largest encoded value one state entry may hold.
-const MAX_STATE_VALUE: usize = 1 << 20;
+use crate::state_store::MAX_STATE_VALUE;
 
 /// State shared by every call on every interpreter.
 pub struct Shared {
@@ -37,6 +36,17 @@ impl Shared {
     fn own_scope(lua: &Lua) -> mlua::Result<Scope> {
         with_ctx(lua, |ctx| Ok(Scope::Subject(ctx.host.subject().to_string())))
     }
+}
+
+/// Longest key of a named value, and longest lock name, in bytes.
+const MAX_KEY: usize = 1024;
+
+/// Refuses a key or lock name longer than [`MAX_KEY`].
+fn checked_key(key: &str) -> mlua::Result<()> {
+    if key.len() > MAX_KEY {
+        return Err(mlua::Error::runtime(format!("state keys and lock names are limited to {MAX_KEY} bytes")));
+    }
+    Ok(())
 }
 
 /// A store's refusal, as the script sees it.
@@ -155,14 +165,17 @@ impl Drop for ObjectState {
 impl UserData for ObjectState {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("get", |lua, o, key: String| {
+            checked_key(&key)?;
             let scope = Scope::Object(o.object.0, o.object.1);
             o.objects.store.get(&scope, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
         });
         m.add_method("set", |_, o, (key, v): (String, LuaValue)| {
+            checked_key(&key)?;
             let value = checked_state_value(&v)?;
             o.objects.update(o.object, o.token, &key, &mut state_store::set(value)).map(drop)
         });
         m.add_method("incr", |_, o, (key, by): (String, Option<i64>)| {
+            checked_key(&key)?;
             o.objects.update(o.object, o.token, &key, &mut state_store::incr(&key, by.unwrap_or(1))).map(|v| {
                 if let Value::Int(i) = v {
                     i
@@ -172,6 +185,7 @@ impl UserData for ObjectState {
             })
         });
         m.add_method("push", |_, o, (key, v): (String, LuaValue)| {
+            checked_key(&key)?;
             let value = checked_state_value(&v)?;
             o.objects.update(o.object, o.token, &key, &mut state_store::push(&key, value)).map(|v| {
                 if let Value::Int(i) = v {
@@ -182,6 +196,7 @@ impl UserData for ObjectState {
             })
         });
         m.add_method("take", |lua, o, key: String| {
+            checked_key(&key)?;
             let v = o.objects.update(o.object, o.token, &key, &mut state_store::take)?;
             to_lua(lua, &v)
         });
@@ -225,6 +240,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "get",
         lua.create_function(move |lua, key: String| {
+            checked_key(&key)?;
             s.store.get(&Shared::own_scope(lua)?, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
         })?,
     )?;
@@ -232,6 +248,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "set",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
+            checked_key(&key)?;
             let value = checked_state_value(&v)?;
             s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::set(value)).map_err(refused).map(drop)
         })?,
@@ -240,6 +257,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "incr",
         lua.create_function(move |lua, (key, by): (String, Option<i64>)| {
+            checked_key(&key)?;
             let sum = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::incr(&key, by.unwrap_or(1)));
             sum.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
         })?,
@@ -248,6 +266,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "push",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
+            checked_key(&key)?;
             let value = checked_state_value(&v)?;
             let len = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::push(&key, value));
             len.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
@@ -257,6 +276,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     state.set(
         "take",
         lua.create_function(move |lua, key: String| {
+            checked_key(&key)?;
             let v = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::take).map_err(refused)?;
             to_lua(lua, &v)
         })?,
@@ -291,6 +311,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     lock.set(
         "acquire",
         lua.create_function(move |lua, (name, timeout_ms): (String, Option<u64>)| {
+            checked_key(&name)?;
             let (owner, until, lease) = with_ctx(lua, |ctx| {
                 let wait = Duration::from_millis(timeout_ms.unwrap_or(u64::MAX / 4));
                 Ok((ctx.token, (Instant::now() + wait).min(ctx.deadline), ctx.deadline))
@@ -311,6 +332,7 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     lock.set(
         "release",
         lua.create_function(move |lua, name: String| {
+            checked_key(&name)?;
             let owner = with_ctx(lua, |ctx| {
                 ctx.locks.retain(|l| *l != name);
                 Ok(ctx.token)

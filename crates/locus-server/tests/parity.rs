@@ -310,6 +310,13 @@ async fn refusals(first: &TestServer, second: &TestServer, admin: &Client) {
     admin.acl_set("/p", "alice", Rights::parse("rl").unwrap()).await.unwrap();
     admin.acl_set("/p/secret", "alice", Rights(0)).await.unwrap();
     admin.acl_set("/", "bob", Rights::parse("rl").unwrap()).await.unwrap();
+    // A directory alice may only list, and one of her own holding a link into it.
+    admin.mkdir("/p/listed", 0o755).await.unwrap();
+    admin.write_file("/p/listed/f", 0o644, b"f").await.unwrap();
+    admin.acl_set("/p/listed", "alice", Rights::parse("l").unwrap()).await.unwrap();
+    admin.mkdir("/p/alice", 0o755).await.unwrap();
+    admin.acl_set("/p/alice", "alice", Rights::parse("rlw").unwrap()).await.unwrap();
+    first.client("alice").await.symlink("/p/listed/f", "/p/alice/ln").await.unwrap();
     for door in [first, second] {
         let alice = door.client("alice").await;
         assert_eq!(alice.read_file("/p/small").await.unwrap(), b"changed");
@@ -325,6 +332,9 @@ async fn refusals(first: &TestServer, second: &TestServer, admin: &Client) {
                    local y, m2, code2 = fs.put('/p/small', 420, 'no') return a, x, code, y, code2";
         let v = alice.script_call(src, vec![], b"").await.unwrap().0;
         assert_eq!(v, vec![s("changed"), Value::Nil, s("EACCES"), Value::Nil, s("EACCES")]);
+        // A file's script state needs `r` on the file, however it is named.
+        let through_link = "local st, m, code = state.of('/p/alice/ln') return code";
+        assert_eq!(alice.script_call(through_link, vec![], b"").await.unwrap().0, vec![s("EACCES")]);
         // Bob may not run code at all.
         let bob = door.client("bob").await;
         assert_eq!(bob.script_call("return 1", vec![], b"").await.unwrap_err().code(), Code::ACCES);

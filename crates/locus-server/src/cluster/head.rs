@@ -278,12 +278,19 @@ impl Head {
         });
         let head = Arc::downgrade(self);
         self.io().spawn(async move {
-            loop {
+            for round in 1u64.. {
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let Some(head) = head.upgrade() else { return };
                 head.refresh_keys();
                 head.heads_alive();
                 head.collect_garbage().await;
+                // Every 30 s: script state of files gone (removed or replaced through
+                // any head, or in a writable run) goes too.
+                if round % 15 == 0 {
+                    if let Err(e) = head.meta.sweep_script_values(crate::cluster::script_state::OBJECT_SCOPES) {
+                        tracing::warn!("cannot sweep the script state of removed files: {e}");
+                    }
+                }
             }
         });
     }

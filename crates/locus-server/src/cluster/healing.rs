@@ -207,6 +207,10 @@ impl Head {
         // One copy at a time per file.
         let mut seen = std::collections::HashSet::new();
         work.retain(|(e, _, _)| seen.insert(e.path.clone()));
+        let work = by_turns(work, |(e, leaving, _)| {
+            let Content::Nodes(ids) = &e.content else { return LOCAL_NODE };
+            ids.iter().copied().find(|id| *id != leaving.node()).unwrap_or(LOCAL_NODE)
+        });
         let nodes = Arc::new(nodes);
         let (mut running, mut healed) = (tokio::task::JoinSet::new(), 0);
         for (e, leaving, damaged) in work {
@@ -310,5 +314,36 @@ impl Head {
     /// capability that could name its node has expired.
     pub(crate) fn garbage_after(&self) -> u64 {
         capability::now() + (self.config.capability_ttl + GARBAGE_SLACK).as_secs()
+    }
+}
+
+/// `work` reordered so that its items take turns by `source` (the node a copy reads
+/// from): the copies made at once then draw on every source's link, not on one while
+/// the others idle. The order within each source's items is kept.
+fn by_turns<T>(work: Vec<T>, source: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut queues: Vec<(u64, std::collections::VecDeque<T>)> = Vec::new();
+    for item in work {
+        let s = source(&item);
+        match queues.iter_mut().find(|(q, _)| *q == s) {
+            Some((_, q)) => q.push_back(item),
+            None => queues.push((s, std::collections::VecDeque::from([item]))),
+        }
+    }
+    let mut out = Vec::new();
+    while queues.iter().any(|(_, q)| !q.is_empty()) {
+        for (_, q) in &mut queues {
+            out.extend(q.pop_front());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copies_take_turns_by_source() {
+        let work = vec![(1, 'a'), (1, 'b'), (1, 'c'), (2, 'd'), (3, 'e'), (2, 'f')];
+        let order: String = super::by_turns(work, |w| w.0).into_iter().map(|w| w.1).collect();
+        assert_eq!(order, "adebfc");
     }
 }

@@ -124,6 +124,33 @@ fn heads_to_try(given: &str, learned: &[String]) -> String {
 /// Heads a node keeps learned at most.
 const MAX_HEADS: usize = 64;
 
+/// Joins the first of `heads` (comma-separated) that takes the join, each tried on its
+/// own: one that refuses, is something else now, or fails TLS does not stop the search.
+/// Answers the welcome and the head that gave it.
+async fn join_any(
+    shared: &Shared,
+    head: &ConnectOptions,
+    heads: &str,
+    advertise: &str,
+    http: Option<&str>,
+) -> Result<(Joined, String), String> {
+    let mut why = Vec::new();
+    for addr in heads.split(',') {
+        let mut one = head.clone();
+        one.addr = addr.to_string();
+        // Over TLS each head proves its own name.
+        if one.tls_name.is_some() {
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
+        }
+        match join(shared, &one, advertise, http).await {
+            Ok(welcome) => return Ok((welcome, addr.to_string())),
+            Err(e) => why.push(e),
+        }
+    }
+    Err(why.join("; "))
+}
+
 /// The heads a head named that a node may dial: `host:port` each, nothing else.
 fn plausible_heads(heads: Vec<String>) -> Vec<String> {
     heads
@@ -272,12 +299,10 @@ pub async fn serve_head(
     let given = head.addr.clone();
     let mut learned = kept_heads(&shared);
     loop {
-        let mut head = head.clone();
-        head.addr = heads_to_try(&given, &learned);
-        let every = match join(&shared, &head, &advertise, http.as_deref()).await {
-            Ok(welcome) => {
+        let every = match join_any(&shared, &head, &heads_to_try(&given, &learned), &advertise, http.as_deref()).await {
+            Ok((welcome, at)) => {
                 if !joined {
-                    tracing::info!(node = welcome.node, heads = %head.addr, "joined the cluster");
+                    tracing::info!(node = welcome.node, head = %at, "joined the cluster");
                     joined = true;
                 }
                 let heads = plausible_heads(welcome.heads);

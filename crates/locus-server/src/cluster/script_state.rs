@@ -5,12 +5,17 @@
 use crate::cluster::Head;
 use locus_proto::codec;
 use locus_proto::types::Value;
-use locus_script::{Scope, StateStore, MAX_OBJECTS};
+use locus_script::{Scope, StateStore, MAX_OBJECTS, MAX_STATE_VALUE};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The longest a waiting `lock.acquire` sleeps between tries (it starts at 1 ms).
 const LOCK_POLL_MAX: Duration = Duration::from_millis(25);
+
+/// How long past its call's deadline a lock lasts, unless released: room for a host
+/// call that outlasts the deadline (the deadline is checked between Lua instructions)
+/// and for the heads' clocks to differ.
+const LOCK_MARGIN: Duration = Duration::from_secs(30);
 
 /// How long a head trusts its last look at whether any file has values attached.
 const WATCHING_FRESH: Duration = Duration::from_secs(2);
@@ -36,6 +41,10 @@ impl HeadScriptState {
         format!("{:016x}.{token}", self.head.id)
     }
 }
+
+/// What the names of a head's file scopes start with (its objects' device is 0), for
+/// the sweep of files gone.
+pub(crate) const OBJECT_SCOPES: &str = "o:0.";
 
 /// A scope's name in `script_values`.
 fn scope_name(scope: &Scope) -> String {
@@ -70,6 +79,9 @@ impl StateStore for HeadScriptState {
             let mut value = slot.take().map(decoded).transpose()?;
             let answer = change(&mut value)?;
             *slot = value.map(|v| codec::encode(&v));
+            if slot.as_ref().is_some_and(|v| v.len() > MAX_STATE_VALUE) {
+                return Err(format!("state values are limited to {MAX_STATE_VALUE} bytes: {key:?} would pass that"));
+            }
             Ok(answer)
         });
         answer.map_err(engine)?
@@ -93,17 +105,18 @@ impl StateStore for HeadScriptState {
     fn acquire(&self, name: &str, owner: u64, until: Instant, lease: Instant) -> bool {
         let owner = self.owner(owner);
         let mut pause = Duration::from_millis(1);
+        let mut warned = false;
         loop {
-            let lapses =
-                locus_cluster::now_ns().saturating_add(
-                    lease.saturating_duration_since(Instant::now()).as_nanos().min(i64::MAX as u128) as i64,
-                );
+            let left = lease.saturating_duration_since(Instant::now()) + LOCK_MARGIN;
+            let lapses = locus_cluster::now_ns().saturating_add(left.as_nanos().min(i64::MAX as u128) as i64);
             match self.head.meta.try_script_lock(name, &owner, lapses) {
                 Ok(true) => return true,
                 Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!("script lock {name:?}: {e}");
+                Err(e) if !warned => {
+                    warned = true;
+                    tracing::warn!("script lock {name:?}: {e} (trying again until the call's timeout)");
                 }
+                Err(_) => {}
             }
             let now = Instant::now();
             if now >= until {

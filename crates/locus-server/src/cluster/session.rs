@@ -675,7 +675,8 @@ impl Handler for HeadSession {
     }
 
     fn access(&mut self, req: Access, _: Bytes) -> Reply<()> {
-        let path = normalise(&req.path).map_err(meta_err)?;
+        // As access(2): a symbolic link's target is what is asked about.
+        let path = self.follow(normalise(&req.path).map_err(meta_err)?)?;
         let e = match self.entry(&path) {
             Ok(e) => e,
             // An active file exists for reading only (a write is refused before it runs).
