@@ -42,7 +42,7 @@ pub struct ClusterArgs {
 }
 
 const TOKEN: &str = "cluster-bench-token";
-const PORT: u16 = 9610;
+pub(crate) const PORT: u16 = 9610;
 
 fn sh(args: &[&str]) -> Result<(), BenchError> {
     let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| BenchError::io(args[0], e))?;
@@ -53,7 +53,7 @@ fn sh(args: &[&str]) -> Result<(), BenchError> {
 }
 
 /// The namespaces, links and processes of one run; all removed when dropped.
-struct Net {
+pub(crate) struct Net {
     hosts: Vec<String>,
     children: Vec<Child>,
     dir: tempfile::TempDir,
@@ -119,7 +119,7 @@ impl Net {
     }
 
     /// `locus ARGS` in namespace `lc-NAME`, as the admin of the cluster.
-    fn locus(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
+    pub(crate) fn locus(&self, name: &str, env: &[(&str, &str)], args: &[&str]) -> Command {
         let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("locus"));
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &format!("lc-{name}")]);
@@ -264,7 +264,7 @@ async fn probe_latency(client: &Client, samples: usize, until: &dyn Fn() -> bool
 /// A head (with `head_flags` beside the usual), `nodes` data nodes and `clients` client
 /// namespaces, the nodes joined; answers the network, the head's process id and the
 /// nodes'.
-fn start_cluster(
+pub(crate) fn start_cluster(
     args: &ClusterArgs,
     nodes: usize,
     clients: usize,
@@ -313,7 +313,7 @@ fn start_cluster(
     Ok((net, head_pid, node_pids))
 }
 
-fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
+pub(crate) fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
     let opts = ConnectOptions {
         addr: format!("10.77.0.1:{PORT}"),
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
@@ -484,99 +484,6 @@ fn measure_writes(args: &ClusterArgs, net: &Net, n: usize, third_party: bool, da
     Ok(median(rates))
 }
 
-/// What killing a data node under a read load costs: reads failed, and the time until
-/// every version it held has two live replicas again.
-struct Healing {
-    reads: usize,
-    failed_reads: usize,
-    lost_bytes: u64,
-    detect_s: f64,
-    restore_s: f64,
-    /// What the readers took from the surviving nodes' links while the copies ran
-    /// (gets that ended within the copying window), in bytes a second.
-    read_rate: f64,
-}
-
-/// Three nodes at replication 2 hold `heal_gib` GiB; `readers` clients (0 or 2) read it
-/// in a loop while the first node is killed (SIGKILL).
-fn measure_heal(args: &ClusterArgs, readers: usize, rt: &tokio::runtime::Runtime) -> Result<Healing, BenchError> {
-    let flags = ["--replication", "2", "--node-timeout-s", "3"];
-    let (net, _, node_pids) = start_cluster(args, 3, 2, &flags)?;
-    let client = connect_head(rt)?;
-    let files = (args.heal_gib * 16) as usize;
-    let data: Vec<u8> = (0..64u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    for i in 0..files {
-        rt.block_on(client.write_file(&format!("/h{i}"), 0o644, &data))
-            .map_err(|e| BenchError::Setup(format!("put: {e}")))?;
-    }
-    let nodes = |rt: &tokio::runtime::Runtime| {
-        rt.block_on(client.call(locus_client::ops::NodeList {}))
-            .map_err(|e| BenchError::Setup(format!("node list: {e}")))
-    };
-    let victim = nodes(rt)?
-        .into_iter()
-        .find(|n| n.addr.starts_with("10.77.0.11:"))
-        .ok_or_else(|| BenchError::Setup("the first data node did not join".into()))?;
-    let lost_bytes = victim.versions * data.len() as u64;
-    let head_url = format!("locus://10.77.0.1:{PORT}/");
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let outcome = std::thread::scope(|s| {
-        let readers: Vec<_> = (1..=readers)
-            .map(|c| {
-                let (net, stop, head_url) = (&net, &stop, &head_url);
-                s.spawn(move || {
-                    let (mut reads, mut failed, mut ended) = (0, 0, Vec::new());
-                    let mut i = c;
-                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                        let url = format!("{head_url}h{}", i % files);
-                        let status = net.locus(&format!("c{c}"), &[], &["get", &url, "/dev/null"]).status();
-                        let ok = status.is_ok_and(|s| s.success());
-                        failed += !ok as usize;
-                        if ok {
-                            ended.push(Instant::now());
-                        }
-                        reads += 1;
-                        i += 7;
-                    }
-                    (reads, failed, ended)
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs(2));
-        let killed = Instant::now();
-        let _ = Command::new("kill").args(["-9", &node_pids[0].to_string()]).status();
-        let (mut detect_s, mut restore_s) = (None, None);
-        while restore_s.is_none() && killed.elapsed() < Duration::from_secs(1800) {
-            std::thread::sleep(Duration::from_millis(200));
-            let Ok(list) = nodes(rt) else { continue };
-            let Some(v) = list.iter().find(|n| n.id == victim.id) else { continue };
-            if v.state == "down" && detect_s.is_none() {
-                detect_s = Some(killed.elapsed().as_secs_f64());
-            }
-            if v.versions == 0 {
-                restore_s = Some(killed.elapsed().as_secs_f64());
-            }
-        }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (detect_s, restore_s) = (detect_s.unwrap_or(f64::NAN), restore_s.unwrap_or(f64::NAN));
-        let window = |t: &Instant| {
-            let at = t.duration_since(killed).as_secs_f64();
-            at >= detect_s && at <= restore_s
-        };
-        let (mut reads, mut failed, mut during) = (0, 0, 0);
-        for r in readers {
-            let (n, f, ended) = r.join().unwrap_or((0, 0, Vec::new()));
-            reads += n;
-            failed += f;
-            during += ended.iter().filter(|t| window(t)).count();
-        }
-        let read_rate = during as f64 * data.len() as f64 / (restore_s - detect_s);
-        (reads, failed, detect_s, restore_s, read_rate)
-    });
-    let (reads, failed_reads, detect_s, restore_s, read_rate) = outcome;
-    Ok(Healing { reads, failed_reads, lost_bytes, detect_s, restore_s, read_rate })
-}
-
 fn path(p: &Path) -> &str {
     p.to_str().unwrap_or("")
 }
@@ -627,43 +534,6 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
                 o.echo_loaded_us,
                 o.echo_loaded_us / o.echo_idle_us,
                 o.write_mb_s
-            );
-        }
-    }
-    if args.heal_gib > 0 {
-        println!("\nHealing: {} GiB at replication 2 on 3 data nodes, the first killed (SIGKILL), with 2 clients reading in a loop and with none; head --node-timeout-s 3, --repair-rate-mib 64 (default); reads summed over {} runs, times their medians. The link-rate bound sends the lost replicas over the two surviving nodes' links at once; with readers, over what the readers leave of them:\n", args.heal_gib, args.repeat);
-        println!("| readers | reads | failed reads | replicas lost | down after s | restored after s | copying s | readers' MB/s while copying | bound s (whole links) | bound / copying | bound s (links less the readers) | bound / copying |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-        for readers in [2, 0] {
-            let runs: Vec<Healing> =
-                (0..args.repeat).map(|_| measure_heal(&args, readers, &rt)).collect::<Result<_, _>>()?;
-            let med = |f: fn(&Healing) -> f64| median(runs.iter().map(f).collect());
-            let h = Healing {
-                reads: runs.iter().map(|r| r.reads).sum(),
-                failed_reads: runs.iter().map(|r| r.failed_reads).sum(),
-                lost_bytes: med(|r| r.lost_bytes as f64) as u64,
-                detect_s: med(|r| r.detect_s),
-                restore_s: med(|r| r.restore_s),
-                read_rate: med(|r| r.read_rate),
-            };
-            let link = args.rate_mbit as f64 * 1e6 / 8.0;
-            let copy_s = h.restore_s - h.detect_s;
-            let bound = h.lost_bytes as f64 / (2.0 * link);
-            let left = (2.0 * link - h.read_rate).max(link * 0.01);
-            let bound_left = h.lost_bytes as f64 / left;
-            println!(
-                "| {readers} | {} | {} | {:.0} MiB | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} | {:.1} | {:.2} |",
-                h.reads,
-                h.failed_reads,
-                h.lost_bytes as f64 / (1 << 20) as f64,
-                h.detect_s,
-                h.restore_s,
-                copy_s,
-                h.read_rate / 1e6,
-                bound,
-                bound / copy_s,
-                bound_left,
-                bound_left / copy_s
             );
         }
     }

@@ -29,6 +29,7 @@ pub mod active;
 pub mod agent;
 pub mod chirp;
 pub mod cluster;
+pub mod cluster_heal;
 pub mod cluster_mount;
 pub mod faults;
 pub mod mount;

@@ -492,7 +492,9 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Agent(args)) => locus_bench::agent::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Syscalls(args)) => locus_bench::agent::syscalls(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Mount(args)) => locus_bench::mount::run(args).map_err(|e| e.to_string()),
-        Command::Bench(BenchCommand::Cluster(args)) => locus_bench::cluster::run(args).map_err(|e| e.to_string()),
+        Command::Bench(BenchCommand::Cluster(args)) => locus_bench::cluster::run(args.clone())
+            .and_then(|()| locus_bench::cluster_heal::run(&args))
+            .map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::ClusterMount(args)) => {
             locus_bench::cluster_mount::run(args).map_err(|e| e.to_string())
         }

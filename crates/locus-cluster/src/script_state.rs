@@ -6,11 +6,19 @@
 use crate::sql::Val;
 use crate::{now_ns, Meta, Result};
 
-/// How many keys a scope may hold, and, for a scope's first key, how many scopes starting
-/// with the same prefix may have keys.
-pub struct ValueLimits<'a> {
+/// What the scope of a file's values starts with (the object id follows).
+const OBJECT_SCOPE: &str = "o:";
+
+/// The scope of the values attached to the file whose object is `object`.
+pub fn object_scope(object: u64) -> String {
+    format!("{OBJECT_SCOPE}{object}")
+}
+
+/// How many keys a scope may hold, and, for a file's first key, how many files may have
+/// values.
+pub struct ValueLimits {
     pub keys: u64,
-    pub scopes: Option<(&'a str, u64)>,
+    pub files: Option<u64>,
 }
 
 impl Meta {
@@ -65,9 +73,9 @@ impl Meta {
                         if keys >= limits.keys {
                             return Ok(Err(format!("state is limited to {} keys", limits.keys)));
                         }
-                        if let (0, Some((prefix, max))) = (keys, limits.scopes) {
+                        if let (0, Some(max), true) = (keys, limits.files, scope.starts_with(OBJECT_SCOPE)) {
                             let sql = "SELECT count(DISTINCT scope) FROM script_values WHERE scope LIKE $1";
-                            if count(tx, sql, &format!("{prefix}%"))? >= max {
+                            if count(tx, sql, &format!("{OBJECT_SCOPE}%"))? >= max {
                                 return Ok(Err(format!("state is attached to at most {max} files")));
                             }
                         }
@@ -83,23 +91,25 @@ impl Meta {
         })
     }
 
-    /// True if a scope whose name starts with `prefix` holds a value.
-    pub fn any_script_values(&self, prefix: &str) -> Result<bool> {
+    /// True if some file has values attached.
+    pub fn any_file_values(&self) -> Result<bool> {
         self.tx(|tx| {
-            let rows = tx
-                .query("SELECT 1 FROM script_values WHERE scope LIKE $1 LIMIT 1", &[Val::Text(format!("{prefix}%"))])?;
+            let rows = tx.query(
+                "SELECT 1 FROM script_values WHERE scope LIKE $1 LIMIT 1",
+                &[Val::Text(format!("{OBJECT_SCOPE}%"))],
+            )?;
             Ok(!rows.is_empty())
         })
     }
 
-    /// Drops the values of files whose object no entry names any more (scopes
-    /// `PREFIX` + object id, as a head names them); answers how many went.
-    pub fn sweep_script_values(&self, prefix: &str) -> Result<u64> {
+    /// Drops the values of files whose object no entry names any more; answers how
+    /// many went.
+    pub fn sweep_script_values(&self) -> Result<u64> {
         self.tx(|tx| {
             tx.exec(
                 "DELETE FROM script_values WHERE scope LIKE $1 AND NOT EXISTS \
                  (SELECT 1 FROM entries WHERE $2 || entries.object = script_values.scope)",
-                &[Val::Text(format!("{prefix}%")), Val::Text(prefix.into())],
+                &[Val::Text(format!("{OBJECT_SCOPE}%")), Val::Text(OBJECT_SCOPE.into())],
             )
         })
     }
@@ -167,7 +177,7 @@ mod tests {
     #[test]
     fn values_change_in_place_and_keep_their_limits() {
         let (_d, meta) = meta();
-        let limits = ValueLimits { keys: 2, scopes: Some(("o:", 1)) };
+        let limits = ValueLimits { keys: 2, files: Some(1) };
         let set = |v: &'static [u8]| {
             move |slot: &mut Option<Vec<u8>>| -> std::result::Result<(), String> {
                 *slot = Some(v.to_vec());
@@ -191,8 +201,8 @@ mod tests {
         meta.update_script_value("o:1", "a", &limits, set(b"1")).unwrap().unwrap_err();
         meta.forget_script_values("o:2").unwrap();
         meta.update_script_value("o:1", "a", &limits, set(b"1")).unwrap().unwrap();
-        meta.update_script_value("o:7", "a", &ValueLimits { keys: 2, scopes: None }, set(b"1")).unwrap().unwrap();
-        assert_eq!(meta.sweep_script_values("o:").unwrap(), 1);
+        meta.update_script_value("o:7", "a", &ValueLimits { keys: 2, files: None }, set(b"1")).unwrap().unwrap();
+        assert_eq!(meta.sweep_script_values().unwrap(), 1);
         assert_eq!(meta.script_value("o:1", "a").unwrap(), Some(b"1".to_vec()));
         assert_eq!(meta.script_value("o:7", "a").unwrap(), None);
     }

@@ -386,4 +386,9 @@ fn a_head_serves_the_console_over_its_namespace_and_its_data_nodes() {
     let by_path = http(at, "GET", "/docs/readme.txt", &[("Authorization", "Bearer admin:admin-token")], b"");
     assert_eq!((by_path.status, by_path.body.as_slice()), (200, &b"hello, head\n"[..]));
     assert_eq!(http(at, "GET", "/docs/readme.txt", &[], b"").status, 401);
+    // Plain HTTP on every interface: the file door behind the console takes no token
+    // either (it would cross the network readable).
+    let exposed = head.console_on("0.0.0.0", Default::default());
+    let refused = http(exposed, "GET", "/docs/readme.txt", &[("Authorization", "Bearer admin:admin-token")], b"");
+    assert_eq!(refused.status, 403, "{}", String::from_utf8_lossy(&refused.body));
 }

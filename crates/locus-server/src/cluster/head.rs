@@ -287,7 +287,7 @@ impl Head {
                 // Every 30 s: script state of files gone (removed or replaced through
                 // any head, or in a writable run) goes too.
                 if round % 15 == 0 {
-                    if let Err(e) = head.meta.sweep_script_values(crate::cluster::script_state::OBJECT_SCOPES) {
+                    if let Err(e) = head.meta.sweep_script_values() {
                         tracing::warn!("cannot sweep the script state of removed files: {e}");
                     }
                 }

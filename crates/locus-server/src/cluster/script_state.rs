@@ -42,15 +42,12 @@ impl HeadScriptState {
     }
 }
 
-/// What the names of a head's file scopes start with (its objects' device is 0), for
-/// the sweep of files gone.
-pub(crate) const OBJECT_SCOPES: &str = "o:0.";
-
 /// A scope's name in `script_values`.
 fn scope_name(scope: &Scope) -> String {
     match scope {
         Scope::Subject(s) => format!("s:{s}"),
-        Scope::Object(dev, object) => format!("o:{dev}.{object}"),
+        // A head's files are all on device 0: the object names one.
+        Scope::Object(_, object) => locus_cluster::object_scope(*object),
     }
 }
 
@@ -68,10 +65,7 @@ impl StateStore for HeadScriptState {
     }
 
     fn update(&self, scope: &Scope, key: &str, change: locus_script::Change) -> Result<Value, String> {
-        let limits = locus_cluster::ValueLimits {
-            keys: scope.max_keys() as u64,
-            scopes: matches!(scope, Scope::Object(..)).then_some(("o:", MAX_OBJECTS as u64)),
-        };
+        let limits = locus_cluster::ValueLimits { keys: scope.max_keys() as u64, files: Some(MAX_OBJECTS as u64) };
         if let Scope::Object(..) = scope {
             *self.watching.lock() = (Some(Instant::now()), true);
         }
@@ -96,7 +90,7 @@ impl StateStore for HeadScriptState {
     fn watching(&self) -> bool {
         let mut watching = self.watching.lock();
         if watching.0.is_none_or(|at| at.elapsed() >= WATCHING_FRESH) {
-            let any = self.head.meta.any_script_values("o:").unwrap_or(true);
+            let any = self.head.meta.any_file_values().unwrap_or(true);
             *watching = (Some(Instant::now()), any);
         }
         watching.1
