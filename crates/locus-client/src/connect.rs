@@ -76,15 +76,7 @@ impl Client {
     pub async fn connect(opts: &ConnectOptions) -> Result<Client> {
         let mut last = None;
         for addr in opts.addr.split(',') {
-            let mut one = opts.clone();
-            if addr != opts.addr {
-                one.addr = addr.to_string();
-                // Over TLS each head proves its own name.
-                if one.tls_name.is_some() {
-                    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-                    one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
-                }
-            }
+            let one = opts.for_one(addr);
             let outcome = match tokio::time::timeout(one.deadlines.connect, Self::connect_now(&one)).await {
                 Ok(client) => client,
                 Err(_) => Err(ClientError::TimedOut(format!(

@@ -49,6 +49,21 @@ impl Default for Deadlines {
 }
 
 impl ConnectOptions {
+    /// These options for `addr` alone, one of the servers they name (`h1:9610,h2:9610`
+    /// names several heads of a cluster): over TLS, a server other than the one the
+    /// options name proves its own name.
+    pub fn for_one(&self, addr: &str) -> ConnectOptions {
+        let mut one = self.clone();
+        if addr != self.addr {
+            one.addr = addr.to_string();
+            if one.tls_name.is_some() {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
+            }
+        }
+        one
+    }
+
     /// Options for `url`, with credentials found as [`Credentials::find`] does and, for a
     /// `locus+tls://` URL, the CA file in `LOCUS_TLS_CA` or the local server's certificate.
     pub fn for_url(url: &LocusUrl) -> Result<ConnectOptions> {

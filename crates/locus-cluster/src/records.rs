@@ -56,9 +56,16 @@ impl Meta {
         })
     }
 
-    /// Records a data node's I/O totals as its last heartbeat gave them.
-    pub fn record_node_io(&self, node: u64, io: &locus_proto::types::IoCounters) -> Result<()> {
-        let n = |v: u64| Val::Int(v.min(i64::MAX as u64) as i64);
+    /// Records what a data node's heartbeat reports of its work: its I/O totals, and the
+    /// versions it served most with their load (`IoCounters::load`) since it started, in
+    /// place of what it reported before; one transaction.
+    pub fn record_node_accounts(
+        &self,
+        node: u64,
+        io: &locus_proto::types::IoCounters,
+        busiest: &[(u64, u64, u64)],
+    ) -> Result<()> {
+        let n = Val::count;
         self.tx(|tx| {
             tx.exec(
                 "INSERT INTO node_io (node, reads, read_bytes, read_ns, writes, write_bytes, write_ns) \
@@ -74,18 +81,9 @@ impl Meta {
                     n(io.write_bytes),
                     n(io.write_ns),
                 ],
-            )
-            .map(drop)
-        })
-    }
-
-    /// Records the versions a data node served most, with their load
-    /// (`IoCounters::load`) since it started, in place of what it reported before.
-    pub fn record_version_loads(&self, node: u64, loads: &[(u64, u64, u64)]) -> Result<()> {
-        let n = |v: u64| Val::Int(v.min(i64::MAX as u64) as i64);
-        self.tx(|tx| {
+            )?;
             tx.exec("DELETE FROM version_load WHERE node = $1", &[n(node)])?;
-            for &(object, version, load) in loads {
+            for &(object, version, load) in busiest {
                 tx.exec(
                     "INSERT INTO version_load (node, object, version, load) VALUES ($1, $2, $3, $4) \
                      ON CONFLICT (node, object, version) DO UPDATE SET load = excluded.load",
@@ -107,7 +105,7 @@ impl Meta {
             Ok(rows
                 .iter()
                 .filter_map(|r| {
-                    let v = |i: usize| r.get(i).and_then(Val::int).map(|v| v.max(0) as u64);
+                    let v = |i: usize| r.get(i).and_then(Val::uint);
                     Some((v(0)?, v(1)?, v(2)?))
                 })
                 .collect())
@@ -124,7 +122,7 @@ impl Meta {
             Ok(rows
                 .iter()
                 .filter_map(|r| {
-                    let v = |i: usize| r.get(i).and_then(Val::int).map(|v| v.max(0) as u64);
+                    let v = |i: usize| r.get(i).and_then(Val::uint);
                     Some((
                         v(0)?,
                         locus_proto::types::IoCounters {

@@ -24,6 +24,16 @@ impl Val {
         }
     }
 
+    /// A count or id kept as an integer column (which holds at most `i64::MAX`).
+    pub fn count(v: u64) -> Val {
+        Val::Int(v.min(i64::MAX as u64) as i64)
+    }
+
+    /// The integer as a count (a negative one as 0), if this is one.
+    pub fn uint(&self) -> Option<u64> {
+        self.int().map(|i| i.max(0) as u64)
+    }
+
     /// The text, if this is some.
     pub fn text(&self) -> Option<&str> {
         match self {

@@ -55,6 +55,11 @@ fn http(at: SocketAddr, method: &str, target: &str, headers: &[(&str, &str)], bo
 
 const CHANGE: (&str, &str) = ("X-Locus-Console", "1");
 
+/// The names in a `/api/list` answer, in its order.
+fn entry_names(list: &serde_json::Value) -> Vec<&str> {
+    list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect()
+}
+
 /// Logs in; returns the `Cookie` header value.
 fn login(at: SocketAddr, token: &str) -> String {
     let a = http(at, "POST", "/api/login", &[CHANGE], format!("{{\"token\":\"{token}\"}}").as_bytes());
@@ -136,7 +141,7 @@ fn the_tree_lists_previews_downloads_and_uploads_within_the_acls() {
     let get = |cookie: &str, target: &str| http(at, "GET", target, &[("Cookie", cookie)], b"");
 
     let list = get(&bob, "/api/list?path=/docs").json();
-    let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let names = entry_names(&list);
     assert_eq!(names, ["blob.bin", "readme.txt"]);
     assert_eq!(list["entries"][1]["size"], 15);
     assert_eq!(list["rights"], "rl");
@@ -335,7 +340,7 @@ fn a_head_serves_the_console_over_its_namespace_and_its_data_nodes() {
     let get = |cookie: &str, target: &str| http(at, "GET", target, &[("Cookie", cookie)], b"");
 
     let list = get(&bob, "/api/list?path=/docs").json();
-    let names: Vec<&str> = list["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let names = entry_names(&list);
     assert_eq!(names, ["big.bin", "readme.txt"]);
     assert_eq!(list["rights"], "rl");
     assert_eq!(get(&bob, "/api/list?path=/private").status, 403);

@@ -54,6 +54,18 @@ fn refused(e: String) -> mlua::Error {
     mlua::Error::runtime(e)
 }
 
+/// `key` of `scope`, as the script sees it (nil if unset).
+fn get_value(store: &dyn StateStore, lua: &Lua, scope: &Scope, key: &str) -> mlua::Result<LuaValue> {
+    checked_key(key)?;
+    store.get(scope, key).map_err(refused)?.map_or(Ok(LuaValue::Nil), |v| to_lua(lua, &v))
+}
+
+/// Applies `change` to `key` of `scope`; what it answers, as the script sees it.
+fn update_value(store: &dyn StateStore, lua: &Lua, scope: &Scope, key: &str, change: Change) -> mlua::Result<LuaValue> {
+    checked_key(key)?;
+    to_lua(lua, &store.update(scope, key, change).map_err(refused)?)
+}
+
 /// The values of files (`state.of`), and the handles calls hold to them. Values follow a
 /// file across renames, as an open handle does, and are dropped when the file leaves the
 /// export ([`ObjectStates::forget`], which the server calls when it removes one).
@@ -139,12 +151,12 @@ impl ObjectStates {
     /// Applies `change` to `key` of `object`, unless the handle `token` has ended
     /// because its object was removed. (The handles' lock is held throughout, so a
     /// removal cannot come between the check and the change.)
-    fn update(&self, object: (u64, u64), token: u64, key: &str, change: Change) -> mlua::Result<Value> {
+    fn update(&self, lua: &Lua, object: (u64, u64), token: u64, key: &str, change: Change) -> mlua::Result<LuaValue> {
         let handles = self.handles.lock();
         if handles.ended.contains(&token) {
             return Err(mlua::Error::runtime("the file was removed or replaced since state.of gave this handle"));
         }
-        self.store.update(&Scope::Object(object.0, object.1), key, change).map_err(refused)
+        update_value(&*self.store, lua, &Scope::Object(object.0, object.1), key, change)
     }
 }
 
@@ -165,40 +177,21 @@ impl Drop for ObjectState {
 impl UserData for ObjectState {
     fn add_methods<M: UserDataMethods<Self>>(m: &mut M) {
         m.add_method("get", |lua, o, key: String| {
-            checked_key(&key)?;
-            let scope = Scope::Object(o.object.0, o.object.1);
-            o.objects.store.get(&scope, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
+            get_value(&*o.objects.store, lua, &Scope::Object(o.object.0, o.object.1), &key)
         });
-        m.add_method("set", |_, o, (key, v): (String, LuaValue)| {
-            checked_key(&key)?;
+        m.add_method("set", |lua, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            o.objects.update(o.object, o.token, &key, &mut state_store::set(value)).map(drop)
+            o.objects.update(lua, o.object, o.token, &key, &mut state_store::set(value)).map(drop)
         });
-        m.add_method("incr", |_, o, (key, by): (String, Option<i64>)| {
-            checked_key(&key)?;
-            o.objects.update(o.object, o.token, &key, &mut state_store::incr(&key, by.unwrap_or(1))).map(|v| {
-                if let Value::Int(i) = v {
-                    i
-                } else {
-                    0
-                }
-            })
+        m.add_method("incr", |lua, o, (key, by): (String, Option<i64>)| {
+            o.objects.update(lua, o.object, o.token, &key, &mut state_store::incr(&key, by.unwrap_or(1)))
         });
-        m.add_method("push", |_, o, (key, v): (String, LuaValue)| {
-            checked_key(&key)?;
+        m.add_method("push", |lua, o, (key, v): (String, LuaValue)| {
             let value = checked_state_value(&v)?;
-            o.objects.update(o.object, o.token, &key, &mut state_store::push(&key, value)).map(|v| {
-                if let Value::Int(i) = v {
-                    i
-                } else {
-                    0
-                }
-            })
+            o.objects.update(lua, o.object, o.token, &key, &mut state_store::push(&key, value))
         });
         m.add_method("take", |lua, o, key: String| {
-            checked_key(&key)?;
-            let v = o.objects.update(o.object, o.token, &key, &mut state_store::take)?;
-            to_lua(lua, &v)
+            o.objects.update(lua, o.object, o.token, &key, &mut state_store::take)
         });
     }
 }
@@ -239,46 +232,36 @@ pub fn install(lua: &Lua, g: &Table, shared: Arc<Shared>) -> mlua::Result<()> {
     let s = shared.clone();
     state.set(
         "get",
-        lua.create_function(move |lua, key: String| {
-            checked_key(&key)?;
-            s.store.get(&Shared::own_scope(lua)?, &key).map_err(refused)?.map(|v| to_lua(lua, &v)).transpose()
-        })?,
+        lua.create_function(move |lua, key: String| get_value(&*s.store, lua, &Shared::own_scope(lua)?, &key))?,
     )?;
     let s = shared.clone();
     state.set(
         "set",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
-            checked_key(&key)?;
             let value = checked_state_value(&v)?;
-            s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::set(value)).map_err(refused).map(drop)
+            update_value(&*s.store, lua, &Shared::own_scope(lua)?, &key, &mut state_store::set(value)).map(drop)
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "incr",
         lua.create_function(move |lua, (key, by): (String, Option<i64>)| {
-            checked_key(&key)?;
-            let sum = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::incr(&key, by.unwrap_or(1)));
-            sum.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
+            update_value(&*s.store, lua, &Shared::own_scope(lua)?, &key, &mut state_store::incr(&key, by.unwrap_or(1)))
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "push",
         lua.create_function(move |lua, (key, v): (String, LuaValue)| {
-            checked_key(&key)?;
             let value = checked_state_value(&v)?;
-            let len = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::push(&key, value));
-            len.map_err(refused).map(|v| if let Value::Int(i) = v { i } else { 0 })
+            update_value(&*s.store, lua, &Shared::own_scope(lua)?, &key, &mut state_store::push(&key, value))
         })?,
     )?;
     let s = shared.clone();
     state.set(
         "take",
         lua.create_function(move |lua, key: String| {
-            checked_key(&key)?;
-            let v = s.store.update(&Shared::own_scope(lua)?, &key, &mut state_store::take).map_err(refused)?;
-            to_lua(lua, &v)
+            update_value(&*s.store, lua, &Shared::own_scope(lua)?, &key, &mut state_store::take)
         })?,
     )?;
     let objects = shared.objects.clone();

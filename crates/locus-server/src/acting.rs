@@ -57,14 +57,8 @@ impl Acting {
     /// changes nothing.
     pub fn put_start(&mut self, path: &str, mode: u32) -> Result<(), WireError> {
         self.session.set_current(UPLOAD, true);
-        let started = crate::dispatch::dispatch(
-            &mut *self.session,
-            Put::INFO.code,
-            &codec::encode(&Put { path: path.to_string(), mode }),
-            Bytes::new(),
-        )?;
-        drop(started);
-        Ok(())
+        let put = codec::encode(&Put { path: path.to_string(), mode });
+        crate::dispatch::dispatch(&mut *self.session, Put::INFO.code, &put, Bytes::new()).map(drop)
     }
 
     /// Appends `data` to the upload; with `last`, the file becomes what was sent, and

@@ -362,7 +362,7 @@ impl Shared {
         #[cfg(feature = "cluster")]
         if let Some(head) = &self.head {
             let addrs: HashMap<u64, String> =
-                head.meta.nodes().unwrap_or_default().into_iter().map(|n| (n.id, n.addr)).collect();
+                head.nodes().unwrap_or_default().into_iter().map(|n| (n.id, n.addr)).collect();
             let io = head.meta.node_io().unwrap_or_default();
             return Some(
                 io.into_iter().filter_map(|(id, io)| Some((format!("node {id} ({})", addrs.get(&id)?), io))).collect(),

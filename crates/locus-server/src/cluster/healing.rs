@@ -62,9 +62,7 @@ impl Head {
     pub(crate) fn heartbeat(&self, req: &NodeJoin, token: &[u8]) -> Reply<NodeWelcome> {
         let node = self.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
         let busiest = &req.busiest[..req.busiest.len().min(crate::cluster::node::BUSIEST_REPORTED)];
-        if let Err(e) =
-            self.meta.record_node_io(node, &req.io).and_then(|()| self.meta.record_version_loads(node, busiest))
-        {
+        if let Err(e) = self.meta.record_node_accounts(node, &req.io, busiest) {
             tracing::warn!(node, "cannot record the node's accounts: {e}");
         }
         if !req.damaged.is_empty() {

@@ -109,42 +109,34 @@ pub async fn join(
 }
 
 /// The heads a node tries, in order: those its URL names (`given`, comma-separated),
-/// then those it learned of that the URL does not name. At most [`MAX_HEADS`] learned
-/// ones are kept, each a `host:port` without commas or spaces.
-fn heads_to_try(given: &str, learned: &[String]) -> String {
-    let mut all: Vec<&str> = given.split(',').collect();
-    for h in learned.iter().take(MAX_HEADS) {
-        if !all.contains(&h.as_str()) {
-            all.push(h);
+/// then those it learned of that the URL does not name.
+fn heads_to_try(given: &str, learned: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = given.split(',').map(str::to_string).collect();
+    for h in learned {
+        if !all.contains(h) {
+            all.push(h.clone());
         }
     }
-    all.join(",")
+    all
 }
 
 /// Heads a node keeps learned at most.
 const MAX_HEADS: usize = 64;
 
-/// Joins the first of `heads` (comma-separated) that takes the join, each tried on its
-/// own: one that refuses, is something else now, or fails TLS does not stop the search.
-/// Answers the welcome and the head that gave it.
+/// Joins the first of `heads` that takes the join, each tried on its own: one that
+/// refuses, is something else now, or fails TLS does not stop the search. Answers the
+/// welcome and the head that gave it.
 async fn join_any(
     shared: &Shared,
     head: &ConnectOptions,
-    heads: &str,
+    heads: &[String],
     advertise: &str,
     http: Option<&str>,
 ) -> Result<(Joined, String), String> {
     let mut why = Vec::new();
-    for addr in heads.split(',') {
-        let mut one = head.clone();
-        one.addr = addr.to_string();
-        // Over TLS each head proves its own name.
-        if one.tls_name.is_some() {
-            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-            one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
-        }
-        match join(shared, &one, advertise, http).await {
-            Ok(welcome) => return Ok((welcome, addr.to_string())),
+    for addr in heads {
+        match join(shared, &head.for_one(addr), advertise, http).await {
+            Ok(welcome) => return Ok((welcome, addr.clone())),
             Err(e) => why.push(e),
         }
     }
@@ -173,9 +165,7 @@ fn kept_heads(shared: &Shared) -> Vec<String> {
 /// Keeps the heads learned, replacing the file atomically.
 fn keep_heads(shared: &Shared, heads: &[String]) {
     let path = shared.config.state_dir.join(HEADS_FILE);
-    let tmp = path.with_extension("tmp");
-    let written = std::fs::write(&tmp, heads.join("\n")).and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
+    if let Err(e) = replace_file(&path, heads.join("\n").as_bytes()) {
         tracing::warn!("cannot keep the cluster's heads in {}: {e}", path.display());
     }
 }
@@ -183,24 +173,25 @@ fn keep_heads(shared: &Shared, heads: &[String]) {
 /// Writes the keys a head sent into the state directory, sealed under the node's token
 /// (mode 0600, replaced atomically), unless they are what is kept already.
 fn keep_keys(shared: &Shared, token: &[u8], keys: &locus_proto::capability::KeyRing) {
-    use std::os::unix::fs::OpenOptionsExt;
     if shared.node_key().is_some_and(|k| *k == *keys) {
         return;
     }
     let path = shared.config.state_dir.join(crate::cluster::keys::NODE_KEYS_FILE);
-    let tmp = path.with_extension("tmp");
     let sealed = crate::cluster::keys::seal_at_node(token, keys);
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, sealed.as_bytes()).and_then(|()| f.sync_all()))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
+    if let Err(e) = replace_file(&path, sealed.as_bytes()) {
         tracing::warn!("cannot keep the cluster's keys in {}: {e}", path.display());
     }
+}
+
+/// Replaces the file at `path` with `bytes` (mode 0600, synced), atomically: a crash
+/// leaves the old file or the new, never a part of either.
+fn replace_file(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    std::io::Write::write_all(&mut f, bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Takes up the keys this node kept from its last join, if it has none yet and they
