@@ -149,14 +149,19 @@ impl ObjectStates {
     }
 
     /// Applies `change` to `key` of `object`, unless the handle `token` has ended
-    /// because its object was removed. (The handles' lock is held throughout, so a
-    /// removal cannot come between the check and the change.)
+    /// because its object was removed. (The handles' lock is held through the change, so
+    /// a removal cannot come between the check and it; not while the answer becomes a
+    /// Lua value, whose allocation may collect a dropped handle, which takes the lock.)
     fn update(&self, lua: &Lua, object: (u64, u64), token: u64, key: &str, change: Change) -> mlua::Result<LuaValue> {
-        let handles = self.handles.lock();
-        if handles.ended.contains(&token) {
-            return Err(mlua::Error::runtime("the file was removed or replaced since state.of gave this handle"));
-        }
-        update_value(&*self.store, lua, &Scope::Object(object.0, object.1), key, change)
+        checked_key(key)?;
+        let changed = {
+            let handles = self.handles.lock();
+            if handles.ended.contains(&token) {
+                return Err(mlua::Error::runtime("the file was removed or replaced since state.of gave this handle"));
+            }
+            self.store.update(&Scope::Object(object.0, object.1), key, change).map_err(refused)?
+        };
+        to_lua(lua, &changed)
     }
 }
 
