@@ -1,11 +1,13 @@
 //! The script engine: a bounded cache of sources by id, and a pool of interpreter
 //! threads, each with one sandboxed Lua state that runs one call at a time.
 //!
-//! The interpreters are grouped by CPU, each group's threads held to its CPU, and a call
-//! goes to an idle interpreter of the CPU the calling connection thread runs on when
-//! there is one. Handing a call to a thread on the same CPU, and the answer back, is a
-//! context switch; handing it to a sleeping thread on another CPU costs a cross-CPU
-//! wake-up each way, which on a virtual machine is tens of microseconds.
+//! Each interpreter thread is held to one CPU, and a call goes to an idle interpreter of
+//! the CPU the calling connection thread runs on when there is one, else to any idle
+//! one. Handing a call to a thread on the same CPU, and the answer back, is a context
+//! switch; handing it to a sleeping thread on another CPU costs a cross-CPU wake-up each
+//! way, which on a virtual machine is tens of microseconds. A call that finds every
+//! interpreter busy waits in one queue that the first interpreter to finish takes from,
+//! so no call waits behind a long one while another interpreter is free.
 
 use crate::buffer::Buffer;
 use crate::call::{CallCtx, Limits};
@@ -18,7 +20,7 @@ use locus_proto::types::Value;
 use mlua::{ChunkMode, Function, HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LuaValue, VmState};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -121,20 +123,71 @@ struct Sources {
     capacity: usize,
 }
 
-/// The interpreters held to one CPU, and their queue.
-struct Group {
-    queue: mpsc::SyncSender<Job>,
-    /// Interpreters of the group waiting for a call.
-    idle: Arc<AtomicUsize>,
+/// The interpreter threads' hand-off: which are idle and the calls waiting for one. One
+/// lock covers both, so a call either goes to an idle interpreter or waits while none
+/// is idle, and an interpreter looks at the waiting calls before it says it is idle.
+struct Pool {
+    state: Mutex<PoolState>,
+}
+
+struct PoolState {
+    /// Each interpreter's channel for a call handed to it while idle (emptied when the
+    /// engine goes, which ends the threads).
+    hand: Vec<mpsc::SyncSender<Job>>,
+    /// The CPU each interpreter is held to.
+    cpu: Vec<usize>,
+    /// The idle interpreters, the most recently idle last.
+    idle: Vec<usize>,
+    /// Calls that found every interpreter busy, oldest first.
+    waiting: VecDeque<Job>,
+    /// The most calls that may wait.
+    queue: usize,
+}
+
+impl Pool {
+    /// Gives `job` to an idle interpreter (of `cpu` if one is), else queues it; hands
+    /// it back when the queue is full.
+    fn dispatch(&self, job: Job, cpu: usize) -> Result<(), Job> {
+        let mut st = self.state.lock();
+        let mut job = job;
+        while !st.idle.is_empty() {
+            let at = st.idle.iter().rposition(|&w| st.cpu[w] == cpu).unwrap_or(st.idle.len() - 1);
+            let w = st.idle.swap_remove(at);
+            // An idle interpreter's channel has room: it holds at most the one call.
+            match st.hand[w].try_send(job) {
+                Ok(()) => return Ok(()),
+                // Its thread is gone (it failed to start its sandbox); try another.
+                Err(mpsc::TrySendError::Disconnected(j)) | Err(mpsc::TrySendError::Full(j)) => job = j,
+            }
+        }
+        if st.waiting.len() >= st.queue {
+            return Err(job);
+        }
+        st.waiting.push_back(job);
+        Ok(())
+    }
+
+    /// The next call for interpreter `w`: the oldest waiting one, else one handed to it
+    /// after it says it is idle. `None` when the engine is gone.
+    fn next(&self, w: usize, rx: &mpsc::Receiver<Job>) -> Option<Job> {
+        {
+            let mut st = self.state.lock();
+            if let Some(job) = st.waiting.pop_front() {
+                return Some(job);
+            }
+            if st.hand.is_empty() {
+                return None;
+            }
+            st.idle.push(w);
+        }
+        rx.recv().ok()
+    }
 }
 
 /// Registered scripts and the interpreters that run them.
 pub struct Engine {
     sources: Mutex<Sources>,
-    /// Groups in CPU order: group `i` runs on the `i`-th CPU the process may use.
-    groups: Vec<Group>,
-    /// The group of each CPU number (`None`: not one of ours).
-    group_of_cpu: Vec<Option<usize>>,
+    pool: Arc<Pool>,
     shared: Arc<Shared>,
     runs: Arc<ScriptRuns>,
     checker: Mutex<Lua>,
@@ -172,62 +225,54 @@ impl Engine {
         }
         let shared = Arc::new(Shared::new(store));
         let runs = Arc::new(ScriptRuns::default());
-        let mut groups = Vec::with_capacity(cpus.len());
-        let mut group_of_cpu = Vec::new();
-        for (g, &cpu) in cpus.iter().enumerate() {
-            let (tx, rx) = mpsc::sync_channel::<Job>((queue / cpus.len()).max(1));
-            let rx = Arc::new(std::sync::Mutex::new(rx));
-            let idle = Arc::new(AtomicUsize::new(0));
-            // Workers are dealt to the groups in turn.
-            for i in (g..workers).step_by(cpus.len()) {
-                let (rx, shared, runs, idle) = (rx.clone(), shared.clone(), runs.clone(), idle.clone());
-                let spawned = std::thread::Builder::new().name(format!("locus-script-{i}")).spawn(move || {
-                    if pinned {
-                        let mut set = rustix::thread::CpuSet::new();
-                        set.set(cpu);
-                        if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
-                            tracing::debug!("script worker not held to CPU {cpu}: {e}");
-                        }
+        let pool = Arc::new(Pool {
+            state: Mutex::new(PoolState {
+                hand: Vec::with_capacity(workers),
+                cpu: Vec::with_capacity(workers),
+                idle: Vec::with_capacity(workers),
+                waiting: VecDeque::new(),
+                queue: queue.max(1),
+            }),
+        });
+        // Interpreters are dealt to the CPUs in turn.
+        for (w, &cpu) in (0..workers).zip(cpus.iter().cycle()) {
+            let (tx, rx) = mpsc::sync_channel::<Job>(1);
+            {
+                let mut st = pool.state.lock();
+                st.hand.push(tx);
+                st.cpu.push(cpu);
+            }
+            let (pool, shared, runs) = (pool.clone(), shared.clone(), runs.clone());
+            let spawned = std::thread::Builder::new().name(format!("locus-script-{w}")).spawn(move || {
+                if pinned {
+                    let mut set = rustix::thread::CpuSet::new();
+                    set.set(cpu);
+                    if let Err(e) = rustix::thread::sched_setaffinity(None, &set) {
+                        tracing::debug!("script worker not held to CPU {cpu}: {e}");
                     }
-                    worker(rx, shared, runs, idle)
-                });
-                if let Err(e) = spawned {
-                    tracing::error!("cannot start script worker: {e}");
                 }
+                worker(w, &pool, &rx, shared, runs)
+            });
+            if let Err(e) = spawned {
+                tracing::error!("cannot start script worker: {e}");
             }
-            if group_of_cpu.len() <= cpu {
-                group_of_cpu.resize(cpu + 1, None);
-            }
-            group_of_cpu[cpu] = Some(g);
-            groups.push(Group { queue: tx, idle });
         }
         let checker = Lua::new_with(StdLib::NONE, LuaOptions::new()).expect("a bare Lua state");
         Engine {
             sources: Mutex::new(Sources { by_id: HashMap::new(), order: VecDeque::new(), capacity: capacity.max(1) }),
-            groups,
-            group_of_cpu,
+            pool,
             shared,
             runs,
             checker: Mutex::new(checker),
         }
     }
 
-    /// Queues `job`: with an idle interpreter of this CPU if there is one, else with any
-    /// idle interpreter, else in this CPU's queue (or any queue with room).
+    /// Gives `job` to an idle interpreter (of this CPU if one is), else queues it.
     fn dispatch(&self, job: Job) -> Result<(), ScriptError> {
-        let n = self.groups.len();
-        let here = self.group_of_cpu.get(rustix::thread::sched_getcpu()).copied().flatten().unwrap_or(0);
-        let idle = |&g: &usize| self.groups[g].idle.load(Ordering::Relaxed) > 0;
-        let first = (0..n).map(|k| (here + k) % n).find(idle).unwrap_or(here);
-        let mut job = job;
-        for g in (0..n).map(|k| (first + k) % n) {
-            match self.groups[g].queue.try_send(job) {
-                Ok(()) => return Ok(()),
-                Err(mpsc::TrySendError::Full(j)) | Err(mpsc::TrySendError::Disconnected(j)) => job = j,
-            }
-        }
-        job.reply.disarm();
-        Err(ScriptError::Busy)
+        self.pool.dispatch(job, rustix::thread::sched_getcpu()).map_err(|mut job| {
+            job.reply.disarm();
+            ScriptError::Busy
+        })
     }
 
     /// Checks that `source` compiles and registers it; returns its id.
@@ -338,6 +383,16 @@ impl Engine {
     }
 }
 
+impl Drop for Engine {
+    /// Ends the interpreter threads: idle ones at once, busy ones after their call;
+    /// waiting calls are answered [`ScriptError::Gone`].
+    fn drop(&mut self) {
+        let mut st = self.pool.state.lock();
+        st.hand.clear();
+        st.waiting.clear();
+    }
+}
+
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or(s).to_string()
 }
@@ -348,13 +403,8 @@ static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
 /// the connections win.
 const WORKER_NICE: i32 = 10;
 
-/// One interpreter thread: takes calls from the shared queue until the engine is gone.
-fn worker(
-    rx: Arc<std::sync::Mutex<mpsc::Receiver<Job>>>,
-    shared: Arc<Shared>,
-    runs: Arc<ScriptRuns>,
-    idle: Arc<AtomicUsize>,
-) {
+/// One interpreter thread (number `w` of the pool): takes calls until the engine is gone.
+fn worker(w: usize, pool: &Pool, rx: &mpsc::Receiver<Job>, shared: Arc<Shared>, runs: Arc<ScriptRuns>) {
     // Computation yields to the file service: on Linux this sets this thread's nice value.
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
@@ -364,14 +414,7 @@ fn worker(
         Err(e) => return tracing::error!("script sandbox: {e}"),
     };
     let mut compiled: HashMap<String, Compiled> = HashMap::new();
-    loop {
-        idle.fetch_add(1, Ordering::Relaxed);
-        let job = match rx.lock() {
-            Ok(rx) => rx.recv(),
-            Err(_) => return,
-        };
-        idle.fetch_sub(1, Ordering::Relaxed);
-        let Ok(job) = job else { return };
+    while let Some(job) = pool.next(w, rx) {
         let Job { id, source, args, input, limits, host, reply } = job;
         let (call, live) = runs.started(host.subject(), &id, input.len());
         let cpu = thread_cpu();
@@ -665,5 +708,94 @@ mod tests {
         refused.disarm();
         drop(refused);
         assert!(rx.try_recv().is_err(), "a refused call is answered by its refusal alone");
+    }
+
+    /// A host with no files: the pool's tests need only the interpreters.
+    struct NoFiles;
+
+    impl Host for NoFiles {
+        fn call(&mut self, _: u16, _: &[u8], _: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), locus_proto::Error> {
+            Err(locus_proto::Error::new(locus_proto::Code::NOTSUP, "no files here"))
+        }
+        fn push(&self, _: u64, _: &[u8]) -> bool {
+            false
+        }
+        fn caller(&self) -> u64 {
+            1
+        }
+        fn subject(&self) -> &str {
+            "tester"
+        }
+    }
+
+    type Answers = mpsc::Receiver<(&'static str, Result<CallOutcome, ScriptError>)>;
+
+    /// Calls `source` on `engine`; its answer comes to `answers` under `name`.
+    fn start(
+        engine: &Engine,
+        name: &'static str,
+        source: &str,
+        tx: &mpsc::Sender<(&'static str, Result<CallOutcome, ScriptError>)>,
+    ) -> Result<(), ScriptError> {
+        let tx = tx.clone();
+        let limits = Limits { instructions: u64::MAX / 2, wall: Duration::from_secs(30), ..Limits::default() };
+        let call = CallRequest {
+            id: String::new(),
+            source: Some(source.into()),
+            args: vec![],
+            input: vec![],
+            limits,
+            host: Box::new(NoFiles),
+        };
+        engine.call(call, Box::new(move |r| drop(tx.send((name, r)))))
+    }
+
+    const LONG: &str = "local t = time.now() while time.now() - t < 1.5 do end return 'long'";
+
+    fn first(answers: &Answers) -> &'static str {
+        answers.recv_timeout(Duration::from_secs(10)).expect("an answer").0
+    }
+
+    #[test]
+    fn a_call_never_waits_behind_a_long_one_while_an_interpreter_is_idle() {
+        let engine = Engine::new(2, 16, 16);
+        let (tx, answers) = channel();
+        // Back to back, as two connections' calls arrive: the short one must not queue
+        // behind the long one (each round, both interpreters are idle at the start).
+        for _ in 0..3 {
+            start(&engine, "long", LONG, &tx).unwrap();
+            start(&engine, "short", "return 'short'", &tx).unwrap();
+            assert_eq!(first(&answers), "short");
+            assert_eq!(first(&answers), "long");
+        }
+    }
+
+    #[test]
+    fn a_call_that_finds_every_interpreter_busy_goes_to_the_first_to_finish() {
+        let engine = Engine::new(2, 16, 16);
+        let (tx, answers) = channel();
+        start(&engine, "long", LONG, &tx).unwrap();
+        start(&engine, "medium", "local t = time.now() while time.now() - t < 0.3 do end return 1", &tx).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        start(&engine, "queued", "return 2", &tx).unwrap();
+        assert_eq!(first(&answers), "medium");
+        assert_eq!(first(&answers), "queued", "taken by the interpreter that finished first");
+        assert_eq!(first(&answers), "long");
+    }
+
+    #[test]
+    fn a_full_queue_refuses_and_a_dropped_engine_answers_what_waits() {
+        let engine = Engine::new(1, 16, 1);
+        let (tx, answers) = channel();
+        start(&engine, "long", LONG, &tx).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        start(&engine, "waiting", "return 1", &tx).unwrap();
+        assert!(matches!(start(&engine, "refused", "return 1", &tx), Err(ScriptError::Busy)));
+        drop(engine);
+        let (name, result) = answers.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(name, "waiting");
+        assert!(matches!(result, Err(ScriptError::Gone)), "{result:?}");
+        assert_eq!(first(&answers), "long", "a running call ends as it would");
+        assert!(answers.recv_timeout(Duration::from_millis(200)).is_err(), "the refused call had its refusal only");
     }
 }

@@ -105,22 +105,25 @@ async fn shared_state(admin: &Client, other: &Client) {
     assert_eq!(log, vec![Value::List(vec![s("a"), s("b")])]);
     assert_eq!(other.script_call("return state.get('log')", vec![], b"").await.unwrap().0, vec![Value::Nil]);
 
+    // The holder keeps its lock until the test has seen it held (a handshake, not a
+    // race against a timer: on a loaded machine either call may wait for a CPU).
     let holder = r#"
         assert(lock.acquire('L'))
         state.set('holding', true)
         local t = time.now()
-        while time.now() - t < 1.5 do fs.stat('/p') end
+        while not state.get('seen') and time.now() - t < 4 do fs.stat('/p') end
         state.set('holding', nil)
-        return true
+        return state.get('seen') == true
     "#;
     let held = {
         let admin = admin.clone();
         tokio::spawn(async move { admin.script_call(holder, vec![], b"").await })
     };
-    let started = std::time::Instant::now();
     while other.script_call("return state.get('holding')", vec![], b"").await.unwrap().0 != vec![Value::Bool(true)] {
-        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the holder never took its lock");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if held.is_finished() {
+            panic!("the holder ended before it was seen holding its lock: {:?}", held.await);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let try_lock = "return lock.acquire('L', 100)";
     assert_eq!(
@@ -128,6 +131,7 @@ async fn shared_state(admin: &Client, other: &Client) {
         vec![Value::Bool(false)],
         "held through the other door"
     );
+    other.script_call("state.set('seen', true)", vec![], b"").await.unwrap();
     assert_eq!(held.await.unwrap().unwrap().0, vec![Value::Bool(true)]);
     assert_eq!(
         other.script_call(try_lock, vec![], b"").await.unwrap().0,
