@@ -1,17 +1,14 @@
 //! The script engine: a bounded cache of sources by id, and a pool of interpreter
 //! threads, each with one sandboxed Lua state that runs one call at a time.
 //!
-//! Each interpreter thread is held to one CPU, and a call goes to an idle interpreter of
-//! the CPU the calling connection thread runs on when there is one, else to any idle
-//! one. Handing a call to a thread on the same CPU, and the answer back, is a context
-//! switch; handing it to a sleeping thread on another CPU costs a cross-CPU wake-up each
-//! way, which on a virtual machine is tens of microseconds. A call that finds every
-//! interpreter busy waits in one queue that the first interpreter to finish takes from,
-//! so no call waits behind a long one while another interpreter is free.
+//! Each interpreter thread is held to one CPU; calls reach them through a [`Pool`],
+//! which prefers an idle interpreter of the caller's CPU and never leaves a call waiting
+//! behind a long one while another interpreter is idle.
 
 use crate::buffer::Buffer;
 use crate::call::{CallCtx, Limits};
 use crate::error::ScriptError;
+use crate::pool::Pool;
 use crate::runs::{Ending, LiveCall, ScriptRuns};
 use crate::stdlib::{self, ObjectStates, Shared};
 use crate::value::{results_from_lua, to_lua};
@@ -123,71 +120,10 @@ struct Sources {
     capacity: usize,
 }
 
-/// The interpreter threads' hand-off: which are idle and the calls waiting for one. One
-/// lock covers both, so a call either goes to an idle interpreter or waits while none
-/// is idle, and an interpreter looks at the waiting calls before it says it is idle.
-struct Pool {
-    state: Mutex<PoolState>,
-}
-
-struct PoolState {
-    /// Each interpreter's channel for a call handed to it while idle (emptied when the
-    /// engine goes, which ends the threads).
-    hand: Vec<mpsc::SyncSender<Job>>,
-    /// The CPU each interpreter is held to.
-    cpu: Vec<usize>,
-    /// The idle interpreters, the most recently idle last.
-    idle: Vec<usize>,
-    /// Calls that found every interpreter busy, oldest first.
-    waiting: VecDeque<Job>,
-    /// The most calls that may wait.
-    queue: usize,
-}
-
-impl Pool {
-    /// Gives `job` to an idle interpreter (of `cpu` if one is), else queues it; hands
-    /// it back when the queue is full.
-    fn dispatch(&self, job: Job, cpu: usize) -> Result<(), Job> {
-        let mut st = self.state.lock();
-        let mut job = job;
-        while !st.idle.is_empty() {
-            let at = st.idle.iter().rposition(|&w| st.cpu[w] == cpu).unwrap_or(st.idle.len() - 1);
-            let w = st.idle.swap_remove(at);
-            // An idle interpreter's channel has room: it holds at most the one call.
-            match st.hand[w].try_send(job) {
-                Ok(()) => return Ok(()),
-                // Its thread is gone (it failed to start its sandbox); try another.
-                Err(mpsc::TrySendError::Disconnected(j)) | Err(mpsc::TrySendError::Full(j)) => job = j,
-            }
-        }
-        if st.waiting.len() >= st.queue {
-            return Err(job);
-        }
-        st.waiting.push_back(job);
-        Ok(())
-    }
-
-    /// The next call for interpreter `w`: the oldest waiting one, else one handed to it
-    /// after it says it is idle. `None` when the engine is gone.
-    fn next(&self, w: usize, rx: &mpsc::Receiver<Job>) -> Option<Job> {
-        {
-            let mut st = self.state.lock();
-            if let Some(job) = st.waiting.pop_front() {
-                return Some(job);
-            }
-            if st.hand.is_empty() {
-                return None;
-            }
-            st.idle.push(w);
-        }
-        rx.recv().ok()
-    }
-}
-
 /// Registered scripts and the interpreters that run them.
 pub struct Engine {
     sources: Mutex<Sources>,
-    pool: Arc<Pool>,
+    pool: Arc<Pool<Job>>,
     shared: Arc<Shared>,
     runs: Arc<ScriptRuns>,
     checker: Mutex<Lua>,
@@ -225,23 +161,10 @@ impl Engine {
         }
         let shared = Arc::new(Shared::new(store));
         let runs = Arc::new(ScriptRuns::default());
-        let pool = Arc::new(Pool {
-            state: Mutex::new(PoolState {
-                hand: Vec::with_capacity(workers),
-                cpu: Vec::with_capacity(workers),
-                idle: Vec::with_capacity(workers),
-                waiting: VecDeque::new(),
-                queue: queue.max(1),
-            }),
-        });
+        let pool = Arc::new(Pool::new(queue.max(1)));
         // Interpreters are dealt to the CPUs in turn.
-        for (w, &cpu) in (0..workers).zip(cpus.iter().cycle()) {
-            let (tx, rx) = mpsc::sync_channel::<Job>(1);
-            {
-                let mut st = pool.state.lock();
-                st.hand.push(tx);
-                st.cpu.push(cpu);
-            }
+        for &cpu in cpus.iter().cycle().take(workers) {
+            let (w, rx) = pool.add_worker(cpu);
             let (pool, shared, runs) = (pool.clone(), shared.clone(), runs.clone());
             let spawned = std::thread::Builder::new().name(format!("locus-script-{w}")).spawn(move || {
                 if pinned {
@@ -387,9 +310,7 @@ impl Drop for Engine {
     /// Ends the interpreter threads: idle ones at once, busy ones after their call;
     /// waiting calls are answered [`ScriptError::Gone`].
     fn drop(&mut self) {
-        let mut st = self.pool.state.lock();
-        st.hand.clear();
-        st.waiting.clear();
+        self.pool.close();
     }
 }
 
@@ -404,7 +325,7 @@ static CALL_TOKENS: AtomicU64 = AtomicU64::new(1);
 const WORKER_NICE: i32 = 10;
 
 /// One interpreter thread (number `w` of the pool): takes calls until the engine is gone.
-fn worker(w: usize, pool: &Pool, rx: &mpsc::Receiver<Job>, shared: Arc<Shared>, runs: Arc<ScriptRuns>) {
+fn worker(w: usize, pool: &Pool<Job>, rx: &mpsc::Receiver<Job>, shared: Arc<Shared>, runs: Arc<ScriptRuns>) {
     // Computation yields to the file service: on Linux this sets this thread's nice value.
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
@@ -708,94 +629,5 @@ mod tests {
         refused.disarm();
         drop(refused);
         assert!(rx.try_recv().is_err(), "a refused call is answered by its refusal alone");
-    }
-
-    /// A host with no files: the pool's tests need only the interpreters.
-    struct NoFiles;
-
-    impl Host for NoFiles {
-        fn call(&mut self, _: u16, _: &[u8], _: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), locus_proto::Error> {
-            Err(locus_proto::Error::new(locus_proto::Code::NOTSUP, "no files here"))
-        }
-        fn push(&self, _: u64, _: &[u8]) -> bool {
-            false
-        }
-        fn caller(&self) -> u64 {
-            1
-        }
-        fn subject(&self) -> &str {
-            "tester"
-        }
-    }
-
-    type Answers = mpsc::Receiver<(&'static str, Result<CallOutcome, ScriptError>)>;
-
-    /// Calls `source` on `engine`; its answer comes to `answers` under `name`.
-    fn start(
-        engine: &Engine,
-        name: &'static str,
-        source: &str,
-        tx: &mpsc::Sender<(&'static str, Result<CallOutcome, ScriptError>)>,
-    ) -> Result<(), ScriptError> {
-        let tx = tx.clone();
-        let limits = Limits { instructions: u64::MAX / 2, wall: Duration::from_secs(30), ..Limits::default() };
-        let call = CallRequest {
-            id: String::new(),
-            source: Some(source.into()),
-            args: vec![],
-            input: vec![],
-            limits,
-            host: Box::new(NoFiles),
-        };
-        engine.call(call, Box::new(move |r| drop(tx.send((name, r)))))
-    }
-
-    const LONG: &str = "local t = time.now() while time.now() - t < 1.5 do end return 'long'";
-
-    fn first(answers: &Answers) -> &'static str {
-        answers.recv_timeout(Duration::from_secs(10)).expect("an answer").0
-    }
-
-    #[test]
-    fn a_call_never_waits_behind_a_long_one_while_an_interpreter_is_idle() {
-        let engine = Engine::new(2, 16, 16);
-        let (tx, answers) = channel();
-        // Back to back, as two connections' calls arrive: the short one must not queue
-        // behind the long one (each round, both interpreters are idle at the start).
-        for _ in 0..3 {
-            start(&engine, "long", LONG, &tx).unwrap();
-            start(&engine, "short", "return 'short'", &tx).unwrap();
-            assert_eq!(first(&answers), "short");
-            assert_eq!(first(&answers), "long");
-        }
-    }
-
-    #[test]
-    fn a_call_that_finds_every_interpreter_busy_goes_to_the_first_to_finish() {
-        let engine = Engine::new(2, 16, 16);
-        let (tx, answers) = channel();
-        start(&engine, "long", LONG, &tx).unwrap();
-        start(&engine, "medium", "local t = time.now() while time.now() - t < 0.3 do end return 1", &tx).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        start(&engine, "queued", "return 2", &tx).unwrap();
-        assert_eq!(first(&answers), "medium");
-        assert_eq!(first(&answers), "queued", "taken by the interpreter that finished first");
-        assert_eq!(first(&answers), "long");
-    }
-
-    #[test]
-    fn a_full_queue_refuses_and_a_dropped_engine_answers_what_waits() {
-        let engine = Engine::new(1, 16, 1);
-        let (tx, answers) = channel();
-        start(&engine, "long", LONG, &tx).unwrap();
-        std::thread::sleep(Duration::from_millis(50));
-        start(&engine, "waiting", "return 1", &tx).unwrap();
-        assert!(matches!(start(&engine, "refused", "return 1", &tx), Err(ScriptError::Busy)));
-        drop(engine);
-        let (name, result) = answers.recv_timeout(Duration::from_secs(10)).unwrap();
-        assert_eq!(name, "waiting");
-        assert!(matches!(result, Err(ScriptError::Gone)), "{result:?}");
-        assert_eq!(first(&answers), "long", "a running call ends as it would");
-        assert!(answers.recv_timeout(Duration::from_millis(200)).is_err(), "the refused call had its refusal only");
     }
 }

@@ -21,6 +21,7 @@ mod call;
 mod engine;
 mod error;
 mod lua_ser;
+mod pool;
 mod runs;
 mod state_store;
 mod stdlib;

@@ -19,6 +19,9 @@ use std::sync::Arc;
 /// Where a data node keeps objects, under its export.
 pub const OBJECTS_DIR: &str = "objects";
 
+/// Reads a node copying a version from another keeps in flight.
+const FETCH_WINDOW: usize = 4;
+
 /// The path of one version of an object on a data node.
 pub fn object_path(object: u64, version: u64) -> String {
     format!("/{OBJECTS_DIR}/{object}.{version}")
@@ -81,16 +84,31 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
     let mut out = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await.map_err(io)?;
     let reads = locus_client::nodes::NodeReads::default();
     let started = std::time::Instant::now();
-    let mut at = 0u64;
+    let (mut next, mut at) = (0u64, 0u64);
+    // Reads asked ahead of the one being written, so the source's link never waits for
+    // a round trip between pieces: (offset, length, the reply while in flight).
+    let mut asked = std::collections::VecDeque::new();
     let copied = async {
         while at < cap.size {
-            let want = (cap.size - at).min(chunk as u64) as u32;
-            let data = reads
-                .read(location, at, want)
-                .await
-                .map_err(|e| WireError::new(Code::IO, format!("no node holding version {name} answered: {e}")))?;
-            if data.is_empty() {
-                return Err(WireError::new(Code::IO, format!("version {name} ended at {at} of {} bytes", cap.size)));
+            while asked.len() < FETCH_WINDOW && next < cap.size {
+                let want = (cap.size - next).min(chunk as u64) as u32;
+                asked.push_back((next, want, reads.read_ahead(location, next, want).await.ok()));
+                next += want as u64;
+            }
+            let (offset, want, pending) = asked.pop_front().expect("a read is asked while bytes remain");
+            let answered = match pending {
+                Some(p) => p.wait_with_data().await.map(|(_, d)| d).ok(),
+                None => None,
+            };
+            // Asked again of every holder in turn when the first did not answer.
+            let data = match answered {
+                Some(d) => d,
+                None => reads.read(location, offset, want).await.map_err(|e| {
+                    WireError::new(Code::IO, format!("no node holding version {name} answered: {e}"))
+                })?,
+            };
+            if data.len() != want as usize {
+                return Err(WireError::new(Code::IO, format!("version {name}: a short read at {offset} of {} bytes", cap.size)));
             }
             out.write_all(&data).await.map_err(io)?;
             at += data.len() as u64;
