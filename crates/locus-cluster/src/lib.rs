@@ -19,7 +19,7 @@ use records::nodes_from;
 pub mod sql;
 
 pub use records::ActiveResult;
-pub use script_state::{object_scope, ValueLimits};
+pub use script_state::{object_scope, Letter, ValueLimits};
 
 use locus_proto::types::Rights;
 use locus_proto::Code;

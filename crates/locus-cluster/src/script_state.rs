@@ -2,6 +2,8 @@
 //! the same: named values (`script_values`, by scope and key, each value an encoded blob)
 //! and named locks (`script_locks`, each with its owner and the time it lapses, so that
 //! a lock whose head died is free again once its call could no longer be running).
+//! Scripts' messages to a client of another head wait in `script_messages` until that
+//! head takes them.
 
 use crate::sql::Val;
 use crate::{now_ns, Meta, Result};
@@ -164,6 +166,58 @@ impl Meta {
     }
 }
 
+/// A script's message waiting for the head its recipient is connected to.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Letter {
+    pub recipient: u64,
+    /// The client whose call sent it.
+    pub sender: u64,
+    pub data: Vec<u8>,
+}
+
+impl Meta {
+    /// Leaves `letter` under `id` for the head its recipient is connected to, until
+    /// `expires_ns` (wall clock).
+    pub fn post_letter(&self, id: u64, letter: &Letter, expires_ns: i64) -> Result<()> {
+        self.tx(|tx| {
+            tx.exec(
+                "INSERT INTO script_messages (id, recipient, sender, data, expires) VALUES ($1, $2, $3, $4, $5)",
+                &[
+                    Val::Int(id as i64),
+                    Val::Int(letter.recipient as i64),
+                    Val::Int(letter.sender as i64),
+                    Val::Blob(Some(letter.data.clone())),
+                    Val::Int(expires_ns),
+                ],
+            )
+            .map(drop)
+        })
+    }
+
+    /// Takes the letter left under `id` (once: a second take finds none).
+    pub fn take_letter(&self, id: u64) -> Result<Option<Letter>> {
+        self.tx(|tx| {
+            let id = Val::Int(id as i64);
+            let rows = tx.query("SELECT recipient, sender, data FROM script_messages WHERE id = $1", &[id.clone()])?;
+            let Some(mut row) = rows.into_iter().next() else { return Ok(None) };
+            if tx.exec("DELETE FROM script_messages WHERE id = $1", &[id])? == 0 {
+                return Ok(None);
+            }
+            let data = match row.swap_remove(2) {
+                Val::Blob(Some(b)) => b,
+                _ => Vec::new(),
+            };
+            let number = |v: &Val| v.int().unwrap_or(0) as u64;
+            Ok(Some(Letter { recipient: number(&row[0]), sender: number(&row[1]), data }))
+        })
+    }
+
+    /// Drops letters no head took in time (their recipient's head died).
+    pub fn sweep_letters(&self) -> Result<u64> {
+        self.tx(|tx| tx.exec("DELETE FROM script_messages WHERE expires < $1", &[Val::Int(now_ns())]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +274,17 @@ mod tests {
         assert!(meta.try_script_lock("l", "b", now_ns() - 1).unwrap(), "free again");
         assert!(!meta.script_lock_held("l").unwrap(), "b's lease has lapsed");
         assert!(meta.try_script_lock("l", "a", later).unwrap(), "a lapsed lock is taken over");
+    }
+
+    #[test]
+    fn a_letter_is_taken_once_and_one_left_too_long_is_swept() {
+        let (_d, meta) = meta();
+        let letter = Letter { recipient: 7 << 32 | 1, sender: 3, data: vec![0, 1, 255] };
+        meta.post_letter(u64::MAX - 1, &letter, now_ns() + 60_000_000_000).unwrap();
+        meta.post_letter(2, &Letter { data: vec![], ..letter }, now_ns() - 1).unwrap();
+        assert_eq!(meta.take_letter(u64::MAX - 1).unwrap().as_ref().map(|l| &l.data), Some(&vec![0, 1, 255]));
+        assert_eq!(meta.take_letter(u64::MAX - 1).unwrap(), None, "taken once");
+        assert_eq!(meta.sweep_letters().unwrap(), 1, "the lapsed one");
+        assert_eq!(meta.take_letter(2).unwrap(), None);
     }
 }

@@ -253,12 +253,10 @@ impl Server {
         });
         #[cfg(feature = "cluster")]
         if let Some(head) = &shared.head {
-            // Client ids carry 20 bits of the head's id above a count, so an id one head
-            // gave (kept in shared script state for `msg.send`, say) names no client of
-            // another head. They stay below 2^52, exact in any Lua number.
-            shared.registry.next.store((head.id & 0xF_FFFF) << 32, Ordering::Relaxed);
+            shared.registry.next.store(head.client_id_base(), Ordering::Relaxed);
             head.start_collector();
             head.start_changes(Arc::downgrade(&shared));
+            head.start_messages(Arc::downgrade(&shared));
         }
         Ok(Server { shared, tls })
     }

@@ -141,6 +141,11 @@ impl<S: ScriptSession> locus_script::Host for ScriptHost<S> {
     }
 
     fn push(&self, client: u64, data: &[u8]) -> bool {
+        // A client of another head of the cluster: through the namespace's engine.
+        #[cfg(feature = "cluster")]
+        if let Some(head) = self.shared.head.as_ref().filter(|h| !h.is_own_client(client)) {
+            return head.send_across(client, self.caller, data);
+        }
         let msg = Push {
             topic: locus_proto::frame::PUSH_MESSAGE,
             meta: codec::encode(&self.caller),

@@ -36,6 +36,7 @@ async fn suite(first: &TestServer, second: &TestServer) {
 
     scripts(&admin, &other, &big).await;
     shared_state(&admin, &other).await;
+    messages(&admin, &other).await;
     links(&admin, &other, &big).await;
     active_files(first, &admin, &other).await;
     writable_run(first, &admin, &other).await;
@@ -138,6 +139,34 @@ async fn shared_state(admin: &Client, other: &Client) {
         vec![Value::Bool(true)],
         "released when its call ended"
     );
+}
+
+/// `msg.send` from a call through one door reaches a client connected to the other
+/// (answering true only when it did), with the sender's id; an id no client has
+/// answers false.
+async fn messages(admin: &Client, other: &Client) {
+    let mut pushes = admin.subscribe();
+    let send = "return msg.send(...)";
+    let to = Value::Int(admin.client_id() as i64);
+    let big = vec![7u8; 100 << 10];
+    for data in [&b"hello"[..], &big] {
+        let (sent, _) = other.script_call(send, vec![to.clone(), Value::Bytes(data.to_vec())], b"").await.unwrap();
+        assert_eq!(sent, vec![Value::Bool(true)]);
+        let m = loop {
+            let m = tokio::time::timeout(std::time::Duration::from_secs(5), pushes.recv()).await.unwrap().unwrap();
+            if m.topic == locus_proto::frame::PUSH_MESSAGE {
+                break m;
+            }
+        };
+        assert_eq!(&m.data[..], data, "the message reached the other door's client");
+        assert_eq!(locus_proto::codec::decode::<u64>(&m.meta).unwrap(), other.client_id(), "from the sender");
+    }
+    // An id of the same head (or server) as the recipient's that no client has.
+    let nobody = Value::Int(admin.client_id() as i64 + 1000);
+    assert_eq!(other.script_call(send, vec![nobody, s("x")], b"").await.unwrap().0, vec![Value::Bool(false)]);
+    // An id no head gave (on a cluster: no head takes it; its sender withdraws it).
+    let no_head = Value::Int((((admin.client_id() >> 32) ^ 1) << 32 | 5) as i64);
+    assert_eq!(other.script_call(send, vec![no_head, s("x")], b"").await.unwrap().0, vec![Value::Bool(false)]);
 }
 
 /// Active files: a missing name invoking a registered storelet handler reads as its

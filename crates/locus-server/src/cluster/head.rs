@@ -73,6 +73,11 @@ pub struct Head {
     pub(crate) heads: Mutex<(Option<Instant>, Vec<String>)>,
     /// Active-file results being made at this head: one run at a time for each.
     pub(crate) active_runs: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Scripts' messages to other heads' clients waiting for their receipts, by id
+    /// (see `messages`).
+    pub(crate) receipts: Mutex<HashMap<u64, std::sync::mpsc::Sender<bool>>>,
+    /// Whether messages reach other heads' clients (the engine has other heads).
+    pub(crate) messages_across: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Head {
@@ -123,7 +128,22 @@ impl Head {
             heads: Mutex::new((None, Vec::new())),
             listening: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::OnceLock::new(),
+            receipts: Mutex::new(HashMap::new()),
+            messages_across: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// What the ids of this head's clients carry above their count: 20 bits of the
+    /// head's id, so an id one head gave (kept in shared script state for `msg.send`,
+    /// say) names no client of another head, and says which head it is on. Ids stay
+    /// below 2^52, exact in any Lua number.
+    pub(crate) fn client_id_base(&self) -> u64 {
+        (self.id & 0xF_FFFF) << 32
+    }
+
+    /// Whether `client` is (or was) a client of this head.
+    pub(crate) fn is_own_client(&self, client: u64) -> bool {
+        client >> 32 == self.client_id_base() >> 32
     }
 
     /// The head itself as the node of a run (while it has no data node).
@@ -271,7 +291,9 @@ impl Head {
         let healer = Arc::downgrade(self);
         self.io().spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // Often: a node that went down is noticed here, and its copies begin,
+                // within this of its timeout (a round with nothing to do is two reads).
+                tokio::time::sleep(Duration::from_millis(250)).await;
                 let Some(head) = healer.upgrade() else { return };
                 head.heal().await;
             }
@@ -285,10 +307,14 @@ impl Head {
                 head.heads_alive();
                 head.collect_garbage().await;
                 // Every 30 s: script state of files gone (removed or replaced through
-                // any head, or in a writable run) goes too.
+                // any head, or in a writable run) goes too, and so do messages to
+                // other heads' clients that no head took.
                 if round % 15 == 0 {
                     if let Err(e) = head.meta.sweep_script_values() {
                         tracing::warn!("cannot sweep the script state of removed files: {e}");
+                    }
+                    if let Err(e) = head.meta.sweep_letters() {
+                        tracing::warn!("cannot sweep scripts' messages no head took: {e}");
                     }
                 }
             }

@@ -58,6 +58,8 @@ pub(crate) mod http;
 pub mod keys;
 #[cfg(feature = "cluster")]
 mod links;
+#[cfg(feature = "cluster")]
+mod messages;
 pub mod node;
 pub mod objects;
 #[cfg(feature = "cluster")]
