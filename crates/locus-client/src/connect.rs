@@ -138,7 +138,7 @@ impl Client {
         });
         tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner), inner.dead.clone()));
         let nodes = Arc::new(nodes::NodeReads::with_deadlines(opts.deadlines));
-        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines };
+        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines, heads: Vec::new() };
 
         let challenge = client
             .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
@@ -170,6 +170,7 @@ impl Client {
         client.client_id = welcome.client_id;
         client.subject = welcome.subject;
         client.nodes.set_head(welcome.head, opts.tls_ca.is_none());
+        client.heads = welcome.heads;
         Ok(client)
     }
 
@@ -197,7 +198,8 @@ impl Client {
                     return;
                 }
                 let dead = inner.dead.clone();
-                let client = Client { inner, client_id, subject: subject.clone(), nodes: nodes.clone(), deadlines };
+                let (subject, nodes) = (subject.clone(), nodes.clone());
+                let client = Client { inner, client_id, subject, nodes, deadlines, heads: Vec::new() };
                 match tokio::time::timeout(HEARTBEAT_TIMEOUT, client.ping()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(ClientError::Remote(_))) => {}

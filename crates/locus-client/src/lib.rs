@@ -106,6 +106,8 @@ pub struct Client {
     nodes: Arc<nodes::NodeReads>,
     /// How long to wait for the server.
     deadlines: Deadlines,
+    /// A cluster head's word on the namespace's heads (see [`Client::heads`]).
+    heads: Vec<String>,
 }
 
 /// Ends one connection when told to ([`Client::ender`]).
@@ -131,6 +133,12 @@ impl Client {
     /// This connection's id on the server (the address for pushes to it).
     pub fn client_id(&self) -> u64 {
         self.client_id
+    }
+
+    /// On a cluster head: the namespace's heads heard from lately (addresses, the one
+    /// connected to among them), where a client may go on when this one is gone.
+    pub fn heads(&self) -> &[String] {
+        &self.heads
     }
 
     /// The authenticated subject.

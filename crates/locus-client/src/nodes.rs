@@ -168,7 +168,7 @@ impl NodeReads {
     }
 
     /// [`NodeReads::read_ahead`], answering also the node it went to.
-    async fn read_ahead_from(&self, location: &Location, offset: u64, len: u32) -> Result<(String, Pending<()>)> {
+    pub async fn read_ahead_from(&self, location: &Location, offset: u64, len: u32) -> Result<(String, Pending<()>)> {
         let addr =
             *self.in_order(location).first().ok_or_else(|| ClientError::Protocol("a location with no nodes".into()))?;
         let req = ObjectRead { capability: location.capability.clone(), offset, len };

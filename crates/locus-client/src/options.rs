@@ -64,6 +64,18 @@ impl ConnectOptions {
         one
     }
 
+    /// Adds the heads a cluster head named ([`crate::Client::heads`]) after the servers
+    /// these options name, so that a reconnection goes on through another head when the
+    /// named ones are gone; those already named are not repeated.
+    pub fn learn_heads(&mut self, heads: &[String]) {
+        for head in heads {
+            if !head.is_empty() && !self.addr.split(',').any(|a| a == head) {
+                self.addr.push(',');
+                self.addr.push_str(head);
+            }
+        }
+    }
+
     /// Options for `url`, with credentials found as [`Credentials::find`] does and, for a
     /// `locus+tls://` URL, the CA file in `LOCUS_TLS_CA` or the local server's certificate.
     pub fn for_url(url: &LocusUrl) -> Result<ConnectOptions> {

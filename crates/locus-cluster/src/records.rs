@@ -56,6 +56,44 @@ impl Meta {
         })
     }
 
+    /// Claims a number below `limit` that no other head process of the namespace holds,
+    /// for this one's client ids: a free one at random, else (every number taken) the
+    /// one heard from longest ago.
+    pub fn claim_head_number(&self, limit: u64) -> Result<u64> {
+        self.tx(|tx| {
+            let now = Val::Int(now_s());
+            for _ in 0..64 {
+                let mut b = [0u8; 8];
+                getrandom::fill(&mut b).expect("the OS provides randomness");
+                let number = u64::from_le_bytes(b) % limit.max(1);
+                let args = [Val::Int(number as i64), now.clone()];
+                if tx.exec(
+                    "INSERT INTO head_numbers (number, seen) VALUES ($1, $2) ON CONFLICT (number) DO NOTHING",
+                    &args,
+                )? == 1
+                {
+                    return Ok(number);
+                }
+            }
+            let oldest = tx.query("SELECT number FROM head_numbers ORDER BY seen LIMIT 1", &[])?;
+            let number = oldest.first().and_then(|r| r[0].int()).unwrap_or(0);
+            tx.exec("UPDATE head_numbers SET seen = $1 WHERE number = $2", &[now, Val::Int(number)])?;
+            Ok(number as u64)
+        })
+    }
+
+    /// Records that the head holding `number` is serving now, and answers the numbers of
+    /// the heads heard from within `within_s` seconds (its own included).
+    pub fn head_numbers_alive(&self, number: u64, within_s: u64) -> Result<Vec<u64>> {
+        self.tx(|tx| {
+            let now = now_s();
+            tx.exec("UPDATE head_numbers SET seen = $1 WHERE number = $2", &[Val::Int(now), Val::Int(number as i64)])?;
+            let rows =
+                tx.query("SELECT number FROM head_numbers WHERE seen >= $1", &[Val::Int(now - within_s as i64)])?;
+            Ok(rows.iter().filter_map(|r| r[0].int()).map(|n| n as u64).collect())
+        })
+    }
+
     /// Records what a data node's heartbeat reports of its work: its I/O totals, and the
     /// versions it served most with their load (`IoCounters::load`) since it started, in
     /// place of what it reported before; one transaction.

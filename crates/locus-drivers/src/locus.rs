@@ -95,7 +95,7 @@ const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// cut without a word) ends it within seconds, as a lost one does, and then the driver's
 /// own connection (`data_link`) too: the server or link it shares is taken for gone.
 fn listen(
-    options: ConnectOptions,
+    mut options: ConnectOptions,
     listener: Arc<AtomicU64>,
     breaks: mpsc::Sender<Break>,
     data_link: Arc<parking_lot::Mutex<Option<locus_client::ConnectionEnder>>>,
@@ -112,6 +112,7 @@ fn listen(
                 }
             };
             client.keep_alive();
+            options.learn_heads(client.heads());
             let mut pushes = client.subscribe();
             listener.store(client.client_id(), Ordering::SeqCst);
             while let Some(push) = pushes.recv().await {
@@ -186,8 +187,9 @@ impl LocusDriver {
     }
 
     /// Connects with explicit connection options (address and credentials).
-    pub fn with_options(options: ConnectOptions) -> Result<LocusDriver> {
+    pub fn with_options(mut options: ConnectOptions) -> Result<LocusDriver> {
         let client = Client::connect(&options).map_err(err)?;
+        options.learn_heads(client.inner().heads());
         let data_link = Arc::new(parking_lot::Mutex::new(Some(client.inner().ender())));
         Ok(LocusDriver {
             data_link,
@@ -225,6 +227,7 @@ impl LocusDriver {
                     e => err(e),
                 })?;
                 *self.data_link.lock() = Some(client.inner().ender());
+                self.options.learn_heads(client.inner().heads());
                 self.client = Some(client);
                 self.generation += 1;
             }

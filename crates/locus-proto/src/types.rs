@@ -244,6 +244,9 @@ pub struct Welcome {
     pub proof: Vec<u8>,
     /// The server is a cluster head: large files may be read from its data nodes.
     pub head: bool,
+    /// A head's: the namespace's heads heard from lately (addresses, this one among
+    /// them), for a client to go on through another when this one is gone.
+    pub heads: Vec<String>,
 }
 
 /// Chirp-like access rights, as a set of letters.

@@ -165,7 +165,7 @@ impl Engine {
         // Interpreters are dealt to the CPUs in turn.
         for &cpu in cpus.iter().cycle().take(workers) {
             let (w, rx) = pool.add_worker(cpu);
-            let (pool, shared, runs) = (pool.clone(), shared.clone(), runs.clone());
+            let (its_pool, shared, runs) = (pool.clone(), shared.clone(), runs.clone());
             let spawned = std::thread::Builder::new().name(format!("locus-script-{w}")).spawn(move || {
                 if pinned {
                     let mut set = rustix::thread::CpuSet::new();
@@ -174,10 +174,11 @@ impl Engine {
                         tracing::debug!("script worker not held to CPU {cpu}: {e}");
                     }
                 }
-                worker(w, &pool, &rx, shared, runs)
+                worker(w, &its_pool, &rx, shared, runs)
             });
             if let Err(e) = spawned {
                 tracing::error!("cannot start script worker: {e}");
+                pool.retire(w);
             }
         }
         let checker = Lua::new_with(StdLib::NONE, LuaOptions::new()).expect("a bare Lua state");
@@ -326,6 +327,14 @@ const WORKER_NICE: i32 = 10;
 
 /// One interpreter thread (number `w` of the pool): takes calls until the engine is gone.
 fn worker(w: usize, pool: &Pool<Job>, rx: &mpsc::Receiver<Job>, shared: Arc<Shared>, runs: Arc<ScriptRuns>) {
+    /// Tells the pool this worker ended, however it ends (a panic included).
+    struct Retire<'a>(&'a Pool<Job>, usize);
+    impl Drop for Retire<'_> {
+        fn drop(&mut self) {
+            self.0.retire(self.1);
+        }
+    }
+    let _retire = Retire(pool, w);
     // Computation yields to the file service: on Linux this sets this thread's nice value.
     if let Err(e) = rustix::process::setpriority_process(None, WORKER_NICE) {
         tracing::debug!("script worker priority unchanged: {e}");
@@ -629,5 +638,48 @@ mod tests {
         refused.disarm();
         drop(refused);
         assert!(rx.try_recv().is_err(), "a refused call is answered by its refusal alone");
+    }
+
+    /// A host with no files: enough for calls that touch none.
+    struct NoFiles;
+
+    impl Host for NoFiles {
+        fn call(&mut self, _: u16, _: &[u8], _: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<u8>), locus_proto::Error> {
+            Err(locus_proto::Error::new(locus_proto::Code::NOTSUP, "no files here"))
+        }
+        fn push(&self, _: u64, _: &[u8]) -> bool {
+            false
+        }
+        fn caller(&self) -> u64 {
+            1
+        }
+        fn subject(&self) -> &str {
+            "tester"
+        }
+    }
+
+    #[test]
+    fn a_dropped_engine_answers_the_calls_that_wait_and_ends_the_running_one() {
+        let engine = Engine::new(1, 4, 4);
+        let (tx, rx) = channel();
+        let limits = Limits { instructions: u64::MAX / 2, ..Limits::default() };
+        for source in ["local t = time.now() while time.now() - t < 0.5 do end return 1", "return 2"] {
+            let tx = tx.clone();
+            let call = CallRequest {
+                id: String::new(),
+                source: Some(source.into()),
+                args: vec![],
+                input: vec![],
+                limits: limits.clone(),
+                host: Box::new(NoFiles),
+            };
+            engine.call(call, Box::new(move |r| drop(tx.send(r.map(|o| o.values))))).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        drop(engine);
+        let first = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(matches!(first, Err(ScriptError::Gone)), "the waiting call: {first:?}");
+        let second = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(second.unwrap(), vec![Value::Int(1)], "the running call ends as it would");
     }
 }

@@ -30,12 +30,15 @@ struct State<T> {
     waiting: VecDeque<T>,
     /// The most jobs that may wait.
     queue: usize,
+    /// Workers that have not ended.
+    alive: usize,
 }
 
 impl<T> Pool<T> {
     /// A pool with no workers yet, where at most `queue` jobs may wait.
     pub(crate) fn new(queue: usize) -> Pool<T> {
-        let state = State { hand: Vec::new(), cpu: Vec::new(), idle: Vec::new(), waiting: VecDeque::new(), queue };
+        let state =
+            State { hand: Vec::new(), cpu: Vec::new(), idle: Vec::new(), waiting: VecDeque::new(), queue, alive: 0 };
         Pool { state: Mutex::new(state) }
     }
 
@@ -46,7 +49,23 @@ impl<T> Pool<T> {
         let mut st = self.state.lock();
         st.hand.push(tx);
         st.cpu.push(cpu);
+        st.alive += 1;
         (st.hand.len() - 1, rx)
+    }
+
+    /// Worker `w` has ended (its thread could not start, could not make what it needs,
+    /// or panicked): it is idle no more, and when it was the last, the pool closes, so
+    /// no job waits for a worker that will never come.
+    pub(crate) fn retire(&self, w: usize) {
+        let last = {
+            let mut st = self.state.lock();
+            st.idle.retain(|&i| i != w);
+            st.alive = st.alive.saturating_sub(1);
+            st.alive == 0
+        };
+        if last {
+            self.close();
+        }
     }
 
     /// Gives `job` to an idle worker (of `cpu` if one is), else queues it; hands it back
@@ -59,7 +78,7 @@ impl<T> Pool<T> {
             let w = st.idle.swap_remove(at);
             match st.hand[w].try_send(job) {
                 Ok(()) => return Ok(()),
-                // Its thread is gone (it could not start); try another.
+                // Its thread is gone (it ended before retiring); try another.
                 Err(mpsc::TrySendError::Disconnected(j)) | Err(mpsc::TrySendError::Full(j)) => job = j,
             }
         }
@@ -87,11 +106,15 @@ impl<T> Pool<T> {
     }
 
     /// Ends the workers (idle ones at once, busy ones after their job) and drops the
-    /// waiting jobs.
+    /// waiting jobs (after letting go of the lock: dropping a job may answer its caller).
     pub(crate) fn close(&self) {
-        let mut st = self.state.lock();
-        st.hand.clear();
-        st.waiting.clear();
+        let waiting = {
+            let mut st = self.state.lock();
+            st.hand.clear();
+            st.idle.clear();
+            std::mem::take(&mut st.waiting)
+        };
+        drop(waiting);
     }
 }
 
@@ -117,6 +140,10 @@ mod tests {
                 }
             });
         }
+        // Every worker idle (as `next` leaves them) before the test begins.
+        while pool.state.lock().idle.len() < workers {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         pool
     }
 
@@ -129,7 +156,6 @@ mod tests {
     #[test]
     fn a_job_never_waits_behind_a_long_one_while_a_worker_is_idle() {
         let pool = pool(2, 16);
-        std::thread::sleep(Duration::from_millis(50));
         let (tx, answers) = mpsc::channel();
         // Back to back, before either worker has woken: the short one must not queue
         // behind the long one.
@@ -144,10 +170,12 @@ mod tests {
     #[test]
     fn a_job_that_finds_every_worker_busy_goes_to_the_first_to_finish() {
         let pool = pool(2, 16);
-        std::thread::sleep(Duration::from_millis(50));
         let (tx, answers) = mpsc::channel();
         pool.dispatch(("long", LONG, tx.clone()), 0).map_err(drop).unwrap();
         pool.dispatch(("medium", Duration::from_millis(300), tx.clone()), 0).map_err(drop).unwrap();
+        while !pool.state.lock().idle.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         pool.dispatch(("queued", Duration::ZERO, tx.clone()), 0).map_err(drop).unwrap();
         assert_eq!(first(&answers), "medium");
         assert_eq!(first(&answers), "queued", "taken by the worker that finished first");
@@ -157,7 +185,6 @@ mod tests {
     #[test]
     fn a_full_queue_refuses_and_a_closed_pool_drops_what_waits() {
         let pool = pool(1, 1);
-        std::thread::sleep(Duration::from_millis(50));
         let (tx, answers) = mpsc::channel();
         pool.dispatch(("long", LONG, tx.clone()), 0).map_err(drop).unwrap();
         pool.dispatch(("waiting", Duration::ZERO, tx.clone()), 0).map_err(drop).unwrap();
@@ -167,6 +194,23 @@ mod tests {
         drop(tx);
         assert_eq!(first(&answers), "long", "a running job ends as it would");
         assert!(answers.recv_timeout(Duration::from_secs(2)).is_err(), "the waiting job was dropped, not run");
+    }
+
+    #[test]
+    fn when_the_last_worker_ends_what_waits_is_dropped_and_nothing_more_queues() {
+        let pool: Pool<u32> = Pool::new(4);
+        let (a, ra) = pool.add_worker(0);
+        let (b, _rb) = pool.add_worker(0);
+        pool.state.lock().idle.extend([a, b]);
+        pool.retire(b);
+        pool.dispatch(1, 0).unwrap();
+        assert_eq!(ra.try_recv(), Ok(1), "not to the retired worker");
+        pool.dispatch(2, 0).unwrap();
+        assert_eq!(pool.state.lock().waiting.len(), 1);
+        pool.retire(a);
+        assert!(pool.state.lock().waiting.is_empty(), "dropped: no worker would take it");
+        assert_eq!(pool.dispatch(3, 0), Err(3), "refused: the pool is closed");
+        assert_eq!(pool.next(a, &ra), None);
     }
 
     #[test]

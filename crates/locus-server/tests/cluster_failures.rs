@@ -191,3 +191,38 @@ async fn a_node_told_of_one_head_rejoins_through_another_when_it_dies() {
     assert_eq!(holders(&second, "/after").len(), 1, "the new version is on the node");
     assert_eq!(admin.read_file("/after").await.unwrap(), big);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_named_one_head_goes_on_through_another_it_learned() {
+    if !locus_testkit::require_postgres() {
+        return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
+    }
+    let pg = locus_testkit::TestPostgres::start();
+    let first = TestServer::head(Some(&pg.url()), |_| {});
+    let second = TestServer::head(Some(&pg.url()), |_| {});
+    let second_addr = second.addr.to_string();
+    // A head names the heads heard from lately (each says so every 2 s).
+    let started = Instant::now();
+    let client = loop {
+        let client = first.client("admin").await;
+        if client.heads().contains(&second_addr) {
+            break client;
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "never told of the other head: {:?}", client.heads());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(client.heads().contains(&first.addr.to_string()), "{:?}", client.heads());
+    let mut options = first.options("admin");
+    options.learn_heads(client.heads());
+    assert_eq!(options.addr.split(',').filter(|a| *a == first.addr.to_string()).count(), 1, "named once");
+    // Small: kept in the namespace (heads without data nodes keep larger files to
+    // themselves).
+    let data = pattern(1000, 3);
+    client.write_file("/kept", 0o644, &data).await.unwrap();
+    drop(client);
+    drop(first);
+    // The options named the first head alone; what it said of the others is enough.
+    let again = locus_client::Client::connect(&options).await.expect("through the other head");
+    assert_eq!(again.read_file("/kept").await.unwrap(), data);
+    assert!(again.heads().contains(&second_addr));
+}

@@ -28,6 +28,17 @@ pub(crate) const NODES_FRESH: Duration = Duration::from_secs(2);
 /// Node id of the head's own object directory, used when no data node has joined.
 pub(crate) const LOCAL_NODE: u64 = 0;
 
+/// How many client numbers heads take from (20 bits: with a 32-bit count, client ids
+/// stay below 2^52).
+const CLIENT_NUMBERS: u64 = 1 << 20;
+
+/// How long a head trusts its last read of which heads are alive.
+const NUMBERS_FRESH: Duration = Duration::from_secs(2);
+
+/// A head not heard from for this long is taken for dead (heads say they are alive
+/// every [`NUMBERS_FRESH`] or so).
+const NUMBERS_SEEN_WITHIN: Duration = Duration::from_secs(10);
+
 /// A change announced to the other heads (`changes`): whether names were made or
 /// removed, and the path.
 pub(crate) type Change = (bool, String);
@@ -37,6 +48,12 @@ pub struct Head {
     pub config: HeadConfig,
     /// This head process's id among the heads of its namespace (for the healing lease).
     pub(crate) id: u64,
+    /// A number below [`CLIENT_NUMBERS`] no other head process of the namespace holds:
+    /// what this head's client ids carry above their count.
+    pub(crate) client_number: u64,
+    /// The client numbers of the heads heard from lately, as last read (see
+    /// [`Head::numbers_alive`]).
+    pub(crate) numbers_alive: Mutex<(Option<Instant>, Vec<u64>)>,
     /// Set once no version is left in the head's own directory while data nodes exist.
     pub(crate) local_moved: std::sync::atomic::AtomicBool,
     pub meta: Meta,
@@ -96,6 +113,7 @@ impl Head {
         let meta = Meta::open(&config.meta, crate::config::ADMIN_SUBJECT).map_err(cfg)?;
         let (sealing, keys) = crate::cluster::head_keys::HeadKeys::open(&meta, state_dir)
             .map_err(|e| crate::ServerError::Config(format!("cluster key: {e}")))?;
+        let client_number = meta.claim_head_number(CLIENT_NUMBERS).map_err(cfg)?;
         let objects = state_dir.join("objects");
         let staging = state_dir.join("staging");
         for dir in [&objects, &staging] {
@@ -112,6 +130,8 @@ impl Head {
         Ok(Head {
             config,
             id: u64::from_le_bytes(id),
+            client_number,
+            numbers_alive: Mutex::new((None, Vec::new())),
             local_moved: std::sync::atomic::AtomicBool::new(false),
             meta,
             keys: parking_lot::RwLock::new(keys),
@@ -133,17 +153,30 @@ impl Head {
         })
     }
 
-    /// What the ids of this head's clients carry above their count: 20 bits of the
-    /// head's id, so an id one head gave (kept in shared script state for `msg.send`,
-    /// say) names no client of another head, and says which head it is on. Ids stay
-    /// below 2^52, exact in any Lua number.
+    /// What the ids of this head's clients start from: its client number above a
+    /// 32-bit count, so an id one head gave (kept in shared script state for
+    /// `msg.send`, say) names no client of another head, and says which head it is on.
+    /// Ids stay below 2^52, exact in any Lua number.
     pub(crate) fn client_id_base(&self) -> u64 {
-        (self.id & 0xF_FFFF) << 32
+        self.client_number << 32
     }
 
-    /// Whether `client` is (or was) a client of this head.
+    /// Whether `client` is (or was) a client of this head process.
     pub(crate) fn is_own_client(&self, client: u64) -> bool {
-        client >> 32 == self.client_id_base() >> 32
+        client >> 32 == self.client_number
+    }
+
+    /// The client numbers of the heads heard from lately (this one's included),
+    /// refreshed every few seconds by the collector; empty if never read.
+    pub(crate) fn numbers_alive(&self) -> Vec<u64> {
+        let mut cached = self.numbers_alive.lock();
+        if cached.0.is_none_or(|at| at.elapsed() >= NUMBERS_FRESH) {
+            match self.meta.head_numbers_alive(self.client_number, NUMBERS_SEEN_WITHIN.as_secs()) {
+                Ok(numbers) => *cached = (Some(Instant::now()), numbers),
+                Err(e) => tracing::warn!("cannot record this head's client number as alive: {e}"),
+            }
+        }
+        cached.1.clone()
     }
 
     /// The head itself as the node of a run (while it has no data node).
@@ -305,6 +338,7 @@ impl Head {
                 let Some(head) = head.upgrade() else { return };
                 head.refresh_keys();
                 head.heads_alive();
+                head.numbers_alive();
                 head.collect_garbage().await;
                 // Every 30 s: script state of files gone (removed or replaced through
                 // any head, or in a writable run) goes too, and so do messages to

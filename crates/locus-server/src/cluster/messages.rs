@@ -1,14 +1,16 @@
 //! Scripts' messages across heads: `msg.send` to a client connected to another head of
 //! the namespace.
 //!
-//! The sending head leaves the message in the namespace (`script_messages`, under a
-//! random id) and names it on the engine's [`CHANNEL`] (PostgreSQL `NOTIFY`). The head
-//! the recipient is connected to (its id's head bits say which) takes it, pushes it as
-//! a single server would, and answers with a receipt on the same channel; the sender
+//! A client id carries its head's client number (unique among the namespace's head
+//! processes: see `Head::client_id_base`). A message to a client of a head heard from
+//! lately is left in the namespace (`script_messages`, under a random id) and named on
+//! the engine's [`CHANNEL`] (PostgreSQL `NOTIFY`). That head takes it, pushes it as a
+//! single server would, and answers with a receipt on the same channel; the sender
 //! waits at most [`RECEIPT_WAIT`] for it, so `msg.send` answers true only when the
-//! recipient had the message, as on one server. A message no head took is withdrawn
-//! by its sender, or swept once [`LETTER_KEPT`] has passed (its sender died meanwhile).
-//! A SQLite namespace has one head: every client is its own.
+//! recipient's head said it pushed the message. A message no head took is withdrawn by
+//! its sender, or swept once [`LETTER_KEPT`] has passed (its sender died meanwhile). A
+//! message to a client of no live head, or larger than [`MAX_ACROSS`], answers false at
+//! once. A SQLite namespace has one head: every client is its own.
 
 use crate::cluster::Head;
 use crate::{Push, Shared};
@@ -26,6 +28,9 @@ const RECEIPT_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a message nobody took stays in the namespace.
 const LETTER_KEPT: Duration = Duration::from_secs(60);
+
+/// The largest message that goes to another head's client (it crosses the database).
+pub(crate) const MAX_ACROSS: usize = 1 << 20;
 
 /// What heads say on [`CHANNEL`].
 #[derive(Serialize, Deserialize)]
@@ -48,7 +53,16 @@ impl Head {
             CHANNEL,
             Box::new(move |notice| {
                 let (Some(head), Some(shared)) = (head.upgrade(), shared.upgrade()) else { return false };
-                let Notice::Payload(p) = notice else { return true };
+                let p = match notice {
+                    Notice::Payload(p) => p,
+                    // A receipt can come only while this head listens.
+                    Notice::Listening | Notice::Down => {
+                        let on = matches!(notice, Notice::Listening);
+                        head.messages_across.store(on, std::sync::atomic::Ordering::SeqCst);
+                        return true;
+                    }
+                    Notice::Idle => return true,
+                };
                 match serde_json::from_str::<Word>(&p) {
                     Ok(Word::Message { id, to, h }) if head.is_own_client(to) => head.deliver(&shared, id, h),
                     Ok(Word::Receipt { id, h, ok }) if h == head.id => {
@@ -62,13 +76,20 @@ impl Head {
                 true
             }),
         );
-        self.messages_across.store(listening, std::sync::atomic::Ordering::SeqCst);
+        if !listening {
+            tracing::debug!("one head in this namespace: messages stay on it");
+        }
     }
 
     /// Takes the message left under `id`, pushes it to its recipient, and tells its
     /// sender, head `from`, whether that worked.
     fn deliver(&self, shared: &Shared, id: u64, from: u64) {
-        let Ok(Some(letter)) = self.meta.take_letter(id) else { return };
+        let letter = match self.meta.take_letter(id) {
+            Ok(Some(letter)) => letter,
+            // Taken by another head holding this number (it cannot be), or withdrawn.
+            Ok(None) => return,
+            Err(e) => return tracing::warn!("a message for a client of this head could not be taken: {e}"),
+        };
         let push = Push {
             topic: locus_proto::frame::PUSH_MESSAGE,
             meta: locus_proto::codec::encode(&letter.sender),
@@ -84,7 +105,10 @@ impl Head {
     /// `msg.send` to `to`, a client of another head, from the call of client `from`:
     /// true once that head says it pushed the message.
     pub(crate) fn send_across(&self, to: u64, from: u64, data: &[u8]) -> bool {
-        if !self.messages_across.load(std::sync::atomic::Ordering::SeqCst) {
+        if !self.messages_across.load(std::sync::atomic::Ordering::SeqCst)
+            || data.len() > MAX_ACROSS
+            || !self.numbers_alive().contains(&(to >> 32))
+        {
             return false;
         }
         let mut id = [0u8; 8];
@@ -104,11 +128,10 @@ impl Head {
             }
         };
         self.receipts.lock().remove(&id);
-        match receipt {
-            Some(ok) => ok,
-            // No answer in time: withdrawn if still there (not delivered); taken
-            // meanwhile, it reached the other head, whose push went out or failed.
-            None => matches!(self.meta.take_letter(id), Ok(None)),
+        if receipt.is_none() {
+            // No answer in time: withdrawn, if no head took it meanwhile.
+            let _ = self.meta.take_letter(id);
         }
+        receipt.unwrap_or(false)
     }
 }

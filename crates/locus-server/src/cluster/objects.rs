@@ -83,6 +83,8 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
     let io = |e: std::io::Error| WireError::io("object_fetch", e);
     let mut out = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await.map_err(io)?;
     let reads = locus_client::nodes::NodeReads::default();
+    // A holder that failed a read is asked no more in this copy while another remains.
+    let mut location = location.clone();
     let started = std::time::Instant::now();
     let (mut next, mut at) = (0u64, 0u64);
     // Reads asked ahead of the one being written, so the source's link never waits for
@@ -92,18 +94,27 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
         while at < cap.size {
             while asked.len() < FETCH_WINDOW && next < cap.size {
                 let want = (cap.size - next).min(chunk as u64) as u32;
-                asked.push_back((next, want, reads.read_ahead(location, next, want).await.ok()));
+                asked.push_back((next, want, reads.read_ahead_from(&location, next, want).await.ok()));
                 next += want as u64;
             }
             let (offset, want, pending) = asked.pop_front().expect("a read is asked while bytes remain");
             let answered = match pending {
-                Some(p) => p.wait_with_data().await.map(|(_, d)| d).ok(),
+                Some((addr, p)) => match p.wait_with_data().await {
+                    Ok((_, d)) => Some(d),
+                    Err(e) => {
+                        reads.note(&addr, &e);
+                        if location.nodes.len() > 1 {
+                            location.nodes.retain(|n| *n != addr);
+                        }
+                        None
+                    }
+                },
                 None => None,
             };
             // Asked again of every holder in turn when the first did not answer.
             let data = match answered {
                 Some(d) => d,
-                None => reads.read(location, offset, want).await.map_err(|e| {
+                None => reads.read(&location, offset, want).await.map_err(|e| {
                     WireError::new(Code::IO, format!("no node holding version {name} answered: {e}"))
                 })?,
             };

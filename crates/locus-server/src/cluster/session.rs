@@ -357,7 +357,11 @@ impl Handler for HeadSession {
 
     fn auth(&mut self, req: Auth, data: Bytes) -> Reply<Welcome> {
         let mut answer = self.inner.auth(req, data)?;
-        answer.pages.iter_mut().for_each(|w| w.head = true);
+        let heads = self.head.heads_alive();
+        answer.pages.iter_mut().for_each(|w| {
+            w.head = true;
+            w.heads = heads.clone();
+        });
         Ok(answer)
     }
 

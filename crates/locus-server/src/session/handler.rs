@@ -75,7 +75,7 @@ impl Handler for Session {
         if self.outbox.is_some() {
             self.shared.registry.authenticated(self.client_id, &req.subject);
         }
-        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof, head: false }.into())
+        Ok(Welcome { client_id: self.client_id, subject: req.subject, proof, head: false, heads: Vec::new() }.into())
     }
 
     fn ping(&mut self, _: Ping, _: Bytes) -> Reply<()> {
