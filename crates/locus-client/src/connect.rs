@@ -138,7 +138,8 @@ impl Client {
         });
         tokio::spawn(read_loop(reader, socket, Arc::downgrade(&inner), inner.dead.clone()));
         let nodes = Arc::new(nodes::NodeReads::with_deadlines(opts.deadlines));
-        let mut client = Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines, heads: Vec::new() };
+        let mut client =
+            Client { inner, client_id: 0, subject: String::new(), nodes, deadlines: opts.deadlines, heads: Vec::new() };
 
         let challenge = client
             .call(Hello { version: frame::VERSION, client: format!("locus-client {}", env!("CARGO_PKG_VERSION")) })
@@ -169,7 +170,7 @@ impl Client {
         }
         client.client_id = welcome.client_id;
         client.subject = welcome.subject;
-        client.nodes.set_head(welcome.head, opts.tls_ca.is_none());
+        client.nodes.set_head(welcome.head, opts.tls_ca.as_deref());
         client.heads = welcome.heads;
         Ok(client)
     }

@@ -50,7 +50,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
 pub use connect::{HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT};
-pub use options::{ConnectOptions, Deadlines};
+pub use options::{host_of, ConnectOptions, Deadlines};
 pub use pending::{Pending, PendingListing};
 pub use storelets::{script_id, StoreletOutput, StoreletRun, StoreletUpdate};
 

@@ -37,6 +37,8 @@ pub struct NodeReads {
     /// Nodes that did not answer in time, and when.
     slow: Mutex<HashMap<String, Instant>>,
     deadlines: Deadlines,
+    /// The cluster's authority (a PEM file) when nodes are reached over TLS.
+    tls_ca: Mutex<Option<std::path::PathBuf>>,
 }
 
 impl NodeReads {
@@ -73,12 +75,21 @@ impl NodeReads {
         good.extend(slow);
         good
     }
-    /// Records whether the server is a cluster head. Third-party reads are off when
-    /// `LOCUS_THIRD_PARTY=0` (everything then goes through the head), and over TLS,
-    /// since data nodes speak plain TCP.
-    pub(crate) fn set_head(&self, head: bool, plain: bool) {
+    /// Records whether the server is a cluster head, and the file of authorities its
+    /// connection trusts (`tls_ca`: over TLS, its data nodes are reached over TLS too,
+    /// their certificates checked against the same file, which for a cluster head holds
+    /// the cluster's authority). Third-party reads are off when `LOCUS_THIRD_PARTY=0`
+    /// (everything then goes through the head).
+    pub(crate) fn set_head(&self, head: bool, tls_ca: Option<&std::path::Path>) {
         let allowed = std::env::var("LOCUS_THIRD_PARTY").map_or(true, |v| v != "0");
-        self.head.store(head && plain && allowed, Ordering::Relaxed);
+        self.head.store(head && allowed, Ordering::Relaxed);
+        *self.tls_ca.lock() = tls_ca.map(std::path::Path::to_path_buf);
+    }
+
+    /// Reaches data nodes over TLS, checking their certificates against the
+    /// authorities in `ca` (a PEM file).
+    pub fn use_tls(&self, ca: std::path::PathBuf) {
+        *self.tls_ca.lock() = Some(ca);
     }
 
     /// True when connected to a cluster head that lets this client read from its nodes.
@@ -110,11 +121,12 @@ impl NodeReads {
         if self.is_slow(addr) {
             return Err(ClientError::TimedOut(format!("data node {addr} did not answer in time lately")));
         }
+        let tls_ca = self.tls_ca.lock().clone();
         let opts = ConnectOptions {
             addr: addr.to_string(),
             credentials: Credentials { subject: subject.to_string(), token: token.to_string() },
-            tls_ca: None,
-            tls_name: None,
+            tls_name: tls_ca.is_some().then(|| crate::options::host_of(addr)),
+            tls_ca,
             deadlines: self.deadlines,
         };
         // Connect without holding the pool: one hung node must not hold up the others.

@@ -48,6 +48,13 @@ impl Default for Deadlines {
     }
 }
 
+/// The host part of `addr` (`HOST:PORT` or `[V6]:PORT`): the name a server's TLS
+/// certificate must carry.
+pub fn host_of(addr: &str) -> String {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']').to_string()
+}
+
 impl ConnectOptions {
     /// These options for `addr` alone, one of the servers they name (`h1:9610,h2:9610`
     /// names several heads of a cluster): over TLS, a server other than the one the
@@ -57,8 +64,7 @@ impl ConnectOptions {
         if addr != self.addr {
             one.addr = addr.to_string();
             if one.tls_name.is_some() {
-                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-                one.tls_name = Some(host.trim_start_matches('[').trim_end_matches(']').to_string());
+                one.tls_name = Some(host_of(addr));
             }
         }
         one

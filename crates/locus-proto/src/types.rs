@@ -176,6 +176,10 @@ pub struct NodeWelcome {
     /// The addresses of the namespace's heads heard from lately (this one included), so
     /// that the node can join another when this one dies, whichever the node was told.
     pub heads: Vec<String>,
+    /// From a head that serves TLS: the node's TLS identity (a certificate chain for
+    /// the host it advertised, its key, and the cluster's authority, each PEM), sealed
+    /// as `sealed` is; empty from a head that does not.
+    pub tls: Vec<u8>,
 }
 
 /// Where a client writes a new version's bytes itself (a third-party write): the nodes

@@ -328,7 +328,22 @@ pub fn new_token() -> String {
 
 /// Names of the certificate and key files in the state directory.
 pub const CERT_FILE: &str = "cert.pem";
-const KEY_FILE: &str = "key.pem";
+/// The key of [`CERT_FILE`]'s certificate (mode 0600).
+pub const KEY_FILE: &str = "key.pem";
+
+/// Writes a TLS identity: the certificate chain (PEM) to `cert_path` and its key to
+/// `key_path`, made mode 0600 before a byte of it is written.
+pub fn write_identity(cert_path: &Path, cert_pem: &str, key_path: &Path, key_pem: &str) -> Result<(), ServerError> {
+    let mut key = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(key_path)
+        .map_err(|e| ServerError::io("write TLS key", e))?;
+    key.write_all(key_pem.as_bytes()).map_err(|e| ServerError::io("write TLS key", e))?;
+    std::fs::write(cert_path, cert_pem).map_err(|e| ServerError::io("write TLS certificate", e))
+}
 
 /// Loads the TLS identity from the state directory, creating a self-signed one (for
 /// `localhost`, `127.0.0.1`, `::1` and this host's name) on first use.
@@ -336,31 +351,35 @@ pub fn tls_acceptor(state_dir: &Path) -> Result<tokio_rustls::TlsAcceptor, Serve
     let cert_path = state_dir.join(CERT_FILE);
     let key_path = state_dir.join(KEY_FILE);
     if !cert_path.exists() || !key_path.exists() {
-        let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
-        if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
-            names.push(host.trim().to_string());
-        }
-        let ck = rcgen::generate_simple_self_signed(names).map_err(|e| ServerError::Tls(e.to_string()))?;
-        let mut key = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&key_path)
-            .map_err(|e| ServerError::io("write TLS key", e))?;
-        key.write_all(ck.signing_key.serialize_pem().as_bytes()).map_err(|e| ServerError::io("write TLS key", e))?;
-        std::fs::write(&cert_path, ck.cert.pem()).map_err(|e| ServerError::io("write TLS certificate", e))?;
+        let ck = rcgen::generate_simple_self_signed(local_tls_names()).map_err(|e| ServerError::Tls(e.to_string()))?;
+        write_identity(&cert_path, &ck.cert.pem(), &key_path, &ck.signing_key.serialize_pem())?;
     }
+    acceptor_from(&cert_path, &key_path)
+}
+
+/// The names a server's own TLS certificate covers: `localhost`, the loopback
+/// addresses and this host's name.
+pub fn local_tls_names() -> Vec<String> {
+    let mut names = vec!["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()];
+    if let Ok(host) = std::fs::read_to_string("/etc/hostname") {
+        names.push(host.trim().to_string());
+    }
+    names
+}
+
+/// A TLS acceptor serving the certificate chain in `cert_path` with the key in
+/// `key_path` (PEM).
+pub fn acceptor_from(cert_path: &Path, key_path: &Path) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
     let certs = rustls_pemfile::certs(&mut std::io::BufReader::new(
-        std::fs::File::open(&cert_path).map_err(|e| ServerError::io("open TLS certificate", e))?,
+        std::fs::File::open(cert_path).map_err(|e| ServerError::io("open TLS certificate", e))?,
     ))
     .collect::<Result<Vec<_>, _>>()
     .map_err(|e| ServerError::Tls(e.to_string()))?;
     let key = rustls_pemfile::private_key(&mut std::io::BufReader::new(
-        std::fs::File::open(&key_path).map_err(|e| ServerError::io("open TLS key", e))?,
+        std::fs::File::open(key_path).map_err(|e| ServerError::io("open TLS key", e))?,
     ))
     .map_err(|e| ServerError::Tls(e.to_string()))?
-    .ok_or_else(|| ServerError::Tls("no private key in key.pem".into()))?;
+    .ok_or_else(|| ServerError::Tls(format!("no private key in {}", key_path.display())))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()

@@ -50,7 +50,6 @@ pub(crate) struct Accepted {
 /// handed until the acceptor goes away, then draining them for at most [`DRAIN_TIMEOUT`].
 pub(crate) fn connection_thread(
     shared: Arc<Shared>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
     mut incoming: mpsc::UnboundedReceiver<Accepted>,
     stop: watch::Receiver<bool>,
 ) {
@@ -61,7 +60,10 @@ pub(crate) fn connection_thread(
     rt.block_on(async move {
         let mut tasks = tokio::task::JoinSet::new();
         while let Some(Accepted { stream, peer, permit }) = incoming.recv().await {
-            let (shared, tls, stop) = (shared.clone(), tls.clone(), stop.clone());
+            // A data node's identity may change as it joins its head: each connection
+            // gets the one current when it was accepted.
+            let tls = shared.tls.read().clone();
+            let (shared, stop) = (shared.clone(), stop.clone());
             tasks.spawn(async move {
                 let result = match TcpStream::from_std(stream) {
                     Ok(stream) => serve(shared, tls, stream, stop).await,

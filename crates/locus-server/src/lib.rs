@@ -166,6 +166,9 @@ pub struct Shared {
     /// The address the native protocol listens on, once [`Server::run`] has started:
     /// which addresses name this server in a login (see [`login`]).
     listen: std::sync::OnceLock<std::net::SocketAddr>,
+    /// How connections are served: TLS with this acceptor, or plain TCP (`None`). A
+    /// data node's changes when its head issues it a certificate.
+    pub(crate) tls: parking_lot::RwLock<Option<tokio_rustls::TlsAcceptor>>,
 }
 
 /// Drops the state scripts attached to a file (`state.of`) when the file leaves the export.
@@ -184,7 +187,6 @@ impl locus_store::RemovalObserver for DropScriptState {
 /// A configured server, ready to run on a listener.
 pub struct Server {
     shared: Arc<Shared>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 /// The I/O accounting kept across restarts, in the state directory.
@@ -210,7 +212,6 @@ impl Server {
         initial.set(config::ADMIN_SUBJECT, locus_proto::Rights::ALL);
         let store = Store::with_devices(&config.root, &config.devices, &initial, Some(&config.state_dir))?;
         store.counters().restore(&config.state_dir.join(ACCOUNTS_FILE));
-        let tls = if config.tls { Some(config::tls_acceptor(&config.state_dir)?) } else { None };
         let storelets = storelet_host::StoreletHost::start(config.storelets, &config.state_dir)
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let active = active::ActiveFiles::new(&config.state_dir, config.active_cache_bytes).map_err(|e| {
@@ -220,6 +221,19 @@ impl Server {
         let head = match &config.head {
             Some(h) => Some(Arc::new(cluster::Head::open(h.clone(), &config.state_dir)?)),
             None => None,
+        };
+        // A TLS head serves a certificate of its cluster's authority (written over the
+        // state directory's identity first); a data node, the one its head issued it,
+        // once it has one; any other TLS server, its own.
+        #[cfg(feature = "cluster")]
+        if let (Some(head), true) = (&head, config.tls) {
+            let names: Vec<String> = config.names.iter().map(|n| n.host.clone()).collect();
+            head.serve_tls(&config.state_dir, &names)?;
+        }
+        let tls = match (config.tls, cluster::node::issued_identity(&config.state_dir)) {
+            (true, _) => Some(config::tls_acceptor(&config.state_dir)?),
+            (false, Some((cert, key))) => Some(config::acceptor_from(&cert, &key)?),
+            (false, None) => None,
         };
         // A head's scripts keep their values and locks in the namespace, shared with
         // every other head; one server's, in memory.
@@ -250,6 +264,7 @@ impl Server {
             damaged: parking_lot::Mutex::new(Vec::new()),
             node_id: std::sync::atomic::AtomicU64::new(0),
             listen: std::sync::OnceLock::new(),
+            tls: parking_lot::RwLock::new(tls),
         });
         #[cfg(feature = "cluster")]
         if let Some(head) = &shared.head {
@@ -258,7 +273,7 @@ impl Server {
             head.start_changes(Arc::downgrade(&shared));
             head.start_messages(Arc::downgrade(&shared));
         }
-        Ok(Server { shared, tls })
+        Ok(Server { shared })
     }
 
     /// What the connections share (the store, the registry).
@@ -286,9 +301,9 @@ impl Server {
         for i in 0..threads {
             let (tx, rx) = mpsc::unbounded_channel::<Accepted>();
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-            let (shared, tls, stop) = (self.shared.clone(), self.tls.clone(), stop_rx.clone());
+            let (shared, stop) = (self.shared.clone(), stop_rx.clone());
             let spawned = std::thread::Builder::new().name(format!("locus-conn-{i}")).spawn(move || {
-                connection_thread(shared, tls, rx, stop);
+                connection_thread(shared, rx, stop);
                 let _ = done_tx.send(());
             });
             match spawned {
@@ -367,6 +382,13 @@ impl Shared {
             );
         }
         None
+    }
+
+    /// On a data node its head issued a TLS identity: the file of the cluster's
+    /// authority it checks other nodes against (its links to nodes are then TLS).
+    pub fn cluster_ca(&self) -> Option<std::path::PathBuf> {
+        let ca = self.config.state_dir.join(cluster::node::CLUSTER_CA_FILE);
+        (self.tls.read().is_some() && ca.exists()).then_some(ca)
     }
 
     /// The cluster's keys (current, and the previous one until its time is up), once

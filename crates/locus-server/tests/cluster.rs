@@ -605,3 +605,41 @@ async fn a_rotated_key_signs_nothing_after_its_capabilities_expire() {
     assert_eq!(NodeReads::default().read(&fresh, 0, 10).await.unwrap(), data[..10]);
     assert_eq!(admin.read_file("/big").await.unwrap(), data);
 }
+
+/// A head serving TLS issues each data node a certificate of the cluster's authority
+/// when it joins; clients then read from the nodes over TLS, checking them against the
+/// head's certificate file (third-party reads and writes stay on). A node then refuses
+/// plain TCP, and a client trusting another authority refuses the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_tls_nodes_serve_certificates_of_the_cluster_and_third_party_stays_on() {
+    let head = TestServer::start_with(|config| {
+        config.tls = true;
+        let meta = config.state_dir.join("meta.db").display().to_string();
+        config.head = Some(locus_server::cluster::HeadConfig::new(meta));
+    });
+    let (n1, n2) = (TestServer::data_node(&head), TestServer::data_node(&head));
+    let admin = head.client("admin").await;
+    let big = pattern(3 * MIB + 7, 4);
+    admin.write_file("/big", 0o644, &big).await.unwrap();
+    assert!(objects_on(&n1) + objects_on(&n2) >= 1, "the version is on the nodes");
+    let (h, loc) = located(&admin, "/big").await;
+    assert_eq!(admin.pread(h, 5, 10).await.unwrap(), big[5..15]);
+    admin.close(h).await.unwrap();
+    assert_eq!(admin.read_file("/big").await.unwrap(), big);
+
+    let ca = head.state_dir().join(locus_server::config::CERT_FILE);
+    let over_tls = NodeReads::default();
+    over_tls.use_tls(ca);
+    assert_eq!(over_tls.read(&loc, 0, 10).await.unwrap(), big[..10], "the node proves a name of the cluster's");
+    assert!(NodeReads::default().read(&loc, 0, 10).await.is_err(), "a node under TLS refuses plain TCP");
+    let stranger = TestServer::start_with(|c| c.tls = true);
+    let trusting_another = NodeReads::default();
+    trusting_another.use_tls(stranger.state_dir().join(locus_server::config::CERT_FILE));
+    assert!(trusting_another.read(&loc, 0, 10).await.is_err(), "another authority's client refuses the node");
+    // What the node was issued is kept for a restart; its key is for it alone.
+    for node in [&n1, &n2] {
+        let (_, key) = locus_server::cluster::node::issued_identity(&node.state_dir()).expect("kept");
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(key).unwrap().permissions());
+        assert_eq!(mode & 0o077, 0, "the node's key is private");
+    }
+}

@@ -183,11 +183,14 @@ impl TestServer {
 
     /// Connection options for one of the known subjects.
     pub fn options(&self, subject: &str) -> ConnectOptions {
+        // A TLS server's clients trust its own certificate file (a head's holds its
+        // cluster's authority).
+        let tls = self.shared().config.tls;
         ConnectOptions {
             addr: self.addr.to_string(),
             credentials: Credentials { subject: subject.into(), token: format!("{subject}-token") },
-            tls_ca: None,
-            tls_name: None,
+            tls_ca: tls.then(|| self.state_dir().join(locus_server::config::CERT_FILE)),
+            tls_name: tls.then(|| "127.0.0.1".to_string()),
             deadlines: Default::default(),
         }
     }

@@ -95,6 +95,10 @@ pub struct Head {
     pub(crate) receipts: Mutex<HashMap<u64, std::sync::mpsc::Sender<bool>>>,
     /// Whether messages reach other heads' clients (the engine has other heads).
     pub(crate) messages_across: std::sync::atomic::AtomicBool,
+    /// The cluster's certificate authority, when this head serves TLS.
+    pub(crate) ca: std::sync::OnceLock<crate::cluster::cluster_ca::ClusterCa>,
+    /// The TLS identities this head issued, by the address each data node advertised.
+    pub(crate) issued: Mutex<HashMap<String, crate::cluster::keys::NodeTls>>,
 }
 
 impl Drop for Head {
@@ -150,6 +154,8 @@ impl Head {
             shared: std::sync::OnceLock::new(),
             receipts: Mutex::new(HashMap::new()),
             messages_across: std::sync::atomic::AtomicBool::new(false),
+            ca: std::sync::OnceLock::new(),
+            issued: Mutex::new(HashMap::new()),
         })
     }
 

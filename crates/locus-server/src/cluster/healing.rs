@@ -19,7 +19,7 @@ use locus_cluster::{Content, Damaged, Entry, Node};
 use locus_proto::capability::{self, NODE_SUBJECT};
 use locus_proto::ops::{NodeJoin, ObjectFetch};
 use locus_proto::types::{NodeInfo, NodeWelcome};
-use locus_proto::Error as WireError;
+use locus_proto::{Code, Error as WireError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,9 +72,46 @@ impl Head {
         self.forget_nodes();
         self.placed.lock().remove(&node);
         tracing::debug!(node, addr = %req.addr, free = req.free, "data node heartbeat");
-        let (nonce, sealed) = crate::cluster::keys::seal_for_node(&self.keys(), token, &req.nonce, &req.addr);
+        let tls = self.node_tls(&req.addr)?;
+        let (nonce, sealed, tls) =
+            crate::cluster::keys::seal_for_node(&self.keys(), tls.as_ref(), token, &req.nonce, &req.addr);
         let every_ms = self.heartbeat_every().as_millis() as u64;
-        Ok(NodeWelcome { node, nonce, sealed, every_ms, heads: self.heads_alive() }.into())
+        Ok(NodeWelcome { node, nonce, sealed, every_ms, heads: self.heads_alive(), tls }.into())
+    }
+
+    /// On a head serving TLS: the identity of the data node advertising `addr`, issued
+    /// by the cluster's authority at its first join to this head process.
+    fn node_tls(&self, addr: &str) -> Result<Option<crate::cluster::keys::NodeTls>, WireError> {
+        let Some(ca) = self.ca.get() else { return Ok(None) };
+        if let Some(known) = self.issued.lock().get(addr) {
+            return Ok(Some(known.clone()));
+        }
+        let (chain, key) = ca.issue(&[locus_client::host_of(addr)]).map_err(|e| WireError::new(Code::IO, e))?;
+        let tls = (chain, key, ca.cert_pem.clone());
+        self.issued.lock().insert(addr.to_string(), tls.clone());
+        Ok(Some(tls))
+    }
+
+    /// Serves TLS with a certificate of the cluster's authority (made now if the
+    /// namespace has none): written as the state directory's identity (`cert.pem`, the
+    /// chain up to the authority, which is what clients and data nodes trust, and
+    /// `key.pem`) for the names a local server's has, the names clients reach it
+    /// by (`names`, `--name`) and the host it advertises. Its links to data nodes go
+    /// over TLS too.
+    pub(crate) fn serve_tls(&self, state_dir: &std::path::Path, names: &[String]) -> Result<(), crate::ServerError> {
+        let tls_err = crate::ServerError::Tls;
+        let ca = crate::cluster::cluster_ca::ClusterCa::open(&self.meta, &self.sealing.wrap).map_err(tls_err)?;
+        let mut hosts = crate::config::local_tls_names();
+        hosts.extend(names.iter().cloned());
+        hosts.extend(self.config.advertise.as_deref().map(locus_client::host_of));
+        let mut seen = std::collections::HashSet::new();
+        hosts.retain(|h| seen.insert(h.clone()));
+        let (chain, key) = ca.issue(&hosts).map_err(tls_err)?;
+        let cert = state_dir.join(crate::config::CERT_FILE);
+        crate::config::write_identity(&cert, &chain, &state_dir.join(crate::config::KEY_FILE), &key)?;
+        self.reads.use_tls(cert);
+        let _ = self.ca.set(ca);
+        Ok(())
     }
 
     /// Where data nodes reach this head: `--advertise`, else the address it listens

@@ -66,15 +66,39 @@ fn transport_key(token: &[u8], node_nonce: &[u8], head_nonce: &[u8]) -> [u8; 32]
     mac(token, &[b"locus key transport", node_nonce, head_nonce])
 }
 
-/// The head's side of a join: `keys` sealed for the node that authenticated with
-/// `token`, sent `node_nonce` and announced `addr`. Answers the head's nonce and the
-/// sealed ring.
-pub fn seal_for_node(keys: &KeyRing, token: &[u8], node_nonce: &[u8], addr: &str) -> (Vec<u8>, Vec<u8>) {
+/// A data node's TLS identity as its head issues it: the certificate chain, its key
+/// and the cluster's authority, each PEM.
+pub type NodeTls = (String, String, String);
+
+/// The head's side of a join: `keys` (and the node's TLS identity, if any) sealed for
+/// the node that authenticated with `token`, sent `node_nonce` and announced `addr`.
+/// Answers the head's nonce, the sealed ring and the sealed identity (empty if none).
+pub fn seal_for_node(
+    keys: &KeyRing,
+    tls: Option<&NodeTls>,
+    token: &[u8],
+    node_nonce: &[u8],
+    addr: &str,
+) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     let mut head_nonce = vec![0u8; 32];
     getrandom::fill(&mut head_nonce).expect("the OS provides randomness");
     let k = transport_key(token, node_nonce, &head_nonce);
     let sealed = seal(&k, b"join", addr.as_bytes(), &locus_proto::codec::encode(keys));
-    (head_nonce, sealed)
+    let tls = tls.map_or_else(Vec::new, |t| seal(&k, b"join tls", addr.as_bytes(), &locus_proto::codec::encode(t)));
+    (head_nonce, sealed, tls)
+}
+
+/// The node's side of a join's TLS identity; `None` if it does not open.
+pub fn open_tls_from_head(
+    token: &[u8],
+    node_nonce: &[u8],
+    head_nonce: &[u8],
+    addr: &str,
+    sealed: &[u8],
+) -> Option<NodeTls> {
+    let k = transport_key(token, node_nonce, head_nonce);
+    let plain = unseal(&k, b"join tls", addr.as_bytes(), sealed)?;
+    locus_proto::codec::decode(&plain).ok()
 }
 
 /// The node's side of a join: the ring the head sealed, or `None` if it does not open
@@ -135,7 +159,15 @@ mod tests {
     #[test]
     fn a_join_seal_opens_only_with_the_same_token_nonces_and_address() {
         let ring = KeyRing::new(b"k".repeat(32));
-        let (head_nonce, sealed) = seal_for_node(&ring, b"token", b"node nonce", "10.0.0.1:9610");
+        let tls: NodeTls = ("CHAIN".into(), "SECRET KEY".into(), "CA".into());
+        let (head_nonce, sealed, sealed_tls) =
+            seal_for_node(&ring, Some(&tls), b"token", b"node nonce", "10.0.0.1:9610");
+        let open_tls = |token: &[u8], addr| open_tls_from_head(token, b"node nonce", &head_nonce, addr, &sealed_tls);
+        assert_eq!(open_tls(b"token", "10.0.0.1:9610"), Some(tls));
+        assert!(open_tls(b"other", "10.0.0.1:9610").is_none());
+        assert!(open_tls(b"token", "10.0.0.2:9610").is_none());
+        assert!(!sealed_tls.windows(10).any(|w| w == b"SECRET KEY"), "the node's key never in clear");
+        assert!(seal_for_node(&ring, None, b"token", b"n", "a").2.is_empty(), "no identity from a plain head");
         assert_eq!(open_from_head(b"token", b"node nonce", &head_nonce, "10.0.0.1:9610", &sealed), Some(ring));
         assert!(open_from_head(b"other", b"node nonce", &head_nonce, "10.0.0.1:9610", &sealed).is_none());
         assert!(open_from_head(b"token", b"other nonce", &head_nonce, "10.0.0.1:9610", &sealed).is_none());

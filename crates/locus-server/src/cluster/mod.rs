@@ -44,6 +44,8 @@ mod active_files;
 #[cfg(feature = "cluster")]
 mod changes;
 pub mod checksums;
+#[cfg(feature = "cluster")]
+pub mod cluster_ca;
 mod config;
 #[cfg(feature = "cluster")]
 mod fanout;

@@ -61,6 +61,40 @@ pub struct Joined {
 /// Where a data node keeps the heads it learned of, one address a line.
 pub const HEADS_FILE: &str = "cluster-heads";
 
+/// Where a data node keeps the TLS certificate chain its head issued it.
+pub const NODE_CERT_FILE: &str = "node-cert.pem";
+/// Where a data node keeps the key of [`NODE_CERT_FILE`] (mode 0600).
+pub const NODE_KEY_FILE: &str = "node-key.pem";
+/// Where a data node keeps the cluster's certificate authority, which it checks other
+/// nodes against.
+pub const CLUSTER_CA_FILE: &str = "cluster-ca.pem";
+
+/// The TLS identity a head issued this node, kept in `state_dir`: the certificate and
+/// key files, if both are there.
+pub fn issued_identity(state_dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let (cert, key) = (state_dir.join(NODE_CERT_FILE), state_dir.join(NODE_KEY_FILE));
+    (cert.exists() && key.exists()).then_some((cert, key))
+}
+
+/// Serves TLS with the identity a head issued this node (chain, key, authority), kept
+/// in the state directory for restarts; connections accepted from now on use it. One
+/// the node already serves is left as it is.
+fn adopt_identity(shared: &Shared, tls: &crate::cluster::keys::NodeTls) -> Result<(), String> {
+    let (chain, key, ca) = tls;
+    let dir = &shared.config.state_dir;
+    let (cert_path, key_path) = (dir.join(NODE_CERT_FILE), dir.join(NODE_KEY_FILE));
+    if shared.tls.read().is_some() && std::fs::read_to_string(&cert_path).is_ok_and(|c| c == *chain) {
+        return Ok(());
+    }
+    let kept = |e: crate::ServerError| format!("keeping the TLS identity the head issued: {e}");
+    crate::config::write_identity(&cert_path, chain, &key_path, key).map_err(kept)?;
+    std::fs::write(dir.join(CLUSTER_CA_FILE), ca).map_err(|e| format!("keeping the cluster's authority: {e}"))?;
+    let acceptor = crate::config::acceptor_from(&cert_path, &key_path).map_err(kept)?;
+    *shared.tls.write() = Some(acceptor);
+    tracing::info!("serving TLS with the identity the head issued");
+    Ok(())
+}
+
 /// Joins the head once (a heartbeat): the head records the node (`advertise` is the
 /// address clients reach it at) and the versions it found damaged since it last joined,
 /// and answers the cluster's keys, sealed for this node, which it then trusts, how soon
@@ -101,6 +135,11 @@ pub async fn join(
     let token = head.credentials.token.as_bytes();
     let keys = crate::cluster::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
+    if !welcome.tls.is_empty() {
+        let tls = crate::cluster::keys::open_tls_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.tls)
+            .ok_or_else(|| format!("the TLS identity the head at {} sent does not open", head.addr))?;
+        adopt_identity(shared, &tls)?;
+    }
     keep_keys(shared, token, &keys);
     shared.set_node_key(keys);
     shared.set_node_id(welcome.node);

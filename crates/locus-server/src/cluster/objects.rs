@@ -73,7 +73,13 @@ pub(crate) fn read_version(
 
 /// Copies a version from the first of `location`'s nodes that answers into `objects`,
 /// then gives it checksums (each block it read was checked at the source).
-async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk: u32) -> Result<(), WireError> {
+async fn fetch(
+    objects: &std::path::Path,
+    reads: &locus_client::nodes::NodeReads,
+    location: &Location,
+    rate: u64,
+    chunk: u32,
+) -> Result<(), WireError> {
     use tokio::io::AsyncWriteExt;
     let cap = &location.capability;
     let name = object_name(cap.object, cap.version);
@@ -82,7 +88,6 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
     let tmp = objects.join(format!(".fetch-{name}-{}", hex::encode(salt)));
     let io = |e: std::io::Error| WireError::io("object_fetch", e);
     let mut out = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await.map_err(io)?;
-    let reads = locus_client::nodes::NodeReads::default();
     // A holder that failed a read is asked no more in this copy while another remains.
     let mut location = location.clone();
     let started = std::time::Instant::now();
@@ -114,12 +119,16 @@ async fn fetch(objects: &std::path::Path, location: &Location, rate: u64, chunk:
             // Asked again of every holder in turn when the first did not answer.
             let data = match answered {
                 Some(d) => d,
-                None => reads.read(&location, offset, want).await.map_err(|e| {
-                    WireError::new(Code::IO, format!("no node holding version {name} answered: {e}"))
-                })?,
+                None => reads
+                    .read(&location, offset, want)
+                    .await
+                    .map_err(|e| WireError::new(Code::IO, format!("no node holding version {name} answered: {e}")))?,
             };
             if data.len() != want as usize {
-                return Err(WireError::new(Code::IO, format!("version {name}: a short read at {offset} of {} bytes", cap.size)));
+                return Err(WireError::new(
+                    Code::IO,
+                    format!("version {name}: a short read at {offset} of {} bytes", cap.size),
+                ));
             }
             out.write_all(&data).await.map_err(io)?;
             at += data.len() as u64;
@@ -525,8 +534,12 @@ impl Session {
         let location = Location { nodes: req.from, capability: req.capability, node_token: token };
         let objects = objects_dir(&self.shared);
         let max = self.shared.config.limits.max_data.min(1 << 20);
+        let reads = locus_client::nodes::NodeReads::default();
+        if let Some(ca) = self.shared.cluster_ca() {
+            reads.use_tls(ca);
+        }
         Ok(Answer::later(Box::pin(async move {
-            fetch(&objects, &location, req.rate, max).await?;
+            fetch(&objects, &reads, &location, req.rate, max).await?;
             Ok(Answer::from(()).encode())
         })))
     }

@@ -42,8 +42,13 @@ impl Head {
     }
 
     /// A data node's URL from which `subject` can read `e`'s current version over HTTP
-    /// (the first node holding it that serves HTTP), when it is large enough.
+    /// (the first node holding it that serves HTTP), when it is large enough. None
+    /// while this head serves TLS: a node's HTTP door is plain, and a redirect there
+    /// would send the capability and the bytes readable.
     pub fn http_location(&self, subject: &str, e: &Entry) -> Option<String> {
+        if self.ca.get().is_some() {
+            return None;
+        }
         let location = self.location(subject, e).ok()??;
         let nodes = self.nodes().ok()?;
         let http = location.nodes.iter().find_map(|addr| nodes.iter().find(|n| &n.addr == addr)?.http.clone())?;
