@@ -33,6 +33,10 @@ pub struct ServeArgs {
     #[arg(long = "name", value_name = "HOST[:PORT]")]
     names: Vec<locus_server::login::ServerName>,
     /// Serve TLS with the certificate in the state directory (self-signed on first use).
+    /// A cluster head's is issued at each start by its cluster's authority, and every
+    /// link of the cluster is TLS: STATE/cert.pem then holds the authority, the file
+    /// clients and data nodes trust (LOCUS_TLS_CA); a data node is issued its own when it
+    /// joins and serves TLS from then on.
     #[arg(long)]
     tls: bool,
     /// Write the port actually bound to this file (useful with port 0); lines `metrics
@@ -321,7 +325,13 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
         }
         if let Some(head) = config.head.as_mut() {
             head.advertise = args.advertise.clone();
+            // A TLS head's certificate names the address it listens at, which it tells
+            // nodes and clients when it has no --advertise.
+            if config.tls && !addr.ip().is_unspecified() && args.advertise.is_none() {
+                config.names.push(addr.to_string().parse().map_err(|e| format!("{addr}: {e}"))?);
+            }
         }
+        config.data_node = args.data_node.is_some();
         // The admin token of a new server (or of the user's own, in ~/.locus/server)
         // becomes the user's credentials for the addresses a local client dials; a data
         // node's stays its own: its clients are its head.

@@ -6,7 +6,8 @@
 //! the client's link and not the head's), then asks the head to commit
 //! (`write_commit`) with the CRC-32 of what it sent, which every node checks its copy
 //! against. Until the commit no reader sees the new version; a write never committed is
-//! dropped by the head. Off with `LOCUS_THIRD_PARTY=0` and over TLS, as reads are.
+//! dropped by the head. Off with `LOCUS_THIRD_PARTY=0`, as reads are; a client over TLS
+//! to its head writes to the nodes over TLS too.
 
 use crate::receive::ReadAhead;
 use crate::{Client, Result, Waiter};

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     /// Serve TLS (rustls) instead of plain TCP.
     pub tls: bool,
+    /// This server is a cluster's data node: it serves the TLS identity a head issued
+    /// it (kept in the state directory) once it has one.
+    pub data_node: bool,
     /// Connections served at once; further clients wait in the accept queue.
     pub max_connections: usize,
     /// Connection threads (each a single-threaded runtime owning its connections).
@@ -128,6 +131,7 @@ impl ServerConfig {
             devices: Vec::new(),
             state_dir: state_dir.into(),
             tls: false,
+            data_node: false,
             max_connections: 1024,
             threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_handles: 4096,
@@ -334,15 +338,22 @@ pub const KEY_FILE: &str = "key.pem";
 /// Writes a TLS identity: the certificate chain (PEM) to `cert_path` and its key to
 /// `key_path`, made mode 0600 before a byte of it is written.
 pub fn write_identity(cert_path: &Path, cert_pem: &str, key_path: &Path, key_pem: &str) -> Result<(), ServerError> {
-    let mut key = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(key_path)
-        .map_err(|e| ServerError::io("write TLS key", e))?;
-    key.write_all(key_pem.as_bytes()).map_err(|e| ServerError::io("write TLS key", e))?;
-    std::fs::write(cert_path, cert_pem).map_err(|e| ServerError::io("write TLS certificate", e))
+    // Each file whole or not at all (a new one renamed over the old): the key first, so
+    // a certificate is never there without the key it was issued with.
+    let replace = |path: &Path, bytes: &[u8], mode: u32, what: &str| {
+        let tmp = path.with_extension("new");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+            .map_err(|e| ServerError::io(what, e))?;
+        f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| ServerError::io(what, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| ServerError::io(what, e))
+    };
+    replace(key_path, key_pem.as_bytes(), 0o600, "write TLS key")?;
+    replace(cert_path, cert_pem.as_bytes(), 0o644, "write TLS certificate")
 }
 
 /// Loads the TLS identity from the state directory, creating a self-signed one (for

@@ -123,7 +123,7 @@ async fn serve(
     // authenticate; until it has, its frames are small (see `frame_loop`).
     let deadline = tokio::time::Instant::now() + shared.config.auth_timeout;
     let sendfile = tls.is_none() && shared.config.sendfile.use_for(stream.local_addr()?.ip(), stream.peer_addr()?.ip());
-    let mut link = login::Link { local: stream.local_addr()?, exporter: Vec::new() };
+    let mut link = login::Link { local: stream.local_addr()?, peer: stream.peer_addr()?, exporter: Vec::new() };
     let (reader, writer) = match tls {
         Some(acceptor) => {
             let tls = until(Some(deadline), acceptor.accept(stream)).await?;

@@ -230,9 +230,15 @@ impl Server {
             let names: Vec<String> = config.names.iter().map(|n| n.host.clone()).collect();
             head.serve_tls(&config.state_dir, &names)?;
         }
-        let tls = match (config.tls, cluster::node::issued_identity(&config.state_dir)) {
+        let issued = cluster::node::issued_identity(&config.state_dir).filter(|_| config.data_node);
+        let tls = match (config.tls, issued) {
             (true, _) => Some(config::tls_acceptor(&config.state_dir)?),
-            (false, Some((cert, key))) => Some(config::acceptor_from(&cert, &key)?),
+            // A kept identity that does not load: plain until the next join issues one.
+            (false, Some((cert, key))) => config::acceptor_from(&cert, &key)
+                .inspect_err(|e| {
+                    tracing::warn!("the TLS identity this node kept does not load ({e}): plain until it joins")
+                })
+                .ok(),
             (false, None) => None,
         };
         // A head's scripts keep their values and locks in the namespace, shared with

@@ -26,6 +26,8 @@ use std::net::{IpAddr, SocketAddr};
 pub struct Link {
     /// The local address the connection arrived at.
     pub local: SocketAddr,
+    /// The address the connection came from.
+    pub peer: SocketAddr,
     /// The TLS exporter secret ([`auth::TLS_EXPORTER_LABEL`]); empty on plain TCP.
     pub exporter: Vec<u8>,
 }

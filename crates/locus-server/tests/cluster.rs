@@ -609,7 +609,8 @@ async fn a_rotated_key_signs_nothing_after_its_capabilities_expire() {
 /// A head serving TLS issues each data node a certificate of the cluster's authority
 /// when it joins; clients then read from the nodes over TLS, checking them against the
 /// head's certificate file (third-party reads and writes stay on). A node then refuses
-/// plain TCP, and a client trusting another authority refuses the node.
+/// plain TCP, a client trusting another authority refuses the node, and a node that
+/// joins a head serving plain TCP goes back to plain TCP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_tls_nodes_serve_certificates_of_the_cluster_and_third_party_stays_on() {
     let head = TestServer::start_with(|config| {
@@ -622,10 +623,8 @@ async fn under_tls_nodes_serve_certificates_of_the_cluster_and_third_party_stays
     let big = pattern(3 * MIB + 7, 4);
     admin.write_file("/big", 0o644, &big).await.unwrap();
     assert!(objects_on(&n1) + objects_on(&n2) >= 1, "the version is on the nodes");
-    let (h, loc) = located(&admin, "/big").await;
-    assert_eq!(admin.pread(h, 5, 10).await.unwrap(), big[5..15]);
-    admin.close(h).await.unwrap();
     assert_eq!(admin.read_file("/big").await.unwrap(), big);
+    let (h, loc) = located(&admin, "/big").await;
 
     let ca = head.state_dir().join(locus_server::config::CERT_FILE);
     let over_tls = NodeReads::default();
@@ -642,4 +641,30 @@ async fn under_tls_nodes_serve_certificates_of_the_cluster_and_third_party_stays
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(key).unwrap().permissions());
         assert_eq!(mode & 0o077, 0, "the node's key is private");
     }
+
+    // A holder of the nodes' token gets no certificate for an address it does not join
+    // from (a head's, another node's).
+    let impostor = locus_client::Client::connect(&head.options(capability::NODE_SUBJECT)).await.unwrap();
+    let join = locus_client::ops::NodeJoin {
+        addr: "10.9.9.9:9610".into(),
+        http: None,
+        free: 1 << 30,
+        nonce: vec![7; 32],
+        damaged: vec![],
+        io: Default::default(),
+        busiest: vec![],
+    };
+    assert_eq!(code(impostor.call(join).await.unwrap_err()), Code::ACCES);
+
+    // The client's reads of the open file go to its node, over TLS: they go on with the
+    // head gone.
+    drop(head);
+    assert_eq!(admin.pread(h, MIB as u64, 100).await.unwrap(), big[MIB..MIB + 100], "read from the node");
+
+    // Joining a head that serves plain TCP, a node serves plain TCP again.
+    let plain_head = TestServer::head(None, |_| {});
+    n1.join(&plain_head);
+    assert!(locus_server::cluster::node::issued_identity(&n1.state_dir()).is_none(), "forgotten");
+    let plain = n1.client("admin").await;
+    assert!(plain.stat("/").await.is_ok(), "plain TCP again");
 }

@@ -250,7 +250,7 @@ impl TestServer {
     /// it then sends heartbeats as `locus serve --data-node` does (as often as the head
     /// asks) until it is dropped.
     pub fn data_node(head: &TestServer) -> TestServer {
-        let node = TestServer::start();
+        let node = TestServer::start_with(|c| c.data_node = true);
         std::fs::create_dir_all(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).expect("objects dir");
         node.join(head);
         let options = head.options(locus_proto::capability::NODE_SUBJECT);

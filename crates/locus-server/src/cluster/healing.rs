@@ -59,7 +59,14 @@ impl Head {
     /// A data node's join (its heartbeat, made as `locus-node` with `token`): records
     /// it, its free space and the versions it found damaged, and answers the cluster's
     /// keys sealed for it and how soon to join again.
-    pub(crate) fn heartbeat(&self, req: &NodeJoin, token: &[u8]) -> Reply<NodeWelcome> {
+    pub(crate) fn heartbeat(
+        &self,
+        req: &NodeJoin,
+        token: &[u8],
+        peer: Option<std::net::SocketAddr>,
+    ) -> Reply<NodeWelcome> {
+        // Checked first: a join this head would not issue a certificate for records nothing.
+        let tls = self.node_tls(&req.addr, peer)?;
         let node = self.meta.join_node(&req.addr, req.http.as_deref(), req.free).map_err(meta_err)?;
         let busiest = &req.busiest[..req.busiest.len().min(crate::cluster::node::BUSIEST_REPORTED)];
         if let Err(e) = self.meta.record_node_accounts(node, &req.io, busiest) {
@@ -72,7 +79,6 @@ impl Head {
         self.forget_nodes();
         self.placed.lock().remove(&node);
         tracing::debug!(node, addr = %req.addr, free = req.free, "data node heartbeat");
-        let tls = self.node_tls(&req.addr)?;
         let (nonce, sealed, tls) =
             crate::cluster::keys::seal_for_node(&self.keys(), tls.as_ref(), token, &req.nonce, &req.addr);
         let every_ms = self.heartbeat_every().as_millis() as u64;
@@ -80,13 +86,33 @@ impl Head {
     }
 
     /// On a head serving TLS: the identity of the data node advertising `addr`, issued
-    /// by the cluster's authority at its first join to this head process.
-    fn node_tls(&self, addr: &str) -> Result<Option<crate::cluster::keys::NodeTls>, WireError> {
+    /// by the cluster's authority at its first join to this head process. Only for the
+    /// IP address the join came from (`peer`), so that a holder of the nodes' token
+    /// gets no certificate for a name that is not its own (a head's, another node's);
+    /// a node behind a NAT or proxy cannot join a TLS head.
+    fn node_tls(
+        &self,
+        addr: &str,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<Option<crate::cluster::keys::NodeTls>, WireError> {
         let Some(ca) = self.ca.get() else { return Ok(None) };
+        let host = locus_client::host_of(addr);
+        let named = host.parse::<std::net::IpAddr>().ok().map(|ip| ip.to_canonical());
+        let peer = peer.map(|p| p.ip().to_canonical());
+        if named.is_none() || named != peer {
+            return Err(WireError::new(
+                Code::ACCES,
+                format!(
+                    "a data node of a TLS head advertises the IP address it joins from, which its certificate \
+                     names (this join came from {}, advertising {addr:?})",
+                    peer.map_or_else(|| "nowhere".to_string(), |p| p.to_string())
+                ),
+            ));
+        }
         if let Some(known) = self.issued.lock().get(addr) {
             return Ok(Some(known.clone()));
         }
-        let (chain, key) = ca.issue(&[locus_client::host_of(addr)]).map_err(|e| WireError::new(Code::IO, e))?;
+        let (chain, key) = ca.issue(&[host]).map_err(|e| WireError::new(Code::IO, e))?;
         let tls = (chain, key, ca.cert_pem.clone());
         self.issued.lock().insert(addr.to_string(), tls.clone());
         Ok(Some(tls))

@@ -76,6 +76,18 @@ pub fn issued_identity(state_dir: &std::path::Path) -> Option<(std::path::PathBu
     (cert.exists() && key.exists()).then_some((cert, key))
 }
 
+/// Stops serving an identity a head issued this node (its head now serves plain TCP),
+/// and forgets it.
+fn drop_identity(shared: &Shared) {
+    let Some((cert, key)) = issued_identity(&shared.config.state_dir) else { return };
+    for f in [cert, key, shared.config.state_dir.join(CLUSTER_CA_FILE)] {
+        let _ = std::fs::remove_file(f);
+    }
+    let own = shared.config.tls.then(|| crate::config::tls_acceptor(&shared.config.state_dir).ok()).flatten();
+    *shared.tls.write() = own;
+    tracing::info!("the head serves plain TCP: so does this node now");
+}
+
 /// Serves TLS with the identity a head issued this node (chain, key, authority), kept
 /// in the state directory for restarts; connections accepted from now on use it. One
 /// the node already serves is left as it is.
@@ -87,8 +99,8 @@ fn adopt_identity(shared: &Shared, tls: &crate::cluster::keys::NodeTls) -> Resul
         return Ok(());
     }
     let kept = |e: crate::ServerError| format!("keeping the TLS identity the head issued: {e}");
-    crate::config::write_identity(&cert_path, chain, &key_path, key).map_err(kept)?;
     std::fs::write(dir.join(CLUSTER_CA_FILE), ca).map_err(|e| format!("keeping the cluster's authority: {e}"))?;
+    crate::config::write_identity(&cert_path, chain, &key_path, key).map_err(kept)?;
     let acceptor = crate::config::acceptor_from(&cert_path, &key_path).map_err(kept)?;
     *shared.tls.write() = Some(acceptor);
     tracing::info!("serving TLS with the identity the head issued");
@@ -135,10 +147,14 @@ pub async fn join(
     let token = head.credentials.token.as_bytes();
     let keys = crate::cluster::keys::open_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.sealed)
         .ok_or_else(|| format!("the keys the head at {} sent do not open with this node's token", head.addr))?;
-    if !welcome.tls.is_empty() {
-        let tls = crate::cluster::keys::open_tls_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.tls)
-            .ok_or_else(|| format!("the TLS identity the head at {} sent does not open", head.addr))?;
-        adopt_identity(shared, &tls)?;
+    match welcome.tls.is_empty() {
+        false => {
+            let tls = crate::cluster::keys::open_tls_from_head(token, &nonce, &welcome.nonce, advertise, &welcome.tls)
+                .ok_or_else(|| format!("the TLS identity the head at {} sent does not open", head.addr))?;
+            adopt_identity(shared, &tls)?;
+        }
+        // A head that does not serve TLS reaches its nodes over plain TCP.
+        true => drop_identity(shared),
     }
     keep_keys(shared, token, &keys);
     shared.set_node_key(keys);

@@ -963,7 +963,7 @@ impl Handler for HeadSession {
         if req.nonce.len() < 16 {
             return Err(WireError::new(Code::INVAL, "a join needs a fresh nonce of at least 16 bytes"));
         }
-        self.head.heartbeat(&req, &token)
+        self.head.heartbeat(&req, &token, self.inner.peer())
     }
 
     fn key_rotate(&mut self, _: KeyRotate, _: Bytes) -> Reply<()> {

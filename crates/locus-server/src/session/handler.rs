@@ -21,8 +21,7 @@ impl Handler for Session {
             return Err(WireError::new(
                 Code::PROTO,
                 format!(
-                    "this server speaks Locus protocol {} (logins bound to the server's address); \
-                     a client of protocol {} must be upgraded",
+                    "this server speaks Locus protocol {}; a client of protocol {} must be upgraded",
                     locus_proto::frame::VERSION,
                     req.version
                 ),

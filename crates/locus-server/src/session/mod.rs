@@ -136,6 +136,11 @@ impl Session {
         self.link = Some(link);
     }
 
+    /// The address the connection came from (none for a session of no connection).
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.link.as_ref().map(|l| l.peer)
+    }
+
     /// A session already acting as `subject`, with no push channel of its own: a script
     /// call's, or a Chirp client's. Such sessions do not run active-file handlers (they
     /// cannot wait for a run) and do not hold callbacks.
