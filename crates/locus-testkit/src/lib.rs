@@ -181,7 +181,8 @@ impl TestServer {
         format!("locus://{}{}", self.addr, path)
     }
 
-    /// Connection options for one of the known subjects.
+    /// Connection options for one of the known subjects (over TLS to a TLS server,
+    /// trusting its certificate file).
     pub fn options(&self, subject: &str) -> ConnectOptions {
         // A TLS server's clients trust its own certificate file (a head's holds its
         // cluster's authority).
