@@ -39,6 +39,10 @@ pub struct ClusterArgs {
     /// 4 data nodes and over 1; 0 skips it.
     #[arg(long, default_value_t = 2000)]
     pub find_files: usize,
+    /// Every link TLS: the head serves `--tls`, and its data nodes and the clients trust
+    /// its cluster's authority (third-party transfer over TLS).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 const TOKEN: &str = "cluster-bench-token";
@@ -57,6 +61,8 @@ pub(crate) struct Net {
     hosts: Vec<String>,
     children: Vec<Child>,
     dir: tempfile::TempDir,
+    /// The head's certificate file, which every `locus` here trusts, under `--tls`.
+    tls_ca: Option<PathBuf>,
 }
 
 impl Net {
@@ -70,6 +76,7 @@ impl Net {
             hosts: Vec::new(),
             children: Vec::new(),
             dir: tempfile::tempdir().map_err(|e| BenchError::io("temp", e))?,
+            tls_ca: None,
         };
         sh(&["ip", "-n", "lc-sw", "link", "add", "br0", "type", "bridge"])?;
         sh(&["ip", "-n", "lc-sw", "link", "set", "br0", "up"])?;
@@ -130,6 +137,9 @@ impl Net {
         }
         c.arg(exe).args(args);
         c.env("LOCUS_TOKEN", format!("admin:{TOKEN}")).env("LOCUS_HOME", self.dir.path().join("home"));
+        if let Some(ca) = &self.tls_ca {
+            c.env("LOCUS_TLS_CA", ca);
+        }
         for (k, v) in env {
             c.env(k, v);
         }
@@ -278,15 +288,21 @@ pub(crate) fn start_cluster(
     for i in 1..=clients {
         net.host(&format!("c{i}"), 20 + i as u8, args.rate_mbit)?;
     }
-    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let head_url = head_url(args);
     let (root, state) = net.server_dirs("head")?;
     let listen = format!("10.77.0.1:{PORT}");
     let mut head_args =
         vec!["serve", "--head", "--listen", &listen, "--root", path(&root), "--state", path(&state), "--threads", "2"];
     head_args.extend_from_slice(head_flags);
+    if args.tls {
+        head_args.push("--tls");
+    }
     let serve_head = net.locus("head", &[], &head_args);
     let head_pid = net.spawn(serve_head)?;
     std::thread::sleep(Duration::from_millis(500));
+    if args.tls {
+        net.tls_ca = Some(state.join("cert.pem"));
+    }
     let mut node_pids = Vec::new();
     for i in 1..=nodes {
         let (root, state) = net.server_dirs(&format!("n{i}"))?;
@@ -313,12 +329,17 @@ pub(crate) fn start_cluster(
     Ok((net, head_pid, node_pids))
 }
 
-pub(crate) fn connect_head(rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
+/// The head's URL (`locus+tls://` under `--tls`).
+pub(crate) fn head_url(args: &ClusterArgs) -> String {
+    format!("{}://10.77.0.1:{PORT}/", if args.tls { "locus+tls" } else { "locus" })
+}
+
+pub(crate) fn connect_head(net: &Net, rt: &tokio::runtime::Runtime) -> Result<Client, BenchError> {
     let opts = ConnectOptions {
         addr: format!("10.77.0.1:{PORT}"),
         credentials: Credentials { subject: "admin".into(), token: TOKEN.into() },
-        tls_ca: None,
-        tls_name: None,
+        tls_ca: net.tls_ca.clone(),
+        tls_name: net.tls_ca.as_ref().map(|_| "10.77.0.1".to_string()),
         deadlines: Default::default(),
     };
     rt.block_on(Client::connect(&opts)).map_err(|e| BenchError::Setup(format!("head: {e}")))
@@ -332,8 +353,8 @@ fn measure_find(
     module: &[u8],
     rt: &tokio::runtime::Runtime,
 ) -> Result<(f64, usize), BenchError> {
-    let (_net, _, _) = start_cluster(args, nodes, 0, &[])?;
-    let client = connect_head(rt)?;
+    let (net, _, _) = start_cluster(args, nodes, 0, &[])?;
+    let client = connect_head(&net, rt)?;
     let body = vec![b'x'; (64 << 10) + 1];
     rt.block_on(async {
         client.mkdir("/tree", 0o755).await?;
@@ -371,9 +392,9 @@ fn measure(
     rt: &tokio::runtime::Runtime,
 ) -> Result<Outcome, BenchError> {
     let (net, head_pid, _) = start_cluster(args, n, n, &[])?;
-    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let head_url = head_url(args);
     let size = args.size_mb << 20;
-    let client = connect_head(rt)?;
+    let client = connect_head(&net, rt)?;
     let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
     for i in 0..n {
         rt.block_on(client.write_file(&format!("/f{i}"), 0o644, &data))
@@ -459,7 +480,7 @@ fn measure(
 fn measure_writes(args: &ClusterArgs, net: &Net, n: usize, third_party: bool, data: &[u8]) -> Result<f64, BenchError> {
     let local = net.dir.path().join("upload.dat");
     std::fs::write(&local, data).map_err(|e| BenchError::io("upload file", e))?;
-    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let head_url = head_url(args);
     let tp = if third_party { "1" } else { "0" };
     let mut rates = Vec::new();
     for run in 0..args.repeat {

@@ -2,7 +2,7 @@
 //! versions get their replicas back, with readers on the surviving links and without,
 //! against the rates the links allow (the setup is `cluster`'s).
 
-use crate::cluster::{connect_head, start_cluster, ClusterArgs, PORT};
+use crate::cluster::{connect_head, start_cluster, ClusterArgs};
 use crate::stats::median;
 use crate::BenchError;
 use std::process::Command;
@@ -28,7 +28,7 @@ struct Healing {
 fn measure_heal(args: &ClusterArgs, readers: usize, rt: &tokio::runtime::Runtime) -> Result<Healing, BenchError> {
     let flags = ["--replication", "2", "--node-timeout-s", "3"];
     let (net, _, node_pids) = start_cluster(args, 3, 2, &flags)?;
-    let client = connect_head(rt)?;
+    let client = connect_head(&net, rt)?;
     let files = (args.heal_gib * 16) as usize;
     let data: Vec<u8> = (0..64u64 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     for i in 0..files {
@@ -59,7 +59,7 @@ fn measure_heal(args: &ClusterArgs, readers: usize, rt: &tokio::runtime::Runtime
         }
     }
     let busiest_source = from_each.values().copied().max().unwrap_or(0);
-    let head_url = format!("locus://10.77.0.1:{PORT}/");
+    let head_url = crate::cluster::head_url(args);
     let stop = std::sync::atomic::AtomicBool::new(false);
     let outcome = std::thread::scope(|s| {
         let readers: Vec<_> = (1..=readers)
