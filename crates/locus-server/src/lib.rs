@@ -230,16 +230,21 @@ impl Server {
             let names: Vec<String> = config.names.iter().map(|n| n.host.clone()).collect();
             head.serve_tls(&config.state_dir, &names)?;
         }
+        // A data node's kept identity first (with or without --tls); one that does not
+        // load is forgotten, so that the next join issues and serves a new one.
         let issued = cluster::node::issued_identity(&config.state_dir).filter(|_| config.data_node);
-        let tls = match (config.tls, issued) {
-            (true, _) => Some(config::tls_acceptor(&config.state_dir)?),
-            // A kept identity that does not load: plain until the next join issues one.
-            (false, Some((cert, key))) => config::acceptor_from(&cert, &key)
-                .inspect_err(|e| {
-                    tracing::warn!("the TLS identity this node kept does not load ({e}): plain until it joins")
-                })
-                .ok(),
-            (false, None) => None,
+        let kept = issued.and_then(|(cert, key)| match config::acceptor_from(&cert, &key) {
+            Ok(acceptor) => Some(acceptor),
+            Err(e) => {
+                tracing::warn!("the TLS identity this node kept does not load ({e}): forgotten until it joins");
+                let _ = (std::fs::remove_file(&cert), std::fs::remove_file(&key));
+                None
+            }
+        });
+        let tls = match (kept, config.tls) {
+            (Some(acceptor), _) => Some(acceptor),
+            (None, true) => Some(config::tls_acceptor(&config.state_dir)?),
+            (None, false) => None,
         };
         // A head's scripts keep their values and locks in the namespace, shared with
         // every other head; one server's, in memory.
