@@ -96,9 +96,7 @@ pub fn open_tls_from_head(
     addr: &str,
     sealed: &[u8],
 ) -> Option<NodeTls> {
-    let k = transport_key(token, node_nonce, head_nonce);
-    let plain = unseal(&k, b"join tls", addr.as_bytes(), sealed)?;
-    locus_proto::codec::decode(&plain).ok()
+    open_join(b"join tls", token, node_nonce, head_nonce, addr, sealed)
 }
 
 /// The node's side of a join: the ring the head sealed, or `None` if it does not open
@@ -110,9 +108,20 @@ pub fn open_from_head(
     addr: &str,
     sealed: &[u8],
 ) -> Option<KeyRing> {
+    open_join(b"join", token, node_nonce, head_nonce, addr, sealed)
+}
+
+/// What [`seal_for_node`] sealed under `label`, opened and decoded.
+fn open_join<T: serde::de::DeserializeOwned>(
+    label: &[u8],
+    token: &[u8],
+    node_nonce: &[u8],
+    head_nonce: &[u8],
+    addr: &str,
+    sealed: &[u8],
+) -> Option<T> {
     let k = transport_key(token, node_nonce, head_nonce);
-    let plain = unseal(&k, b"join", addr.as_bytes(), sealed)?;
-    locus_proto::codec::decode(&plain).ok()
+    locus_proto::codec::decode(&unseal(&k, label, addr.as_bytes(), sealed)?).ok()
 }
 
 /// The ring as the database keeps it: sealed under the wrap key, in hex.
