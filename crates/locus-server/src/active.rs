@@ -310,7 +310,7 @@ impl ActiveFiles {
             wasm: handler.wasm.clone(),
             args,
             env: Vec::new(),
-            view,
+            view: crate::storelet_host::Seen::Dir(view),
             write: false,
             record_inputs: true,
             native: handler.program.clone(),

@@ -31,7 +31,8 @@ use wiggle::GuestPtr;
 const SYMLINK_FOLLOW: i32 = 1;
 
 /// A directory listing in WASI's dirent format, and where each entry starts.
-struct Listing {
+#[derive(Default)]
+pub(crate) struct Listing {
     bytes: Vec<u8>,
     starts: Vec<usize>,
 }
@@ -190,7 +191,7 @@ fn wasi_filetype(t: FileType) -> types::Filetype {
     }
 }
 
-fn push_entry(l: &mut Listing, ino: u64, t: types::Filetype, name: &[u8]) {
+pub(crate) fn push_entry(l: &mut Listing, ino: u64, t: types::Filetype, name: &[u8]) {
     l.starts.push(l.bytes.len());
     let next = l.starts.len() as u64;
     l.bytes.extend_from_slice(&next.to_le_bytes());
@@ -253,7 +254,12 @@ pub(crate) fn readdir(
     let mem = c.get_export("memory").and_then(Extern::into_memory);
     let mem = mem.ok_or_else(|| anyhow::anyhow!("missing required memory export"))?;
     let (data, state) = mem.data_and_store_mut(&mut c);
-    let listing = &state.dirs.listings[&fd];
+    Ok(serve_listing(data, &state.dirs.listings[&fd], buf, buf_len, cookie, out))
+}
+
+/// Copies what fits of `listing` from entry `cookie` on into the guest's buffer, and
+/// the count of bytes copied to `out`, as `fd_readdir` does: the errno.
+pub(crate) fn serve_listing(data: &mut [u8], listing: &Listing, buf: i32, buf_len: i32, cookie: i64, out: i32) -> i32 {
     let start = match usize::try_from(cookie) {
         Ok(k) if k < listing.starts.len() => listing.starts[k],
         _ => listing.bytes.len(),
@@ -261,9 +267,9 @@ pub(crate) fn readdir(
     let n = (listing.bytes.len() - start).min(buf_len as u32 as usize);
     let (buf, out) = (buf as u32 as usize, out as u32 as usize);
     if buf + n > data.len() || out + 4 > data.len() {
-        return Ok(Errno::Fault as i32);
+        return Errno::Fault as i32;
     }
     data[buf..buf + n].copy_from_slice(&listing.bytes[start..start + n]);
     data[out..out + 4].copy_from_slice(&(n as u32).to_le_bytes());
-    Ok(0)
+    0
 }

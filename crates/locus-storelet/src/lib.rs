@@ -19,9 +19,11 @@ mod guest;
 mod meter;
 pub mod native;
 pub mod output;
+mod tree;
 
 pub use dirs::{Inputs, Stamp};
 pub use output::{OutputSink, Stream};
+pub use tree::{Tree, TreeFile};
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -211,6 +213,8 @@ pub struct RunSpec<'a> {
     pub env: &'a [(String, String)],
     /// The directory preopened as `/`, and whether it is writable.
     pub dir: Option<(&'a Path, bool)>,
+    /// Or a read-only [`Tree`] seen as `/` (in place of `dir`).
+    pub tree: Option<Arc<Tree>>,
     pub limits: Limits,
     /// Takes stdout and stderr as they are written; without one they are collected.
     pub output: Option<OutputSink>,
@@ -222,7 +226,7 @@ pub struct RunSpec<'a> {
 impl<'a> RunSpec<'a> {
     /// A run with `args` and `limits`, no directory, collected output.
     pub fn new(args: &'a [String], limits: Limits) -> RunSpec<'a> {
-        RunSpec { args, env: &[], dir: None, limits, output: None, control: Arc::default(), record_inputs: false }
+        RunSpec { args, env: &[], dir: None, tree: None, limits, output: None, control: Arc::default(), record_inputs: false }
     }
 
     /// The same run with `dir` preopened as `/`.
@@ -272,6 +276,8 @@ pub(crate) struct RunState {
     charged: Duration,
     /// The host side of the directories the program opened (see `dirs`).
     dirs: dirs::Dirs,
+    /// The run's tree and its open files, when it sees one (see `tree`).
+    tree: Option<tree::TreeFds>,
     /// The limit (or "cancelled") that stopped the run, with a detail.
     tripped: Option<(&'static str, String)>,
 }
@@ -309,6 +315,8 @@ pub struct Runner {
     engine: Engine,
     /// WASI with its I/O functions metered: what modules link against.
     linker: Linker<RunState>,
+    /// The same, with the calls on files served from a [`Tree`]: for runs that see one.
+    tree_linker: Linker<RunState>,
     cache_dir: PathBuf,
     modules: Mutex<HashMap<String, Module>>,
     compile_lock: Mutex<()>,
@@ -330,6 +338,8 @@ impl Runner {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut RunState| &mut s.wasi).map_err(setup)?;
         meter::add_to_linker(&mut linker)?;
+        let mut tree_linker = linker.clone();
+        tree::add_to_linker(&mut tree_linker)?;
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("locus-epoch".into())
@@ -344,6 +354,7 @@ impl Runner {
         Ok(Arc::new(Runner {
             engine,
             linker,
+            tree_linker,
             cache_dir: cache_dir.to_path_buf(),
             modules: Mutex::new(HashMap::new()),
             compile_lock: Mutex::new(()),
@@ -408,7 +419,7 @@ impl Runner {
         // File operations run on this (low-priority, metered) thread, not on a shared pool.
         b.allow_blocking_current_thread(true);
         let mut preopen = None;
-        if let Some((path, writable)) = spec.dir {
+        if let (Some((path, writable)), None) = (spec.dir, &spec.tree) {
             let flags = rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC;
             preopen = rustix::fs::open(path, flags, rustix::fs::Mode::empty()).ok();
             let (d, f) = if writable { (DirPerms::all(), FilePerms::all()) } else { (DirPerms::READ, FilePerms::READ) };
@@ -421,6 +432,7 @@ impl Runner {
             io: IoUse::default(),
             charged: Duration::ZERO,
             dirs: dirs::Dirs::new(preopen, spec.record_inputs),
+            tree: spec.tree.clone().map(tree::TreeFds::new),
             tripped: None,
         };
         let mut store = Store::new(&self.engine, state);
@@ -457,8 +469,8 @@ impl Runner {
             Ok(UpdateDeadline::Continue(1))
         });
 
-        let result = self
-            .linker
+        let linker = if spec.tree.is_some() { &self.tree_linker } else { &self.linker };
+        let result = linker
             .instantiate(&mut store, module)
             .and_then(|i| i.get_typed_func::<(), ()>(&mut store, "_start"))
             .and_then(|start| start.call(&mut store, ()));

@@ -36,7 +36,7 @@ fn iovs_of<T>(ptr: i32, n: i32) -> GuestPtr<[T]> {
 
 /// Which byte limit a metered call counts against.
 #[derive(Clone, Copy)]
-enum Bytes {
+pub(crate) enum Bytes {
     Read,
     Written,
 }
@@ -44,7 +44,7 @@ enum Bytes {
 /// Runs one of WASI's read or write calls under the run's byte limit: refuses it once
 /// the limit is reached, stores the count at `out` as WASI's own glue does, and adds the
 /// count to the run's total. Writes to stdout and stderr are counted as output instead.
-fn metered(
+pub(crate) fn metered(
     c: &mut Caller<'_, RunState>,
     kind: Bytes,
     fd: i32,

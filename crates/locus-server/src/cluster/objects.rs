@@ -268,13 +268,12 @@ pub(crate) fn adopt(objects: &std::path::Path, token: &str, object: u64, version
         .ok_or_else(|| WireError::new(Code::IO, format!("version {name}: not sealed")))
 }
 
-/// Where a data node lays out the files of a cluster-wide run, under its export.
+/// Where a data node lays out the files of a writable cluster-wide run, under its export.
 pub const VIEWS_DIR: &str = "views";
 
-/// A directory of hard links to object versions (and copies of inline files) under
-/// their names in a cluster-wide run: what the node's share of the run sees; for a
-/// writable run, copies of the versions (a write must never reach a version's bytes).
-/// Removed when dropped.
+/// A directory of copies of object versions (and of inline files) under their names in
+/// a writable cluster-wide run: what the node's share of the run sees and changes (a
+/// write must never reach a version's bytes). Removed when dropped.
 struct View {
     /// The directory, relative to the export.
     rel: String,
@@ -283,12 +282,7 @@ struct View {
 
 impl View {
     /// The view under the export `root` of `files`, whose versions are in `objects`.
-    fn make(
-        root: &std::path::Path,
-        objects: &std::path::Path,
-        files: &[ViewFile],
-        copy: bool,
-    ) -> Result<View, WireError> {
+    fn make(root: &std::path::Path, objects: &std::path::Path, files: &[ViewFile]) -> Result<View, WireError> {
         let mut id = [0u8; 8];
         getrandom::fill(&mut id).expect("the OS provides randomness");
         let name = hex::encode(id);
@@ -307,24 +301,14 @@ impl View {
             }
             match &f.inline {
                 Some(bytes) => std::fs::write(&to, bytes).map_err(|e| io(&f.path, e))?,
-                None => {
-                    let from = objects.join(object_name(f.object, f.version));
-                    // A link where it can be (the versions on another file system: a copy).
-                    let linked = match copy {
-                        true => Err(std::io::Error::from(std::io::ErrorKind::Other)),
-                        false => std::fs::hard_link(&from, &to),
-                    };
-                    if linked.is_err() {
-                        std::fs::copy(&from, &to).map(drop).map_err(|e| io(&f.path, e))?
-                    }
-                }
+                None => std::fs::copy(objects.join(object_name(f.object, f.version)), &to)
+                    .map(drop)
+                    .map_err(|e| io(&f.path, e))?,
             }
-            if copy {
-                // Dated long ago: any write, however soon (timestamps are coarse), shows.
-                let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
-                let copied = std::fs::OpenOptions::new().write(true).open(&to).map_err(|e| io(&f.path, e))?;
-                copied.set_modified(long_ago).map_err(|e| io(&f.path, e))?;
-            }
+            // Dated long ago: any write, however soon (timestamps are coarse), shows.
+            let long_ago = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1);
+            let copied = std::fs::OpenOptions::new().write(true).open(&to).map_err(|e| io(&f.path, e))?;
+            copied.set_modified(long_ago).map_err(|e| io(&f.path, e))?;
         }
         Ok(view)
     }
@@ -336,34 +320,55 @@ impl Drop for View {
     }
 }
 
-/// Runs `req` over a view of its files, whose versions are in `objects` (a data node's,
-/// or a head's own while it has no data node): the run's control and its events. A
-/// writable run works on copies; when it ends well, what it wrote is moved aside (to
-/// `objects`'s [`PENDING_DIR`]) and told before the last event.
+/// Runs `req` over its files, whose versions are in `objects` (a data node's, or a
+/// head's own while it has no data node): the run's control and its events. A
+/// read-only run sees them as a tree held in memory (`locus_storelet::Tree`), nothing
+/// laid out on disk. A writable run works on copies in a view made for it; when it ends
+/// well, what it wrote is moved aside (to `objects`'s [`PENDING_DIR`]) and told before
+/// the last event.
 pub(crate) fn run_over_view(
     shared: &Arc<crate::Shared>,
     objects: &std::path::Path,
     req: NodeRun,
     data: Bytes,
 ) -> Result<(Arc<locus_storelet::RunControl>, crate::transport::EventStream), WireError> {
-    let view = View::make(&shared.config.root, objects, &req.files, req.write)?;
+    if !req.write {
+        let files = req
+            .files
+            .into_iter()
+            .map(|f| {
+                let file = match f.inline {
+                    Some(bytes) => locus_storelet::TreeFile::Bytes(bytes.into()),
+                    None => locus_storelet::TreeFile::Host(objects.join(object_name(f.object, f.version))),
+                };
+                (f.path, file)
+            })
+            .collect();
+        return shared.storelets.submit(crate::storelet_host::Submission {
+            subject: req.subject,
+            wasm: data,
+            args: req.args,
+            env: req.env,
+            view: crate::storelet_host::Seen::Files(files),
+            write: false,
+            record_inputs: false,
+            native: None,
+            active_file: None,
+        });
+    }
+    let view = View::make(&shared.config.root, objects, &req.files)?;
     let pending = objects.join(PENDING_DIR);
-    let before = match req.write {
-        true => {
-            std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
-            sweep_pending(&pending);
-            regular_files(&view.abs).map_err(|e| WireError::io("view", e))?
-        }
-        false => Default::default(),
-    };
-    let dir = store(shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, req.write))?;
+    std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
+    sweep_pending(&pending);
+    let before = regular_files(&view.abs).map_err(|e| WireError::io("view", e))?;
+    let dir = store(shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, true))?;
     let submission = crate::storelet_host::Submission {
         subject: req.subject,
         wasm: data,
         args: req.args,
         env: req.env,
-        view: dir,
-        write: req.write,
+        view: crate::storelet_host::Seen::Dir(dir),
+        write: true,
         record_inputs: false,
         native: None,
         active_file: None,
@@ -372,12 +377,11 @@ pub(crate) fn run_over_view(
     // The view goes once the run's last event has been handed on.
     let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
     let queued = events.queued.clone();
-    let write = req.write;
     tokio::spawn(async move {
         let mut view = Some(view);
         while let Some(frame) = events.frames.recv().await {
             if !frame.more {
-                if let (true, locus_proto::frame::Kind::Reply, Some(v)) = (write, frame.kind, view.as_ref()) {
+                if let (locus_proto::frame::Kind::Reply, Some(v)) = (frame.kind, view.as_ref()) {
                     let (abs, before, pending) = (v.abs.clone(), before.clone(), pending.clone());
                     let found = tokio::task::spawn_blocking(move || changes(&abs, &before, &pending)).await;
                     let told = match found {

@@ -347,7 +347,7 @@ impl Handler for Session {
             wasm: data,
             args: req.args,
             env: req.env,
-            view,
+            view: crate::storelet_host::Seen::Dir(view),
             write: req.write,
             record_inputs: false,
             native: None,

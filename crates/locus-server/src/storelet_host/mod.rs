@@ -69,9 +69,8 @@ pub struct Submission {
     pub wasm: Bytes,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// What the run sees: the directory as the subject may read it, already resolved
-    /// beneath the export root and checked (see `locus_store::CodeView`).
-    pub view: locus_store::CodeView,
+    /// What the run sees as its `/`.
+    pub view: Seen,
     pub write: bool,
     /// Keep the files the run opens (for active files' reuse).
     pub record_inputs: bool,
@@ -80,6 +79,17 @@ pub struct Submission {
     pub native: Option<PathBuf>,
     /// The active file the run makes (`None` for a storelet a client runs).
     pub active_file: Option<String>,
+}
+
+/// What a run sees as its `/`.
+pub enum Seen {
+    /// The directory as the subject may read it, already resolved beneath the export
+    /// root and checked (see `locus_store::CodeView`).
+    Dir(locus_store::CodeView),
+    /// A data node's share of a cluster run, read-only: each file's path (relative to
+    /// the run's directory) and where its bytes are, made into a `locus_storelet::Tree`
+    /// on the worker that runs it (so its cost is the run's), never laid out on disk.
+    Files(Vec<(String, locus_storelet::TreeFile)>),
 }
 
 struct Job {

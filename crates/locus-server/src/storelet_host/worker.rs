@@ -2,9 +2,9 @@
 //! scheduling priority, streams its output as events to the job's watcher, and records
 //! what the run cost.
 
-use super::{Core, Ended, Job, Submission, LOG_KEPT, WORKER_NICE};
+use super::{Core, Ended, Job, Seen, Submission, LOG_KEPT, WORKER_NICE};
 use locus_proto::types::{StoreletLogEntry, StoreletResult};
-use locus_storelet::{Account, RunSpec, StoreletError};
+use locus_storelet::{Account, RunControl, RunSpec, StoreletError};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -58,41 +58,15 @@ impl Core {
                 sink_control.cancel();
             }
         });
-        // The directory was resolved beneath the root; its /proc entry names exactly it.
-        let dir = PathBuf::from(format!("/proc/self/fd/{}", s.view.dir.as_raw_fd()));
         let mut argv = vec!["storelet".to_string()];
         argv.extend(s.args.iter().cloned());
         let outcome = if control.is_cancelled() {
             Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
-        } else if let Some(program) = &s.native {
-            let name = program.file_name().map_or("handler".into(), |n| n.to_string_lossy().into_owned());
-            let mut argv = vec![name];
-            argv.extend(s.args.iter().cloned());
-            let scratch = self.native_roots.join(format!("run-{run}"));
-            let outcome = locus_storelet::native::run_native(locus_storelet::native::NativeSpec {
-                program,
-                args: &argv,
-                layers: &s.view.layers,
-                scratch: &scratch,
-                limits: self.config.limits,
-                output: sink,
-                control: control.clone(),
-            });
-            let _ = std::fs::remove_dir(&scratch);
-            outcome
         } else {
-            self.runner.module_hashed(module_hash.clone(), &s.wasm).and_then(|(_, module)| {
-                let spec = RunSpec {
-                    args: &argv,
-                    env: &s.env,
-                    dir: Some((&dir, s.write)),
-                    limits: self.config.limits,
-                    output: Some(sink),
-                    control: control.clone(),
-                    record_inputs: s.record_inputs,
-                };
-                self.runner.run(&module, spec)
-            })
+            match &s.view {
+                Seen::Dir(view) => self.run_in_dir(run, &s, view, &argv, &module_hash, sink, &control),
+                Seen::Files(files) => self.run_over_files(&s, files, &argv, &module_hash, sink, &control),
+            }
         };
         let (result, outcome_text) = match &outcome {
             Ok(out) => (result_of(run, module_hash, out.exit_code, &out.account), format!("exit {}", out.exit_code)),
@@ -109,6 +83,76 @@ impl Core {
         if let Some(w) = watcher {
             w.finished(&result, &outcome);
         }
+    }
+
+    /// Runs a submission over its directory: a native handler confined to its layers, or
+    /// a module with the directory preopened.
+    #[allow(clippy::too_many_arguments)]
+    fn run_in_dir(
+        &self,
+        run: u64,
+        s: &Submission,
+        view: &locus_store::CodeView,
+        argv: &[String],
+        module_hash: &str,
+        sink: locus_storelet::OutputSink,
+        control: &Arc<RunControl>,
+    ) -> Result<locus_storelet::RunOutcome, StoreletError> {
+        if let Some(program) = &s.native {
+            let name = program.file_name().map_or("handler".into(), |n| n.to_string_lossy().into_owned());
+            let mut argv = vec![name];
+            argv.extend(s.args.iter().cloned());
+            let scratch = self.native_roots.join(format!("run-{run}"));
+            let outcome = locus_storelet::native::run_native(locus_storelet::native::NativeSpec {
+                program,
+                args: &argv,
+                layers: &view.layers,
+                scratch: &scratch,
+                limits: self.config.limits,
+                output: sink,
+                control: control.clone(),
+            });
+            let _ = std::fs::remove_dir(&scratch);
+            return outcome;
+        }
+        // The directory was resolved beneath the root; its /proc entry names exactly it.
+        let dir = PathBuf::from(format!("/proc/self/fd/{}", view.dir.as_raw_fd()));
+        let (_, module) = self.runner.module_hashed(module_hash.to_string(), &s.wasm)?;
+        let mut spec = RunSpec::new(argv, self.config.limits).dir(&dir, s.write);
+        spec.env = &s.env;
+        spec.output = Some(sink);
+        spec.control = control.clone();
+        spec.record_inputs = s.record_inputs;
+        self.runner.run(&module, spec)
+    }
+
+    /// Runs a module over a tree of `files` (a data node's share of a cluster run).
+    fn run_over_files(
+        &self,
+        s: &Submission,
+        files: &[(String, locus_storelet::TreeFile)],
+        argv: &[String],
+        module_hash: &str,
+        sink: locus_storelet::OutputSink,
+        control: &Arc<RunControl>,
+    ) -> Result<locus_storelet::RunOutcome, StoreletError> {
+        let started = std::time::Instant::now();
+        let mut tree = locus_storelet::Tree::new();
+        for (path, file) in files {
+            tree.add(path, file.clone()).map_err(StoreletError::Setup)?;
+        }
+        let (_, module) = self.runner.module_hashed(module_hash.to_string(), &s.wasm)?;
+        let mut spec = RunSpec::new(argv, self.config.limits);
+        spec.tree = Some(Arc::new(tree));
+        spec.env = &s.env;
+        spec.output = Some(sink);
+        spec.control = control.clone();
+        let mut outcome = self.runner.run(&module, spec);
+        // The run's time includes making its tree.
+        if let Ok(out) = &mut outcome {
+            out.account.wall = started.elapsed();
+        }
+        outcome
     }
 
     /// Accounts for a finished run: subject totals, the recent log, the accounts file.

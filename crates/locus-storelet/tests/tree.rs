@@ -1,0 +1,123 @@
+//! Runs over a [`Tree`] (a read-only directory held in memory, as a data node's share of
+//! a cluster run sees its files): the shipped `find`, `grep` and `wc` see exactly what
+//! a directory of the same files shows, nothing above `/`, nothing they may change, and
+//! the run's limits hold.
+
+use locus_storelet::{Limits, RunSpec, Runner, StoreletError, Tree, TreeFile};
+use locus_testkit::build_storelet as build;
+use std::sync::Arc;
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// Runs `module` over `tree`: exit code, stdout, stderr.
+fn run(runner: &Runner, module: &wasmtime::Module, tree: &Arc<Tree>, args: &[&str]) -> (i32, String, String) {
+    let args = argv(args);
+    let mut spec = RunSpec::new(&args, Limits::default());
+    spec.tree = Some(tree.clone());
+    let out = runner.run(module, spec).unwrap();
+    (out.exit_code, String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap())
+}
+
+/// A tree of three objects on the host and one file of bytes, and the objects' directory.
+fn sample() -> (tempfile::TempDir, Arc<Tree>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut tree = Tree::new();
+    for (i, (path, body)) in
+        [("a/x.go", "package x\nfunc X() {}\n"), ("a/b/y.go", "package y\n"), ("a/b/z.txt", "zed\n")].iter().enumerate()
+    {
+        let object = dir.path().join(format!("object{i}"));
+        std::fs::write(&object, body).unwrap();
+        tree.add(path, TreeFile::Host(object)).unwrap();
+    }
+    tree.add("c.go", TreeFile::Bytes(Arc::from(&b"package c\n"[..]))).unwrap();
+    std::fs::write(dir.path().join("outside.go"), "secret\n").unwrap();
+    (dir, Arc::new(tree))
+}
+
+#[test]
+fn find_grep_and_wc_see_the_tree_as_a_directory() {
+    let (dir, tree) = sample();
+    let runner = Runner::new(&dir.path().join("cache")).unwrap();
+    let (_, find) = runner.module(&build("find")).unwrap();
+    let (code, out, err) = run(&runner, &find, &tree, &["find", "/", "-name", "*.go"]);
+    assert_eq!(code, 0, "{err}");
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort();
+    assert_eq!(got, ["/a/b/y.go", "/a/x.go", "/c.go"]);
+    let (_, out, _) = run(&runner, &find, &tree, &["find", "/a", "-type", "d"]);
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["/a", "/a/b"]);
+    // Sizes are the objects' (and the bytes').
+    let (_, out, _) = run(&runner, &find, &tree, &["find", "/", "-size", "-11c", "-type", "f"]);
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort();
+    assert_eq!(got, ["/a/b/y.go", "/a/b/z.txt", "/c.go"]);
+
+    let (_, grep) = runner.module(&build("grep")).unwrap();
+    let (code, out, err) = run(&runner, &grep, &tree, &["grep", "-F", "package", "/"]);
+    assert_eq!(code, 0, "{err}");
+    let mut got: Vec<&str> = out.lines().collect();
+    got.sort();
+    assert_eq!(got, ["/a/b/y.go:1:package y", "/a/x.go:1:package x", "/c.go:1:package c"]);
+
+    let (_, wc) = runner.module(&build("wc")).unwrap();
+    let (code, out, err) = run(&runner, &wc, &tree, &["wc", "/a/x.go", "/c.go"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("2") && out.contains("22") && out.contains("10"), "{out}");
+}
+
+#[test]
+fn nothing_above_the_root_is_seen_and_nothing_is_changed() {
+    let (dir, tree) = sample();
+    let runner = Runner::new(&dir.path().join("cache")).unwrap();
+    let (_, find) = runner.module(&build("find")).unwrap();
+    for start in ["/..", "/../..", "/a/../.."] {
+        let (_, out, _) = run(&runner, &find, &tree, &["find", start, "-name", "*.go"]);
+        assert!(!out.contains("outside"), "{start}: {out}");
+    }
+    let (_, grep) = runner.module(&build("grep")).unwrap();
+    for path in ["/../outside.go", "/a/../../outside.go", "/nothing"] {
+        let (code, out, _) = run(&runner, &grep, &tree, &["grep", "-F", "", path]);
+        assert!(out.is_empty() && code != 0, "{path}: {code} {out}");
+    }
+    let (_, hostile) = runner.module(&build("hostile")).unwrap();
+    for path in ["/new", "/a/x.go", "/c.go"] {
+        let (code, _, err) = run(&runner, &hostile, &tree, &["hostile", "write", path]);
+        assert_ne!(code, 0, "{path}: a write was let through");
+        assert!(err.to_lowercase().contains("read-only"), "{path}: {err}");
+    }
+    // The objects are as they were.
+    assert_eq!(std::fs::read_to_string(dir.path().join("object0")).unwrap(), "package x\nfunc X() {}\n");
+}
+
+#[test]
+fn limits_hold_over_a_tree() {
+    let (dir, tree) = sample();
+    let runner = Runner::new(&dir.path().join("cache")).unwrap();
+    let (_, hostile) = runner.module(&build("hostile")).unwrap();
+    let args = argv(&["hostile", "read", "/a/x.go"]);
+    let mut spec = RunSpec::new(&args, Limits { read_bytes: 1000, ..Limits::default() });
+    spec.tree = Some(tree.clone());
+    match runner.run(&hostile, spec) {
+        Err(StoreletError::Limit { limit, .. }) => assert_eq!(limit, "bytes read"),
+        other => panic!("expected the read limit, got {other:?}"),
+    }
+    let args = argv(&["hostile", "open", "/c.go"]);
+    let mut spec = RunSpec::new(&args, Limits { files: 50, ..Limits::default() });
+    spec.tree = Some(tree);
+    match runner.run(&hostile, spec) {
+        Err(StoreletError::Limit { limit, .. }) => assert_eq!(limit, "files opened"),
+        other => panic!("expected the files limit, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_tree_refuses_names_that_are_not_files_relative_paths() {
+    let mut tree = Tree::new();
+    tree.add("a/b", TreeFile::Bytes(Arc::from(&b""[..]))).unwrap();
+    for bad in ["", "/", "a/../x", "./x", "a/b/c", "a/b", "x\0y"] {
+        assert!(tree.add(bad, TreeFile::Bytes(Arc::from(&b""[..]))).is_err(), "{bad:?} was taken");
+    }
+    assert_eq!(tree.len(), 3);
+}
