@@ -150,7 +150,7 @@ macro_rules! operation_table {
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
             /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`); replies stream as `storelet_run`'s. With `write`, the run works on copies, and before its last event the node reports each file it wrote (kept aside for `object_adopt`) and each it removed.
-            0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)>, write: bool } -> StoreletEvent;
+            0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)>, write: bool, module: String } -> StoreletEvent;
             /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
             0x67 KeyRotate key_rotate Unary {} -> ();
             /// Checks a version a data node was just given against the head's CRC-32 of its bytes and records its block checksums (the head only); a mismatch fails, removing the version unless it was sealed before (a sealed version is only compared).

@@ -308,6 +308,7 @@ impl ActiveFiles {
         let submission = Submission {
             subject: who.to_string(),
             wasm: handler.wasm.clone(),
+            hash: None,
             args,
             env: Vec::new(),
             view: crate::storelet_host::Seen::Dir(view),

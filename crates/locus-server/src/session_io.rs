@@ -18,6 +18,10 @@ const MERGED_FRAME_MAX: usize = 1 << 20;
 pub trait Connection: dispatch::Handler {
     /// True once the handshake has succeeded.
     fn authenticated(&self) -> bool;
+    /// The largest frames the peer may send now, the server's being `server`.
+    fn request_limits(&self, server: locus_proto::Limits) -> locus_proto::Limits {
+        server
+    }
     /// Records the id and MORE flag of the frame about to be dispatched.
     fn set_current(&mut self, id: u32, more: bool);
     /// True when `id` is an upload in progress (its next frames are continuations).

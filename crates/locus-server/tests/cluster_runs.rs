@@ -157,3 +157,33 @@ async fn active_files_on_a_head_run_only_where_a_directory_is() {
         Err(e) => assert_eq!(e.code(), Code::IO, "{e}"),
     }
 }
+
+/// A module goes to each data node once: later runs name it by hash, and a node that
+/// lost it (restarted with its compile cache gone) is sent it again, so the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_module_goes_to_a_node_again_when_it_no_longer_has_it() {
+    let head = TestServer::head(None, |c| c.inline_max = 0);
+    let node = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    admin.mkdir("/t", 0o755).await.unwrap();
+    for i in 0..5 {
+        admin.write_file(&format!("/t/f{i}.go"), 0o644, b"package f\n").await.unwrap();
+    }
+    let find = build_storelet("find");
+    let found = |out: locus_client::StoreletOutput| {
+        assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().lines().count()
+    };
+    for _ in 0..2 {
+        assert_eq!(found(admin.storelet_run(&find, "/t", args(&["/", "-name", "*.go"]), false).await.unwrap()), 5);
+    }
+    let report = admin.storelet_stats().await.unwrap();
+    assert_eq!(report.compiles, 1, "compiled once on the node");
+    let node = node.restart_node(&head, |dir| {
+        let cache = dir.join("state").join("storelets");
+        let removed = std::fs::read_dir(&cache).unwrap().filter_map(Result::ok).map(|e| std::fs::remove_file(e.path())).count();
+        assert!(removed > 0, "the node kept its compiled module in {}", cache.display());
+    });
+    assert_eq!(found(admin.storelet_run(&find, "/t", args(&["/", "-name", "*.go"]), false).await.unwrap()), 5);
+    assert!(node.state_dir().join("storelets").read_dir().unwrap().count() > 0, "compiled again at the node");
+}

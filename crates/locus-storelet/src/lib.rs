@@ -31,11 +31,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wasmtime::{Config, Engine, Linker, Module, ResourceLimiter, Store, Trap, UpdateDeadline};
+use wasmtime::{Config, Engine, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
 
 /// How often the epoch advances: time, CPU, budgets and cancellation are checked this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// How many prepared modules a runner keeps before it starts again.
+const PREPARED_KEPT: usize = 256;
 
 /// Resource limits of one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,6 +322,8 @@ pub struct Runner {
     tree_linker: Linker<RunState>,
     cache_dir: PathBuf,
     modules: Mutex<HashMap<String, Module>>,
+    /// Modules linked and ready to instantiate (see [`Runner::prepared`]).
+    prepared: Mutex<HashMap<(usize, bool), InstancePre<RunState>>>,
     compile_lock: Mutex<()>,
     /// Times a module was compiled (rather than found in a cache), for tests and stats.
     pub compiles: AtomicU64,
@@ -357,6 +362,7 @@ impl Runner {
             tree_linker,
             cache_dir: cache_dir.to_path_buf(),
             modules: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
             compile_lock: Mutex::new(()),
             compiles: Default::default(),
         }))
@@ -384,20 +390,11 @@ impl Runner {
         // One compile at a time: a burst of runs of a new module compiles it once, and
         // compiling never takes more than one (low-priority) worker's CPU.
         let _compiling = self.compile_lock.lock();
-        if let Some(m) = self.modules.lock().get(&hash) {
-            return Ok((hash, m.clone()));
+        if let Some(m) = self.from_caches(&hash) {
+            return Ok((hash, m));
         }
         let path = self.cache_dir.join(format!("{hash}.cwasm"));
         let sum_path = self.cache_dir.join(format!("{hash}.sum"));
-        if let (Ok(bytes), Ok(sum)) = (std::fs::read(&path), std::fs::read_to_string(&sum_path)) {
-            if hex::encode(sha2::Sha256::digest(&bytes)) == sum.trim() {
-                // SAFETY: the bytes are this engine's own serialization (checked by checksum).
-                if let Ok(m) = unsafe { Module::deserialize(&self.engine, &bytes) } {
-                    self.modules.lock().insert(hash.clone(), m.clone());
-                    return Ok((hash, m));
-                }
-            }
-        }
         let m = Module::new(&self.engine, wasm).map_err(|e| StoreletError::Invalid(format!("{e:#}")))?;
         self.compiles.fetch_add(1, Ordering::Relaxed);
         if let Ok(bytes) = m.serialize() {
@@ -408,6 +405,56 @@ impl Runner {
         }
         self.modules.lock().insert(hash.clone(), m.clone());
         Ok((hash, m))
+    }
+
+    /// Whether the module named by `hash` (a [`Runner::hash`]) is compiled here, in
+    /// memory or in the disk cache: a run of it needs no bytes.
+    pub fn has(&self, hash: &str) -> bool {
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return false;
+        }
+        if self.modules.lock().contains_key(hash) {
+            return true;
+        }
+        let _compiling = self.compile_lock.lock();
+        self.from_caches(hash).is_some()
+    }
+
+    /// The module named by `hash` from memory or from the disk cache (checked against
+    /// its checksum), kept in memory; the caller holds the compile lock.
+    fn from_caches(&self, hash: &str) -> Option<Module> {
+        use sha2::Digest;
+        if let Some(m) = self.modules.lock().get(hash) {
+            return Some(m.clone());
+        }
+        let bytes = std::fs::read(self.cache_dir.join(format!("{hash}.cwasm"))).ok()?;
+        let sum = std::fs::read_to_string(self.cache_dir.join(format!("{hash}.sum"))).ok()?;
+        if hex::encode(sha2::Sha256::digest(&bytes)) != sum.trim() {
+            return None;
+        }
+        // SAFETY: the bytes are this engine's own serialization (checked by checksum).
+        let m = unsafe { Module::deserialize(&self.engine, &bytes) }.ok()?;
+        self.modules.lock().insert(hash.to_string(), m.clone());
+        Some(m)
+    }
+
+    /// `module` linked against WASI (the tree's calls when `tree`), once per module: a
+    /// run only instantiates it.
+    fn prepared(&self, module: &Module, tree: bool) -> anyhow::Result<InstancePre<RunState>> {
+        // A module's compiled image stays where it is while the module lives (and the
+        // prepared instance holds it), so its address names it.
+        let key = (module.image_range().start as usize, tree);
+        if let Some(pre) = self.prepared.lock().get(&key) {
+            return Ok(pre.clone());
+        }
+        let linker = if tree { &self.tree_linker } else { &self.linker };
+        let pre = linker.instantiate_pre(module)?;
+        let mut prepared = self.prepared.lock();
+        if prepared.len() >= PREPARED_KEPT {
+            prepared.clear();
+        }
+        prepared.insert(key, pre.clone());
+        Ok(pre)
     }
 
     /// Runs `module` as `spec` says, on the calling thread.
@@ -469,9 +516,9 @@ impl Runner {
             Ok(UpdateDeadline::Continue(1))
         });
 
-        let linker = if spec.tree.is_some() { &self.tree_linker } else { &self.linker };
-        let result = linker
-            .instantiate(&mut store, module)
+        let result = self
+            .prepared(module, spec.tree.is_some())
+            .and_then(|pre| pre.instantiate(&mut store))
             .and_then(|i| i.get_typed_func::<(), ()>(&mut store, "_start"))
             .and_then(|start| start.call(&mut store, ()));
         let cpu = thread_cpu().saturating_sub(cpu_start);

@@ -79,7 +79,11 @@ impl TestServer {
 
     /// Starts a server after letting `adjust` change its configuration.
     pub fn start_with(adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Self::start_in(tempfile::tempdir().expect("temp dir"), "127.0.0.1:0", adjust)
+    }
+
+    /// Starts a server over `dir`'s export and state, listening on `bind`.
+    fn start_in(dir: tempfile::TempDir, bind: &str, adjust: impl FnOnce(&mut ServerConfig)) -> TestServer {
         let mut config = ServerConfig::new(dir.path().join("export"), dir.path().join("state"));
         adjust(&mut config);
         let tokens = Tokens::from_pairs([
@@ -90,7 +94,7 @@ impl TestServer {
         ]);
         let server = Server::new(config, tokens).expect("server starts");
         let shared = server.shared().clone();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = std::net::TcpListener::bind(bind).expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -251,7 +255,22 @@ impl TestServer {
     /// it then sends heartbeats as `locus serve --data-node` does (as often as the head
     /// asks) until it is dropped.
     pub fn data_node(head: &TestServer) -> TestServer {
-        let node = TestServer::start_with(|c| c.data_node = true);
+        Self::node_in(tempfile::tempdir().expect("temp dir"), "127.0.0.1:0", head)
+    }
+
+    /// Stops this data node, lets `meanwhile` change its directories (export and state,
+    /// beneath the path it is given), and starts it again on the same address over them,
+    /// as `locus serve --data-node` restarted; it joins `head` again before returning.
+    pub fn restart_node(mut self, head: &TestServer, meanwhile: impl FnOnce(&Path)) -> TestServer {
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"));
+        let addr = self.addr.to_string();
+        drop(self);
+        meanwhile(dir.path());
+        Self::node_in(dir, &addr, head)
+    }
+
+    fn node_in(dir: tempfile::TempDir, bind: &str, head: &TestServer) -> TestServer {
+        let node = TestServer::start_in(dir, bind, |c| c.data_node = true);
         std::fs::create_dir_all(node.root().join(locus_server::cluster::objects::OBJECTS_DIR)).expect("objects dir");
         node.join(head);
         let options = head.options(locus_proto::capability::NODE_SUBJECT);

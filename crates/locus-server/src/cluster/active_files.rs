@@ -200,6 +200,7 @@ impl Head {
                 args: found.args.clone(),
                 env: Vec::new(),
                 write: false,
+                module: String::new(),
             };
             let (_, outcome) = run_share(self.clone(), req, found.wasm.clone(), (node.clone(), view)).await;
             let events = match outcome {

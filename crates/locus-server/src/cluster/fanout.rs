@@ -23,6 +23,7 @@
 
 use crate::cluster::head::LOCAL_NODE;
 use crate::cluster::meta_err;
+use crate::cluster::objects::MODULE_NOT_HERE;
 use crate::cluster::Head;
 use crate::transport::EventFrame;
 use bytes::Bytes;
@@ -88,21 +89,45 @@ impl Head {
 /// node's error, with whether another node may take the share over.
 type Outcome = (Share, Result<Vec<(StoreletEvent, Bytes)>, (WireError, bool)>);
 
-/// Runs a share at its node and gathers its events until it finishes.
-pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, share: Share) -> Outcome {
-    let (node, id) = (&share.0, share.0.id);
+/// Runs a share at its node and gathers its events until it finishes. The module's
+/// bytes go to a node once: later runs name it by hash (`req.module`), and a node that
+/// no longer has it compiled answers [`MODULE_NOT_HERE`], so it goes again.
+pub(crate) async fn run_share(head: Arc<Head>, mut req: NodeRun, module: Bytes, share: Share) -> Outcome {
+    let id = share.0.id;
     if id == LOCAL_NODE {
         let events = run_here(&head, req, module).await;
         return (share, events.map_err(|e| (e, false)));
     }
-    let frames = match head.writer(node).await {
-        Ok(c) => c.call_stream_with(req, &module).await.map_err(|e| (WireError::new(e.code(), e.to_string()), true)),
-        Err(e) => Err((e, true)),
+    if req.module.is_empty() {
+        req.module = locus_storelet::Runner::hash(&module);
+    }
+    let known = (id, req.module.clone());
+    let sent_before = head.modules_sent.lock().contains(&known);
+    let outcome = share_events(&head, &share.0, req.clone(), if sent_before { Bytes::new() } else { module.clone() }).await;
+    let outcome = match outcome {
+        Err((e, _)) if sent_before && e.code == Code::NOENT && e.message.contains(MODULE_NOT_HERE) => {
+            head.modules_sent.lock().remove(&known);
+            share_events(&head, &share.0, req, module).await
+        }
+        outcome => outcome,
     };
-    let mut frames = match frames {
-        Ok(frames) => frames,
-        Err(e) => return (share, Err(e)),
-    };
+    if outcome.is_ok() {
+        head.modules_sent.lock().insert(known);
+    }
+    (share, outcome)
+}
+
+/// Runs `req` at `node` with `module` (empty: named by hash) and gathers its events.
+async fn share_events(
+    head: &Head,
+    node: &Node,
+    req: NodeRun,
+    module: Bytes,
+) -> Result<Vec<(StoreletEvent, Bytes)>, (WireError, bool)> {
+    let id = node.id;
+    let c = head.writer(node).await.map_err(|e| (e, true))?;
+    let mut frames =
+        c.call_stream_with(req, &module).await.map_err(|e| (WireError::new(e.code(), e.to_string()), true))?;
     let mut events = Vec::new();
     while let Some(f) = frames.recv().await {
         let f = match f {
@@ -110,19 +135,15 @@ pub(crate) async fn run_share(head: Arc<Head>, req: NodeRun, module: Bytes, shar
             Ok(f) => f,
             Err(e) => {
                 let lost = e.is_transient();
-                return (share, Err((WireError::new(e.code(), format!("data node {id}: {e}")), lost)));
+                return Err((WireError::new(e.code(), format!("data node {id}: {e}")), lost));
             }
         };
-        match codec::decode::<StoreletEvent>(&f.meta) {
-            Ok(event) => events.push((event, f.data.clone())),
-            Err(e) => return (share, Err((e, false))),
-        }
+        events.push((codec::decode::<StoreletEvent>(&f.meta).map_err(|e| (e, false))?, f.data.clone()));
         if !f.header.more() {
-            return (share, Ok(events));
+            return Ok(events);
         }
     }
-    let lost = WireError::new(Code::IO, format!("data node {id} went away"));
-    (share, Err((lost, true)))
+    Err((WireError::new(Code::IO, format!("data node {id} went away")), true))
 }
 
 /// Runs a share at the head itself (which has no data node) over what it keeps, and
@@ -169,10 +190,18 @@ pub(crate) async fn merge_runs(
     };
     let fail = |e: &WireError| drop(tx.send(frame(Kind::Error, false, codec::encode(e), Bytes::new())));
     let mut running = tokio::task::JoinSet::new();
+    let hash = locus_storelet::Runner::hash(&module);
     let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share| {
         let files = share.1.iter().map(|(f, _)| f.clone()).collect();
         let write = writes.is_some();
-        let req = NodeRun { subject: subject.clone(), files, args: args.clone(), env: env.clone(), write };
+        let req = NodeRun {
+            subject: subject.clone(),
+            files,
+            args: args.clone(),
+            env: env.clone(),
+            write,
+            module: hash.clone(),
+        };
         running.spawn(run_share(head.clone(), req, module.clone(), share));
     };
     for share in shares {

@@ -99,6 +99,9 @@ pub struct Head {
     pub(crate) ca: std::sync::OnceLock<crate::cluster::cluster_ca::ClusterCa>,
     /// The TLS identities this head issued, by the address each data node advertised.
     pub(crate) issued: Mutex<HashMap<String, crate::cluster::keys::NodeTls>>,
+    /// The modules each data node has been sent (and so compiled): a run there names
+    /// them by hash (see `fanout::run_share`).
+    pub(crate) modules_sent: Mutex<std::collections::HashSet<(u64, String)>>,
 }
 
 impl Drop for Head {
@@ -136,6 +139,7 @@ impl Head {
             id: u64::from_le_bytes(id),
             client_number,
             numbers_alive: Mutex::new((None, Vec::new())),
+            modules_sent: Mutex::default(),
             local_moved: std::sync::atomic::AtomicBool::new(false),
             meta,
             keys: parking_lot::RwLock::new(keys),

@@ -268,6 +268,10 @@ pub(crate) fn adopt(objects: &std::path::Path, token: &str, object: u64, version
         .ok_or_else(|| WireError::new(Code::IO, format!("version {name}: not sealed")))
 }
 
+/// What a data node answers (`ENOENT`) to a run that left out a module it has not
+/// compiled: the head sends it again with the module.
+pub const MODULE_NOT_HERE: &str = "the module is not compiled here";
+
 /// Where a data node lays out the files of a writable cluster-wide run, under its export.
 pub const VIEWS_DIR: &str = "views";
 
@@ -332,6 +336,8 @@ pub(crate) fn run_over_view(
     req: NodeRun,
     data: Bytes,
 ) -> Result<(Arc<locus_storelet::RunControl>, crate::transport::EventStream), WireError> {
+    // A module left out is one compiled here (the caller checked).
+    let hash = data.is_empty().then(|| req.module.clone());
     if !req.write {
         let files = req
             .files
@@ -347,6 +353,7 @@ pub(crate) fn run_over_view(
         return shared.storelets.submit(crate::storelet_host::Submission {
             subject: req.subject,
             wasm: data,
+            hash: hash.clone(),
             args: req.args,
             env: req.env,
             view: crate::storelet_host::Seen::Files(files),
@@ -365,6 +372,7 @@ pub(crate) fn run_over_view(
     let submission = crate::storelet_host::Submission {
         subject: req.subject,
         wasm: data,
+        hash,
         args: req.args,
         env: req.env,
         view: crate::storelet_host::Seen::Dir(dir),
@@ -554,6 +562,9 @@ impl Session {
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;
         self.check_from_head()?;
+        if data.is_empty() && !self.shared.storelets.has_module(&req.module) {
+            return Err(WireError::new(Code::NOENT, format!("{MODULE_NOT_HERE}: {}", req.module)));
+        }
         let (control, stream) = run_over_view(&self.shared, &objects_dir(&self.shared), req, data)?;
         self.storelet_runs.retain(|c| Arc::strong_count(c) > 1);
         self.storelet_runs.push(control);

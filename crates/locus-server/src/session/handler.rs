@@ -345,6 +345,7 @@ impl Handler for Session {
         let submission = crate::storelet_host::Submission {
             subject: who,
             wasm: data,
+            hash: None,
             args: req.args,
             env: req.env,
             view: crate::storelet_host::Seen::Dir(view),

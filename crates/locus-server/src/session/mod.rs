@@ -19,6 +19,10 @@ use locus_store::{OpenFile, PutFile, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The largest request metadata a data node takes from its head: a run's share of a
+/// million files or more (about 35 bytes each).
+pub const HEAD_MAX_META: u32 = 64 << 20;
+
 /// A `readdir` answer: the entries in pages of [`READDIR_PAGE`] (one empty page for an
 /// empty directory).
 pub(crate) fn listing(entries: &[DirEntry]) -> Answer<Vec<DirEntry>> {
@@ -169,6 +173,18 @@ impl Session {
             return Ok((who, true));
         }
         Ok((who, store(self.shared.store.rights(who, "/"))?.contains(Rights::ADMIN)))
+    }
+
+    /// The largest frames the peer may send now. The head this data node joined sends
+    /// a run's share of files (a name and a version each) in one request's metadata, so
+    /// its requests may carry up to [`HEAD_MAX_META`] of it; anyone else's, `limits`.
+    pub fn request_limits(&self, limits: locus_proto::Limits) -> locus_proto::Limits {
+        match self.who() {
+            Ok(locus_proto::capability::HEAD_SUBJECT) if self.node_key().is_ok() => {
+                locus_proto::Limits { max_meta: limits.max_meta.max(HEAD_MAX_META), ..limits }
+            }
+            _ => limits,
+        }
     }
 
     /// True once the handshake has succeeded.
@@ -476,6 +492,10 @@ async fn follow_run(
 impl crate::Connection for Session {
     fn authenticated(&self) -> bool {
         Session::authenticated(self)
+    }
+
+    fn request_limits(&self, server: locus_proto::Limits) -> locus_proto::Limits {
+        Session::request_limits(self, server)
     }
 
     fn set_current(&mut self, id: u32, more: bool) {

@@ -66,7 +66,10 @@ impl Default for StoreletConfig {
 /// What a connection asks to run.
 pub struct Submission {
     pub subject: String,
+    /// The module; empty when `hash` names one this server has compiled.
     pub wasm: Bytes,
+    /// The module's hash when `wasm` is left out (see [`StoreletHost::has_module`]).
+    pub hash: Option<String>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// What the run sees as its `/`.
@@ -287,6 +290,12 @@ impl StoreletHost {
 
     /// Queues a run; returns its control and the channel its events arrive on (the last
     /// one without MORE).
+    /// Whether the module named by `hash` is compiled here, so that a run of it may
+    /// leave its bytes out.
+    pub fn has_module(&self, hash: &str) -> bool {
+        self.core.runner.has(hash)
+    }
+
     pub fn submit(&self, s: Submission) -> Result<(Arc<RunControl>, EventStream), WireError> {
         let (events, frames) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
@@ -341,7 +350,7 @@ impl StoreletHost {
                     subject: s.subject.clone(),
                     module: match &s.native {
                         Some(program) => format!("native:{}", program.display()),
-                        None => Runner::hash(&s.wasm),
+                        None => s.hash.clone().filter(|_| s.wasm.is_empty()).unwrap_or_else(|| Runner::hash(&s.wasm)),
                     },
                     args: s.args.clone(),
                     active_file: s.active_file.clone(),
