@@ -3,16 +3,18 @@
 //! ([`native`]) the native programs an administrator registers as active-file handlers,
 //! run confined under the same limits.
 //!
-//! - [`Runner`]: one wasmtime engine and linker, shared; modules validated, compiled
-//!   once and cached by content hash in memory and on disk (an entry whose checksum does
-//!   not match is rebuilt); a fresh store per run carrying that run's [`Limits`].
+//! - [`Runner`]: one wasmtime engine and its linkers, shared; modules validated,
+//!   compiled once and cached by content hash in memory and on disk (an entry whose
+//!   checksum does not match is rebuilt), linked once; a fresh store per run carrying
+//!   that run's [`Limits`].
 //! - Exact resource control: CPU by fuel and by thread CPU time, memory by a resource
 //!   limiter, wall time, cancellation and a principal's [`CpuBudget`] checked on every
 //!   epoch tick (a ticker thread advances the epoch), output by capped pipes, and bytes
 //!   read, bytes written and files opened by metered WASI calls (`meter`). The limit
 //!   that stopped a run is named in [`StoreletError`], with the run's [`Account`].
 //! - The file system a storelet sees is one directory, preopened read-only unless the
-//!   caller asked for and holds write rights; WASI resolves every path beneath it.
+//!   caller asked for and holds write rights, where WASI resolves every path beneath it;
+//!   or a read-only [`Tree`] held in memory (`tree`).
 
 mod dirs;
 mod guest;
