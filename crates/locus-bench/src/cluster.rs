@@ -361,7 +361,8 @@ struct FindOutcome {
 
 /// The last storelet run's CPU and wall seconds in a node's accounts file.
 fn last_account(state: &std::path::Path) -> Result<(f64, f64), BenchError> {
-    let log = std::fs::read_to_string(state.join("storelet-accounts.log")).map_err(|e| BenchError::io("accounts", e))?;
+    let log =
+        std::fs::read_to_string(state.join("storelet-accounts.log")).map_err(|e| BenchError::io("accounts", e))?;
     let line = log.lines().last().ok_or_else(|| BenchError::Setup("a node ran no storelet".into()))?;
     let field = |key: &str| -> Result<f64, BenchError> {
         let v = line.split(' ').find_map(|kv| kv.strip_prefix(key)).and_then(|v| v.parse::<f64>().ok());

@@ -149,7 +149,7 @@ macro_rules! operation_table {
             0x64 NodeJoin node_join Unary { addr: String, http: Option<String>, free: u64, nonce: Vec<u8>, damaged: Vec<(u64, u64)>, io: IoCounters, busiest: Vec<(u64, u64, u64)> } -> NodeWelcome;
             /// A signed HTTP URL of a file on a cluster head, good for `ttl_s` seconds, through which any HTTP client may read it as the caller (read right needed).
             0x65 Share share Unary { path: String, ttl_s: u64 } -> String;
-            /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`); replies stream as `storelet_run`'s. With `write`, the run works on copies, and before its last event the node reports each file it wrote (kept aside for `object_adopt`) and each it removed.
+            /// Runs the WebAssembly module in the frame's data at a data node over its share of a directory (the head only, for `subject`); replies stream as `storelet_run`'s. The data may be left out when `module` (the module's SHA-256, hex) names one the node has compiled; a node that has not answers `ENOENT`. With `write`, the run works on copies, and before its last event the node reports each file it wrote (kept aside for `object_adopt`) and each it removed.
             0x66 NodeRun node_run StreamOut { subject: String, files: Vec<ViewFile>, args: Vec<String>, env: Vec<(String, String)>, write: bool, module: String } -> StoreletEvent;
             /// Replaces the cluster key (admin, on a head): nodes learn the new key when they next join; capabilities signed with the old one stop working once the longest of them has expired.
             0x67 KeyRotate key_rotate Unary {} -> ();

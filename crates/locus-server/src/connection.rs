@@ -244,7 +244,8 @@ async fn frame_loop<S: Connection>(
                 return Ok(());
             }
         }
-        let limits = if deadline.is_some() { Limits::BEFORE_AUTH } else { session.request_limits(shared.config.limits) };
+        let limits =
+            if deadline.is_some() { Limits::BEFORE_AUTH } else { session.request_limits(shared.config.limits) };
         let header = match Header::decode(&head, limits) {
             Ok(h) if h.kind == Kind::Request => h,
             Ok(h) => return broken(writer, &head, format!("clients send requests, not {:?} frames", h.kind)).await,

@@ -181,7 +181,8 @@ async fn a_module_goes_to_a_node_again_when_it_no_longer_has_it() {
     assert_eq!(report.compiles, 1, "compiled once on the node");
     let node = node.restart_node(&head, |dir| {
         let cache = dir.join("state").join("storelets");
-        let removed = std::fs::read_dir(&cache).unwrap().filter_map(Result::ok).map(|e| std::fs::remove_file(e.path())).count();
+        let removed =
+            std::fs::read_dir(&cache).unwrap().filter_map(Result::ok).map(|e| std::fs::remove_file(e.path())).count();
         assert!(removed > 0, "the node kept its compiled module in {}", cache.display());
     });
     assert_eq!(found(admin.storelet_run(&find, "/t", args(&["/", "-name", "*.go"]), false).await.unwrap()), 5);

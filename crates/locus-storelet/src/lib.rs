@@ -39,6 +39,12 @@ use wasmtime_wasi::{DirPerms, FilePerms, I32Exit, WasiCtxBuilder};
 /// How often the epoch advances: time, CPU, budgets and cancellation are checked this often.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
+/// Whether `s` is a [`Runner::hash`]: 64 lowercase hex digits (so it names a file of
+/// the cache and nothing else).
+fn is_hash(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// How many prepared modules a runner keeps before it starts again.
 const PREPARED_KEPT: usize = 256;
 
@@ -231,7 +237,16 @@ pub struct RunSpec<'a> {
 impl<'a> RunSpec<'a> {
     /// A run with `args` and `limits`, no directory, collected output.
     pub fn new(args: &'a [String], limits: Limits) -> RunSpec<'a> {
-        RunSpec { args, env: &[], dir: None, tree: None, limits, output: None, control: Arc::default(), record_inputs: false }
+        RunSpec {
+            args,
+            env: &[],
+            dir: None,
+            tree: None,
+            limits,
+            output: None,
+            control: Arc::default(),
+            record_inputs: false,
+        }
     }
 
     /// The same run with `dir` preopened as `/`.
@@ -395,6 +410,12 @@ impl Runner {
         if let Some(m) = self.from_caches(&hash) {
             return Ok((hash, m));
         }
+        if !is_hash(&hash) {
+            return Err(StoreletError::Invalid(format!("{hash:?} is not a module's SHA-256")));
+        }
+        if wasm.is_empty() {
+            return Err(StoreletError::Invalid(format!("module {hash} is not compiled here")));
+        }
         let path = self.cache_dir.join(format!("{hash}.cwasm"));
         let sum_path = self.cache_dir.join(format!("{hash}.sum"));
         let m = Module::new(&self.engine, wasm).map_err(|e| StoreletError::Invalid(format!("{e:#}")))?;
@@ -411,21 +432,21 @@ impl Runner {
 
     /// Whether the module named by `hash` (a [`Runner::hash`]) is compiled here, in
     /// memory or in the disk cache: a run of it needs no bytes.
+    /// (Its disk cache entry is loaded and checked by the run, off the caller's thread.)
     pub fn has(&self, hash: &str) -> bool {
-        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
-            return false;
-        }
-        if self.modules.lock().contains_key(hash) {
-            return true;
-        }
-        let _compiling = self.compile_lock.lock();
-        self.from_caches(hash).is_some()
+        is_hash(hash)
+            && (self.modules.lock().contains_key(hash)
+                || self.cache_dir.join(format!("{hash}.cwasm")).is_file()
+                    && self.cache_dir.join(format!("{hash}.sum")).is_file())
     }
 
     /// The module named by `hash` from memory or from the disk cache (checked against
     /// its checksum), kept in memory; the caller holds the compile lock.
     fn from_caches(&self, hash: &str) -> Option<Module> {
         use sha2::Digest;
+        if !is_hash(hash) {
+            return None;
+        }
         if let Some(m) = self.modules.lock().get(hash) {
             return Some(m.clone());
         }

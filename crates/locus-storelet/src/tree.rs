@@ -14,10 +14,15 @@
 //! on it are shadowed in the run's linker (`tree_linker`) by this module's: `path_open`,
 //! `fd_read`, `fd_pread`, `fd_seek`, `fd_tell`, `fd_close`, `fd_readdir`,
 //! `fd_filestat_get`, `path_filestat_get`, `fd_fdstat_get`, `fd_prestat_get` and
-//! `fd_prestat_dir_name`; calls that would change it answer `EROFS`. Standard input,
-//! output and error (fds 0 to 2) are left to WASI. Paths are resolved here, and `..`
-//! never leads above `/` (`EPERM`, as WASI answers for a path escaping its directory).
-//! Reads are metered against the run's limits as everywhere else (`meter`).
+//! `fd_prestat_dir_name`, `fd_renumber`. Calls that would change it by path answer
+//! `EROFS`; those on a descriptor (never open for writing) `EBADF`, as do the calls
+//! left to WASI on the tree's descriptors. Standard input, output and error (fds 0 to
+//! 2) are WASI's, but for seeking and positioned reads (`ESPIPE`). Paths are resolved
+//! here, and `..` never leads above `/` (`EPERM`, as WASI answers for a path escaping
+//! its directory). A read fills one I/O vector, as WASI's does, metered against the
+//! run's limits as everywhere else (`meter`); a run holds at most 1024 files open at
+//! once (`EMFILE`). A file whose object is missing stops the run with an error: its
+//! output would otherwise look complete without it.
 
 use crate::dirs::{push_entry, serve_listing, Listing};
 use crate::guest::{errno_of, with_memory};
@@ -168,7 +173,10 @@ impl Tree {
                     Some(f) => f.metadata(),
                     None => std::fs::metadata(path),
                 };
-                let m = meta.map_err(|_| Errno::Io)?;
+                let m = meta.map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Errno::Noent,
+                    _ => Errno::Io,
+                })?;
                 let ns = |s: i64, n: i64| (s as u64).wrapping_mul(1_000_000_000).wrapping_add(n as u64);
                 let (a, mt, c) =
                     (ns(m.atime(), m.atime_nsec()), ns(m.mtime(), m.mtime_nsec()), ns(m.ctime(), m.ctime_nsec()));
@@ -208,20 +216,22 @@ struct Open {
     /// A host file's, once opened.
     file: Option<std::fs::File>,
     pos: u64,
-    listing: Option<Listing>,
+    listing: Option<Arc<Listing>>,
 }
 
 /// A run's tree and what the program has open in it, by fd.
 pub(crate) struct TreeFds {
     tree: Arc<Tree>,
     open: HashMap<u32, Open>,
+    /// Directories listed so far, by entry: made once however often they are read.
+    listings: HashMap<u32, Arc<Listing>>,
 }
 
 impl TreeFds {
     /// The tree opened as the run's preopened directory.
     pub(crate) fn new(tree: Arc<Tree>) -> TreeFds {
         let root = Open { entry: 0, file: None, pos: 0, listing: None };
-        TreeFds { tree, open: HashMap::from([(ROOT_FD, root)]) }
+        TreeFds { tree, open: HashMap::from([(ROOT_FD, root)]), listings: HashMap::new() }
     }
 
     /// The lowest fd above the root's that is free.
@@ -266,6 +276,30 @@ const OFLAGS_CHANGING: i32 = 1 | 4 | 8;
 const FDFLAGS_CHANGING: i32 = 1 | 2 | 8 | 16;
 const OFLAG_DIRECTORY: i32 = 2;
 
+/// Files of the host a run may hold open at once.
+const MAX_OPEN_FILES: usize = 1024;
+
+/// What stops a run whose file's bytes are not where the tree says: the run would
+/// otherwise go on without that file, and its output look complete.
+fn missing(tree: &Tree, entry: u32) -> anyhow::Error {
+    let mut path = Vec::new();
+    let mut at = entry;
+    while at != 0 {
+        path.push(&*tree.entries[at as usize].name);
+        at = tree.entries[at as usize].parent;
+    }
+    path.reverse();
+    anyhow::anyhow!("/{}: its version is missing here", path.join("/"))
+}
+
+/// The errno of a stat of entry `at`, or what stops the run when its bytes are missing.
+fn stat_errno(tree: &Tree, at: u32, e: Errno) -> anyhow::Result<i32> {
+    match (e, &tree.entries[at as usize].kind) {
+        (Errno::Noent, Kind::File(TreeFile::Host(_))) => Err(missing(tree, at)),
+        _ => Ok(e as i32),
+    }
+}
+
 /// `path_open` in the tree.
 #[allow(clippy::too_many_arguments)]
 fn path_open(
@@ -302,9 +336,12 @@ fn path_open(
         Kind::File(_) if oflags & OFLAG_DIRECTORY != 0 => return Ok(Errno::Notdir as i32),
         Kind::File(_) if base as u64 & RIGHT_FD_WRITE != 0 => return Ok(Errno::Rofs as i32),
         Kind::File(TreeFile::Bytes(_)) => None,
+        Kind::File(TreeFile::Host(_)) if fds.open.values().filter(|o| o.file.is_some()).count() >= MAX_OPEN_FILES => {
+            return Ok(Errno::Mfile as i32)
+        }
         Kind::File(TreeFile::Host(p)) => match std::fs::File::open(p) {
             Ok(f) => Some(f),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Errno::Noent as i32),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(&fds.tree, at)),
             Err(_) => return Ok(Errno::Io as i32),
         },
     };
@@ -317,39 +354,42 @@ fn path_open(
     Ok(0)
 }
 
-/// Reads from an open file of the tree at `offset` into the guest's I/O vectors:
-/// the count read.
-fn read_iovs(data: &mut [u8], tree: &Tree, open: &Open, iovs: i32, n: i32, offset: u64) -> Result<u64, Errno> {
-    let bytes = match (&tree.entries[open.entry as usize].kind, &open.file) {
+/// Reads at most `most` bytes from an open file of the tree at `offset` into the first
+/// non-empty of the guest's `n` I/O vectors at `iovs`, as WASI does (one read per
+/// call, so the run's limits are checked between reads): the count read.
+#[allow(clippy::too_many_arguments)]
+fn read_iovs(
+    data: &mut [u8],
+    tree: &Tree,
+    open: &Open,
+    iovs: i32,
+    n: i32,
+    offset: u64,
+    most: u64,
+) -> Result<u64, Errno> {
+    let (buf, len) = (0..n.max(0) as usize)
+        .map(|k| -> Result<(usize, usize), Errno> {
+            let at = (iovs as u32 as usize).checked_add(k * 8).ok_or(Errno::Fault)?;
+            let iov = data.get(at..at + 8).ok_or(Errno::Fault)?;
+            let buf = u32::from_le_bytes(iov[0..4].try_into().expect("4 bytes")) as usize;
+            Ok((buf, u32::from_le_bytes(iov[4..8].try_into().expect("4 bytes")) as usize))
+        })
+        .find(|iov| !matches!(iov, Ok((_, 0))))
+        .unwrap_or(Ok((0, 0)))?;
+    let len = len.min(most.min(u32::MAX as u64) as usize);
+    let into = data.get_mut(buf..buf.checked_add(len).ok_or(Errno::Fault)?).ok_or(Errno::Fault)?;
+    let got = match (&tree.entries[open.entry as usize].kind, &open.file) {
         (Kind::Dir(_), _) => return Err(Errno::Isdir),
-        (Kind::File(TreeFile::Bytes(b)), _) => Some(b.clone()),
-        (_, Some(_)) => None,
+        (Kind::File(TreeFile::Bytes(b)), _) => {
+            let start = offset.min(b.len() as u64) as usize;
+            let m = (b.len() - start).min(len);
+            into[..m].copy_from_slice(&b[start..start + m]);
+            m
+        }
+        (_, Some(f)) => f.read_at(into, offset).map_err(|_| Errno::Io)?,
         (_, None) => return Err(Errno::Badf),
     };
-    let mut done = 0u64;
-    for k in 0..n as u32 {
-        let at = (iovs as u32 as usize).checked_add(k as usize * 8).ok_or(Errno::Fault)?;
-        let iov = data.get(at..at + 8).ok_or(Errno::Fault)?;
-        let buf = u32::from_le_bytes(iov[0..4].try_into().expect("4 bytes")) as usize;
-        let len = u32::from_le_bytes(iov[4..8].try_into().expect("4 bytes")) as usize;
-        let into = data.get_mut(buf..buf.checked_add(len).ok_or(Errno::Fault)?).ok_or(Errno::Fault)?;
-        let from = offset + done;
-        let got = match (&bytes, &open.file) {
-            (Some(b), _) => {
-                let start = (from.min(b.len() as u64)) as usize;
-                let m = (b.len() - start).min(len);
-                into[..m].copy_from_slice(&b[start..start + m]);
-                m
-            }
-            (None, Some(f)) => f.read_at(into, from).map_err(|_| Errno::Io)?,
-            (None, None) => unreachable!("checked above"),
-        };
-        done += got as u64;
-        if got < len {
-            break;
-        }
-    }
-    Ok(done)
+    Ok(got as u64)
 }
 
 /// `fd_read` (`at` None) and `fd_pread` on a file of the tree; fds 0 to 2 go to WASI.
@@ -360,9 +400,10 @@ fn read(c: &mut Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, at: Option<u64
         return Err(trip(s, "bytes read", detail));
     }
     let (data, state) = parts(c)?;
+    let most = state.limits.read_bytes - state.io.read_bytes;
     let fds = tree_of(state);
     let Some(open) = fds.open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
-    let got = match read_iovs(data, &fds.tree, open, iovs, n, at.unwrap_or(open.pos)) {
+    let got = match read_iovs(data, &fds.tree, open, iovs, n, at.unwrap_or(open.pos), most) {
         Ok(got) => got,
         Err(e) => return Ok(e as i32),
     };
@@ -386,8 +427,14 @@ fn path_filestat_get(
     let fds = tree_of(state);
     let Some(from) = fds.open.get(&(dir as u32)).map(|o| o.entry) else { return Ok(Errno::Badf as i32) };
     let Some(name) = slice(data, path, path_len) else { return Ok(Errno::Fault as i32) };
-    let stat = fds.tree.resolve(from, name).and_then(|at| fds.tree.filestat(at, None));
-    errno(stat.and_then(|st| put(data, out, &st)))
+    let at = match fds.tree.resolve(from, name) {
+        Ok(at) => at,
+        Err(e) => return Ok(e as i32),
+    };
+    match fds.tree.filestat(at, None) {
+        Ok(st) => errno(put(data, out, &st)),
+        Err(e) => stat_errno(&fds.tree, at, e),
+    }
 }
 
 /// `fd_readdir` on a directory of the tree, its listing made once per pass.
@@ -399,8 +446,9 @@ fn readdir(mut c: Caller<'_, RunState>, fd: i32, buf: i32, buf_len: i32, cookie:
     if !matches!(tree.entries[open.entry as usize].kind, Kind::Dir(_)) {
         return Ok(Errno::Notdir as i32);
     }
-    if cookie == 0 || open.listing.is_none() {
-        open.listing = Some(tree.listing(open.entry));
+    if open.listing.is_none() {
+        let listing = fds.listings.entry(open.entry).or_insert_with(|| Arc::new(tree.listing(open.entry)));
+        open.listing = Some(listing.clone());
     }
     Ok(serve_listing(data, open.listing.as_ref().expect("made above"), buf, buf_len, cookie, out))
 }
@@ -422,14 +470,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
         })
         .map_err(setup)?;
     linker
-        .func_wrap(
-            WASI,
-            "fd_pread",
-            |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, at: i64, out: i32| match fd {
+        .func_wrap(WASI, "fd_pread", |mut c: Caller<'_, RunState>, fd: i32, iovs: i32, n: i32, at: i64, out: i32| {
+            match fd {
                 0..=2 => Ok(Errno::Spipe as i32),
+                _ if at < 0 => Ok(Errno::Inval as i32),
                 _ => read(&mut c, fd, iovs, n, Some(at as u64), out),
-            },
-        )
+            }
+        })
         .map_err(setup)?;
     linker
         .func_wrap(WASI, "fd_seek", |mut c: Caller<'_, RunState>, fd: i32, delta: i64, whence: i32, out: i32| {
@@ -453,13 +500,18 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
                 2 => size,
                 _ => return Ok(Errno::Inval as i32),
             };
-            let Some(pos) = base.checked_add_signed(delta) else { return Ok(Errno::Inval as i32) };
+            let Some(pos) = base.checked_add_signed(delta).filter(|p| *p <= i64::MAX as u64) else {
+                return Ok(Errno::Inval as i32);
+            };
             open.pos = pos;
             errno(put(data, out, &pos.to_le_bytes()))
         })
         .map_err(setup)?;
     linker
         .func_wrap(WASI, "fd_tell", |mut c: Caller<'_, RunState>, fd: i32, out: i32| {
+            if fd <= 2 {
+                return Ok(Errno::Spipe as i32);
+            }
             let (data, state) = parts(&mut c)?;
             let Some(open) = tree_of(state).open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
             errno(put(data, out, &open.pos.to_le_bytes()))
@@ -478,9 +530,14 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
         })
         .map_err(setup)?;
     linker
-        .func_wrap(WASI, "fd_renumber", |c: Caller<'_, RunState>, from: i32, to: i32| {
-            let _ = c;
-            Ok(if from <= 2 && to <= 2 { Errno::Notsup as i32 } else { Errno::Badf as i32 })
+        .func_wrap(WASI, "fd_renumber", |mut c: Caller<'_, RunState>, from: i32, to: i32| -> anyhow::Result<i32> {
+            if from > 2 || to > 2 {
+                // The tree's fds keep their numbers.
+                return Ok(Errno::Notsup as i32);
+            }
+            let (from, to) = ((from as u32).into(), (to as u32).into());
+            let r = c.data_mut().wasi.fd_renumber(&mut GuestMemory::Unshared(&mut []), from, to);
+            errno_of(r, &mut GuestMemory::Unshared(&mut []), |_, ()| Ok(()))
         })
         .map_err(setup)?;
     linker.func_wrap(WASI, "fd_readdir", readdir).map_err(setup)?;
@@ -495,7 +552,10 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
             let (data, state) = parts(&mut c)?;
             let fds = tree_of(state);
             let Some(open) = fds.open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
-            errno(fds.tree.filestat(open.entry, open.file.as_ref()).and_then(|st| put(data, out, &st)))
+            match fds.tree.filestat(open.entry, open.file.as_ref()) {
+                Ok(st) => errno(put(data, out, &st)),
+                Err(e) => stat_errno(&fds.tree, open.entry, e),
+            }
         })
         .map_err(setup)?;
     linker.func_wrap(WASI, "path_filestat_get", path_filestat_get).map_err(setup)?;
@@ -567,11 +627,9 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
         })
         .map_err(setup)?;
     linker
-        .func_wrap(
-            WASI,
-            "path_readlink",
-            |_: Caller<'_, RunState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| Ok(Errno::Inval as i32),
-        )
+        .func_wrap(WASI, "path_readlink", |_: Caller<'_, RunState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| {
+            Ok(Errno::Inval as i32)
+        })
         .map_err(setup)?;
     linker.allow_shadowing(false);
     Ok(())

@@ -121,3 +121,61 @@ fn a_tree_refuses_names_that_are_not_files_relative_paths() {
     }
     assert_eq!(tree.len(), 3);
 }
+
+/// A read fills one I/O vector, within what the run may still read: a hundred vectors
+/// over one buffer in one call cannot carry it past its byte limit.
+#[test]
+fn one_read_cannot_pass_the_byte_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let object = dir.path().join("big");
+    std::fs::write(&object, vec![7u8; 1 << 20]).unwrap();
+    let mut tree = Tree::new();
+    tree.add("big", TreeFile::Host(object)).unwrap();
+    let many_iovecs = r#"(module
+        (import "wasi_snapshot_preview1" "path_open"
+            (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+        (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+        (memory (export "memory") 1)
+        (data (i32.const 0) "big")
+        (func (export "_start") (local $i i32)
+            (loop $fill
+                (i32.store (i32.add (i32.const 1024) (i32.mul (local.get $i) (i32.const 8))) (i32.const 4096))
+                (i32.store (i32.add (i32.const 1028) (i32.mul (local.get $i) (i32.const 8))) (i32.const 4096))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br_if $fill (i32.lt_u (local.get $i) (i32.const 100))))
+            (if (call $open (i32.const 3) (i32.const 0) (i32.const 0) (i32.const 3) (i32.const 0)
+                    (i64.const 2) (i64.const 0) (i32.const 0) (i32.const 16))
+                (then unreachable))
+            (loop $again
+                (drop (call $read (i32.load (i32.const 16)) (i32.const 1024) (i32.const 100) (i32.const 32)))
+                (br $again))))"#;
+    let runner = Runner::new(&dir.path().join("cache")).unwrap();
+    let (_, module) = runner.module(many_iovecs.as_bytes()).unwrap();
+    let args = argv(&["reader"]);
+    let mut spec = RunSpec::new(&args, Limits { read_bytes: 10_000, ..Limits::default() });
+    spec.tree = Some(Arc::new(tree));
+    match runner.run(&module, spec) {
+        Err(StoreletError::Limit { limit, account, .. }) => {
+            assert_eq!(limit, "bytes read");
+            assert_eq!(account.read_bytes, 10_000, "read past the limit: {account:?}");
+        }
+        other => panic!("expected the read limit, got {other:?}"),
+    }
+}
+
+/// A file whose object is gone stops the run with an error naming it, rather than
+/// letting its output look complete without it.
+#[test]
+fn a_missing_object_stops_the_run() {
+    let (dir, tree) = sample();
+    std::fs::remove_file(dir.path().join("object1")).unwrap();
+    let runner = Runner::new(&dir.path().join("cache")).unwrap();
+    let (_, grep) = runner.module(&build("grep")).unwrap();
+    let args = argv(&["grep", "-F", "package", "/"]);
+    let mut spec = RunSpec::new(&args, Limits::default());
+    spec.tree = Some(tree);
+    match runner.run(&grep, spec) {
+        Err(StoreletError::Trap(why)) => assert!(why.contains("/a/b/y.go"), "{why}"),
+        other => panic!("expected the run to stop, got {other:?}"),
+    }
+}

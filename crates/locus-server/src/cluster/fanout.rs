@@ -98,12 +98,25 @@ pub(crate) async fn run_share(head: Arc<Head>, mut req: NodeRun, module: Bytes, 
         let events = run_here(&head, req, module).await;
         return (share, events.map_err(|e| (e, false)));
     }
+    if module.is_empty() {
+        return (share, Err((WireError::new(Code::INVAL, "the module is empty"), false)));
+    }
     if req.module.is_empty() {
         req.module = locus_storelet::Runner::hash(&module);
     }
+    let size = codec::encoded_len(&req);
+    if size > crate::session::HEAD_MAX_META as usize {
+        let why = format!(
+            "data node {id}: its share of the run lists {} files in {size} bytes, more than the {} a node takes (small files' bytes count)",
+            req.files.len(),
+            crate::session::HEAD_MAX_META
+        );
+        return (share, Err((WireError::new(Code::TOO_LARGE, why), false)));
+    }
     let known = (id, req.module.clone());
     let sent_before = head.modules_sent.lock().contains(&known);
-    let outcome = share_events(&head, &share.0, req.clone(), if sent_before { Bytes::new() } else { module.clone() }).await;
+    let outcome =
+        share_events(&head, &share.0, req.clone(), if sent_before { Bytes::new() } else { module.clone() }).await;
     let outcome = match outcome {
         Err((e, _)) if sent_before && e.code == Code::NOENT && e.message.contains(MODULE_NOT_HERE) => {
             head.modules_sent.lock().remove(&known);
@@ -112,7 +125,11 @@ pub(crate) async fn run_share(head: Arc<Head>, mut req: NodeRun, module: Bytes, 
         outcome => outcome,
     };
     if outcome.is_ok() {
-        head.modules_sent.lock().insert(known);
+        let mut sent = head.modules_sent.lock();
+        if sent.len() >= 4096 {
+            sent.clear();
+        }
+        sent.insert(known);
     }
     (share, outcome)
 }

@@ -556,8 +556,9 @@ impl Session {
         })))
     }
 
-    /// `node_run`: this node's share of a cluster-wide storelet run, over a view of the
-    /// files the head named. A writable run works on copies; when it ends well, what it
+    /// `node_run`: this node's share of a cluster-wide storelet run, over the files the
+    /// head named (see [`run_over_view`]); a module left out must be compiled here
+    /// ([`MODULE_NOT_HERE`] otherwise). A writable run works on copies; when it ends well, what it
     /// wrote is moved aside for the head to adopt and told before the last event.
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;

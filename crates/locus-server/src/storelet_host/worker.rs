@@ -48,7 +48,7 @@ fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletR
 impl Core {
     /// Runs one job on this worker thread, telling its watcher how it goes.
     pub(super) fn execute(&self, job: Job) {
-        let Job { run, submission: s, control, watcher } = job;
+        let Job { run, submission: mut s, control, watcher } = job;
         let module_hash = {
             let mut state = self.state.lock();
             let Some(live) = state.runs.get_mut(&run) else { return };
@@ -69,8 +69,8 @@ impl Core {
         let outcome = if control.is_cancelled() {
             Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
         } else {
-            match &s.view {
-                Seen::Dir(view) => self.run_in_dir(run, &s, view, &argv, &module_hash, sink, &control),
+            match std::mem::replace(&mut s.view, Seen::Files(Vec::new())) {
+                Seen::Dir(view) => self.run_in_dir(run, &s, &view, &argv, &module_hash, sink, &control),
                 Seen::Files(files) => self.run_over_files(&s, files, &argv, &module_hash, sink, &control),
             }
         };
@@ -136,7 +136,7 @@ impl Core {
     fn run_over_files(
         &self,
         s: &Submission,
-        files: &[(String, locus_storelet::TreeFile)],
+        files: Vec<(String, locus_storelet::TreeFile)>,
         argv: &[String],
         module_hash: &str,
         sink: locus_storelet::OutputSink,
@@ -146,7 +146,7 @@ impl Core {
         let cpu_started = thread_cpu();
         let mut tree = locus_storelet::Tree::new();
         for (path, file) in files {
-            tree.add(path, file.clone()).map_err(StoreletError::Setup)?;
+            tree.add(&path, file).map_err(StoreletError::Setup)?;
         }
         let (_, module) = self.runner.module_hashed(module_hash.to_string(), &s.wasm)?;
         let mut spec = RunSpec::new(argv, self.config.limits);
@@ -169,7 +169,7 @@ impl Core {
         tracing::info!(
             run,
             subject = %s.subject,
-            module = %&result.module[..12],
+            module = %result.module.get(..12).unwrap_or(&result.module),
             outcome,
             fuel = result.fuel,
             cpu_us = result.cpu_us,
