@@ -185,8 +185,13 @@ impl Sqlite {
     pub fn open(path: &std::path::Path) -> Result<Sqlite> {
         let conn =
             rusqlite::Connection::open(path).map_err(|e| MetaError::Engine(format!("{}: {e}", path.display())))?;
-        conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
-            .map_err(engine_error)?;
+        // Pages read through a mapping and a 64 MiB cache: listing a directory of a million
+        // rows (a storelet run over it) then reads them without a copy per page.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;
+             PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -65536;",
+        )
+        .map_err(engine_error)?;
         // Columns added since a table was first made (SQLite has no `ADD COLUMN IF NOT
         // EXISTS`); tables not there yet are made whole by the schema below.
         let columns =

@@ -450,13 +450,21 @@ impl Runner {
         if let Some(m) = self.modules.lock().get(hash) {
             return Some(m.clone());
         }
-        let bytes = std::fs::read(self.cache_dir.join(format!("{hash}.cwasm"))).ok()?;
-        let sum = std::fs::read_to_string(self.cache_dir.join(format!("{hash}.sum"))).ok()?;
-        if hex::encode(sha2::Sha256::digest(&bytes)) != sum.trim() {
-            return None;
-        }
+        let (path, sum_path) =
+            (self.cache_dir.join(format!("{hash}.cwasm")), self.cache_dir.join(format!("{hash}.sum")));
+        let bytes = std::fs::read(&path).ok()?;
+        let sum = std::fs::read_to_string(&sum_path).ok()?;
         // SAFETY: the bytes are this engine's own serialization (checked by checksum).
-        let m = unsafe { Module::deserialize(&self.engine, &bytes) }.ok()?;
+        let loaded = (hex::encode(sha2::Sha256::digest(&bytes)) == sum.trim())
+            .then(|| unsafe { Module::deserialize(&self.engine, &bytes) }.ok())
+            .flatten();
+        let Some(m) = loaded else {
+            // A damaged entry goes, so that [`Runner::has`] no longer counts it (and the
+            // module is compiled again from its bytes).
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&sum_path);
+            return None;
+        };
         self.modules.lock().insert(hash.to_string(), m.clone());
         Some(m)
     }

@@ -220,6 +220,13 @@ fn compiled_modules_are_reused_and_a_corrupted_cache_entry_is_rebuilt() {
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&file, bytes).unwrap();
+    // Named by hash alone (as a head names a module its node has), a damaged entry is
+    // refused and removed, so the module is asked for again rather than refused forever.
+    let probe = Runner::new(&cache).unwrap();
+    assert!(probe.has(&hash));
+    assert!(probe.module_hashed(hash.clone(), &[]).is_err());
+    assert!(!probe.has(&hash), "the damaged entry is gone");
+    assert!(!probe.has("../../etc/passwd") && !probe.has(&hash.to_uppercase()));
     let third = Runner::new(&cache).unwrap();
     let (_, m) = third.module(wat).unwrap();
     assert_eq!(third.compiles.load(std::sync::atomic::Ordering::Relaxed), 1);

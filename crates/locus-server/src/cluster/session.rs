@@ -186,8 +186,19 @@ impl HeadSession {
         let prefix = if dir == "/" { 0 } else { dir.len() };
         let mut readable: HashMap<String, bool> = HashMap::from([(dir.to_string(), true)]);
         let mut files = Vec::new();
+        // The rows come in path order, so a directory's files come together.
+        let mut last: Option<(String, bool)> = None;
         for e in self.head.meta.files_under(dir).map_err(meta_err)? {
-            if !self.readable_dir(who, governing(&e.path, false), &mut readable)? {
+            let parent = governing(&e.path, false);
+            let yes = match &last {
+                Some((d, yes)) if d == parent => *yes,
+                _ => {
+                    let yes = self.readable_dir(who, parent, &mut readable)?;
+                    last = Some((parent.to_string(), yes));
+                    yes
+                }
+            };
+            if !yes {
                 continue;
             }
             let path = e.path[prefix..].trim_start_matches('/').to_string();
