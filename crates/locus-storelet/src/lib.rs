@@ -302,8 +302,8 @@ pub(crate) struct RunState {
     tripped: Option<(&'static str, String)>,
 }
 
-/// The CPU time the calling thread has used.
-fn thread_cpu() -> Duration {
+/// The CPU time the calling thread has used: what a run's CPU limit and account count.
+pub fn thread_cpu() -> Duration {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }

@@ -262,6 +262,34 @@ fn put(data: &mut [u8], ptr: i32, bytes: &[u8]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Runs `f` with the guest's memory, the run's tree and what `fd` has open in it
+/// (`EBADF` when nothing).
+fn with_open(
+    c: &mut Caller<'_, RunState>,
+    fd: i32,
+    f: impl FnOnce(&mut [u8], &Tree, &Open) -> anyhow::Result<i32>,
+) -> anyhow::Result<i32> {
+    let (data, state) = parts(c)?;
+    let fds = tree_of(state);
+    match fds.open.get(&(fd as u32)) {
+        Some(open) => f(data, &fds.tree, open),
+        None => Ok(Errno::Badf as i32),
+    }
+}
+
+/// A stat call on standard input, output or error, answered by WASI: its result
+/// written at `out`.
+fn stdio_stat<T: wiggle::GuestType>(
+    c: &mut Caller<'_, RunState>,
+    out: i32,
+    call: impl FnOnce(&mut GuestMemory<'_>, &mut wasmtime_wasi::p1::WasiP1Ctx) -> Result<T, wasmtime_wasi::p1::types::Error>,
+) -> anyhow::Result<i32> {
+    with_memory(c, |m, wasi| {
+        let r = call(m, wasi);
+        errno_of(r, m, |m, st| m.write(GuestPtr::new(out as u32), st))
+    })
+}
+
 /// The errno a call's result comes to.
 fn errno(r: Result<(), Errno>) -> anyhow::Result<i32> {
     Ok(r.err().map_or(0, |e| e as i32))
@@ -512,9 +540,7 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
             if fd <= 2 {
                 return Ok(Errno::Spipe as i32);
             }
-            let (data, state) = parts(&mut c)?;
-            let Some(open) = tree_of(state).open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
-            errno(put(data, out, &open.pos.to_le_bytes()))
+            with_open(&mut c, fd, |data, _, open| errno(put(data, out, &open.pos.to_le_bytes())))
         })
         .map_err(setup)?;
     linker
@@ -544,41 +570,31 @@ pub(crate) fn add_to_linker(linker: &mut Linker<RunState>) -> Result<(), Storele
     linker
         .func_wrap(WASI, "fd_filestat_get", |mut c: Caller<'_, RunState>, fd: i32, out: i32| {
             if fd <= 2 {
-                return with_memory(&mut c, |m, wasi| {
-                    let r = in_tokio(wasi.fd_filestat_get(m, (fd as u32).into()));
-                    errno_of(r, m, |m, st| m.write(GuestPtr::new(out as u32), st))
-                });
+                return stdio_stat(&mut c, out, |m, wasi| in_tokio(wasi.fd_filestat_get(m, (fd as u32).into())));
             }
-            let (data, state) = parts(&mut c)?;
-            let fds = tree_of(state);
-            let Some(open) = fds.open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
-            match fds.tree.filestat(open.entry, open.file.as_ref()) {
+            with_open(&mut c, fd, |data, tree, open| match tree.filestat(open.entry, open.file.as_ref()) {
                 Ok(st) => errno(put(data, out, &st)),
-                Err(e) => stat_errno(&fds.tree, open.entry, e),
-            }
+                Err(e) => stat_errno(tree, open.entry, e),
+            })
         })
         .map_err(setup)?;
     linker.func_wrap(WASI, "path_filestat_get", path_filestat_get).map_err(setup)?;
     linker
         .func_wrap(WASI, "fd_fdstat_get", |mut c: Caller<'_, RunState>, fd: i32, out: i32| {
             if fd <= 2 {
-                return with_memory(&mut c, |m, wasi| {
-                    let r = in_tokio(wasi.fd_fdstat_get(m, (fd as u32).into()));
-                    errno_of(r, m, |m, st| m.write(GuestPtr::new(out as u32), st))
-                });
+                return stdio_stat(&mut c, out, |m, wasi| in_tokio(wasi.fd_fdstat_get(m, (fd as u32).into())));
             }
-            let (data, state) = parts(&mut c)?;
-            let fds = tree_of(state);
-            let Some(open) = fds.open.get(&(fd as u32)) else { return Ok(Errno::Badf as i32) };
-            let (kind, base, inheriting) = match fds.tree.entries[open.entry as usize].kind {
-                Kind::Dir(_) => (Filetype::Directory, DIR_RIGHTS, DIR_RIGHTS | FILE_RIGHTS),
-                Kind::File(_) => (Filetype::RegularFile, FILE_RIGHTS, 0),
-            };
-            let mut st = [0u8; 24];
-            st[0] = kind as u8;
-            st[8..16].copy_from_slice(&base.to_le_bytes());
-            st[16..24].copy_from_slice(&inheriting.to_le_bytes());
-            errno(put(data, out, &st))
+            with_open(&mut c, fd, |data, tree, open| {
+                let (kind, base, inheriting) = match tree.entries[open.entry as usize].kind {
+                    Kind::Dir(_) => (Filetype::Directory, DIR_RIGHTS, DIR_RIGHTS | FILE_RIGHTS),
+                    Kind::File(_) => (Filetype::RegularFile, FILE_RIGHTS, 0),
+                };
+                let mut st = [0u8; 24];
+                st[0] = kind as u8;
+                st[8..16].copy_from_slice(&base.to_le_bytes());
+                st[16..24].copy_from_slice(&inheriting.to_le_bytes());
+                errno(put(data, out, &st))
+            })
         })
         .map_err(setup)?;
     linker

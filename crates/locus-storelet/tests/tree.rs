@@ -7,6 +7,13 @@ use locus_storelet::{Limits, RunSpec, Runner, StoreletError, Tree, TreeFile};
 use locus_testkit::build_storelet as build;
 use std::sync::Arc;
 
+/// The lines of `out`, sorted (shares and walks list in no promised order).
+fn sorted_lines(out: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    lines
+}
+
 fn argv(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
@@ -43,23 +50,17 @@ fn find_grep_and_wc_see_the_tree_as_a_directory() {
     let (_, find) = runner.module(&build("find")).unwrap();
     let (code, out, err) = run(&runner, &find, &tree, &["find", "/", "-name", "*.go"]);
     assert_eq!(code, 0, "{err}");
-    let mut got: Vec<&str> = out.lines().collect();
-    got.sort();
-    assert_eq!(got, ["/a/b/y.go", "/a/x.go", "/c.go"]);
+    assert_eq!(sorted_lines(&out), ["/a/b/y.go", "/a/x.go", "/c.go"]);
     let (_, out, _) = run(&runner, &find, &tree, &["find", "/a", "-type", "d"]);
     assert_eq!(out.lines().collect::<Vec<_>>(), ["/a", "/a/b"]);
     // Sizes are the objects' (and the bytes').
     let (_, out, _) = run(&runner, &find, &tree, &["find", "/", "-size", "-11c", "-type", "f"]);
-    let mut got: Vec<&str> = out.lines().collect();
-    got.sort();
-    assert_eq!(got, ["/a/b/y.go", "/a/b/z.txt", "/c.go"]);
+    assert_eq!(sorted_lines(&out), ["/a/b/y.go", "/a/b/z.txt", "/c.go"]);
 
     let (_, grep) = runner.module(&build("grep")).unwrap();
     let (code, out, err) = run(&runner, &grep, &tree, &["grep", "-F", "package", "/"]);
     assert_eq!(code, 0, "{err}");
-    let mut got: Vec<&str> = out.lines().collect();
-    got.sort();
-    assert_eq!(got, ["/a/b/y.go:1:package y", "/a/x.go:1:package x", "/c.go:1:package c"]);
+    assert_eq!(sorted_lines(&out), ["/a/b/y.go:1:package y", "/a/x.go:1:package x", "/c.go:1:package c"]);
 
     let (_, wc) = runner.module(&build("wc")).unwrap();
     let (code, out, err) = run(&runner, &wc, &tree, &["wc", "/a/x.go", "/c.go"]);

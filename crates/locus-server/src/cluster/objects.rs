@@ -338,9 +338,23 @@ pub(crate) fn run_over_view(
 ) -> Result<(Arc<locus_storelet::RunControl>, crate::transport::EventStream), WireError> {
     // A module left out is one compiled here (the caller checked).
     let hash = data.is_empty().then(|| req.module.clone());
-    if !req.write {
-        let files = req
-            .files
+    let NodeRun { subject, files, args, env, write, .. } = req;
+    let submit = |view: crate::storelet_host::Seen| {
+        shared.storelets.submit(crate::storelet_host::Submission {
+            subject,
+            wasm: data,
+            hash,
+            args,
+            env,
+            view,
+            write,
+            record_inputs: false,
+            native: None,
+            active_file: None,
+        })
+    };
+    if !write {
+        let files = files
             .into_iter()
             .map(|f| {
                 let file = match f.inline {
@@ -350,38 +364,15 @@ pub(crate) fn run_over_view(
                 (f.path, file)
             })
             .collect();
-        return shared.storelets.submit(crate::storelet_host::Submission {
-            subject: req.subject,
-            wasm: data,
-            hash: hash.clone(),
-            args: req.args,
-            env: req.env,
-            view: crate::storelet_host::Seen::Files(files),
-            write: false,
-            record_inputs: false,
-            native: None,
-            active_file: None,
-        });
+        return submit(crate::storelet_host::Seen::Files(files));
     }
-    let view = View::make(&shared.config.root, objects, &req.files)?;
+    let view = View::make(&shared.config.root, objects, &files)?;
     let pending = objects.join(PENDING_DIR);
     std::fs::create_dir_all(&pending).map_err(|e| WireError::io("pending", e))?;
     sweep_pending(&pending);
     let before = regular_files(&view.abs).map_err(|e| WireError::io("view", e))?;
     let dir = store(shared.store.code_view(crate::config::ADMIN_SUBJECT, &view.rel, true))?;
-    let submission = crate::storelet_host::Submission {
-        subject: req.subject,
-        wasm: data,
-        hash,
-        args: req.args,
-        env: req.env,
-        view: crate::storelet_host::Seen::Dir(dir),
-        write: true,
-        record_inputs: false,
-        native: None,
-        active_file: None,
-    };
-    let (control, mut events) = shared.storelets.submit(submission)?;
+    let (control, mut events) = submit(crate::storelet_host::Seen::Dir(dir))?;
     // The view goes once the run's last event has been handed on.
     let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
     let queued = events.queued.clone();

@@ -23,12 +23,6 @@ pub(super) fn lowest_priority() {
     }
 }
 
-/// The CPU time the calling thread has used.
-fn thread_cpu() -> std::time::Duration {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
 fn result_of(run: u64, module: String, exit_code: i32, a: &Account) -> StoreletResult {
     StoreletResult {
         run,
@@ -143,7 +137,7 @@ impl Core {
         control: &Arc<RunControl>,
     ) -> Result<locus_storelet::RunOutcome, StoreletError> {
         let started = std::time::Instant::now();
-        let cpu_started = thread_cpu();
+        let cpu_started = locus_storelet::thread_cpu();
         let mut tree = locus_storelet::Tree::new();
         for (path, file) in files {
             tree.add(&path, file).map_err(StoreletError::Setup)?;
@@ -156,7 +150,7 @@ impl Core {
         spec.control = control.clone();
         let mut outcome = self.runner.run(&module, spec);
         // The run's time includes making its tree.
-        let made = thread_cpu().saturating_sub(cpu_started);
+        let made = locus_storelet::thread_cpu().saturating_sub(cpu_started);
         if let Ok(out) = &mut outcome {
             out.account.wall = started.elapsed();
             out.account.cpu = made.max(out.account.cpu);
