@@ -163,6 +163,9 @@ pub struct Shared {
     damaged: parking_lot::Mutex<Vec<(u64, u64)>>,
     /// On a data node: the id its head gave it at the last join (0: none yet).
     node_id: std::sync::atomic::AtomicU64,
+    /// On a data node: the trees of its shares of runs, kept for the next run over the
+    /// same plan (see `cluster::plans`).
+    pub(crate) kept_trees: cluster::plans::KeptTrees,
     /// The address the native protocol listens on, once [`Server::run`] has started:
     /// which addresses name this server in a login (see [`login`]).
     listen: std::sync::OnceLock<std::net::SocketAddr>,
@@ -274,6 +277,7 @@ impl Server {
             node_key: parking_lot::RwLock::new(None),
             damaged: parking_lot::Mutex::new(Vec::new()),
             node_id: std::sync::atomic::AtomicU64::new(0),
+            kept_trees: Default::default(),
             listen: std::sync::OnceLock::new(),
             tls: parking_lot::RwLock::new(tls),
         });

@@ -4,7 +4,8 @@
 //! a histogram of service times by operation. Everything else the server already keeps
 //! is read when scraped: bytes read and written (the store's accounting), connected
 //! clients, code runs and their use per subject (the storelet accounts, active-file
-//! handlers included), runs stopped by each limit. A request answered later (a script,
+//! handlers included), runs stopped by each limit, and on a cluster head the read-only
+//! runs planned from the namespace and those over a kept plan. A request answered later (a script,
 //! a storelet, an active file being made) counts when it is dispatched. The text is the OpenMetrics format of
 //! the `prometheus-client` crate, served at `GET /metrics` by a minimal HTTP responder.
 //!
@@ -132,6 +133,16 @@ fn read_now(shared: &Shared) -> Registry {
         limits.get_or_create(&Limit { limit: limit.to_string() }).inc_by(n);
     }
     r.register("limits_tripped", "Code runs stopped by a limit since the server started, by limit", limits);
+    #[cfg(feature = "cluster")]
+    if let Some(head) = &shared.head {
+        let (planned, reused) = head.run_plans();
+        r.register("cluster_runs_planned", "Read-only cluster runs planned from the namespace", counter(planned));
+        r.register(
+            "cluster_runs_over_kept_plans",
+            "Read-only cluster runs over a plan kept from an earlier run",
+            counter(reused),
+        );
+    }
     r
 }
 

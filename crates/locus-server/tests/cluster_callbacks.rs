@@ -131,3 +131,38 @@ async fn a_head_promises_nothing_a_subject_may_not_see() {
     let bob = head.client("bob").await;
     assert!(bob.callbacks(10, listener.client_id()).await.is_err());
 }
+
+/// A read-only run's plan a head keeps is forgotten when another head changes the
+/// directory: its next run there sees the change once the notice arrives (as a
+/// cached mount does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_through_another_head_forgets_a_kept_run_plan_on_postgresql() {
+    if !locus_testkit::require_postgres() {
+        return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
+    }
+    let pg = TestPostgres::start();
+    let first = TestServer::head(Some(&pg.url()), |_| {});
+    let second = TestServer::head(Some(&pg.url()), |_| {});
+    let _nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
+    setup(&first).await;
+    let find = locus_testkit::build_storelet("find");
+    let reader = first.client("admin").await;
+    let names = || async {
+        let out = reader.storelet_run(&find, "/d", vec!["/".into(), "-type".into(), "f".into()], false).await.unwrap();
+        assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(names().await, ["/big", "/f"]);
+    assert_eq!(names().await, ["/big", "/f"]);
+    let plans = || first.shared().head.as_ref().unwrap().run_plans();
+    assert_eq!(plans(), (1, 1), "the second run is over the kept plan");
+    second.client("admin").await.write_file("/d/new", 0o644, b"made through the other head").await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while names().await != ["/big", "/f", "/new"] {
+        assert!(std::time::Instant::now() < deadline, "the first head never heard of /d/new");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(plans().0 >= 2, "planned again once told");
+}

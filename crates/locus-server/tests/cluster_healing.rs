@@ -375,6 +375,9 @@ async fn a_distributed_run_covers_files_kept_at_the_head_and_moves_off_a_dead_no
     let out = admin.storelet_run(&find, "/src", args, false).await.unwrap();
     assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(lines(&out), expected, "every file exactly once, with a node dead");
+    // That run was over the plan kept from the first: the dead node's share was found
+    // again in the namespace by its files' hashes.
+    assert_eq!(head_of(&head).run_plans(), (1, 1));
 }
 
 /// Rebalancing between data nodes by measured load: the versions the nodes' heartbeats

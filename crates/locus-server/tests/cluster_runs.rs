@@ -187,4 +187,70 @@ async fn a_module_goes_to_a_node_again_when_it_no_longer_has_it() {
     });
     assert_eq!(found(admin.storelet_run(&find, "/t", args(&["/", "-name", "*.go"]), false).await.unwrap()), 5);
     assert!(node.state_dir().join("storelets").read_dir().unwrap().count() > 0, "compiled again at the node");
+    // The run was over the plan kept from the first: the restarted node had lost its
+    // tree too, so the head listed its share's files again and sent them.
+    assert_eq!(head.shared().head.as_ref().unwrap().run_plans(), (1, 2));
+    assert_eq!(found(admin.storelet_run(&find, "/t", args(&["/", "-name", "*.go"]), false).await.unwrap()), 5);
+    assert_eq!(head.shared().head.as_ref().unwrap().run_plans(), (2, 2), "planned afresh after that");
+}
+
+/// A read-only run over a directory again uses the plan kept from the last one (the
+/// head lists nothing, the nodes make no tree), and sees every change made since: a
+/// file written again, one added, one removed, a directory renamed, a right taken
+/// away. A change elsewhere leaves the plan kept; another subject has a plan of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_again_uses_the_kept_plan_and_sees_every_change_since() {
+    let head = TestServer::head(None, |c| c.inline_max = 0);
+    let _nodes = [TestServer::data_node(&head), TestServer::data_node(&head)];
+    let admin = head.client("admin").await;
+    for d in ["/t", "/t/a", "/t/b", "/other"] {
+        admin.mkdir(d, 0o755).await.unwrap();
+    }
+    for i in 0..3 {
+        admin.write_file(&format!("/t/a/f{i}.txt"), 0o644, b"one\n").await.unwrap();
+        admin.write_file(&format!("/t/b/g{i}.txt"), 0o644, b"one\n").await.unwrap();
+    }
+    let grep = build_storelet("grep");
+    let plans = || head.shared().head.as_ref().unwrap().run_plans();
+    let matching = |client: &locus_client::Client, word: &str| {
+        let (client, grep, word) = (client.clone(), grep.clone(), word.to_string());
+        async move {
+            let out = client.storelet_run(&grep, "/t", args(&["-l", &word, "/"]), false).await.unwrap();
+            assert!(out.result.exit_code <= 1, "{}", String::from_utf8_lossy(&out.stderr));
+            let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+            lines.sort();
+            lines
+        }
+    };
+    let all = ["/a/f0.txt", "/a/f1.txt", "/a/f2.txt", "/b/g0.txt", "/b/g1.txt", "/b/g2.txt"];
+    assert_eq!(matching(&admin, "one").await, all);
+    assert_eq!(plans(), (1, 0));
+    assert_eq!(matching(&admin, "one").await, all);
+    assert_eq!(plans(), (1, 1), "the second run is over the kept plan");
+    admin.write_file("/other/x.txt", 0o644, b"one\n").await.unwrap();
+    assert_eq!(matching(&admin, "one").await, all);
+    assert_eq!(plans(), (1, 2), "a change elsewhere keeps the plan");
+
+    admin.write_file("/t/a/f0.txt", 0o644, b"two\n").await.unwrap();
+    assert_eq!(matching(&admin, "two").await, ["/a/f0.txt"], "a file written again");
+    assert_eq!(plans(), (2, 2));
+    admin.write_file("/t/b/new.txt", 0o644, b"two\n").await.unwrap();
+    assert_eq!(matching(&admin, "two").await, ["/a/f0.txt", "/b/new.txt"], "a file added");
+    admin.unlink("/t/a/f0.txt").await.unwrap();
+    assert_eq!(matching(&admin, "two").await, ["/b/new.txt"], "a file removed");
+    admin.rename("/t/b", "/t/c").await.unwrap();
+    assert_eq!(matching(&admin, "two").await, ["/c/new.txt"], "a directory renamed");
+    assert_eq!(matching(&admin, "two").await, ["/c/new.txt"]);
+    assert_eq!(plans(), (5, 3), "each change made the next run plan again, once");
+
+    // Alice's plan is her own, and forgets what she may no longer read.
+    admin.acl_set("/", "alice", Rights::parse("rlx").unwrap()).await.unwrap();
+    let alice = head.client("alice").await;
+    let theirs = ["/a/f1.txt", "/a/f2.txt", "/c/g0.txt", "/c/g1.txt", "/c/g2.txt"];
+    assert_eq!(matching(&alice, "one").await, theirs);
+    assert_eq!(matching(&alice, "one").await, theirs);
+    assert_eq!(plans(), (6, 4));
+    admin.acl_set("/t/c", "alice", Rights::parse("x").unwrap()).await.unwrap();
+    assert_eq!(matching(&alice, "one").await, ["/a/f1.txt", "/a/f2.txt"], "a right taken away");
+    assert_eq!(matching(&admin, "one").await, theirs, "the admin's plan is its own");
 }

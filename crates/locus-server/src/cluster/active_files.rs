@@ -86,7 +86,7 @@ impl HeadSession {
                 ),
             ));
         }
-        let files = self.view_files(&who, dir)?;
+        let files = self.head.view_files(&who, dir)?;
         Ok(self.head.clone().active_file(who, path.to_string(), found, files))
     }
 
@@ -201,6 +201,7 @@ impl Head {
                 env: Vec::new(),
                 write: false,
                 module: String::new(),
+                plan: 0,
             };
             let (_, outcome) = run_share(self.clone(), req, found.wasm.clone(), (node.clone(), view)).await;
             let events = match outcome {

@@ -11,7 +11,8 @@
 //! while its link is down: a quiet link is checked every few seconds), and each time
 //! it starts listening it breaks every promise it holds, since what was announced
 //! meanwhile went unheard (its clients ask again). An announcement that fails is tried
-//! again until it goes. A SQLite namespace has one head: nothing is announced.
+//! again until it goes. A SQLite namespace has one head: nothing is announced. What
+//! breaks promises also forgets the read-only run plans the head keeps (`plans`).
 
 use crate::cluster::Head;
 use crate::Shared;
@@ -70,28 +71,27 @@ impl Head {
             CHANNEL,
             Box::new(move |notice| {
                 let Some(shared) = shared.upgrade() else { return false };
+                // What another head changed (or, unheard, everything) breaks promises
+                // and kept run plans here.
+                let heard = |path: &str, names: bool, listening: Option<bool>| {
+                    if let Some(head) = &shared.head {
+                        if let Some(yes) = listening {
+                            head.listening.store(yes, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        head.plans.changed(path);
+                    }
+                    shared.callbacks.changed(&shared.registry, 0, &[path], names);
+                };
                 match notice {
                     Notice::Payload(p) => match serde_json::from_str::<Announcement>(&p) {
-                        Ok(a) if a.h != me => {
-                            for (names, path) in a.c {
-                                shared.callbacks.changed(&shared.registry, 0, &[&path], names);
-                            }
-                        }
+                        Ok(a) if a.h != me => a.c.iter().for_each(|(names, path)| heard(path, *names, None)),
                         Ok(_) => {}
                         Err(e) => tracing::warn!("an unreadable change notice ({e}): ignored"),
                     },
-                    Notice::Listening => {
-                        if let Some(head) = &shared.head {
-                            head.listening.store(true, std::sync::atomic::Ordering::SeqCst);
-                        }
-                        shared.callbacks.changed(&shared.registry, 0, &["/"], true);
-                    }
+                    Notice::Listening => heard("/", true, Some(true)),
                     Notice::Down => {
                         tracing::warn!("not hearing other heads' changes: promising nothing until heard again");
-                        if let Some(head) = &shared.head {
-                            head.listening.store(false, std::sync::atomic::Ordering::SeqCst);
-                        }
-                        shared.callbacks.changed(&shared.registry, 0, &["/"], true);
+                        heard("/", true, Some(false));
                     }
                     Notice::Idle => {}
                 }

@@ -22,9 +22,10 @@
 //! exits with a status other than 0 on any node, changes nothing.
 
 use crate::cluster::head::LOCAL_NODE;
-use crate::cluster::meta_err;
 use crate::cluster::objects::MODULE_NOT_HERE;
+use crate::cluster::plans::{KeptPlan, PLAN_NOT_HERE};
 use crate::cluster::Head;
+use crate::cluster::{governing, meta_err};
 use crate::transport::EventFrame;
 use bytes::Bytes;
 use locus_cluster::{Content, Entry, Kind as EntryKind, Node};
@@ -32,6 +33,7 @@ use locus_proto::frame::Kind;
 use locus_proto::ops::*;
 use locus_proto::types::*;
 use locus_proto::{codec, Code, Error as WireError};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A file of a run and the nodes holding its version (none: it is inline).
@@ -55,7 +57,112 @@ struct Wrote {
     token: String,
 }
 
+/// A run's shares, and the plan they are kept under (if any): made now, each share
+/// with its files for its node to keep a tree of, or kept, each share's files left out
+/// (see `cluster::plans`).
+pub(crate) struct Planned {
+    pub(crate) shares: Vec<Share>,
+    pub(crate) kept: Option<Arc<KeptPlan>>,
+}
+
 impl Head {
+    /// True when `who` holds `r` and `l` in `dir` and in every directory above it up to
+    /// one `known` already says (answers are kept there).
+    fn readable_dir(&self, who: &str, dir: &str, known: &mut HashMap<String, bool>) -> Result<bool, WireError> {
+        if let Some(&yes) = known.get(dir) {
+            return Ok(yes);
+        }
+        let parent = governing(dir, false);
+        let yes = parent != dir
+            && self.readable_dir(who, parent, known)?
+            && self.meta.rights(who, dir).map_err(meta_err)?.contains(Rights::READ.union(Rights::LIST));
+        known.insert(dir.to_string(), yes);
+        Ok(yes)
+    }
+
+    /// The files under `dir` that `who` may read (every directory between `dir` and the
+    /// file grants `r` and `l`), as a run on the nodes sees them, with the nodes holding
+    /// each (none for a small file, whose bytes go with it).
+    pub(crate) fn view_files(&self, who: &str, dir: &str) -> Result<Vec<RunFile>, WireError> {
+        let prefix = if dir == "/" { 0 } else { dir.len() };
+        let mut readable: HashMap<String, bool> = HashMap::from([(dir.to_string(), true)]);
+        let mut files = Vec::new();
+        // The rows come in path order, so a directory's files come together.
+        let mut last: Option<(String, bool)> = None;
+        for e in self.meta.files_under(dir).map_err(meta_err)? {
+            let parent = governing(&e.path, false);
+            let yes = match &last {
+                Some((d, yes)) if d == parent => *yes,
+                _ => {
+                    let yes = self.readable_dir(who, parent, &mut readable)?;
+                    last = Some((parent.to_string(), yes));
+                    yes
+                }
+            };
+            if !yes {
+                continue;
+            }
+            let path = e.path[prefix..].trim_start_matches('/').to_string();
+            let (holders, inline) = match e.content {
+                Content::Nodes(ids) => (ids, None),
+                Content::Inline(bytes) => (Vec::new(), Some(bytes)),
+            };
+            files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
+        }
+        Ok(files)
+    }
+
+    /// The shares of a read-only run of `who` over `dir`: those of the plan kept for
+    /// it, when all its nodes are live; else planned from the namespace now, and kept
+    /// (unless a share is the head's own).
+    pub(crate) fn plan_read_only(&self, who: &str, dir: &str) -> Result<Planned, WireError> {
+        let hears = self.hears_others();
+        if let Some(kept) = self.plans.get(who, dir).filter(|_| hears) {
+            let nodes = self.nodes()?;
+            let live: Option<Vec<Share>> = kept
+                .shares
+                .iter()
+                .map(|s| nodes.iter().find(|n| n.id == s.node && self.is_live(n)).map(|n| (n.clone(), Vec::new())))
+                .collect();
+            match live {
+                Some(shares) => {
+                    self.plans.count(true);
+                    return Ok(Planned { shares, kept: Some(kept) });
+                }
+                None => self.plans.forget(&kept),
+            }
+        }
+        let since = self.plans.now();
+        let shares = self.plan_run(self.view_files(who, dir)?, &[])?;
+        self.plans.count(false);
+        let kept = (hears && shares.iter().all(|(n, _)| n.id != LOCAL_NODE)).then(|| {
+            let paths = shares.iter().map(|(n, files)| (n.id, files.iter().map(|(f, _)| f.path.as_str())));
+            Arc::new(KeptPlan::of(who, dir, paths))
+        });
+        if let Some(kept) = &kept {
+            self.plans.keep(kept.clone(), since);
+        }
+        Ok(Planned { shares, kept })
+    }
+
+    /// Read-only runs so far planned from the namespace, and run over a kept plan.
+    pub fn run_plans(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.plans.planned.load(Relaxed), self.plans.reused.load(Relaxed))
+    }
+
+    /// The files of `node`'s share of `kept`, found again in the namespace (its node
+    /// failed or lost its tree); the plan is forgotten.
+    async fn replay(self: &Arc<Self>, kept: &Arc<KeptPlan>, node: u64) -> Result<Vec<RunFile>, WireError> {
+        self.plans.forget(kept);
+        let (head, kept) = (self.clone(), kept.clone());
+        let listed = tokio::task::spawn_blocking(move || {
+            let files = head.view_files(&kept.who, &kept.dir)?;
+            Ok(files.into_iter().filter(|(f, _)| kept.holds(node, &f.path)).collect())
+        });
+        listed.await.map_err(|_| WireError::new(Code::IO, "listing a share's files again failed"))?
+    }
+
     /// Splits a run's files over the live nodes, none of `failed`: each file to the
     /// holder with the fewest files so far (an inline file to any node).
     pub(crate) fn plan_run(&self, files: Vec<RunFile>, failed: &[u64]) -> Result<Vec<Share>, WireError> {
@@ -191,7 +298,7 @@ async fn run_here(head: &Head, req: NodeRun, module: Bytes) -> Result<Vec<(Store
 pub(crate) async fn merge_runs(
     head: Arc<Head>,
     subject: String,
-    shares: Vec<Share>,
+    planned: Planned,
     args: Vec<String>,
     env: Vec<(String, String)>,
     module: Bytes,
@@ -208,7 +315,8 @@ pub(crate) async fn merge_runs(
     let fail = |e: &WireError| drop(tx.send(frame(Kind::Error, false, codec::encode(e), Bytes::new())));
     let mut running = tokio::task::JoinSet::new();
     let hash = locus_storelet::Runner::hash(&module);
-    let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share| {
+    let kept = planned.kept;
+    let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share, plan: u64| {
         let files = share.1.iter().map(|(f, _)| f.clone()).collect();
         let write = writes.is_some();
         let req = NodeRun {
@@ -218,11 +326,13 @@ pub(crate) async fn merge_runs(
             env: env.clone(),
             write,
             module: hash.clone(),
+            plan,
         };
         running.spawn(run_share(head.clone(), req, module.clone(), share));
     };
-    for share in shares {
-        start(&mut running, share);
+    for share in planned.shares {
+        let plan = kept.as_ref().map_or(0, |k| k.plan_of(share.0.id));
+        start(&mut running, share, plan);
     }
     let (mut total, mut started, mut failed) = (StoreletResult::default(), false, Vec::new());
     let (mut wrote, mut removed) = (Vec::new(), Vec::new());
@@ -230,16 +340,34 @@ pub(crate) async fn merge_runs(
         let Ok((share, outcome)) = done else { return fail(&WireError::new(Code::IO, "a share's task failed")) };
         let events = match outcome {
             Ok(events) => events,
-            Err((e, true)) => {
-                tracing::warn!(node = share.0.id, "a storelet run's share failed there, moving it: {e}");
-                failed.push(share.0.id);
-                match head.plan_run(share.1, &failed) {
-                    Ok(again) => again.into_iter().for_each(|s| start(&mut running, s)),
+            Err((e, lost)) => {
+                // A node that failed, or no longer keeps its tree of a kept plan: its
+                // files are planned again (found again when they were left out).
+                if lost {
+                    tracing::warn!(node = share.0.id, "a storelet run's share failed there, moving it: {e}");
+                    failed.push(share.0.id);
+                } else if !(e.code == Code::NOENT && e.message.contains(PLAN_NOT_HERE)) {
+                    return fail(&e);
+                }
+                let files = match (&kept, share.1.is_empty()) {
+                    (Some(kept), true) => match head.replay(kept, share.0.id).await {
+                        Ok(files) => files,
+                        Err(why) => return fail(&WireError::new(why.code, format!("{e}; {}", why.message))),
+                    },
+                    _ => share.1,
+                };
+                if let Some(kept) = &kept {
+                    head.plans.forget(kept);
+                }
+                if files.is_empty() {
+                    continue;
+                }
+                match head.plan_run(files, &failed) {
+                    Ok(again) => again.into_iter().for_each(|s| start(&mut running, s, 0)),
                     Err(why) => return fail(&WireError::new(why.code, format!("{e}; {}", why.message))),
                 }
                 continue;
             }
-            Err((e, false)) => return fail(&e),
         };
         // A share's report is trusted no further than its own files: it must end with
         // `Finished`, and may remove only what it was given.

@@ -102,6 +102,9 @@ pub struct Head {
     /// The modules each data node has been sent (and so compiled): a run there names
     /// them by hash (see `fanout::run_share`).
     pub(crate) modules_sent: Mutex<std::collections::HashSet<(u64, String)>>,
+    /// Read-only runs' plans, kept for the next run over the same directory (see
+    /// `cluster::plans`).
+    pub(crate) plans: crate::cluster::plans::KeptPlans,
 }
 
 impl Drop for Head {
@@ -140,6 +143,7 @@ impl Head {
             client_number,
             numbers_alive: Mutex::new((None, Vec::new())),
             modules_sent: Mutex::default(),
+            plans: Default::default(),
             local_moved: std::sync::atomic::AtomicBool::new(false),
             meta,
             keys: parking_lot::RwLock::new(keys),

@@ -6,8 +6,9 @@
 //! of a path are not followed. Hard links (`link`) are rows naming one object
 //! (`locus_cluster::Meta::link`).
 
+use crate::cluster::governing;
 use crate::cluster::meta_err;
-use crate::cluster::session::{governing, HeadSession};
+use crate::cluster::session::HeadSession;
 use locus_cluster::{link_target, normalise, Content, Entry, Kind as EntryKind, MetaError};
 use locus_proto::types::Rights;
 use locus_proto::{Code, Error as WireError};

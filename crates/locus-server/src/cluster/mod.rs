@@ -66,6 +66,8 @@ pub mod node;
 pub mod objects;
 #[cfg(feature = "cluster")]
 mod placement;
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+pub(crate) mod plans;
 #[cfg(feature = "cluster")]
 mod rebalance;
 #[cfg(feature = "cluster")]
@@ -95,6 +97,15 @@ pub use session::HeadSession;
 #[cfg(feature = "cluster")]
 fn meta_err(e: MetaError) -> WireError {
     e.into()
+}
+
+/// The directory whose ACL governs `path`: itself for a directory, else its parent.
+#[cfg(feature = "cluster")]
+pub(crate) fn governing(path: &str, is_dir: bool) -> &str {
+    if is_dir {
+        return path;
+    }
+    locus_cluster::split(path).map_or("/", |(parent, _)| parent)
 }
 
 /// Attributes of a namespace entry, as `stat` gives them.

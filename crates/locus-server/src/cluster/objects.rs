@@ -5,6 +5,7 @@
 //! server's [`Session`] answers these operations through the methods here.
 
 use crate::cluster::checksums;
+use crate::cluster::plans::PLAN_NOT_HERE;
 use crate::dispatch::Answer;
 use crate::dispatch::Reply;
 use crate::session::{store, Session};
@@ -327,7 +328,8 @@ impl Drop for View {
 /// Runs `req` over its files, whose versions are in `objects` (a data node's, or a
 /// head's own while it has no data node): the run's control and its events. A
 /// read-only run sees them as a tree held in memory (`locus_storelet::Tree`), nothing
-/// laid out on disk. A writable run works on copies in a view made for it; when it ends
+/// laid out on disk, kept under the run's plan when it names one (and taken from there
+/// when the files are left out). A writable run works on copies in a view made for it; when it ends
 /// well, what it wrote is moved aside (to `objects`'s [`PENDING_DIR`]) and told before
 /// the last event.
 pub(crate) fn run_over_view(
@@ -338,7 +340,7 @@ pub(crate) fn run_over_view(
 ) -> Result<(Arc<locus_storelet::RunControl>, crate::transport::EventStream), WireError> {
     // A module left out is one compiled here (the caller checked).
     let hash = data.is_empty().then(|| req.module.clone());
-    let NodeRun { subject, files, args, env, write, .. } = req;
+    let NodeRun { subject, files, args, env, write, plan, .. } = req;
     let submit = |view: crate::storelet_host::Seen| {
         shared.storelets.submit(crate::storelet_host::Submission {
             subject,
@@ -353,7 +355,16 @@ pub(crate) fn run_over_view(
             active_file: None,
         })
     };
+    if !write && plan != 0 && files.is_empty() {
+        let tree = shared.kept_trees.get(plan);
+        let tree = tree.ok_or_else(|| WireError::new(Code::NOENT, format!("{PLAN_NOT_HERE}: {plan}")))?;
+        return submit(crate::storelet_host::Seen::Tree(tree));
+    }
     if !write {
+        let keep = (plan != 0).then(|| {
+            let (shared, since) = (shared.clone(), shared.kept_trees.now());
+            Box::new(move |tree| shared.kept_trees.keep(plan, tree, since)) as crate::storelet_host::KeepTree
+        });
         let files = files
             .into_iter()
             .map(|f| {
@@ -364,7 +375,7 @@ pub(crate) fn run_over_view(
                 (f.path, file)
             })
             .collect();
-        return submit(crate::storelet_host::Seen::Files(files));
+        return submit(crate::storelet_host::Seen::Files(files, keep));
     }
     let view = View::make(&shared.config.root, objects, &files)?;
     let pending = objects.join(PENDING_DIR);
@@ -493,6 +504,8 @@ impl Session {
         self.check_from_head()?;
         let name = object_name(req.object, req.version);
         self.shared.store.counters().removed(&format!("{OBJECTS_DIR}/{name}"));
+        // A kept tree could name it.
+        self.shared.kept_trees.dropped();
         let file = objects_dir(&self.shared).join(name);
         for path in [checksums::sidecar(&file), file] {
             match std::fs::remove_file(&path) {
@@ -549,7 +562,8 @@ impl Session {
 
     /// `node_run`: this node's share of a cluster-wide storelet run, over the files the
     /// head named (see [`run_over_view`]); a module left out must be compiled here
-    /// ([`MODULE_NOT_HERE`] otherwise). A writable run works on copies; when it ends well, what it
+    /// ([`MODULE_NOT_HERE`] otherwise), and files left out kept under the run's plan
+    /// ([`PLAN_NOT_HERE`] otherwise, see `cluster::plans`). A writable run works on copies; when it ends well, what it
     /// wrote is moved aside for the head to adopt and told before the last event.
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;

@@ -6,7 +6,8 @@
 //! rooms (`links`, `active_files`, `changes`, `fanout`).
 
 use crate::cluster::attr_of;
-use crate::cluster::fanout::{merge_runs, RunFile, Writes};
+use crate::cluster::fanout::{merge_runs, Planned, Writes};
+use crate::cluster::governing;
 use crate::cluster::meta_err;
 use crate::cluster::placement::later;
 use crate::cluster::placement::slice;
@@ -55,6 +56,7 @@ pub struct HeadSession {
 /// head: the promises this head's other clients hold on them break, and the other
 /// heads are told, to break their clients' (`changes`).
 pub(crate) fn changed(shared: &crate::Shared, head: &Head, by: u64, paths: &[&str], names: bool) {
+    paths.iter().for_each(|p| head.plans.changed(p));
     shared.callbacks.changed(&shared.registry, by, paths, names);
     head.announce(paths, names);
 }
@@ -72,14 +74,6 @@ pub(crate) fn check(rights: Rights, need: Rights, dir: &str) -> Result<(), WireE
         true => Ok(()),
         false => Err(WireError::new(Code::ACCES, format!("{dir}: permission denied (needs '{need}' right)"))),
     }
-}
-
-/// The directory whose ACL governs `path`: itself for a directory, else its parent.
-pub(crate) fn governing(path: &str, is_dir: bool) -> &str {
-    if is_dir {
-        return path;
-    }
-    split(path).map_or("/", |(parent, _)| parent)
 }
 
 impl Drop for HeadSession {
@@ -162,53 +156,6 @@ impl HeadSession {
             }
             Some(s) => Ok(s.to_string()),
         }
-    }
-
-    /// Checks that the subject holds `need` in directory `dir`.
-    /// True when `who` holds `r` and `l` in `dir` and in every directory above it up to
-    /// one `known` already says (answers are kept there).
-    fn readable_dir(&self, who: &str, dir: &str, known: &mut HashMap<String, bool>) -> Result<bool, WireError> {
-        if let Some(&yes) = known.get(dir) {
-            return Ok(yes);
-        }
-        let parent = governing(dir, false);
-        let yes = parent != dir
-            && self.readable_dir(who, parent, known)?
-            && self.head.meta.rights(who, dir).map_err(meta_err)?.contains(Rights::READ.union(Rights::LIST));
-        known.insert(dir.to_string(), yes);
-        Ok(yes)
-    }
-
-    /// The files under `dir` that `who` may read (every directory between `dir` and the
-    /// file grants `r` and `l`), as a run on the nodes sees them, with the nodes holding
-    /// each (none for a small file, whose bytes go with it).
-    pub(crate) fn view_files(&self, who: &str, dir: &str) -> Result<Vec<RunFile>, WireError> {
-        let prefix = if dir == "/" { 0 } else { dir.len() };
-        let mut readable: HashMap<String, bool> = HashMap::from([(dir.to_string(), true)]);
-        let mut files = Vec::new();
-        // The rows come in path order, so a directory's files come together.
-        let mut last: Option<(String, bool)> = None;
-        for e in self.head.meta.files_under(dir).map_err(meta_err)? {
-            let parent = governing(&e.path, false);
-            let yes = match &last {
-                Some((d, yes)) if d == parent => *yes,
-                _ => {
-                    let yes = self.readable_dir(who, parent, &mut readable)?;
-                    last = Some((parent.to_string(), yes));
-                    yes
-                }
-            };
-            if !yes {
-                continue;
-            }
-            let path = e.path[prefix..].trim_start_matches('/').to_string();
-            let (holders, inline) = match e.content {
-                Content::Nodes(ids) => (ids, None),
-                Content::Inline(bytes) => (Vec::new(), Some(bytes)),
-            };
-            files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
-        }
-        Ok(files)
     }
 
     /// The subject, and whether it holds `a` at the root.
@@ -813,14 +760,19 @@ impl Handler for HeadSession {
         if self.entry(&dir)?.kind != EntryKind::Dir {
             return Err(MetaError::NotDir(dir).into());
         }
-        let files = self.view_files(&who, &dir)?;
-        if req.write && files.len() != self.head.meta.files_under(&dir).map_err(meta_err)?.len() {
-            return Err(WireError::new(
-                Code::ACCES,
-                format!("{dir}: a writable run needs every file beneath it readable by its subject"),
-            ));
-        }
-        let shares = self.head.plan_run(files, &[])?;
+        let planned = match req.write {
+            true => {
+                let files = self.head.view_files(&who, &dir)?;
+                if files.len() != self.head.meta.files_under(&dir).map_err(meta_err)?.len() {
+                    return Err(WireError::new(
+                        Code::ACCES,
+                        format!("{dir}: a writable run needs every file beneath it readable by its subject"),
+                    ));
+                }
+                Planned { shares: self.head.plan_run(files, &[])?, kept: None }
+            }
+            false => self.head.plan_read_only(&who, &dir)?,
+        };
         let head = self.head.clone();
         let (tx, frames) = tokio::sync::mpsc::unbounded_channel();
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -829,7 +781,7 @@ impl Handler for HeadSession {
             let tell = self.change_teller();
             Writes { dir: dir.clone(), tell: Box::new(move |p: &str| tell(p)) as Box<dyn Fn(&str) + Send + Sync> }
         });
-        self.head.io().spawn(merge_runs(head, who, shares, req.args, req.env, data, writes, tx));
+        self.head.io().spawn(merge_runs(head, who, planned, req.args, req.env, data, writes, tx));
         Ok(Answer::events(stream))
     }
 

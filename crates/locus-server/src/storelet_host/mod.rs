@@ -91,9 +91,15 @@ pub enum Seen {
     Dir(locus_store::CodeView),
     /// A data node's share of a cluster run, read-only: each file's path (relative to
     /// the run's directory) and where its bytes are, made into a `locus_storelet::Tree`
-    /// on the worker that runs it (so its cost is the run's), never laid out on disk.
-    Files(Vec<(String, locus_storelet::TreeFile)>),
+    /// on the worker that runs it (so its cost is the run's), never laid out on disk,
+    /// and handed to `keep` (if any) for later runs.
+    Files(Vec<(String, locus_storelet::TreeFile)>, Option<KeepTree>),
+    /// A tree made for an earlier run and kept.
+    Tree(Arc<locus_storelet::Tree>),
 }
+
+/// What takes a tree made for a run, to keep it for later runs.
+pub type KeepTree = Box<dyn FnOnce(Arc<locus_storelet::Tree>) + Send>;
 
 struct Job {
     run: u64,

@@ -10,6 +10,13 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// The tree a data node's share runs over: made now from its files (and perhaps kept),
+/// or kept from an earlier run.
+enum Tree {
+    Make(Vec<(String, locus_storelet::TreeFile)>, Option<super::KeepTree>),
+    Kept(Arc<locus_storelet::Tree>),
+}
+
 /// Puts the calling thread in the SCHED_IDLE class: it runs only when no other thread
 /// wants the CPU, and any waking file-service thread preempts it at once (a low nice
 /// value alone still lets a busy thread finish its time slice first).
@@ -63,9 +70,12 @@ impl Core {
         let outcome = if control.is_cancelled() {
             Err(locus_storelet::StoreletError::Cancelled { account: Account::default() })
         } else {
-            match std::mem::replace(&mut s.view, Seen::Files(Vec::new())) {
+            match std::mem::replace(&mut s.view, Seen::Files(Vec::new(), None)) {
                 Seen::Dir(view) => self.run_in_dir(run, &s, &view, &argv, &module_hash, sink, &control),
-                Seen::Files(files) => self.run_over_files(&s, files, &argv, &module_hash, sink, &control),
+                Seen::Files(files, keep) => {
+                    self.run_over_files(&s, Tree::Make(files, keep), &argv, &module_hash, sink, &control)
+                }
+                Seen::Tree(tree) => self.run_over_files(&s, Tree::Kept(tree), &argv, &module_hash, sink, &control),
             }
         };
         let (result, outcome_text) = match &outcome {
@@ -130,7 +140,7 @@ impl Core {
     fn run_over_files(
         &self,
         s: &Submission,
-        files: Vec<(String, locus_storelet::TreeFile)>,
+        tree: Tree,
         argv: &[String],
         module_hash: &str,
         sink: locus_storelet::OutputSink,
@@ -138,13 +148,23 @@ impl Core {
     ) -> Result<locus_storelet::RunOutcome, StoreletError> {
         let started = std::time::Instant::now();
         let cpu_started = locus_storelet::thread_cpu();
-        let mut tree = locus_storelet::Tree::new();
-        for (path, file) in files {
-            tree.add(&path, file).map_err(StoreletError::Setup)?;
-        }
+        let tree = match tree {
+            Tree::Kept(tree) => tree,
+            Tree::Make(files, keep) => {
+                let mut tree = locus_storelet::Tree::new();
+                for (path, file) in files {
+                    tree.add(&path, file).map_err(StoreletError::Setup)?;
+                }
+                let tree = Arc::new(tree);
+                if let Some(keep) = keep {
+                    keep(tree.clone());
+                }
+                tree
+            }
+        };
         let (_, module) = self.runner.module_hashed(module_hash.to_string(), &s.wasm)?;
         let mut spec = RunSpec::new(argv, self.config.limits);
-        spec.tree = Some(Arc::new(tree));
+        spec.tree = Some(tree);
         spec.env = &s.env;
         spec.output = Some(sink);
         spec.control = control.clone();

@@ -1,0 +1,292 @@
+//! Runs planned once: a read-only storelet run over a directory of a cluster is
+//! planned by the head (which node runs which files) and each node makes a tree of its
+//! share; both are kept, so running the same or another program over the same
+//! directory again costs the head no listing of the namespace and the nodes no tree.
+//!
+//! **At the head** ([`KeptPlans`]), a plan is kept per subject and directory, with a
+//! 64-bit hash of each file's path per share (8 bytes a file, not the files). It is
+//! forgotten when anything at, beneath or above its directory changes: every change a
+//! head makes or hears from the other heads for callbacks goes through
+//! [`KeptPlans::changed`] (so a change through another head is seen once its notice
+//! arrives, as a cached mount sees it), and renames and ACL changes above the directory
+//! count. A plan made while a change touching its directory was made is not kept (the
+//! recent changes are numbered and remembered). A kept plan is not used when one of its
+//! nodes is not live, or while the head does not hear the other heads.
+//!
+//! **At a node** ([`KeptTrees`]), a share's tree is kept under the plan's number (drawn
+//! at random by the head), oldest first out past [`TREES_KEPT`] trees or
+//! [`TREE_ENTRIES_KEPT`] entries. Any object dropped at the node forgets them all, since
+//! a tree could name it; a node that has no tree for a plan answers [`PLAN_NOT_HERE`].
+//!
+//! When a node fails during a run over a kept plan, or no longer has its tree, the
+//! head lists the directory again and picks that share's files by their hashes
+//! (`Head::replay`), plans them over the nodes holding them now, and forgets the plan.
+
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a node answers (`ENOENT`) for a run over a plan whose tree it does not keep.
+pub(crate) const PLAN_NOT_HERE: &str = "run plan not kept here";
+
+/// Plans a head keeps at most.
+const PLANS_KEPT: usize = 64;
+
+/// Files a head's kept plans name at most, together (8 bytes each).
+const PLAN_FILES_KEPT: usize = 8_000_000;
+
+/// Changes remembered to decide whether a plan made meanwhile may be kept.
+const CHANGES_REMEMBERED: usize = 1024;
+
+/// Trees a node keeps at most.
+pub(crate) const TREES_KEPT: usize = 16;
+
+/// Files and directories a node's kept trees hold at most, together (about 200 bytes
+/// each).
+pub(crate) const TREE_ENTRIES_KEPT: usize = 2_000_000;
+
+/// The hash a kept plan names a file by (its path relative to the run's directory).
+fn path_hash(path: &str) -> u64 {
+    // SipHash with fixed keys: the same in every run of this process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    h.finish()
+}
+
+/// One node's share of a kept plan.
+pub(crate) struct KeptShare {
+    pub(crate) node: u64,
+    /// The number the node keeps the share's tree under.
+    pub(crate) plan: u64,
+    /// The share's files' path hashes, sorted.
+    paths: Vec<u64>,
+}
+
+/// A read-only run's plan over a directory for a subject.
+pub(crate) struct KeptPlan {
+    pub(crate) who: String,
+    pub(crate) dir: String,
+    pub(crate) shares: Vec<KeptShare>,
+}
+
+impl KeptPlan {
+    /// The plan of `shares` (each a node and the paths of its files), each share's
+    /// tree to be kept under a new random number.
+    pub(crate) fn of<'a, P>(who: &str, dir: &str, shares: impl IntoIterator<Item = (u64, P)>) -> KeptPlan
+    where
+        P: IntoIterator<Item = &'a str>,
+    {
+        let shares = shares
+            .into_iter()
+            .map(|(node, files)| {
+                let mut paths: Vec<u64> = files.into_iter().map(path_hash).collect();
+                paths.sort_unstable();
+                let mut plan = [0u8; 8];
+                getrandom::fill(&mut plan).expect("the OS provides randomness");
+                KeptShare { node, plan: u64::from_le_bytes(plan).max(1), paths }
+            })
+            .collect();
+        KeptPlan { who: who.to_string(), dir: dir.to_string(), shares }
+    }
+
+    /// The number `node`'s share is kept under (0: the node has no share).
+    pub(crate) fn plan_of(&self, node: u64) -> u64 {
+        self.shares.iter().find(|s| s.node == node).map_or(0, |s| s.plan)
+    }
+
+    /// Whether `path` is in `node`'s share.
+    pub(crate) fn holds(&self, node: u64, path: &str) -> bool {
+        let h = path_hash(path);
+        self.shares.iter().any(|s| s.node == node && s.paths.binary_search(&h).is_ok())
+    }
+
+    fn files(&self) -> usize {
+        self.shares.iter().map(|s| s.paths.len()).sum()
+    }
+}
+
+/// Whether a change at `changed` touches a plan over `dir`: at, beneath or above it.
+fn touches(changed: &str, dir: &str) -> bool {
+    let under = |path: &str, dir: &str| {
+        dir == "/" || path == dir || (path.starts_with(dir) && path.as_bytes().get(dir.len()) == Some(&b'/'))
+    };
+    under(changed, dir) || under(dir, changed)
+}
+
+#[derive(Default)]
+struct Plans {
+    kept: VecDeque<Arc<KeptPlan>>,
+    /// How many changes have been heard.
+    changes: u64,
+    /// The last [`CHANGES_REMEMBERED`] changes, numbered.
+    recent: VecDeque<(u64, String)>,
+}
+
+/// A head's kept plans (see the module's comment).
+#[derive(Default)]
+pub(crate) struct KeptPlans {
+    plans: Mutex<Plans>,
+    /// Runs planned from the namespace, and runs over a kept plan.
+    pub(crate) planned: AtomicU64,
+    pub(crate) reused: AtomicU64,
+}
+
+impl KeptPlans {
+    /// Where changes stand now: what a plan made from here on is kept against.
+    pub(crate) fn now(&self) -> u64 {
+        self.plans.lock().changes
+    }
+
+    /// The plan kept for `who` over `dir`, if any.
+    pub(crate) fn get(&self, who: &str, dir: &str) -> Option<Arc<KeptPlan>> {
+        let plans = self.plans.lock();
+        plans.kept.iter().find(|p| p.who == who && p.dir == dir).cloned()
+    }
+
+    /// Keeps `plan`, made from the namespace as it stood at `since` (see
+    /// [`KeptPlans::now`]), unless a change touching its directory came since, or
+    /// too many came to tell.
+    pub(crate) fn keep(&self, plan: Arc<KeptPlan>, since: u64) {
+        let mut plans = self.plans.lock();
+        let heard = plans.changes - since;
+        if heard > plans.recent.len() as u64
+            || plans.recent.iter().rev().take(heard as usize).any(|(_, p)| touches(p, &plan.dir))
+        {
+            return;
+        }
+        plans.kept.retain(|p| !(p.who == plan.who && p.dir == plan.dir));
+        plans.kept.push_back(plan);
+        while plans.kept.len() > PLANS_KEPT || plans.kept.iter().map(|p| p.files()).sum::<usize>() > PLAN_FILES_KEPT {
+            plans.kept.pop_front();
+        }
+    }
+
+    /// Forgets `plan` (one of its nodes failed, or lost its tree).
+    pub(crate) fn forget(&self, plan: &Arc<KeptPlan>) {
+        self.plans.lock().kept.retain(|p| !Arc::ptr_eq(p, plan));
+    }
+
+    /// `path` changed: plans it touches are forgotten.
+    pub(crate) fn changed(&self, path: &str) {
+        let mut plans = self.plans.lock();
+        plans.changes += 1;
+        let n = plans.changes;
+        plans.recent.push_back((n, path.to_string()));
+        if plans.recent.len() > CHANGES_REMEMBERED {
+            plans.recent.pop_front();
+        }
+        plans.kept.retain(|p| !touches(path, &p.dir));
+    }
+
+    /// Counts a run: over a kept plan, or planned from the namespace.
+    pub(crate) fn count(&self, reused: bool) {
+        let counter = if reused { &self.reused } else { &self.planned };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[derive(Default)]
+struct Trees {
+    kept: VecDeque<(u64, Arc<locus_storelet::Tree>)>,
+    /// How many times objects were dropped here.
+    drops: u64,
+}
+
+/// A data node's kept trees (see the module's comment).
+#[derive(Default)]
+pub(crate) struct KeptTrees(Mutex<Trees>);
+
+impl KeptTrees {
+    /// The tree kept for `plan`.
+    pub(crate) fn get(&self, plan: u64) -> Option<Arc<locus_storelet::Tree>> {
+        self.0.lock().kept.iter().find(|(p, _)| *p == plan).map(|(_, t)| t.clone())
+    }
+
+    /// Where drops stand now: what a tree made from here on is kept against.
+    pub(crate) fn now(&self) -> u64 {
+        self.0.lock().drops
+    }
+
+    /// Keeps `tree` for `plan`, made when drops stood at `since`, unless an object was
+    /// dropped since.
+    pub(crate) fn keep(&self, plan: u64, tree: Arc<locus_storelet::Tree>, since: u64) {
+        let mut trees = self.0.lock();
+        if trees.drops != since || tree.len() > TREE_ENTRIES_KEPT {
+            return;
+        }
+        trees.kept.retain(|(p, _)| *p != plan);
+        trees.kept.push_back((plan, tree));
+        while trees.kept.len() > TREES_KEPT
+            || trees.kept.iter().map(|(_, t)| t.len()).sum::<usize>() > TREE_ENTRIES_KEPT
+        {
+            trees.kept.pop_front();
+        }
+    }
+
+    /// An object was dropped here: every kept tree is forgotten.
+    pub(crate) fn dropped(&self) {
+        let mut trees = self.0.lock();
+        trees.drops += 1;
+        trees.kept.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_change_touches_plans_at_beneath_and_above_it_only() {
+        assert!(touches("/a/b/c", "/a/b"));
+        assert!(touches("/a/b", "/a/b"));
+        assert!(touches("/a", "/a/b"));
+        assert!(touches("/", "/a/b"));
+        assert!(touches("/x", "/"));
+        assert!(!touches("/a/bc", "/a/b"));
+        assert!(!touches("/a/c", "/a/b"));
+    }
+
+    fn plan(dir: &str) -> Arc<KeptPlan> {
+        Arc::new(KeptPlan { who: "u".into(), dir: dir.into(), shares: Vec::new() })
+    }
+
+    #[test]
+    fn a_plan_made_across_a_change_to_its_directory_is_not_kept() {
+        let plans = KeptPlans::default();
+        let since = plans.now();
+        plans.changed("/elsewhere/f");
+        plans.keep(plan("/d"), since);
+        assert!(plans.get("u", "/d").is_some(), "a change elsewhere does not matter");
+        let since = plans.now();
+        plans.changed("/d/f");
+        plans.keep(plan("/d2"), since);
+        plans.keep(plan("/d"), since);
+        assert!(plans.get("u", "/d2").is_some());
+        plans.changed("/d/g");
+        assert!(plans.get("u", "/d").is_none(), "forgotten on a change beneath it");
+        let since = plans.now();
+        plans.changed("/d/h");
+        plans.keep(plan("/d"), since);
+        assert!(plans.get("u", "/d").is_none(), "made across a change beneath it");
+        let since = plans.now();
+        for i in 0..=CHANGES_REMEMBERED {
+            plans.changed(&format!("/other/{i}"));
+        }
+        plans.keep(plan("/d"), since);
+        assert!(plans.get("u", "/d").is_none(), "too many changes to tell");
+    }
+
+    #[test]
+    fn a_node_forgets_its_trees_when_an_object_goes() {
+        let trees = KeptTrees::default();
+        let since = trees.now();
+        trees.keep(7, Arc::new(locus_storelet::Tree::new()), since);
+        assert!(trees.get(7).is_some());
+        trees.dropped();
+        assert!(trees.get(7).is_none());
+        trees.keep(8, Arc::new(locus_storelet::Tree::new()), since);
+        assert!(trees.get(8).is_none(), "made before a drop: not kept");
+    }
+}
