@@ -347,16 +347,25 @@ pub(crate) fn connect_head(net: &Net, rt: &tokio::runtime::Runtime) -> Result<Cl
 
 /// What a distributed `find` came to: medians over the timed runs.
 struct FindOutcome {
-    /// The whole run as the client sees it.
-    total: f64,
-    /// Each node's share (its tree made and the program run): CPU time, the time it
-    /// would take alone on a machine of its own (a `find -name` does no I/O), and wall
-    /// time here, where the nodes share two cores.
-    node_cpu: Vec<f64>,
-    node_wall: Vec<f64>,
+    /// Runs planned from the namespace (the plan forgotten just before), and runs over
+    /// the plan kept from the run before.
+    cold: FindRuns,
+    warm: FindRuns,
     lines: usize,
     /// Seconds taken to make the tree (once).
     made_in: f64,
+}
+
+/// Medians of one kind of `find` run.
+#[derive(Default)]
+struct FindRuns {
+    /// The whole run as the client sees it.
+    total: f64,
+    /// Each node's share (its tree made, or taken from the kept ones, and the program
+    /// run): CPU time, the time it would take alone on a machine of its own (a `find
+    /// -name` does no I/O), and wall time here, where the nodes share two cores.
+    node_cpu: Vec<f64>,
+    node_wall: Vec<f64>,
 }
 
 /// The last storelet run's CPU and wall seconds in a node's accounts file.
@@ -409,33 +418,46 @@ fn measure_find(
     })
     .map_err(|e| BenchError::Setup(format!("making the tree: {e}")))?;
     let made_in = made.elapsed().as_secs_f64();
-    let (mut totals, mut lines) = (Vec::new(), 0);
-    let mut per_node: Vec<(Vec<f64>, Vec<f64>)> = vec![(Vec::new(), Vec::new()); nodes];
-    // The first run compiles the module on each node (kept in each node's cache).
-    for run in 0..=args.repeat {
-        let started = Instant::now();
-        let argv = ["/", "-name", "*77*"].map(String::from).to_vec();
-        let out = rt
-            .block_on(client.storelet_run(module, "/tree", argv, false))
-            .map_err(|e| BenchError::Setup(format!("find: {e}")))?;
-        if run == 0 {
-            continue;
-        }
-        totals.push(started.elapsed().as_secs_f64());
-        lines = out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
-        for (i, (cpu, wall)) in per_node.iter_mut().enumerate() {
-            let (c, w) = last_account(&net.server_dirs(&format!("n{}", i + 1))?.1)?;
-            cpu.push(c);
-            wall.push(w);
+    let mut lines = None;
+    // Totals, and each node's CPU and wall times, of cold runs [0] and warm ones [1].
+    let mut runs: [(Vec<f64>, Vec<Vec<f64>>, Vec<Vec<f64>>); 2] =
+        std::array::from_fn(|_| (Vec::new(), vec![Vec::new(); nodes], vec![Vec::new(); nodes]));
+    // The first run compiles the module on each node (kept in each node's cache). Then
+    // each round runs cold (the head's kept plan forgotten by a change to the tree's
+    // directory that changes nothing it holds) and warm (over the plan just kept).
+    for round in 0..=args.repeat {
+        for (kind, warm) in [(0, false), (1, true)] {
+            if !warm {
+                rt.block_on(client.chmod("/tree", 0o755)).map_err(|e| BenchError::Setup(format!("chmod: {e}")))?;
+            }
+            let started = Instant::now();
+            let argv = ["/", "-name", "*77*"].map(String::from).to_vec();
+            let out = rt
+                .block_on(client.storelet_run(module, "/tree", argv, false))
+                .map_err(|e| BenchError::Setup(format!("find: {e}")))?;
+            let took = started.elapsed().as_secs_f64();
+            let n = out.stdout.split(|&b| b == b'\n').filter(|l| !l.is_empty()).count();
+            if *lines.get_or_insert(n) != n {
+                return Err(BenchError::Setup(format!("find printed {n} lines, before {lines:?}")));
+            }
+            if round == 0 {
+                continue;
+            }
+            let (totals, cpu, wall) = &mut runs[kind];
+            totals.push(took);
+            for i in 0..nodes {
+                let (c, w) = last_account(&net.server_dirs(&format!("n{}", i + 1))?.1)?;
+                cpu[i].push(c);
+                wall[i].push(w);
+            }
         }
     }
-    Ok(FindOutcome {
+    let [cold, warm] = runs.map(|(totals, cpu, wall)| FindRuns {
         total: median(totals),
-        node_cpu: per_node.iter().map(|(c, _)| median(c.clone())).collect(),
-        node_wall: per_node.iter().map(|(_, w)| median(w.clone())).collect(),
-        lines,
-        made_in,
-    })
+        node_cpu: cpu.into_iter().map(median).collect(),
+        node_wall: wall.into_iter().map(median).collect(),
+    });
+    Ok(FindOutcome { cold, warm, lines: lines.unwrap_or(0), made_in })
 }
 
 /// A head and `n` nodes and clients; each client reads its file `repeat` times.
@@ -624,23 +646,33 @@ pub fn run(args: ClusterArgs) -> Result<(), BenchError> {
             four.made_in
         );
         let fmt = |v: &[f64]| v.iter().map(|s| format!("{s:.3}")).collect::<Vec<_>>().join(" / ");
-        println!("| data nodes | whole run here (s) | each node's share, CPU = alone (s) | each node's share, wall here (s) | lines |");
-        println!("|---|---|---|---|---|");
-        println!("| 1 | {:.3} | {} | {} | {} |", one.total, fmt(&one.node_cpu), fmt(&one.node_wall), one.lines);
-        println!("| 4 | {:.3} | {} | {} | {} |", four.total, fmt(&four.node_cpu), fmt(&four.node_wall), four.lines);
+        println!("| data nodes | plan | whole run here (s) | each node's share, CPU = alone (s) | each node's share, wall here (s) | lines |");
+        println!("|---|---|---|---|---|---|");
+        for (n, o) in [(1, &one), (4, &four)] {
+            for (plan, r) in [("made now", &o.cold), ("kept", &o.warm)] {
+                let (cpu, wall) = (fmt(&r.node_cpu), fmt(&r.node_wall));
+                println!("| {n} | {plan} | {:.3} | {cpu} | {wall} | {} |", r.total, o.lines);
+            }
+        }
         // On machines of their own: the head's part (planning, sending, merging: the
         // whole run less its slowest share here) and the slowest share alone.
-        let own = |o: &FindOutcome| {
-            let slowest_here = o.node_wall.iter().cloned().fold(0.0, f64::max);
-            let slowest_alone = o.node_cpu.iter().cloned().fold(0.0, f64::max);
-            (o.total - slowest_here).max(0.0) + slowest_alone
+        let own = |r: &FindRuns| {
+            let slowest_here = r.node_wall.iter().cloned().fold(0.0, f64::max);
+            let slowest_alone = r.node_cpu.iter().cloned().fold(0.0, f64::max);
+            (r.total - slowest_here).max(0.0) + slowest_alone
         };
-        let (own_one, own_four) = (own(&one), own(&four));
-        println!(
-            "\nMakespan on machines of their own (head's part + slowest share alone): 1 node {own_one:.3} s, 4 nodes {own_four:.3} s: **{:.2}x** one node's. The whole run on this machine: 4 nodes {:.2}x one node's.",
-            own_four / own_one,
-            four.total / one.total
-        );
+        for (plan, a, b) in [("made now", &one.cold, &four.cold), ("kept", &one.warm, &four.warm)] {
+            let (own_one, own_four) = (own(a), own(b));
+            let alone = |r: &FindRuns| r.node_cpu.iter().cloned().fold(0.0, f64::max);
+            println!(
+                "\nPlan {plan}: slowest share alone 1 node {:.3} s, 4 nodes {:.3} s: {:.2}x. Makespan on machines of their own (head's part + slowest share alone): 1 node {own_one:.3} s, 4 nodes {own_four:.3} s: **{:.2}x** one node's. The whole run on this machine: 4 nodes {:.2}x one node's.",
+                alone(a),
+                alone(b),
+                alone(b) / alone(a),
+                own_four / own_one,
+                b.total / a.total
+            );
+        }
     }
     Ok(())
 }

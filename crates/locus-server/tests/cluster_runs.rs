@@ -253,4 +253,8 @@ async fn a_run_again_uses_the_kept_plan_and_sees_every_change_since() {
     admin.acl_set("/t/c", "alice", Rights::parse("x").unwrap()).await.unwrap();
     assert_eq!(matching(&alice, "one").await, ["/a/f1.txt", "/a/f2.txt"], "a right taken away");
     assert_eq!(matching(&admin, "one").await, theirs, "the admin's plan is its own");
+    let (planned, reused) = head.shared().head.as_ref().unwrap().run_plans();
+    let metrics = head.shared().metrics.render(head.shared());
+    assert!(metrics.contains(&format!("locus_cluster_runs_planned_total {planned}\n")), "{metrics}");
+    assert!(metrics.contains(&format!("locus_cluster_runs_over_kept_plans_total {reused}\n")), "{metrics}");
 }
