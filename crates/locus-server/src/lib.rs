@@ -437,6 +437,8 @@ impl Shared {
     /// On a data node: notes a version whose checksum failed (it was moved aside), for
     /// the head to hear of at the next heartbeat.
     pub fn report_damaged(&self, object: u64, version: u64) {
+        // It was moved aside: a kept tree could name it.
+        self.kept_trees.dropped();
         let mut damaged = self.damaged.lock();
         if !damaged.contains(&(object, version)) {
             damaged.push((object, version));

@@ -250,11 +250,55 @@ async fn a_run_again_uses_the_kept_plan_and_sees_every_change_since() {
     assert_eq!(matching(&alice, "one").await, theirs);
     assert_eq!(matching(&alice, "one").await, theirs);
     assert_eq!(plans(), (6, 4));
+    // Alice's rights at the root forgot every plan; the admin's is its own again.
+    assert_eq!(matching(&admin, "one").await, theirs);
+    assert_eq!(matching(&admin, "one").await, theirs);
+    assert_eq!(plans(), (7, 5), "the admin's plan is its own, kept beside alice's");
     admin.acl_set("/t/c", "alice", Rights::parse("x").unwrap()).await.unwrap();
     assert_eq!(matching(&alice, "one").await, ["/a/f1.txt", "/a/f2.txt"], "a right taken away");
-    assert_eq!(matching(&admin, "one").await, theirs, "the admin's plan is its own");
+    assert_eq!(matching(&admin, "one").await, theirs);
     let (planned, reused) = head.shared().head.as_ref().unwrap().run_plans();
     let metrics = head.shared().metrics.render(head.shared());
     assert!(metrics.contains(&format!("locus_cluster_runs_planned_total {planned}\n")), "{metrics}");
     assert!(metrics.contains(&format!("locus_cluster_runs_over_kept_plans_total {reused}\n")), "{metrics}");
+}
+
+/// Small files kept in the namespace go to the nodes' kept trees with their bytes, and a
+/// new version of one is seen; a plan naming a file with another name is not kept (a
+/// write through the other name would not be heard as a change here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_plans_hold_small_files_and_leave_hard_links_out() {
+    let head = TestServer::head(None, |_| {});
+    let _node = TestServer::data_node(&head);
+    let admin = head.client("admin").await;
+    for d in ["/t", "/u"] {
+        admin.mkdir(d, 0o755).await.unwrap();
+    }
+    admin.write_file("/t/small.txt", 0o644, b"one\n").await.unwrap();
+    let grep = build_storelet("grep");
+    let plans = || head.shared().head.as_ref().unwrap().run_plans();
+    let matching = |dir: &'static str, word: &'static str| {
+        let (admin, grep) = (admin.clone(), grep.clone());
+        async move {
+            let out = admin.storelet_run(&grep, dir, args(&["-l", word, "/"]), false).await.unwrap();
+            assert!(out.result.exit_code <= 1, "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(matching("/t", "one").await, ["/small.txt"]);
+    assert_eq!(matching("/t", "one").await, ["/small.txt"]);
+    assert_eq!(plans(), (1, 1), "the small file's bytes are in the kept tree");
+    admin.write_file("/t/small.txt", 0o644, b"two\n").await.unwrap();
+    assert_eq!(matching("/t", "two").await, ["/small.txt"], "its new version is seen");
+    assert_eq!(plans(), (2, 1));
+
+    admin.write_file("/u/f.txt", 0o644, b"one\n").await.unwrap();
+    admin.link("/u/f.txt", "/t/g.txt").await.unwrap();
+    assert_eq!(matching("/t", "one").await, ["/g.txt"]);
+    // Written in place through its other name.
+    let h = admin.open("/u/f.txt", locus_proto::types::open_flags::WRITE, 0).await.unwrap().handle;
+    admin.pwrite(h, 0, b"six\n").await.unwrap();
+    admin.close(h).await.unwrap();
+    assert_eq!(matching("/t", "six").await, ["/g.txt"], "written through its other name");
+    assert_eq!(plans(), (4, 1), "no plan kept while /t holds a hard link");
 }

@@ -75,12 +75,14 @@ pub struct Tree {
     names: HashMap<(u32, Box<str>), u32>,
     /// What directories and files of bytes are dated.
     made: SystemTime,
+    /// About how many bytes of memory the tree holds (see [`Tree::held_bytes`]).
+    held: usize,
 }
 
 impl Default for Tree {
     fn default() -> Self {
         let root = Entry { parent: 0, name: "".into(), kind: Kind::Dir(Vec::new()) };
-        Tree { entries: vec![root], names: HashMap::new(), made: SystemTime::now() }
+        Tree { entries: vec![root], names: HashMap::new(), made: SystemTime::now(), held: 0 }
     }
 }
 
@@ -120,6 +122,12 @@ impl Tree {
         self.entries.len()
     }
 
+    /// About how many bytes of memory the tree holds: its entries, names and index, and
+    /// its files' host paths and bytes (what one that is kept costs).
+    pub fn held_bytes(&self) -> usize {
+        self.held
+    }
+
     /// Whether the tree holds nothing but its root.
     pub fn is_empty(&self) -> bool {
         self.entries.len() == 1
@@ -127,6 +135,14 @@ impl Tree {
 
     fn push(&mut self, parent: u32, name: &str, kind: Kind) -> u32 {
         let i = self.entries.len() as u32;
+        // The entry, its name twice (here and in the index), an index slot, its place
+        // in its directory, and its file's path or bytes.
+        let file = match &kind {
+            Kind::File(TreeFile::Host(path)) => path.as_os_str().len(),
+            Kind::File(TreeFile::Bytes(bytes)) => bytes.len(),
+            Kind::Dir(_) => 0,
+        };
+        self.held += std::mem::size_of::<Entry>() + 2 * name.len() + 48 + 4 + file;
         self.entries.push(Entry { parent, name: name.into(), kind });
         self.names.insert((parent, name.into()), i);
         if let Kind::Dir(children) = &mut self.entries[parent as usize].kind {

@@ -57,12 +57,15 @@ struct Wrote {
     token: String,
 }
 
-/// A run's shares, and the plan they are kept under (if any): made now, each share
-/// with its files for its node to keep a tree of, or kept, each share's files left out
-/// (see `cluster::plans`).
+/// A run's shares, and the plan they are kept under (see `cluster::plans`).
 pub(crate) struct Planned {
+    /// Each node's files; none when `kept` is a plan kept from an earlier run (each node
+    /// runs over the tree it keeps).
     pub(crate) shares: Vec<Share>,
+    /// The plan each node's tree is kept under, if any.
     pub(crate) kept: Option<Arc<KeptPlan>>,
+    /// Whether `kept` was made for this run (and is kept at the head once it ends well).
+    pub(crate) fresh: bool,
 }
 
 impl Head {
@@ -84,6 +87,12 @@ impl Head {
     /// file grants `r` and `l`), as a run on the nodes sees them, with the nodes holding
     /// each (none for a small file, whose bytes go with it).
     pub(crate) fn view_files(&self, who: &str, dir: &str) -> Result<Vec<RunFile>, WireError> {
+        Ok(self.listed(who, dir)?.0)
+    }
+
+    /// As [`Head::view_files`], and whether one of the files has other names.
+    fn listed(&self, who: &str, dir: &str) -> Result<(Vec<RunFile>, bool), WireError> {
+        let mut linked = false;
         let prefix = if dir == "/" { 0 } else { dir.len() };
         let mut readable: HashMap<String, bool> = HashMap::from([(dir.to_string(), true)]);
         let mut files = Vec::new();
@@ -102,6 +111,7 @@ impl Head {
             if !yes {
                 continue;
             }
+            linked |= e.links > 1;
             let path = e.path[prefix..].trim_start_matches('/').to_string();
             let (holders, inline) = match e.content {
                 Content::Nodes(ids) => (ids, None),
@@ -109,12 +119,13 @@ impl Head {
             };
             files.push((ViewFile { path, object: e.object, version: e.version, inline }, holders));
         }
-        Ok(files)
+        Ok((files, linked))
     }
 
     /// The shares of a read-only run of `who` over `dir`: those of the plan kept for
-    /// it, when all its nodes are live; else planned from the namespace now, and kept
-    /// (unless a share is the head's own).
+    /// it, when all its nodes are live; else planned from the namespace now, with a plan
+    /// to keep if the run ends well (none if a share is the head's own, or a file has
+    /// other names).
     pub(crate) fn plan_read_only(&self, who: &str, dir: &str) -> Result<Planned, WireError> {
         let hears = self.hears_others();
         if let Some(kept) = self.plans.get(who, dir).filter(|_| hears) {
@@ -127,22 +138,20 @@ impl Head {
             match live {
                 Some(shares) => {
                     self.plans.count(true);
-                    return Ok(Planned { shares, kept: Some(kept) });
+                    return Ok(Planned { shares, kept: Some(kept), fresh: false });
                 }
                 None => self.plans.forget(&kept),
             }
         }
         let since = self.plans.now();
-        let shares = self.plan_run(self.view_files(who, dir)?, &[])?;
+        let (files, linked) = self.listed(who, dir)?;
+        let shares = self.plan_run(files, &[])?;
         self.plans.count(false);
-        let kept = (hears && shares.iter().all(|(n, _)| n.id != LOCAL_NODE)).then(|| {
+        let kept = (hears && !linked && shares.iter().all(|(n, _)| n.id != LOCAL_NODE)).then(|| {
             let paths = shares.iter().map(|(n, files)| (n.id, files.iter().map(|(f, _)| f.path.as_str())));
-            Arc::new(KeptPlan::of(who, dir, paths))
+            Arc::new(KeptPlan::of(&self.plans, who, dir, since, paths))
         });
-        if let Some(kept) = &kept {
-            self.plans.keep(kept.clone(), since);
-        }
-        Ok(Planned { shares, kept })
+        Ok(Planned { shares, kept, fresh: true })
     }
 
     /// Read-only runs so far planned from the namespace, and run over a kept plan.
@@ -151,16 +160,30 @@ impl Head {
         (self.plans.planned.load(Relaxed), self.plans.reused.load(Relaxed))
     }
 
-    /// The files of `node`'s share of `kept`, found again in the namespace (its node
-    /// failed or lost its tree); the plan is forgotten.
-    async fn replay(self: &Arc<Self>, kept: &Arc<KeptPlan>, node: u64) -> Result<Vec<RunFile>, WireError> {
+    /// The files of `node`'s share of `kept`, found again in the directory's files
+    /// (`listed`, listed here the first time in a run) when its node failed or lost its
+    /// tree; the plan is forgotten. Fails (`EAGAIN`) if the directory changed since the
+    /// plan was made: the other shares ran over what it was then.
+    async fn replay(
+        self: &Arc<Self>,
+        kept: &Arc<KeptPlan>,
+        node: u64,
+        listed: &mut Option<Vec<RunFile>>,
+    ) -> Result<Vec<RunFile>, WireError> {
         self.plans.forget(kept);
-        let (head, kept) = (self.clone(), kept.clone());
-        let listed = tokio::task::spawn_blocking(move || {
-            let files = head.view_files(&kept.who, &kept.dir)?;
-            Ok(files.into_iter().filter(|(f, _)| kept.holds(node, &f.path)).collect())
-        });
-        listed.await.map_err(|_| WireError::new(Code::IO, "listing a share's files again failed"))?
+        if listed.is_none() {
+            let (head, kept) = (self.clone(), kept.clone());
+            let listing = tokio::task::spawn_blocking(move || head.view_files(&kept.who, &kept.dir));
+            *listed = Some(listing.await.map_err(|_| WireError::new(Code::IO, "listing the run's files failed"))??);
+        }
+        if self.plans.changed_since_made(kept) {
+            return Err(WireError::new(
+                Code::AGAIN,
+                format!("{}: changed during the run while a share was moved; run it again", kept.dir),
+            ));
+        }
+        let all = listed.as_deref().unwrap_or_default();
+        Ok(all.iter().filter(|(f, _)| kept.holds(node, &f.path)).cloned().collect())
     }
 
     /// Splits a run's files over the live nodes, none of `failed`: each file to the
@@ -315,7 +338,9 @@ pub(crate) async fn merge_runs(
     let fail = |e: &WireError| drop(tx.send(frame(Kind::Error, false, codec::encode(e), Bytes::new())));
     let mut running = tokio::task::JoinSet::new();
     let hash = locus_storelet::Runner::hash(&module);
-    let kept = planned.kept;
+    let (kept, fresh) = (planned.kept, planned.fresh);
+    // The directory's files, once a share of a kept plan had to be found again.
+    let mut listed = None;
     let start = |running: &mut tokio::task::JoinSet<Outcome>, share: Share, plan: u64| {
         let files = share.1.iter().map(|(f, _)| f.clone()).collect();
         let write = writes.is_some();
@@ -335,6 +360,7 @@ pub(crate) async fn merge_runs(
         start(&mut running, share, plan);
     }
     let (mut total, mut started, mut failed) = (StoreletResult::default(), false, Vec::new());
+    let mut replanned = false;
     let (mut wrote, mut removed) = (Vec::new(), Vec::new());
     while let Some(done) = running.join_next().await {
         let Ok((share, outcome)) = done else { return fail(&WireError::new(Code::IO, "a share's task failed")) };
@@ -343,22 +369,21 @@ pub(crate) async fn merge_runs(
             Err((e, lost)) => {
                 // A node that failed, or no longer keeps its tree of a kept plan: its
                 // files are planned again (found again when they were left out).
+                let over_kept = kept.as_ref().filter(|_| share.1.is_empty() && !fresh);
                 if lost {
                     tracing::warn!(node = share.0.id, "a storelet run's share failed there, moving it: {e}");
                     failed.push(share.0.id);
-                } else if !(e.code == Code::NOENT && e.message.contains(PLAN_NOT_HERE)) {
+                } else if over_kept.is_none() || !(e.code == Code::NOENT && e.message.contains(PLAN_NOT_HERE)) {
                     return fail(&e);
                 }
-                let files = match (&kept, share.1.is_empty()) {
-                    (Some(kept), true) => match head.replay(kept, share.0.id).await {
+                replanned = true;
+                let files = match over_kept {
+                    Some(kept) => match head.replay(kept, share.0.id, &mut listed).await {
                         Ok(files) => files,
                         Err(why) => return fail(&WireError::new(why.code, format!("{e}; {}", why.message))),
                     },
-                    _ => share.1,
+                    None => share.1,
                 };
-                if let Some(kept) = &kept {
-                    head.plans.forget(kept);
-                }
                 if files.is_empty() {
                     continue;
                 }
@@ -422,6 +447,10 @@ pub(crate) async fn merge_runs(
         if let Err(e) = head.commit_run_writes(&subject, &writes, wrote, removed).await {
             return fail(&e);
         }
+    }
+    // Every node keeps its share's tree now: the plan is kept for the next run.
+    if let (Some(kept), true, false) = (kept, fresh, replanned) {
+        head.plans.keep(kept);
     }
     let _ = tx.send(frame(Kind::Reply, false, codec::encode(&StoreletEvent::Finished(total)), Bytes::new()));
 }

@@ -568,6 +568,10 @@ impl Session {
     pub(crate) fn run_share(&mut self, req: NodeRun, data: Bytes) -> Reply<StoreletEvent> {
         self.node_key()?;
         self.check_from_head()?;
+        // The tree first: a head that must send the files again sends the module with them.
+        if !req.write && req.plan != 0 && req.files.is_empty() && self.shared.kept_trees.get(req.plan).is_none() {
+            return Err(WireError::new(Code::NOENT, format!("{PLAN_NOT_HERE}: {}", req.plan)));
+        }
         if data.is_empty() && !self.shared.storelets.has_module(&req.module) {
             return Err(WireError::new(Code::NOENT, format!("{MODULE_NOT_HERE}: {}", req.module)));
         }

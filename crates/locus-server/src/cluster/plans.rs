@@ -3,60 +3,60 @@
 //! share; both are kept, so running the same or another program over the same
 //! directory again costs the head no listing of the namespace and the nodes no tree.
 //!
-//! **At the head** ([`KeptPlans`]), a plan is kept per subject and directory, with a
-//! 64-bit hash of each file's path per share (8 bytes a file, not the files). It is
-//! forgotten when anything at, beneath or above its directory changes: every change a
-//! head makes or hears from the other heads for callbacks goes through
-//! [`KeptPlans::changed`] (so a change through another head is seen once its notice
-//! arrives, as a cached mount sees it), and renames and ACL changes above the directory
-//! count. A plan made while a change touching its directory was made is not kept (the
-//! recent changes are numbered and remembered). A kept plan is not used when one of its
-//! nodes is not live, or while the head does not hear the other heads.
+//! **At the head** ([`KeptPlans`]), a plan is kept per subject and directory once its
+//! first run ended well, with a keyed 64-bit hash of each file's path per share (8 bytes
+//! a file, not the files). It is forgotten when anything at, beneath or above its
+//! directory changes: every change a head makes or hears from the other heads for
+//! callbacks goes through [`KeptPlans::changed`] (so a change through another head is
+//! seen once its notice arrives, as a cached mount sees it), and renames and ACL changes
+//! above the directory count. A plan made while a change touching its directory was
+//! made is not kept (the recent changes are numbered and remembered), nor one naming a
+//! file with other names (a change through another name would not be heard here). A
+//! kept plan is not used when one of its nodes is not live, or while the head does not
+//! hear the other heads.
 //!
 //! **At a node** ([`KeptTrees`]), a share's tree is kept under the plan's number (drawn
 //! at random by the head), oldest first out past [`TREES_KEPT`] trees or
-//! [`TREE_ENTRIES_KEPT`] entries. Any object dropped at the node forgets them all, since
-//! a tree could name it; a node that has no tree for a plan answers [`PLAN_NOT_HERE`].
+//! [`TREE_BYTES_KEPT`] bytes. Any object dropped or found damaged at the node forgets
+//! them all, since a tree could name it; a node that has no tree for a plan answers
+//! [`PLAN_NOT_HERE`].
 //!
 //! When a node fails during a run over a kept plan, or no longer has its tree, the
-//! head lists the directory again and picks that share's files by their hashes
-//! (`Head::replay`), plans them over the nodes holding them now, and forgets the plan.
+//! head lists the directory again (once a run) and picks that share's files by their
+//! hashes (`Head::replay`), plans them over the nodes holding them now, and forgets the
+//! plan; if the directory changed since the plan was made, the run fails (`EAGAIN`)
+//! rather than mix what the other shares saw with what is there now.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What a node answers (`ENOENT`) for a run over a plan whose tree it does not keep.
 pub(crate) const PLAN_NOT_HERE: &str = "run plan not kept here";
 
-/// Plans a head keeps at most.
+/// Plans a head keeps at most, and for one subject.
 const PLANS_KEPT: usize = 64;
+const PLANS_KEPT_PER_SUBJECT: usize = 8;
 
 /// Files a head's kept plans name at most, together (8 bytes each).
 const PLAN_FILES_KEPT: usize = 8_000_000;
 
 /// Changes remembered to decide whether a plan made meanwhile may be kept.
-const CHANGES_REMEMBERED: usize = 1024;
+const CHANGES_REMEMBERED: usize = 4096;
 
 /// Trees a node keeps at most.
 pub(crate) const TREES_KEPT: usize = 16;
 
-/// Files and directories a node's kept trees hold at most, together (about 200 bytes
-/// each).
-pub(crate) const TREE_ENTRIES_KEPT: usize = 2_000_000;
-
-/// The hash a kept plan names a file by (its path relative to the run's directory).
-fn path_hash(path: &str) -> u64 {
-    // SipHash with fixed keys: the same in every run of this process.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    path.hash(&mut h);
-    h.finish()
-}
+/// Bytes of memory a node's kept trees hold at most, together
+/// (`locus_storelet::Tree::held_bytes`: about 200 an entry, plus the bytes of small
+/// files kept in the namespace).
+pub(crate) const TREE_BYTES_KEPT: usize = 512 << 20;
 
 /// One node's share of a kept plan.
 pub(crate) struct KeptShare {
+    /// The node's id.
     pub(crate) node: u64,
     /// The number the node keeps the share's tree under.
     pub(crate) plan: u64,
@@ -69,26 +69,37 @@ pub(crate) struct KeptPlan {
     pub(crate) who: String,
     pub(crate) dir: String,
     pub(crate) shares: Vec<KeptShare>,
+    /// Where changes stood when its files were listed (see [`KeptPlans::now`]).
+    since: u64,
+    /// What its path hashes are keyed with (the head's own random key).
+    hasher: RandomState,
 }
 
 impl KeptPlan {
-    /// The plan of `shares` (each a node and the paths of its files), each share's
-    /// tree to be kept under a new random number.
-    pub(crate) fn of<'a, P>(who: &str, dir: &str, shares: impl IntoIterator<Item = (u64, P)>) -> KeptPlan
+    /// The plan of `shares` (each a node and the paths of its files), listed when
+    /// changes stood at `since`, each share's tree to be kept under a new random number.
+    pub(crate) fn of<'a, P>(
+        plans: &KeptPlans,
+        who: &str,
+        dir: &str,
+        since: u64,
+        shares: impl IntoIterator<Item = (u64, P)>,
+    ) -> KeptPlan
     where
         P: IntoIterator<Item = &'a str>,
     {
+        let hasher = plans.hasher.clone();
         let shares = shares
             .into_iter()
             .map(|(node, files)| {
-                let mut paths: Vec<u64> = files.into_iter().map(path_hash).collect();
+                let mut paths: Vec<u64> = files.into_iter().map(|p| hasher.hash_one(p)).collect();
                 paths.sort_unstable();
                 let mut plan = [0u8; 8];
                 getrandom::fill(&mut plan).expect("the OS provides randomness");
                 KeptShare { node, plan: u64::from_le_bytes(plan).max(1), paths }
             })
             .collect();
-        KeptPlan { who: who.to_string(), dir: dir.to_string(), shares }
+        KeptPlan { who: who.to_string(), dir: dir.to_string(), shares, since, hasher }
     }
 
     /// The number `node`'s share is kept under (0: the node has no share).
@@ -98,7 +109,7 @@ impl KeptPlan {
 
     /// Whether `path` is in `node`'s share.
     pub(crate) fn holds(&self, node: u64, path: &str) -> bool {
-        let h = path_hash(path);
+        let h = self.hasher.hash_one(path);
         self.shares.iter().any(|s| s.node == node && s.paths.binary_search(&h).is_ok())
     }
 
@@ -124,12 +135,23 @@ struct Plans {
     recent: VecDeque<(u64, String)>,
 }
 
+impl Plans {
+    fn changed_since(&self, since: u64, dir: &str) -> bool {
+        let heard = self.changes - since;
+        heard > self.recent.len() as u64 || self.recent.iter().rev().take(heard as usize).any(|(_, p)| touches(p, dir))
+    }
+}
+
 /// A head's kept plans (see the module's comment).
 #[derive(Default)]
 pub(crate) struct KeptPlans {
     plans: Mutex<Plans>,
-    /// Runs planned from the namespace, and runs over a kept plan.
+    /// What path hashes are keyed with: drawn at random when the head starts, so
+    /// nobody can make two paths collide on purpose.
+    hasher: RandomState,
+    /// Runs planned from the namespace.
     pub(crate) planned: AtomicU64,
+    /// Runs over a kept plan.
     pub(crate) reused: AtomicU64,
 }
 
@@ -145,22 +167,30 @@ impl KeptPlans {
         plans.kept.iter().find(|p| p.who == who && p.dir == dir).cloned()
     }
 
-    /// Keeps `plan`, made from the namespace as it stood at `since` (see
-    /// [`KeptPlans::now`]), unless a change touching its directory came since, or
-    /// too many came to tell.
-    pub(crate) fn keep(&self, plan: Arc<KeptPlan>, since: u64) {
+    /// Keeps `plan`, unless a change touching its directory came since its files were
+    /// listed, or too many came to tell. Past the bounds, the subject's oldest plan goes
+    /// first, then anyone's.
+    pub(crate) fn keep(&self, plan: Arc<KeptPlan>) {
         let mut plans = self.plans.lock();
-        let heard = plans.changes - since;
-        if heard > plans.recent.len() as u64
-            || plans.recent.iter().rev().take(heard as usize).any(|(_, p)| touches(p, &plan.dir))
-        {
+        if plans.changed_since(plan.since, &plan.dir) {
             return;
         }
         plans.kept.retain(|p| !(p.who == plan.who && p.dir == plan.dir));
-        plans.kept.push_back(plan);
-        while plans.kept.len() > PLANS_KEPT || plans.kept.iter().map(|p| p.files()).sum::<usize>() > PLAN_FILES_KEPT {
-            plans.kept.pop_front();
+        if plans.kept.iter().filter(|p| p.who == plan.who).count() >= PLANS_KEPT_PER_SUBJECT {
+            let oldest = plans.kept.iter().position(|p| p.who == plan.who).expect("counted");
+            plans.kept.remove(oldest);
         }
+        plans.kept.push_back(plan);
+        let mut files: usize = plans.kept.iter().map(|p| p.files()).sum();
+        while plans.kept.len() > PLANS_KEPT || files > PLAN_FILES_KEPT {
+            files -= plans.kept.pop_front().map_or(0, |p| p.files());
+        }
+    }
+
+    /// Whether a change touching `plan`'s directory came since its files were listed
+    /// (or too many came to tell).
+    pub(crate) fn changed_since_made(&self, plan: &KeptPlan) -> bool {
+        self.plans.lock().changed_since(plan.since, &plan.dir)
     }
 
     /// Forgets `plan` (one of its nodes failed, or lost its tree).
@@ -213,19 +243,18 @@ impl KeptTrees {
     /// dropped since.
     pub(crate) fn keep(&self, plan: u64, tree: Arc<locus_storelet::Tree>, since: u64) {
         let mut trees = self.0.lock();
-        if trees.drops != since || tree.len() > TREE_ENTRIES_KEPT {
+        if trees.drops != since || tree.held_bytes() > TREE_BYTES_KEPT {
             return;
         }
         trees.kept.retain(|(p, _)| *p != plan);
         trees.kept.push_back((plan, tree));
-        while trees.kept.len() > TREES_KEPT
-            || trees.kept.iter().map(|(_, t)| t.len()).sum::<usize>() > TREE_ENTRIES_KEPT
-        {
-            trees.kept.pop_front();
+        let mut held: usize = trees.kept.iter().map(|(_, t)| t.held_bytes()).sum();
+        while trees.kept.len() > TREES_KEPT || held > TREE_BYTES_KEPT {
+            held -= trees.kept.pop_front().map_or(0, |(_, t)| t.held_bytes());
         }
     }
 
-    /// An object was dropped here: every kept tree is forgotten.
+    /// An object was dropped here, or found damaged: every kept tree is forgotten.
     pub(crate) fn dropped(&self) {
         let mut trees = self.0.lock();
         trees.drops += 1;
@@ -248,8 +277,8 @@ mod tests {
         assert!(!touches("/a/c", "/a/b"));
     }
 
-    fn plan(dir: &str) -> Arc<KeptPlan> {
-        Arc::new(KeptPlan { who: "u".into(), dir: dir.into(), shares: Vec::new() })
+    fn plan(plans: &KeptPlans, who: &str, dir: &str, since: u64) -> Arc<KeptPlan> {
+        Arc::new(KeptPlan::of(plans, who, dir, since, [(1, ["a", "b/c"])]))
     }
 
     #[test]
@@ -257,25 +286,42 @@ mod tests {
         let plans = KeptPlans::default();
         let since = plans.now();
         plans.changed("/elsewhere/f");
-        plans.keep(plan("/d"), since);
+        plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d").is_some(), "a change elsewhere does not matter");
+        let kept = plans.get("u", "/d").unwrap();
+        assert!(kept.holds(1, "b/c") && !kept.holds(1, "b") && !kept.holds(2, "a"));
+        assert!(!plans.changed_since_made(&kept));
         let since = plans.now();
         plans.changed("/d/f");
-        plans.keep(plan("/d2"), since);
-        plans.keep(plan("/d"), since);
+        assert!(plans.changed_since_made(&kept), "its directory changed since it was made");
+        plans.keep(plan(&plans, "u", "/d2", since));
+        plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d2").is_some());
         plans.changed("/d/g");
         assert!(plans.get("u", "/d").is_none(), "forgotten on a change beneath it");
         let since = plans.now();
         plans.changed("/d/h");
-        plans.keep(plan("/d"), since);
+        plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d").is_none(), "made across a change beneath it");
         let since = plans.now();
         for i in 0..=CHANGES_REMEMBERED {
             plans.changed(&format!("/other/{i}"));
         }
-        plans.keep(plan("/d"), since);
+        plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d").is_none(), "too many changes to tell");
+    }
+
+    #[test]
+    fn one_subject_keeps_a_few_plans_and_leaves_the_others_theirs() {
+        let plans = KeptPlans::default();
+        plans.keep(plan(&plans, "v", "/v", plans.now()));
+        for i in 0..PLANS_KEPT {
+            plans.keep(plan(&plans, "u", &format!("/d{i}"), plans.now()));
+        }
+        assert!(plans.get("v", "/v").is_some(), "another subject's plan stays");
+        let kept = (0..PLANS_KEPT).filter(|i| plans.get("u", &format!("/d{i}")).is_some()).count();
+        assert_eq!(kept, PLANS_KEPT_PER_SUBJECT);
+        assert!(plans.get("u", &format!("/d{}", PLANS_KEPT - 1)).is_some(), "the newest stay");
     }
 
     #[test]

@@ -769,7 +769,7 @@ impl Handler for HeadSession {
                         format!("{dir}: a writable run needs every file beneath it readable by its subject"),
                     ));
                 }
-                Planned { shares: self.head.plan_run(files, &[])?, kept: None }
+                Planned { shares: self.head.plan_run(files, &[])?, kept: None, fresh: false }
             }
             false => self.head.plan_read_only(&who, &dir)?,
         };

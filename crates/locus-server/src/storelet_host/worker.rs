@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 /// The tree a data node's share runs over: made now from its files (and perhaps kept),
 /// or kept from an earlier run.
-enum Tree {
+enum ShareTree {
     Make(Vec<(String, locus_storelet::TreeFile)>, Option<super::KeepTree>),
     Kept(Arc<locus_storelet::Tree>),
 }
@@ -73,9 +73,9 @@ impl Core {
             match std::mem::replace(&mut s.view, Seen::Files(Vec::new(), None)) {
                 Seen::Dir(view) => self.run_in_dir(run, &s, &view, &argv, &module_hash, sink, &control),
                 Seen::Files(files, keep) => {
-                    self.run_over_files(&s, Tree::Make(files, keep), &argv, &module_hash, sink, &control)
+                    self.run_over_files(&s, ShareTree::Make(files, keep), &argv, &module_hash, sink, &control)
                 }
-                Seen::Tree(tree) => self.run_over_files(&s, Tree::Kept(tree), &argv, &module_hash, sink, &control),
+                Seen::Tree(tree) => self.run_over_files(&s, ShareTree::Kept(tree), &argv, &module_hash, sink, &control),
             }
         };
         let (result, outcome_text) = match &outcome {
@@ -140,7 +140,7 @@ impl Core {
     fn run_over_files(
         &self,
         s: &Submission,
-        tree: Tree,
+        tree: ShareTree,
         argv: &[String],
         module_hash: &str,
         sink: locus_storelet::OutputSink,
@@ -149,8 +149,8 @@ impl Core {
         let started = std::time::Instant::now();
         let cpu_started = locus_storelet::thread_cpu();
         let tree = match tree {
-            Tree::Kept(tree) => tree,
-            Tree::Make(files, keep) => {
+            ShareTree::Kept(tree) => tree,
+            ShareTree::Make(files, keep) => {
                 let mut tree = locus_storelet::Tree::new();
                 for (path, file) in files {
                     tree.add(&path, file).map_err(StoreletError::Setup)?;
