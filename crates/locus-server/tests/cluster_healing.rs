@@ -380,6 +380,47 @@ async fn a_distributed_run_covers_files_kept_at_the_head_and_moves_off_a_dead_no
     assert_eq!(head_of(&head).run_plans(), (1, 1));
 }
 
+/// A kept run plan naming a node marked down is not used: the run is planned again
+/// over the live nodes holding the files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_run_plan_is_not_used_once_a_node_of_it_is_down() {
+    let head = TestServer::head(None, |h| {
+        h.replication = 2;
+        h.inline_max = 0;
+        h.node_timeout = Duration::from_secs(2);
+        h.repair_rate = 0;
+    });
+    let mut nodes: Vec<Option<TestServer>> = (0..3).map(|_| Some(TestServer::data_node(&head))).collect();
+    let admin = head.client("admin").await;
+    admin.mkdir("/src", 0o755).await.unwrap();
+    let mut expected: Vec<String> = (0..9).map(|i| format!("/f{i}.go")).collect();
+    for path in &expected {
+        admin.write_file(&format!("/src{path}"), 0o644, b"package f").await.unwrap();
+    }
+    expected.sort();
+    let find = locus_testkit::build_storelet("find");
+    let run = || async {
+        let out = admin.storelet_run(&find, "/src", ["/", "-name", "*.go"].map(String::from).to_vec(), false).await;
+        let out = out.unwrap();
+        assert_eq!(out.result.exit_code, 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+        lines.sort();
+        lines
+    };
+    assert_eq!(run().await, expected);
+    assert_eq!(run().await, expected);
+    assert_eq!(head_of(&head).run_plans(), (1, 1));
+    let dead = id_of(&head, nodes[0].as_ref().unwrap());
+    drop(nodes[0].take());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state(&admin.call(NodeList {}).await.unwrap(), dead).is_none_or(|(s, _)| s != "down") {
+        assert!(Instant::now() < deadline, "node {dead} never marked down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(run().await, expected, "every file exactly once, on the live nodes");
+    assert_eq!(head_of(&head).run_plans(), (2, 1), "planned again, the kept plan left unused");
+}
+
 /// Rebalancing between data nodes by measured load: the versions the nodes' heartbeats
 /// report busy move from the busiest node to the least busy one; names, bytes and reads
 /// stay, the old copies go to the collector, and only an admin may ask.

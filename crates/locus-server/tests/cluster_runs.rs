@@ -302,3 +302,46 @@ async fn kept_plans_hold_small_files_and_leave_hard_links_out() {
     assert_eq!(matching("/t", "six").await, ["/g.txt"], "written through its other name");
     assert_eq!(plans(), (4, 1), "no plan kept while /t holds a hard link");
 }
+
+/// A node that fails during a run over a kept plan, after the directory changed, fails
+/// the run (`EAGAIN`) rather than mix what the other share saw with what is there now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_lost_after_a_change_fails_a_run_over_a_kept_plan() {
+    let head = TestServer::head(None, |c| {
+        c.inline_max = 0;
+        c.replication = 2;
+    });
+    let (_kept, mut lost) = (TestServer::data_node(&head), Some(TestServer::data_node(&head)));
+    let admin = head.client("admin").await;
+    admin.mkdir("/s", 0o755).await.unwrap();
+    for i in 0..4 {
+        admin.write_file(&format!("/s/f{i}"), 0o644, b"data").await.unwrap();
+    }
+    let find = build_storelet("find");
+    let out = admin.storelet_run(&find, "/s", args(&["/"]), false).await.unwrap();
+    assert_eq!(out.result.exit_code, 0);
+    let spin = build_storelet("hostile");
+    let running = {
+        let admin = admin.clone();
+        tokio::spawn(async move { admin.storelet_run(&spin, "/s", args(&["spin"]), false).await })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let runs = admin.storelet_ps().await.unwrap();
+        if runs.len() == 2 && runs.iter().all(|r| r.running) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run's two shares never showed: {runs:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(head.shared().head.as_ref().unwrap().run_plans(), (1, 1), "the spinning run is over the kept plan");
+    admin.write_file("/s/new", 0o644, b"data").await.unwrap();
+    // A node goes away; its share cannot be found again as it was.
+    drop(lost.take());
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), running).await.unwrap().unwrap();
+    let e = ended.unwrap_err();
+    assert_eq!(e.code(), Code::AGAIN, "{e}");
+    for r in admin.storelet_ps().await.unwrap() {
+        let _ = admin.storelet_cancel(r.run).await;
+    }
+}
