@@ -89,6 +89,17 @@ async fn setup(head: &TestServer) {
     admin.write_file("/d/big", 0o644, &vec![7u8; 2 << 20]).await.unwrap();
 }
 
+/// Two heads over one PostgreSQL database, a data node joined to each, and `setup`'s
+/// files (the database goes last: bind them in this order).
+async fn two_heads() -> (TestPostgres, TestServer, TestServer, [TestServer; 2]) {
+    let pg = TestPostgres::start();
+    let first = TestServer::head(Some(&pg.url()), |_| {});
+    let second = TestServer::head(Some(&pg.url()), |_| {});
+    let nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
+    setup(&first).await;
+    (pg, first, second, nodes)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_through_a_head_breaks_its_other_clients_promises() {
     let head = TestServer::head(None, |_| {});
@@ -103,11 +114,7 @@ async fn a_change_through_another_head_breaks_promises_on_postgresql() {
     if !locus_testkit::require_postgres() {
         return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
     }
-    let pg = TestPostgres::start();
-    let first = TestServer::head(Some(&pg.url()), |_| {});
-    let second = TestServer::head(Some(&pg.url()), |_| {});
-    let _nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
-    setup(&first).await;
+    let (_pg, first, second, _nodes) = two_heads().await;
     let writer = second.client("admin").await;
     changes_break_promises(&first, &writer).await;
 }
@@ -140,11 +147,7 @@ async fn a_change_through_another_head_forgets_a_kept_run_plan_on_postgresql() {
     if !locus_testkit::require_postgres() {
         return; // only with LOCUS_TEST_SKIP_MISSING set (see locus_testkit::require)
     }
-    let pg = TestPostgres::start();
-    let first = TestServer::head(Some(&pg.url()), |_| {});
-    let second = TestServer::head(Some(&pg.url()), |_| {});
-    let _nodes = [TestServer::data_node(&first), TestServer::data_node(&second)];
-    setup(&first).await;
+    let (_pg, first, second, _nodes) = two_heads().await;
     let find = locus_testkit::build_storelet("find");
     let reader = first.client("admin").await;
     let names = || async {
