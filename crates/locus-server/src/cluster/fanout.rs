@@ -6,7 +6,8 @@
 //! the fewest. A share's output is handed on when the share finishes (each is bounded by
 //! the node's storelet output limit), so a node that fails before then (it cannot be
 //! reached, or goes away) leaves no partial output: its files are planned again over
-//! the other live nodes holding them, and run there.
+//! the other live nodes holding them, and run there. A read-only run's plan, and each
+//! node's tree of its share, are kept for the next run over the directory (`plans`).
 //!
 //! `storelet ps`, `cancel` and `stats` on a head ask every live node, as the head (which
 //! a node answers for every subject): a run is listed once per node share, under an id
