@@ -438,15 +438,22 @@ impl Shared {
     /// the head to hear of at the next heartbeat.
     pub fn report_damaged(&self, object: u64, version: u64) {
         // It was moved aside: a kept tree could name it.
-        self.kept_trees.dropped();
+        self.kept_trees.damaged(object, version);
+        self.requeue_damaged(&[(object, version)]);
+    }
+
+    /// On a data node: puts back damaged versions the head did not hear of.
+    pub fn requeue_damaged(&self, versions: &[(u64, u64)]) {
         let mut damaged = self.damaged.lock();
-        if !damaged.contains(&(object, version)) {
-            damaged.push((object, version));
+        for v in versions {
+            if !damaged.contains(v) {
+                damaged.push(*v);
+            }
         }
     }
 
     /// The damaged versions not yet reported (the caller puts them back with
-    /// [`Shared::report_damaged`] if the head does not hear them).
+    /// [`Shared::requeue_damaged`] if the head does not hear them).
     pub fn take_damaged(&self) -> Vec<(u64, u64)> {
         std::mem::take(&mut *self.damaged.lock())
     }

@@ -122,10 +122,12 @@ impl Tree {
         self.entries.len()
     }
 
-    /// About how many bytes of memory the tree holds: its entries, names and index, and
-    /// its files' host paths and bytes (what one that is kept costs).
+    /// About how many bytes of memory the tree holds: its entries, names and index (as
+    /// allocated, spare room included), and its files' host paths and bytes (what one
+    /// that is kept costs).
     pub fn held_bytes(&self) -> usize {
-        self.held
+        let slot = std::mem::size_of::<((u32, Box<str>), u32)>() + 1;
+        self.held + self.entries.capacity() * std::mem::size_of::<Entry>() + self.names.capacity() * slot
     }
 
     /// Whether the tree holds nothing but its root.
@@ -135,14 +137,15 @@ impl Tree {
 
     fn push(&mut self, parent: u32, name: &str, kind: Kind) -> u32 {
         let i = self.entries.len() as u32;
-        // The entry, its name twice (here and in the index), an index slot, its place
-        // in its directory, and its file's path or bytes.
+        // Beyond the entry and its index slot (counted by capacity): its name twice (here
+        // and in the index), its place in its directory (with room to grow), and its
+        // file's path or bytes.
         let file = match &kind {
             Kind::File(TreeFile::Host(path)) => path.as_os_str().len(),
             Kind::File(TreeFile::Bytes(bytes)) => bytes.len(),
             Kind::Dir(_) => 0,
         };
-        self.held += std::mem::size_of::<Entry>() + 2 * name.len() + 48 + 4 + file;
+        self.held += 2 * name.len() + 8 + file;
         self.entries.push(Entry { parent, name: name.into(), kind });
         self.names.insert((parent, name.into()), i);
         if let Kind::Dir(children) = &mut self.entries[parent as usize].kind {

@@ -149,7 +149,9 @@ impl Head {
         let shares = self.plan_run(files, &[])?;
         self.plans.count(false);
         let kept = (hears && !linked && shares.iter().all(|(n, _)| n.id != LOCAL_NODE)).then(|| {
-            let paths = shares.iter().map(|(n, files)| (n.id, files.iter().map(|(f, _)| f.path.as_str())));
+            let paths = shares
+                .iter()
+                .map(|(n, files)| (n.id, files.iter().map(|(f, _)| (f.path.as_str(), f.object, f.version))));
             Arc::new(KeptPlan::of(&self.plans, who, dir, since, paths))
         });
         Ok(Planned { shares, kept, fresh: true })
@@ -163,8 +165,8 @@ impl Head {
 
     /// The files of `node`'s share of `kept`, found again in the directory's files
     /// (`listed`, listed here the first time in a run) when its node failed or lost its
-    /// tree; the plan is forgotten. Fails (`EAGAIN`) if the directory changed since the
-    /// plan was made: the other shares ran over what it was then.
+    /// tree; the plan is forgotten. Fails (`EAGAIN`) unless the directory holds exactly
+    /// the plan's files and versions: the other shares ran over what it held then.
     async fn replay(
         self: &Arc<Self>,
         kept: &Arc<KeptPlan>,
@@ -177,14 +179,14 @@ impl Head {
             let listing = tokio::task::spawn_blocking(move || head.view_files(&kept.who, &kept.dir));
             *listed = Some(listing.await.map_err(|_| WireError::new(Code::IO, "listing the run's files failed"))??);
         }
-        if self.plans.changed_since_made(kept) {
+        let all = listed.as_deref().unwrap_or_default();
+        if !kept.is_exactly(all.iter().map(|(f, _)| (f.path.as_str(), f.object, f.version))) {
             return Err(WireError::new(
                 Code::AGAIN,
                 format!("{}: changed during the run while a share was moved; run it again", kept.dir),
             ));
         }
-        let all = listed.as_deref().unwrap_or_default();
-        Ok(all.iter().filter(|(f, _)| kept.holds(node, &f.path)).cloned().collect())
+        Ok(all.iter().filter(|(f, _)| kept.holder(&f.path, f.object, f.version) == Some(node)).cloned().collect())
     }
 
     /// Splits a run's files over the live nodes, none of `failed`: each file to the

@@ -139,9 +139,7 @@ pub async fn join(
     };
     let damaged = join.damaged.clone();
     let welcome = client.call(join).await.map_err(|e| {
-        for (object, version) in damaged {
-            shared.report_damaged(object, version);
-        }
+        shared.requeue_damaged(&damaged);
         format!("head at {} refused the node: {e}", head.addr)
     })?;
     let token = head.credentials.token.as_bytes();

@@ -361,7 +361,8 @@ pub(crate) fn run_over_view(
         return submit(crate::storelet_host::Seen::Tree(tree));
     }
     if !write {
-        let keep = (plan != 0).then(|| {
+        let keeps = plan != 0 && shared.kept_trees.may_keep(files.iter().map(|f| (f.object, f.version)));
+        let keep = keeps.then(|| {
             let (shared, since) = (shared.clone(), shared.kept_trees.now());
             Box::new(move |tree| shared.kept_trees.keep(plan, tree, since)) as crate::storelet_host::KeepTree
         });

@@ -4,8 +4,8 @@
 //! directory again costs the head no listing of the namespace and the nodes no tree.
 //!
 //! **At the head** ([`KeptPlans`]), a plan is kept per subject and directory once its
-//! first run ended well, with a keyed 64-bit hash of each file's path per share (8 bytes
-//! a file, not the files). It is forgotten when anything at, beneath or above its
+//! first run ended well, with a keyed 64-bit hash of each file's path and version per
+//! share (8 bytes a file, not the files). It is forgotten when anything at, beneath or above its
 //! directory changes: every change a head makes or hears from the other heads for
 //! callbacks goes through [`KeptPlans::changed`] (so a change through another head is
 //! seen once its notice arrives, as a cached mount sees it), and renames and ACL changes
@@ -16,16 +16,18 @@
 //! hear the other heads.
 //!
 //! **At a node** ([`KeptTrees`]), a share's tree is kept under the plan's number (drawn
-//! at random by the head), oldest first out past [`TREES_KEPT`] trees or
-//! [`TREE_BYTES_KEPT`] bytes. Any object dropped or found damaged at the node forgets
-//! them all, since a tree could name it; a node that has no tree for a plan answers
+//! at random by the head) once its run ended well, least recently used first out past
+//! [`TREES_KEPT`] trees or [`TREE_BYTES_KEPT`] bytes. Any object dropped or found
+//! damaged at the node forgets them all, since a tree could name it, and a tree naming a
+//! version found damaged here is not kept; a node that has no tree for a plan answers
 //! [`PLAN_NOT_HERE`].
 //!
 //! When a node fails during a run over a kept plan, or no longer has its tree, the
 //! head lists the directory again (once a run) and picks that share's files by their
 //! hashes (`Head::replay`), plans them over the nodes holding them now, and forgets the
-//! plan; if the directory changed since the plan was made, the run fails (`EAGAIN`)
-//! rather than mix what the other shares saw with what is there now.
+//! plan; if the listing is not exactly the plan's files and versions (the directory
+//! changed since), the run fails (`EAGAIN`) rather than mix what the other shares saw
+//! with what is there now.
 
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -46,8 +48,8 @@ const PLAN_FILES_KEPT: usize = 8_000_000;
 /// Changes remembered to decide whether a plan made meanwhile may be kept.
 const CHANGES_REMEMBERED: usize = 4096;
 
-/// Trees a node keeps at most.
-pub(crate) const TREES_KEPT: usize = 16;
+/// Trees a node keeps at most (its heads' plans together).
+pub(crate) const TREES_KEPT: usize = 64;
 
 /// Bytes of memory a node's kept trees hold at most, together
 /// (`locus_storelet::Tree::held_bytes`: about 200 an entry, plus the bytes of small
@@ -60,7 +62,7 @@ pub(crate) struct KeptShare {
     pub(crate) node: u64,
     /// The number the node keeps the share's tree under.
     pub(crate) plan: u64,
-    /// The share's files' path hashes, sorted.
+    /// The share's files' hashes (path and version), sorted.
     paths: Vec<u64>,
 }
 
@@ -76,8 +78,9 @@ pub(crate) struct KeptPlan {
 }
 
 impl KeptPlan {
-    /// The plan of `shares` (each a node and the paths of its files), listed when
-    /// changes stood at `since`, each share's tree to be kept under a new random number.
+    /// The plan of `shares` (each a node and its files: path, object and version),
+    /// listed when changes stood at `since`, each share's tree to be kept under a new
+    /// random number.
     pub(crate) fn of<'a, P>(
         plans: &KeptPlans,
         who: &str,
@@ -86,13 +89,13 @@ impl KeptPlan {
         shares: impl IntoIterator<Item = (u64, P)>,
     ) -> KeptPlan
     where
-        P: IntoIterator<Item = &'a str>,
+        P: IntoIterator<Item = (&'a str, u64, u64)>,
     {
         let hasher = plans.hasher.clone();
         let shares = shares
             .into_iter()
             .map(|(node, files)| {
-                let mut paths: Vec<u64> = files.into_iter().map(|p| hasher.hash_one(p)).collect();
+                let mut paths: Vec<u64> = files.into_iter().map(|f| hasher.hash_one(f)).collect();
                 paths.sort_unstable();
                 let mut plan = [0u8; 8];
                 getrandom::fill(&mut plan).expect("the OS provides randomness");
@@ -107,10 +110,16 @@ impl KeptPlan {
         self.shares.iter().find(|s| s.node == node).map_or(0, |s| s.plan)
     }
 
-    /// Whether `path` is in `node`'s share.
-    pub(crate) fn holds(&self, node: u64, path: &str) -> bool {
-        let h = self.hasher.hash_one(path);
-        self.shares.iter().any(|s| s.node == node && s.paths.binary_search(&h).is_ok())
+    /// The node whose share holds the file `path` at `object`.`version`, if any.
+    pub(crate) fn holder(&self, path: &str, object: u64, version: u64) -> Option<u64> {
+        let h = self.hasher.hash_one((path, object, version));
+        self.shares.iter().find(|s| s.paths.binary_search(&h).is_ok()).map(|s| s.node)
+    }
+
+    /// Whether `files` (path, object, version) are exactly the plan's: the directory
+    /// holds what it did when the plan was made.
+    pub(crate) fn is_exactly<'a>(&self, files: impl ExactSizeIterator<Item = (&'a str, u64, u64)>) -> bool {
+        files.len() == self.files() && files.into_iter().all(|(p, o, v)| self.holder(p, o, v).is_some())
     }
 
     fn files(&self) -> usize {
@@ -187,12 +196,6 @@ impl KeptPlans {
         }
     }
 
-    /// Whether a change touching `plan`'s directory came since its files were listed
-    /// (or too many came to tell).
-    pub(crate) fn changed_since_made(&self, plan: &KeptPlan) -> bool {
-        self.plans.lock().changed_since(plan.since, &plan.dir)
-    }
-
     /// Forgets `plan` (one of its nodes failed, or lost its tree).
     pub(crate) fn forget(&self, plan: &Arc<KeptPlan>) {
         self.plans.lock().kept.retain(|p| !Arc::ptr_eq(p, plan));
@@ -219,9 +222,12 @@ impl KeptPlans {
 
 #[derive(Default)]
 struct Trees {
+    /// Least recently used first.
     kept: VecDeque<(u64, Arc<locus_storelet::Tree>)>,
     /// How many times objects were dropped here.
     drops: u64,
+    /// Versions found damaged here since the node started (few: each is a failure).
+    damaged: std::collections::HashSet<(u64, u64)>,
 }
 
 /// A data node's kept trees (see the module's comment).
@@ -229,9 +235,19 @@ struct Trees {
 pub(crate) struct KeptTrees(Mutex<Trees>);
 
 impl KeptTrees {
-    /// The tree kept for `plan`.
+    /// The tree kept for `plan` (now the most recently used).
     pub(crate) fn get(&self, plan: u64) -> Option<Arc<locus_storelet::Tree>> {
-        self.0.lock().kept.iter().find(|(p, _)| *p == plan).map(|(_, t)| t.clone())
+        let mut trees = self.0.lock();
+        let at = trees.kept.iter().position(|(p, _)| *p == plan)?;
+        let found = trees.kept.remove(at).expect("found");
+        trees.kept.push_back(found.clone());
+        Some(found.1)
+    }
+
+    /// Whether a tree naming these versions may be kept: none was found damaged here.
+    pub(crate) fn may_keep(&self, mut versions: impl Iterator<Item = (u64, u64)>) -> bool {
+        let trees = self.0.lock();
+        trees.damaged.is_empty() || !versions.any(|v| trees.damaged.contains(&v))
     }
 
     /// Where drops stand now: what a tree made from here on is kept against.
@@ -254,11 +270,18 @@ impl KeptTrees {
         }
     }
 
-    /// An object was dropped here, or found damaged: every kept tree is forgotten.
+    /// An object was dropped here: every kept tree is forgotten.
     pub(crate) fn dropped(&self) {
         let mut trees = self.0.lock();
         trees.drops += 1;
         trees.kept.clear();
+    }
+
+    /// A version was found damaged here (and moved aside): every kept tree is
+    /// forgotten, and none naming it is kept from now on.
+    pub(crate) fn damaged(&self, object: u64, version: u64) {
+        self.dropped();
+        self.0.lock().damaged.insert((object, version));
     }
 }
 
@@ -278,7 +301,7 @@ mod tests {
     }
 
     fn plan(plans: &KeptPlans, who: &str, dir: &str, since: u64) -> Arc<KeptPlan> {
-        Arc::new(KeptPlan::of(plans, who, dir, since, [(1, ["a", "b/c"])]))
+        Arc::new(KeptPlan::of(plans, who, dir, since, [(1, [("a", 5, 1), ("b/c", 6, 1)])]))
     }
 
     #[test]
@@ -289,11 +312,14 @@ mod tests {
         plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d").is_some(), "a change elsewhere does not matter");
         let kept = plans.get("u", "/d").unwrap();
-        assert!(kept.holds(1, "b/c") && !kept.holds(1, "b") && !kept.holds(2, "a"));
-        assert!(!plans.changed_since_made(&kept));
+        assert_eq!(kept.holder("b/c", 6, 1), Some(1));
+        assert_eq!(kept.holder("b/c", 6, 2), None, "another version");
+        assert_eq!(kept.holder("b", 6, 1), None);
+        assert!(kept.is_exactly([("b/c", 6, 1), ("a", 5, 1)].into_iter()));
+        assert!(!kept.is_exactly([("b/c", 6, 1)].into_iter()), "a file gone");
+        assert!(!kept.is_exactly([("b/c", 6, 1), ("a", 5, 2)].into_iter()), "a file written again");
         let since = plans.now();
         plans.changed("/d/f");
-        assert!(plans.changed_since_made(&kept), "its directory changed since it was made");
         plans.keep(plan(&plans, "u", "/d2", since));
         plans.keep(plan(&plans, "u", "/d", since));
         assert!(plans.get("u", "/d2").is_some());
@@ -334,5 +360,20 @@ mod tests {
         assert!(trees.get(7).is_none());
         trees.keep(8, Arc::new(locus_storelet::Tree::new()), since);
         assert!(trees.get(8).is_none(), "made before a drop: not kept");
+        assert!(trees.may_keep([(1, 1), (2, 1)].into_iter()));
+        trees.damaged(2, 1);
+        assert!(!trees.may_keep([(1, 1), (2, 1)].into_iter()), "names a damaged version");
+        assert!(trees.may_keep([(1, 1)].into_iter()));
+    }
+
+    #[test]
+    fn a_node_keeps_the_trees_it_used_last() {
+        let trees = KeptTrees::default();
+        for plan in 1..=TREES_KEPT as u64 {
+            trees.keep(plan, Arc::new(locus_storelet::Tree::new()), trees.now());
+        }
+        assert!(trees.get(1).is_some(), "used: now the most recent");
+        trees.keep(1000, Arc::new(locus_storelet::Tree::new()), trees.now());
+        assert!(trees.get(1).is_some() && trees.get(2).is_none(), "the least recently used went");
     }
 }

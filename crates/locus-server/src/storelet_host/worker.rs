@@ -148,27 +148,27 @@ impl Core {
     ) -> Result<locus_storelet::RunOutcome, StoreletError> {
         let started = std::time::Instant::now();
         let cpu_started = locus_storelet::thread_cpu();
-        let tree = match tree {
-            ShareTree::Kept(tree) => tree,
+        let (tree, keep) = match tree {
+            ShareTree::Kept(tree) => (tree, None),
             ShareTree::Make(files, keep) => {
                 let mut tree = locus_storelet::Tree::new();
                 for (path, file) in files {
                     tree.add(&path, file).map_err(StoreletError::Setup)?;
                 }
-                let tree = Arc::new(tree);
-                if let Some(keep) = keep {
-                    keep(tree.clone());
-                }
-                tree
+                (Arc::new(tree), keep)
             }
         };
         let (_, module) = self.runner.module_hashed(module_hash.to_string(), &s.wasm)?;
         let mut spec = RunSpec::new(argv, self.config.limits);
-        spec.tree = Some(tree);
+        spec.tree = Some(tree.clone());
         spec.env = &s.env;
         spec.output = Some(sink);
         spec.control = control.clone();
         let mut outcome = self.runner.run(&module, spec);
+        // A tree is kept for later runs once a run over it ended well.
+        if let (Ok(_), Some(keep)) = (&outcome, keep) {
+            keep(tree);
+        }
         // The run's time includes making its tree.
         let made = locus_storelet::thread_cpu().saturating_sub(cpu_started);
         if let Ok(out) = &mut outcome {
