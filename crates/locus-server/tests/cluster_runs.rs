@@ -9,6 +9,16 @@ fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
 }
 
+/// The files under `dir` holding `word`, sorted, as the shipped `grep -l` storelet run by
+/// `client` on the cluster finds them.
+async fn files_holding(client: &locus_client::Client, grep: &[u8], dir: &str, word: &str) -> Vec<String> {
+    let out = client.storelet_run(grep, dir, args(&["-l", word, "/"]), false).await.unwrap();
+    assert!(out.result.exit_code <= 1, "{}", String::from_utf8_lossy(&out.stderr));
+    let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
+    lines.sort();
+    lines
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writable_run_that_fails_or_oversteps_changes_nothing() {
     let head = TestServer::head(None, |_| {});
@@ -212,15 +222,9 @@ async fn a_run_again_uses_the_kept_plan_and_sees_every_change_since() {
     }
     let grep = build_storelet("grep");
     let plans = || head.shared().head.as_ref().unwrap().run_plans();
-    let matching = |client: &locus_client::Client, word: &str| {
-        let (client, grep, word) = (client.clone(), grep.clone(), word.to_string());
-        async move {
-            let out = client.storelet_run(&grep, "/t", args(&["-l", &word, "/"]), false).await.unwrap();
-            assert!(out.result.exit_code <= 1, "{}", String::from_utf8_lossy(&out.stderr));
-            let mut lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect();
-            lines.sort();
-            lines
-        }
+    let matching = |client: &locus_client::Client, word: &'static str| {
+        let (client, grep) = (client.clone(), grep.clone());
+        async move { files_holding(&client, &grep, "/t", word).await }
     };
     let all = ["/a/f0.txt", "/a/f1.txt", "/a/f2.txt", "/b/g0.txt", "/b/g1.txt", "/b/g2.txt"];
     assert_eq!(matching(&admin, "one").await, all);
@@ -279,11 +283,7 @@ async fn kept_plans_hold_small_files_and_leave_hard_links_out() {
     let plans = || head.shared().head.as_ref().unwrap().run_plans();
     let matching = |dir: &'static str, word: &'static str| {
         let (admin, grep) = (admin.clone(), grep.clone());
-        async move {
-            let out = admin.storelet_run(&grep, dir, args(&["-l", word, "/"]), false).await.unwrap();
-            assert!(out.result.exit_code <= 1, "{}", String::from_utf8_lossy(&out.stderr));
-            String::from_utf8(out.stdout).unwrap().lines().map(String::from).collect::<Vec<_>>()
-        }
+        async move { files_holding(&admin, &grep, dir, word).await }
     };
     assert_eq!(matching("/t", "one").await, ["/small.txt"]);
     assert_eq!(matching("/t", "one").await, ["/small.txt"]);
