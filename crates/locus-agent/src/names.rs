@@ -97,13 +97,7 @@ impl Namespace {
 
     /// Where the normalized absolute `path` lies; connects `/locus/HOST:PORT` on first use.
     pub fn place(&mut self, path: &str) -> Result<Place, Fail> {
-        let mut best: Option<usize> = None;
-        for (i, m) in self.mounts.iter().enumerate() {
-            if beneath(path, &m.logical) && best.is_none_or(|b| self.mounts[b].logical.len() < m.logical.len()) {
-                best = Some(i);
-            }
-        }
-        if let Some(mount) = best {
+        if let Some(mount) = self.mount_of(path) {
             return Ok(Place::Remote { mount, logical: path.to_string() });
         }
         if path == "/locus" {
@@ -125,6 +119,24 @@ impl Namespace {
         Ok(Place::Local)
     }
 
+    /// The mount already made that `path` lies on (the innermost), if any.
+    pub fn mount_of(&self, path: &str) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, m) in self.mounts.iter().enumerate() {
+            if beneath(path, &m.logical) && best.is_none_or(|b| self.mounts[b].logical.len() < m.logical.len()) {
+                best = Some(i);
+            }
+        }
+        best
+    }
+
+    /// The program's path for the driver's path `remote` on `mount`; none if `remote`
+    /// lies outside what the mount shows.
+    pub fn logical(&self, mount: usize, remote: &str) -> Option<String> {
+        let m = &self.mounts[mount];
+        logical_of(&m.logical, &m.base, remote)
+    }
+
     /// The driver's path for `logical` on `mount`.
     pub fn remote(&self, mount: usize, logical: &str) -> String {
         let m = &self.mounts[mount];
@@ -135,6 +147,15 @@ impl Namespace {
             (base, rest) => format!("{base}{rest}"),
         }
     }
+}
+
+/// The program's path for `remote`, on a mount of `logical` showing the driver's `base`.
+pub(crate) fn logical_of(logical: &str, base: &str, remote: &str) -> Option<String> {
+    let base = base.trim_end_matches('/');
+    if !(base.is_empty() || beneath(remote, base)) {
+        return None;
+    }
+    Some(format!("{logical}{}", &remote[base.len()..]).trim_end_matches('/').to_string())
 }
 
 /// Connects to `url`, retrying an unreachable server for `window`.

@@ -17,7 +17,7 @@
 //! window, or a request the driver can never satisfy) is also kept as the run's
 //! [`Abort`], the first one only: the agent then stops the program, as the traced path does.
 
-use crate::names::{beneath, Namespace, Place};
+use crate::names::{beneath, logical_of, Namespace, Place};
 use crate::tracer::Abort;
 use crate::Fail;
 use locus_drivers::{Attr, Break, DirEntry, Driver, DriverError, Opened, Result, SetTime, StatFs, Time};
@@ -124,18 +124,14 @@ impl NamespaceDriver {
         let Some((max, tx)) = self.callbacks.clone() else { return };
         let m = &mut self.ns.mounts[mount];
         let Some(breaks) = m.driver.callbacks(max) else { return };
-        let (logical, base) = (m.logical.clone(), m.base.trim_end_matches('/').to_string());
+        let (logical, base) = (m.logical.clone(), m.base.clone());
         let forward = move || {
             for b in breaks {
                 let b = match b {
                     Break::All => Break::All,
-                    Break::Paths(paths) => Break::Paths(
-                        paths
-                            .iter()
-                            .filter(|p| base.is_empty() || beneath(p, &base))
-                            .map(|p| format!("{logical}{}", &p[base.len()..]).trim_end_matches('/').to_string())
-                            .collect(),
-                    ),
+                    Break::Paths(paths) => {
+                        Break::Paths(paths.iter().filter_map(|p| logical_of(&logical, &base, p)).collect())
+                    }
                 };
                 if tx.send(b).is_err() {
                     return;
@@ -360,15 +356,61 @@ impl Driver for NamespaceDriver {
     }
     fn take_unpromised(&mut self) -> Vec<String> {
         let mut out = Vec::new();
-        for m in &mut self.ns.mounts {
-            let base = m.base.trim_end_matches('/');
-            for p in m.driver.take_unpromised() {
-                if base.is_empty() || beneath(&p, base) {
-                    out.push(format!("{}{}", m.logical, &p[base.len()..]).trim_end_matches('/').to_string());
-                }
+        for mount in 0..self.ns.mounts.len() {
+            for p in self.ns.mounts[mount].driver.take_unpromised() {
+                out.extend(self.ns.logical(mount, &p));
             }
         }
         out
+    }
+    fn callbacks_cover_all(&self) -> bool {
+        // The virtual directories never change; `/locus/HOST:PORT` mounts, which come
+        // later, are Locus servers, whose callbacks cover everything they serve.
+        self.ns.mounts.iter().all(|m| m.driver.callbacks_cover_all())
+    }
+    fn list_ahead(&mut self, dirs: &[String]) {
+        let mut by_mount: Vec<Vec<String>> = vec![Vec::new(); self.ns.mounts.len()];
+        for dir in dirs {
+            if let Some(mount) = self.ns.mount_of(dir) {
+                by_mount[mount].push(self.ns.remote(mount, dir));
+            }
+        }
+        for (mount, dirs) in by_mount.into_iter().enumerate().filter(|(_, d)| !d.is_empty()) {
+            self.ns.mounts[mount].driver.list_ahead(&dirs);
+        }
+    }
+    fn drop_ahead(&mut self) {
+        for m in &mut self.ns.mounts {
+            m.driver.drop_ahead();
+        }
+    }
+    fn unlink_behind(&mut self, path: &str) -> Result<()> {
+        self.on(path, |d, p| d.unlink_behind(p))
+    }
+    fn rename_behind(&mut self, from: &str, to: &str) -> Result<()> {
+        let (mount, from, to) = self.pair(from, to)?;
+        self.triage(mount, |d| d.rename_behind(&from, &to))
+    }
+    fn failed_behind(&mut self, wait: bool) -> Vec<(String, DriverError)> {
+        let mut out = Vec::new();
+        for mount in 0..self.ns.mounts.len() {
+            for (p, e) in self.ns.mounts[mount].driver.failed_behind(wait) {
+                out.extend(self.ns.logical(mount, &p).map(|p| (p, e)));
+            }
+        }
+        out
+    }
+    fn read_file(&mut self, path: &str) -> Result<(Vec<u8>, Attr)> {
+        let (data, attr) = self.on(path, |d, p| d.read_file(p))?;
+        Ok((data, self.own(attr)))
+    }
+    fn store_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        let target = self.new_target(path)?;
+        self.on_target(target, |d, p| d.store_file(p, mode, data)).map(|a| self.own(a))
+    }
+    fn write_file(&mut self, path: &str, mode: u32, data: &[u8]) -> Result<Attr> {
+        let target = self.new_target(path)?;
+        self.on_target(target, |d, p| d.write_file(p, mode, data)).map(|a| self.own(a))
     }
     fn statfs(&mut self, path: &str) -> Result<StatFs> {
         match self.target(path)? {
