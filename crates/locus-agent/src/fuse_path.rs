@@ -67,6 +67,13 @@ fn cstring(s: impl AsRef<OsStr>) -> Result<CString, String> {
     CString::new(s.as_ref().as_bytes()).map_err(|_| "a path holds a NUL byte".to_string())
 }
 
+impl Plan {
+    /// Whether the agent runs as root (then it makes no user namespace).
+    pub(crate) fn as_root(&self) -> bool {
+        self.as_root
+    }
+}
+
 /// Whether the FUSE path can show `mounts` (logical, URL) here; if not, why.
 pub fn plan(mounts: &[(String, String)]) -> Result<Plan, String> {
     // SAFETY: these cannot fail.
@@ -165,9 +172,10 @@ const STEPS: [&str; 10] = [
 ];
 
 /// What the child reports on its socket: mounted (with the FUSE descriptor), or a step
-/// that failed and its errno.
+/// that failed and its errno; a holder then says when the namespace is whole.
 const MOUNTED: u8 = 0;
 const FAILED: u8 = 1;
+pub(crate) const READY: u8 = 2;
 
 /// Why [`run`] did not give the program's exit status.
 pub enum NotRun {
@@ -177,47 +185,62 @@ pub enum NotRun {
     Stopped(Abort),
 }
 
-/// Runs `argv` with `ns` shown through FUSE with `mount`'s caching; answers the
-/// program's exit status.
-pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> Result<i32, NotRun> {
-    let unavailable = |e: &dyn std::fmt::Display| NotRun::Unavailable(e.to_string());
+/// A private namespace made by a child of this process, with the FUSE device that
+/// serves it: the child runs the program, or (with no program) holds the namespace.
+pub(crate) struct Made {
+    pub child: i32,
+    /// The child's end: more comes only if its setup fails, or [`READY`] from a holder.
+    pub socket: OwnedFd,
+    pub fuse: OwnedFd,
+}
+
+/// Forks the child that makes `plan`'s namespace and runs `argv` in it (or, with none,
+/// stays there as its holder); answers once the FUSE file system is mounted, which
+/// must then be served for the rest of the setup to go on.
+pub(crate) fn make(plan: &Plan, argv: Option<&[CString]>) -> Result<Made, String> {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
-        .map_err(|e| unavailable(&format!("socketpair: {e}")))?;
-    // SAFETY: orphans of the program become the agent's children, to be waited for.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        .map_err(|e| format!("socketpair: {e}"))?;
     let agent = std::process::id() as i32;
-    let mut pointers: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    let mut pointers: Vec<*const libc::c_char> = argv.unwrap_or_default().iter().map(|a| a.as_ptr()).collect();
     pointers.push(std::ptr::null());
     // SAFETY: the child only makes system calls on memory prepared before the fork.
     let child = unsafe { libc::fork() };
     if child < 0 {
-        return Err(unavailable(&format!("fork: {}", std::io::Error::last_os_error())));
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
     }
     if child == 0 {
         unsafe {
-            let (step, errno) = child_setup(&plan, &pointers, agent, child_end.as_raw_fd());
+            let (step, errno) = child_setup(plan, &pointers, agent, child_end.as_raw_fd());
             let report = [FAILED, step as u8, errno as u8, (errno >> 8) as u8];
             libc::send(child_end.as_raw_fd(), report.as_ptr().cast(), report.len(), 0);
             libc::_exit(EXIT_SETUP);
         }
     }
     drop(child_end);
-    let failure = |report: &[u8]| -> String {
-        let step = STEPS.get(report[1] as usize).copied().unwrap_or("setup");
-        let errno = i32::from(report[2]) | (i32::from(report[3]) << 8);
-        format!("{step}: {}", std::io::Error::from_raw_os_error(errno))
-    };
     let (report, fuse) = receive(&parent_end);
-    let Some(fuse) = fuse.filter(|_| report.first() == Some(&MOUNTED)) else {
-        let why = if report.len() == 4 { failure(&report) } else { "the child ended".into() };
-        reap_all(child);
-        return Err(NotRun::Unavailable(why));
-    };
+    match fuse.filter(|_| report.first() == Some(&MOUNTED)) {
+        Some(fuse) => Ok(Made { child, socket: parent_end, fuse }),
+        None => {
+            reap_all(child);
+            Err(failure(&report))
+        }
+    }
+}
 
-    let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
-    let on_abort = Box::new(move || kill_descendants(agent));
-    let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
+/// What a child's report of a failed step says.
+pub(crate) fn failure(report: &[u8]) -> String {
+    if report.len() != 4 || report[0] != FAILED {
+        return "the child ended".into();
+    }
+    let step = STEPS.get(report[1] as usize).copied().unwrap_or("setup");
+    let errno = i32::from(report[2]) | (i32::from(report[3]) << 8);
+    format!("{step}: {}", std::io::Error::from_raw_os_error(errno))
+}
+
+/// Serves the mount's file system over `driver` on `fuse` in a thread of its own; the
+/// receiver hears when the session ends (the namespace, and with it the mount, gone).
+pub(crate) fn serve(fuse: OwnedFd, driver: NamespaceDriver, mount: MountOptions) -> std::sync::mpsc::Receiver<()> {
     let fs = LocusFs::new(Box::new(driver), "/", mount);
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
@@ -227,20 +250,27 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> 
         let _ = session.run();
         let _ = done_tx.send(());
     });
+    done_rx
+}
 
-    // Ctrl-C goes to the program; the agent stays to serve it until it ends.
-    // SAFETY: setting the dispositions of two signals to "ignore".
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
-    }
+/// Runs `argv` with `ns` shown through FUSE with `mount`'s caching, served by this
+/// process alone; answers the program's exit status.
+pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> Result<i32, NotRun> {
+    // SAFETY: orphans of the program become the agent's children, to be waited for.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let agent = std::process::id() as i32;
+    let made = make(&plan, Some(argv)).map_err(NotRun::Unavailable)?;
+    let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
+    let on_abort = Box::new(move || kill_descendants(agent));
+    let done = serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount);
+    ignore_interrupts();
     // Nothing more comes (the socket closes at the program's exec) unless the setup failed.
-    let (report, _) = receive(&parent_end);
-    let status = reap_all(child);
+    let (report, _) = receive(&made.socket);
+    let status = reap_all(made.child);
     // The namespace is gone with its last process, and with it the mount: the session ends.
-    let _ = done_rx.recv_timeout(Duration::from_secs(5));
+    let _ = done.recv_timeout(Duration::from_secs(5));
     drop(plan);
-    if report.len() == 4 && report[0] == FAILED {
+    if report.first() == Some(&FAILED) {
         return Err(NotRun::Unavailable(failure(&report)));
     }
     let abort = abort.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -250,8 +280,65 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> 
     }
 }
 
+/// Ctrl-C goes to the program; the agent stays to serve it until it ends.
+pub(crate) fn ignore_interrupts() {
+    // SAFETY: setting the dispositions of two signals to "ignore".
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+    }
+}
+
+/// Forks the program `argv` into the namespace of `ns` (a mount namespace's descriptor,
+/// after a user namespace's if the namespace is in one), in `cwd` (`/` where that is
+/// not there); answers its process id once it runs (the exec closed the socket).
+pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd: &CStr) -> Result<i32, String> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(|e| format!("socketpair: {e}"))?;
+    let agent = std::process::id() as i32;
+    let mut pointers: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    pointers.push(std::ptr::null());
+    let user = user.map_or(-1, |fd| fd.as_raw_fd());
+    // SAFETY: the child only makes system calls on memory prepared before the fork.
+    let child = unsafe { libc::fork() };
+    if child < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if child == 0 {
+        unsafe {
+            let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            let (step, e) = if libc::getppid() != agent {
+                (0, libc::ESRCH)
+            } else if user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) < 0 {
+                (0, errno())
+            } else if libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) < 0 {
+                (0, errno())
+            } else {
+                if libc::chdir(cwd.as_ptr()) < 0 {
+                    libc::chdir(c"/".as_ptr());
+                }
+                libc::execvp(pointers[0], pointers.as_ptr());
+                libc::_exit(127);
+            };
+            let report = [FAILED, step, e as u8, (e >> 8) as u8];
+            libc::send(child_end.as_raw_fd(), report.as_ptr().cast(), report.len(), 0);
+            libc::_exit(EXIT_SETUP);
+        }
+    }
+    drop(child_end);
+    let (report, _) = receive(&parent_end);
+    if report.is_empty() {
+        return Ok(child);
+    }
+    reap_all(child);
+    let errno = i32::from(report[2]) | (i32::from(report[3]) << 8);
+    Err(format!("join the namespace: {}", std::io::Error::from_raw_os_error(errno)))
+}
+
 /// One message from the child, and the descriptor it carried if any (empty at its end).
-fn receive(socket: &OwnedFd) -> (Vec<u8>, Option<OwnedFd>) {
+pub(crate) fn receive(socket: &OwnedFd) -> (Vec<u8>, Option<OwnedFd>) {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     use std::os::fd::FromRawFd;
     let mut buf = [0u8; 8];
@@ -277,7 +364,7 @@ fn receive(socket: &OwnedFd) -> (Vec<u8>, Option<OwnedFd>) {
 
 /// Waits for `main` and every orphan left to the agent; answers `main`'s exit status
 /// (128 + the signal that ended it).
-fn reap_all(main: i32) -> i32 {
+pub(crate) fn reap_all(main: i32) -> i32 {
     let mut status_of_main = EXIT_TRANSIENT;
     loop {
         let mut status = 0;
@@ -320,7 +407,7 @@ unsafe fn send_fd(socket: i32, tag: u8, fd: i32) {
 
 /// Kills every process beneath `agent` (they all are its descendants: it is their
 /// subreaper), by their parents in /proc.
-fn kill_descendants(agent: i32) {
+pub(crate) fn kill_descendants(agent: i32) {
     for _ in 0..10 {
         let mut parents: Vec<(i32, i32)> = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -446,6 +533,14 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
     libc::umount2(plan.fuse_dir.as_ptr(), libc::MNT_DETACH);
     if libc::chdir(plan.cwd.as_ptr()) < 0 {
         libc::chdir(c"/".as_ptr());
+    }
+    if argv[0].is_null() {
+        // A holder: the namespace lives while it does (it dies with the agent).
+        let whole = [READY];
+        libc::send(ready, whole.as_ptr().cast(), 1, 0);
+        loop {
+            libc::pause();
+        }
     }
     libc::execvp(argv[0], argv.as_ptr());
     libc::_exit(127);

@@ -31,6 +31,7 @@ pub mod stage;
 pub mod syscalls;
 pub mod tracee;
 pub mod tracer;
+mod warm;
 
 use std::ffi::{CString, OsString};
 use std::os::unix::ffi::OsStringExt;
@@ -91,6 +92,10 @@ pub struct RunOptions {
     pub cache_limit: u64,
     /// How the program is given its namespace.
     pub interposition: Interposition,
+    /// On the FUSE path, how long the namespace, its file system and caches stay after
+    /// the last program under them ends, for the next `locus run` with the same mounts
+    /// and options to find them warm ([`warm`]); zero: each run has its own.
+    pub keep_warm: Duration,
 }
 
 /// How the agent shows the namespace to the program.
@@ -172,23 +177,28 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
         return Err(setup("no command given".into()));
     }
     if options.interposition != Interposition::Trace {
-        let unavailable = match fuse_path::plan(&options.mounts) {
-            Ok(plan) => {
-                let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
-                let mount = locus_mount::MountOptions {
-                    attr_timeout: options.attr_timeout,
-                    consistency: options.consistency,
-                    cache_dir: options.cache_dir.clone(),
-                    cache_limit: options.cache_limit,
-                    ..Default::default()
-                };
-                match fuse_path::run(&argv, ns, plan, mount) {
-                    Ok(status) => return Ok(status),
-                    Err(fuse_path::NotRun::Stopped(abort)) => return Err(abort),
-                    Err(fuse_path::NotRun::Unavailable(why)) => why,
+        let mount = locus_mount::MountOptions {
+            attr_timeout: options.attr_timeout,
+            consistency: options.consistency,
+            cache_dir: options.cache_dir.clone(),
+            cache_limit: options.cache_limit,
+            ..Default::default()
+        };
+        let warm = if options.keep_warm.is_zero() { None } else { warm::run(&argv, &options, &mount) };
+        let ran = match warm {
+            Some(ran) => ran,
+            None => match fuse_path::plan(&options.mounts) {
+                Ok(plan) => {
+                    let ns = names::Namespace::new(&options.mounts, options.retry).map_err(setup)?;
+                    fuse_path::run(&argv, ns, plan, mount)
                 }
-            }
-            Err(why) => why,
+                Err(why) => Err(fuse_path::NotRun::Unavailable(why)),
+            },
+        };
+        let unavailable = match ran {
+            Ok(status) => return Ok(status),
+            Err(fuse_path::NotRun::Stopped(abort)) => return Err(abort),
+            Err(fuse_path::NotRun::Unavailable(why)) => why,
         };
         if options.interposition == Interposition::Fuse {
             return Err(setup(format!("no FUSE path here: {unavailable}")));

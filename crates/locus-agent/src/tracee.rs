@@ -19,6 +19,7 @@ pub enum Step {
 }
 
 /// Why the run ends early: the program tree is killed and the agent exits.
+#[derive(Clone, Debug)]
 pub struct Abort {
     pub status: i32,
     pub message: String,

@@ -194,6 +194,13 @@ enum Command {
         /// `auto` (fuse where possible, else trace; LOCUS_LOG=debug says why).
         #[arg(long, default_value = "auto", value_name = "auto|fuse|trace")]
         interpose: locus_agent::Interposition,
+        /// On the FUSE path: seconds the namespace, its file system and what it caches
+        /// stay after the last program under them ends, so that the next `locus run` by
+        /// this user with the same mounts, options and environment starts warm (a
+        /// per-user agent keeps them; its socket is in $XDG_RUNTIME_DIR/locus or
+        /// /tmp/locus-run-UID). 0: each run makes its own and takes it away.
+        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        keep_warm: u64,
         /// The program and its arguments (after `--`).
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
@@ -434,6 +441,7 @@ fn agent_options(
     mount_list: Option<&std::path::Path>,
     cache: &CacheArgs,
     interposition: locus_agent::Interposition,
+    keep_warm: Duration,
 ) -> Result<locus_agent::RunOptions, String> {
     let mut all = Vec::new();
     if let Some(file) = mount_list {
@@ -453,6 +461,7 @@ fn agent_options(
         cache_dir: options.cache_dir,
         cache_limit: options.cache_limit,
         interposition,
+        keep_warm,
     })
 }
 
@@ -469,10 +478,11 @@ fn main() -> ExitCode {
     } else {
         logs.init();
     }
-    if let Command::RunAgent { mounts, mount_list, cache, interpose, command } = cli.command {
+    if let Command::RunAgent { mounts, mount_list, cache, interpose, keep_warm, command } = cli.command {
         // The program's own exit status passes through, so this does not go through
         // the one-line-error path below.
-        return match agent_options(&mounts, mount_list.as_deref(), &cache, interpose) {
+        let keep_warm = Duration::from_secs(keep_warm);
+        return match agent_options(&mounts, mount_list.as_deref(), &cache, interpose, keep_warm) {
             Ok(options) => ExitCode::from(locus_agent::run(&command, options).clamp(0, 255) as u8),
             Err(msg) => {
                 eprintln!("locus: {msg}");
