@@ -345,9 +345,18 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
         }
     };
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
-    let on_abort = Box::new(move || {
-        let _ = rustix::io::write(&wake_write, b"!");
-    });
+    // The programs of every run connected are stopped before the kernel hears the
+    // error, so that none goes on past it (as on a run's own); then the runs are told.
+    let connected: Arc<Mutex<Vec<i32>>> = Arc::default();
+    let on_abort = {
+        let connected = connected.clone();
+        Box::new(move || {
+            for &run in connected.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                fuse_path::kill_descendants(run);
+            }
+            let _ = rustix::io::write(&wake_write, b"!");
+        })
+    };
     let done = fuse_path::serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount.clone());
     let (whole, _) = fuse_path::receive(&made.socket);
     let holder = made.child;
@@ -378,9 +387,10 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
     };
     say(b'O', "");
     drop(ready);
-    serve_runs(&listener, &socket, &namespaces, wake_read, &abort, &done, options.keep_warm);
+    let runs = Runs { connected, abort, done };
+    serve_runs(&listener, &socket, &namespaces, wake_read, &runs, options.keep_warm);
     drop(namespaces);
-    end(holder, plan, &done)
+    end(holder, plan, &runs.done)
 }
 
 /// Ends the agent: the holder goes, the namespace with it, and the session ends once
@@ -448,10 +458,10 @@ fn serve_runs(
     socket: &Path,
     namespaces: &[OwnedFd],
     wake: OwnedFd,
-    abort: &Mutex<Option<Abort>>,
-    done: &std::sync::mpsc::Receiver<()>,
+    shared: &Runs,
     keep_warm: Duration,
 ) {
+    let Runs { connected, abort, done } = shared;
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let socket_id = std::fs::metadata(socket).map(|m| (m.dev(), m.ino())).ok();
     let mut runs: Vec<OwnedFd> = Vec::new();
@@ -515,6 +525,7 @@ fn serve_runs(
                 continue;
             }
             runs.remove(i);
+            connected.lock().unwrap_or_else(|e| e.into_inner()).remove(i);
             if runs.is_empty() {
                 idle_since = Instant::now();
             }
@@ -524,12 +535,27 @@ fn serve_runs(
                 // SAFETY: a descriptor just accepted, owned by nobody else.
                 let run = unsafe { OwnedFd::from_raw_fd(run) };
                 // Only this user's runs, though the directory already keeps others out.
-                if getsockopt(&run, PeerCredentials).is_ok_and(|c| c.uid() == uid) {
-                    runs.push(run);
+                match getsockopt(&run, PeerCredentials) {
+                    Ok(c) if c.uid() == uid => {
+                        connected.lock().unwrap_or_else(|e| e.into_inner()).push(c.pid());
+                        runs.push(run);
+                    }
+                    _ => {}
                 }
             }
         }
     }
+}
+
+/// What the agent's loop shares with the file system it serves.
+struct Runs {
+    /// The process of each run connected (each the parent of its program's processes),
+    /// in the order of the loop's connections.
+    connected: Arc<Mutex<Vec<i32>>>,
+    /// Why the runs must stop, once that is so.
+    abort: Arc<Mutex<Option<Abort>>>,
+    /// Hears when the file-system session ends.
+    done: std::sync::mpsc::Receiver<()>,
 }
 
 /// Sends the namespace's descriptors to a run.
