@@ -240,8 +240,19 @@ pub(crate) fn failure(report: &[u8]) -> String {
 
 /// Serves the mount's file system over `driver` on `fuse` in a thread of its own; the
 /// receiver hears when the session ends (the namespace, and with it the mount, gone).
-pub(crate) fn serve(fuse: OwnedFd, driver: NamespaceDriver, mount: MountOptions) -> std::sync::mpsc::Receiver<()> {
-    let fs = LocusFs::new(Box::new(driver), "/", mount);
+/// With `freshen`, the directory where the namespace's `/` is seen from here (a holder's
+/// `/proc/PID/root`), listed directories' attributes are read again once walks pause
+/// (see [`LocusFs::freshen_through`]).
+pub(crate) fn serve(
+    fuse: OwnedFd,
+    driver: NamespaceDriver,
+    mount: MountOptions,
+    freshen: Option<std::path::PathBuf>,
+) -> std::sync::mpsc::Receiver<()> {
+    let mut fs = LocusFs::new(Box::new(driver), "/", mount);
+    if let Some(root) = freshen {
+        fs.freshen_through(root);
+    }
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
     let _ = notifier.set(session.notifier());
@@ -262,7 +273,7 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> 
     let made = make(&plan, Some(argv)).map_err(NotRun::Unavailable)?;
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
     let on_abort = Box::new(move || kill_descendants(agent));
-    let done = serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount);
+    let done = serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount, None);
     ignore_interrupts();
     // Nothing more comes (the socket closes at the program's exec) unless the setup failed.
     let (report, _) = receive(&made.socket);

@@ -357,7 +357,9 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
             let _ = rustix::io::write(&wake_write, b"!");
         })
     };
-    let done = fuse_path::serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount.clone());
+    let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
+    let root = PathBuf::from(format!("/proc/{}/root", made.child));
+    let done = fuse_path::serve(made.fuse, driver, mount.clone(), Some(root));
     let (whole, _) = fuse_path::receive(&made.socket);
     let holder = made.child;
     let namespaces = (|| -> std::io::Result<Vec<OwnedFd>> {

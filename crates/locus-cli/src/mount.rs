@@ -13,13 +13,14 @@ pub fn run(url: &str, mountpoint: &Path, options: MountOptions, retry: Duration)
     if attr.mode & locus_client::types::S_IFMT != locus_client::types::S_IFDIR {
         return Err(format!("{url}: not a directory"));
     }
-    let fs = LocusFs::new(driver, &path, options);
+    let mut fs = LocusFs::new(driver, &path, options);
     let options = [
         fuser::MountOption::FSName(url.to_string()),
         fuser::MountOption::Subtype("locus".into()),
         fuser::MountOption::NoAtime,
     ];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    fs.freshen_through(mountpoint.clone());
     let notifier = fs.notifier_slot();
     let control = fs.control();
     let session =

@@ -624,6 +624,11 @@ impl Filesystem for LocusFs {
             }
         }
         reply.ok();
+        if let Some(freshener) = self.freshener.as_ref().filter(|_| offset == 0 && self.ttl() == CALLBACK_TTL) {
+            let root = self.inodes.path(1).unwrap_or("/");
+            let relative = path.get(root.len()..).unwrap_or_default().trim_start_matches('/');
+            freshener.listed(if relative.is_empty() { ".".into() } else { relative.to_string() });
+        }
     }
 
     fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {

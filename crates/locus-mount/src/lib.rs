@@ -50,6 +50,7 @@ mod afs;
 mod breaks;
 mod convert;
 mod filesystem;
+mod freshen;
 mod handle_table;
 mod handles;
 mod inodes;
@@ -141,6 +142,8 @@ pub struct LocusFs {
     ahead_since: Option<u64>,
     /// Directories whose subdirectories were asked for ahead since then.
     walked: HashSet<u64>,
+    /// Reads listed directories' attributes again once walks pause ([`freshen`]).
+    freshener: Option<freshen::Freshener>,
     /// What the process running the mount asks of it from outside the FUSE loop.
     control: Arc<Control>,
     /// When unsaved copies no handle uses were last tried again.
@@ -231,6 +234,7 @@ impl LocusFs {
             statfs: None,
             ahead_since: None,
             walked: HashSet::new(),
+            freshener: None,
         };
         fs.recover();
         fs
@@ -239,6 +243,14 @@ impl LocusFs {
     /// What the process running the mount uses to ask it to store before it goes.
     pub fn control(&self) -> Arc<Control> {
         self.control.clone()
+    }
+
+    /// Has the kernel's attributes of directories it listed read again through `root`,
+    /// where the kernel shows this file system's root, once walks pause: the kernel
+    /// marks them stale at each listing, and would ask once per directory on the next
+    /// walk ([`freshen`]). Only while callbacks let the kernel trust attributes long.
+    pub fn freshen_through(&mut self, root: std::path::PathBuf) {
+        self.freshener = freshen::Freshener::start(root);
     }
 
     /// Where the session's notifier goes once the session exists (`Session::notifier`):

@@ -1,0 +1,72 @@
+//! Keeping the kernel's attributes of listed directories fresh, so that the second walk
+//! of a tree costs what the third does.
+//!
+//! The kernel marks a FUSE directory's access time stale whenever it reads the
+//! directory's listing from the file system (every listing the mount answers), and
+//! then asks the file system again at the directory's next `stat`, however long it was
+//! told to trust the attributes. The second `find` over a tree would ask once per
+//! directory. While callbacks hold, the mount answers these from what it knows, but
+//! each is still a trip through the kernel. Instead, once listings stop coming for a
+//! moment, a thread of the mount `stat`s each directory listed since, through the
+//! mount itself: the kernel's attributes are whole again before the next walk comes.
+
+use std::collections::BTreeSet;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+/// How long listings must stop coming before the thread goes through them: a walk in
+/// progress is never slowed by it.
+const QUIET: Duration = Duration::from_millis(50);
+
+/// The most directories remembered between two sweeps; more are let go (the kernel
+/// then asks for them, as it would without this).
+const MOST: usize = 1 << 16;
+
+/// Where listed directories go to have their attributes read again.
+pub(crate) struct Freshener {
+    listed: Sender<String>,
+}
+
+impl Freshener {
+    /// A thread that reads attributes through `root` (the directory where the kernel
+    /// shows this mount's root, opened when first needed).
+    pub(crate) fn start(root: PathBuf) -> Option<Freshener> {
+        let (listed, heard) = channel::<String>();
+        let sweep = move || {
+            let mut opened: Option<OwnedFd> = None;
+            while let Ok(first) = heard.recv() {
+                let mut due = BTreeSet::from([first]);
+                loop {
+                    match heard.recv_timeout(QUIET) {
+                        Ok(dir) if due.len() < MOST => {
+                            due.insert(dir);
+                        }
+                        Ok(_) => {}
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+                if opened.is_none() {
+                    use rustix::fs::{open, Mode, OFlags};
+                    opened = open(&root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok();
+                }
+                let Some(root) = &opened else { continue };
+                for dir in due {
+                    use rustix::fs::{statx, AtFlags, StatxFlags};
+                    let _ = statx(root, dir.as_str(), AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS);
+                }
+            }
+        };
+        let spawned = std::thread::Builder::new().name("locus-freshen".into()).spawn(sweep);
+        spawned.map_err(|e| tracing::warn!("no thread to keep attributes fresh: {e}")).ok()?;
+        Some(Freshener { listed })
+    }
+
+    /// Says that the kernel read the listing of `dir` (relative to the mount's root,
+    /// `.` for the root itself).
+    pub(crate) fn listed(&self, dir: String) {
+        let _ = self.listed.send(dir);
+    }
+}
