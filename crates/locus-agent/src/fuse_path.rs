@@ -322,9 +322,9 @@ pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             let (step, e) = if libc::getppid() != agent {
                 (0, libc::ESRCH)
-            } else if user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) < 0 {
-                (0, errno())
-            } else if libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) < 0 {
+            } else if (user >= 0 && libc::setns(user, libc::CLONE_NEWUSER) < 0)
+                || libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) < 0
+            {
                 (0, errno())
             } else {
                 if libc::chdir(cwd.as_ptr()) < 0 {

@@ -443,7 +443,8 @@ fn quiet_descriptors(keep: RawFd, log: &Path) {
 fn listen(path: &Path, dir: &Path) -> std::io::Result<OwnedFd> {
     use nix::sys::socket::{bind, listen, Backlog, UnixAddr};
     let fd = seqpacket()?;
-    let temporary = dir.join(format!(".{}.{}", std::process::id(), path.file_name().unwrap_or_default().to_string_lossy()));
+    let temporary =
+        dir.join(format!(".{}.{}", std::process::id(), path.file_name().unwrap_or_default().to_string_lossy()));
     let _ = std::fs::remove_file(&temporary);
     bind(fd.as_raw_fd(), &UnixAddr::new(&temporary).map_err(std::io::Error::from)?).map_err(std::io::Error::from)?;
     listen(&fd, Backlog::new(64).map_err(std::io::Error::from)?).map_err(std::io::Error::from)?;
@@ -517,7 +518,10 @@ fn serve_runs(
             let n = unsafe { libc::recv(runs[i].as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
             if n == 1 && byte[0] == JOIN {
                 let handed = match &stopping {
-                    Some(said) => nix::sys::socket::send(runs[i].as_raw_fd(), said, nix::sys::socket::MsgFlags::MSG_NOSIGNAL).map(drop),
+                    Some(said) => {
+                        nix::sys::socket::send(runs[i].as_raw_fd(), said, nix::sys::socket::MsgFlags::MSG_NOSIGNAL)
+                            .map(drop)
+                    }
                     None => send_namespace(&runs[i], namespaces),
                 };
                 if handed.is_ok() {

@@ -53,6 +53,9 @@ pub struct MountArgs {
     /// standard library sources, `$(go env GOROOT)/src`, if Go is installed).
     #[arg(long)]
     pub find_tree: Option<PathBuf>,
+    /// Which parts to run, comma-separated: rows (Figure 4), andrew, postmark, find.
+    #[arg(long, value_delimiter = ',', default_value = "rows,andrew,postmark,find")]
+    pub workloads: Vec<String>,
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
@@ -168,16 +171,37 @@ pub(crate) fn go_sources() -> Option<PathBuf> {
 
 /// Seconds `find DIR` takes (its output counted, not printed).
 pub(crate) fn find(dir: &Path) -> Result<f64, String> {
+    find_under(&[], dir, "")
+}
+
+/// `wrapped(wrapper, program)`: the program's command, through `wrapper` (empty, or
+/// `locus run ... --`), as admin with `token`.
+fn wrapped(wrapper: &[String], program: &str, token: &str) -> Command {
+    let mut cmd = match wrapper.split_first() {
+        Some((first, args)) => {
+            let mut c = Command::new(first);
+            c.args(args).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    cmd.env("LOCUS_TOKEN", format!("admin:{token}")).env_remove("RUST_BACKTRACE");
+    cmd
+}
+
+/// [`find`] through `wrapper` (see [`wrapped`]).
+fn find_under(wrapper: &[String], dir: &Path, token: &str) -> Result<f64, String> {
     let t = Instant::now();
-    let out = Command::new("find").arg(dir).output().map_err(|e| e.to_string())?;
+    let out = wrapped(wrapper, "find", token).arg(dir).output().map_err(|e| e.to_string())?;
     if !out.status.success() || out.stdout.is_empty() {
         return Err(format!("find {} failed", dir.display()));
     }
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// PostMark in `dir`: its own transactions per second and our wall time of the run.
-fn postmark(dir: &Path, work: &Path, transactions: u32) -> Result<(f64, f64), String> {
+/// PostMark in `dir` (through `wrapper`, see [`wrapped`]): its own transactions per
+/// second and our wall time of the run.
+fn postmark(dir: &Path, work: &Path, transactions: u32, wrapper: &[String], token: &str) -> Result<(f64, f64), String> {
     let cfg = work.join("postmark.cfg");
     std::fs::write(
         &cfg,
@@ -185,7 +209,7 @@ fn postmark(dir: &Path, work: &Path, transactions: u32) -> Result<(f64, f64), St
     )
     .map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let out = Command::new("postmark").arg(&cfg).output().map_err(|e| e.to_string())?;
+    let out = wrapped(wrapper, "postmark", token).arg(&cfg).output().map_err(|e| e.to_string())?;
     let secs = t.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout);
     let tps = text
@@ -326,22 +350,11 @@ fn andrew(dir: &Path, tree: &Path, wrapper: &[String], token: &str) -> Result<Ve
     for (_, stage) in &stages {
         script.push_str(&format!(" && {stage} && date +%s.%N"));
     }
-    let mut cmd = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args);
-            c.arg("sh");
-            c
-        }
-        None => Command::new("sh"),
-    };
     let now = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64();
     let started = now();
-    let out = cmd
+    let out = wrapped(wrapper, "sh", token)
         .arg("-c")
         .arg(&script)
-        .env("LOCUS_TOKEN", format!("admin:{token}"))
-        .env_remove("RUST_BACKTRACE")
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| e.to_string())?;
@@ -357,6 +370,17 @@ fn andrew(dir: &Path, tree: &Path, wrapper: &[String], token: &str) -> Result<Ve
     marks[0] = started;
     *marks.last_mut().unwrap_or(&mut 0.0) = ended;
     Ok(stages.iter().enumerate().map(|(i, (name, _))| (*name, marks[i + 1] - marks[i])).collect())
+}
+
+/// A row of the `find` table: the medians of the three passes and their ratios to local.
+fn find_row(rtt: f64, name: &str, passes: [Vec<f64>; 3], local: (f64, f64)) -> String {
+    let [c, w, t] = passes.map(median);
+    format!(
+        "| {rtt} | {name} | {c:.3} | {w:.3} | {t:.3} | {:.1}x | {:.1}x | {:.1}x |\n",
+        c / local.0,
+        w / local.1,
+        t / local.1
+    )
 }
 
 /// Runs the benchmark and prints the report.
@@ -422,7 +446,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     }
     // PostMark counts whole seconds: at 0 ms enough transactions that local takes some.
     let transactions = |rtt: f64| if rtt == 0.0 { 20_000 } else { 5000 };
-    let mut postmark_out = String::from("\n### bench mount: PostMark (2000 files; 20000 transactions at 0 ms, 5000 else)\n\n| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
+    let mut postmark_out = format!("\n### bench mount: PostMark (2000 files; 20000 transactions at 0 ms, 5000 else; median of {} runs)\n\n", args.repeat);
+    postmark_out.push_str("| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
 
     let mut out = format!(
         "\n### bench mount: Figure 4 rows (p50 µs; {} calls each) and sequential read of {} MiB\n",
@@ -434,7 +459,9 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         args.repeat
     );
     andrew_out.push_str("\n| RTT ms | target | copy | ls -lR | grep -r | make | rm -r | total | ÷ local |\n|---|---|---|---|---|---|---|---|---|\n");
-    let (local_rows, local_mbps) = rows(&local, args.iterations, args.size_mb).map_err(setup)?;
+    let want = |w: &str| args.workloads.iter().any(|x| x == w);
+    let (local_rows, local_mbps) =
+        if want("rows") { rows(&local, args.iterations, args.size_mb).map_err(setup)? } else { (Vec::new(), 0.0) };
     let mut local_total = 0.0;
     for &rtt in &args.rtt_ms {
         let one_way = Duration::from_secs_f64(rtt / 2000.0);
@@ -476,7 +503,7 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         out.push_str(&"---|".repeat(targets.len()));
         out.push('\n');
         let mut results = vec![(local_rows.clone(), local_mbps)];
-        for (_, dir, _) in targets.iter().skip(1) {
+        for (_, dir, _) in targets.iter().skip(1).filter(|_| want("rows")) {
             let sub = dir.join(format!("rows-{rtt}"));
             std::fs::create_dir_all(&sub).map_err(|e| BenchError::io(format!("mkdir {}", sub.display()), e))?;
             results.push(rows(&sub, if rtt > 0.0 { 200 } else { args.iterations }, args.size_mb).map_err(setup)?);
@@ -488,11 +515,13 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             }
             out.push('\n');
         }
-        out.push_str("| seq read MB/s |");
-        for r in &results {
-            out.push_str(&format!(" {:.0} |", r.1));
+        if want("rows") {
+            out.push_str("| seq read MB/s |");
+            for r in &results {
+                out.push_str(&format!(" {:.0} |", r.1));
+            }
+            out.push('\n');
         }
-        out.push('\n');
         // `locus run` against the same servers: the Locus driver by /locus/HOST:PORT, the
         // Chirp driver by a logical name.
         let mut andrew_targets: Vec<(String, PathBuf, Vec<String>)> =
@@ -502,17 +531,25 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         let fuse = ["--interpose".to_string(), "fuse".into()];
         andrew_targets.insert(2, ("locus run (FUSE path)".into(), run_dir.clone(), agent(&fuse)));
         let traced = ["--interpose".to_string(), "trace".into()];
-        andrew_targets.insert(3, ("locus run (traced)".into(), run_dir, agent(&traced)));
+        andrew_targets.insert(3, ("locus run (traced)".into(), run_dir.clone(), agent(&traced)));
+        // Under afs consistency, as the afs mount (each `locus run` joins the agent that
+        // the first one started, which keeps the namespace warm between them).
+        let run_cache = work.path().join(format!("run-afs-cache-{rtt}"));
+        let run_afs = |cache: &Path| {
+            let flags = ["--consistency".to_string(), "afs".into(), "--cache-dir".into(), cache.display().to_string()];
+            agent(&flags)
+        };
+        andrew_targets.insert(5, ("locus run --consistency afs".into(), run_dir, run_afs(&run_cache)));
         if let Some(cp) = &cp {
             std::fs::create_dir_all(chirp_root.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
             let _ = Command::new("chmod").args(["-R", "a+rwX"]).arg(&chirp_root).status();
             let flags = ["--mount".to_string(), format!("/chirp=chirp://{}/", cp.addr)];
             andrew_targets.insert(
-                5,
+                6,
                 ("locus run, Chirp driver → chirp_server".into(), "/chirp/andrew-run".into(), agent(&flags)),
             );
         }
-        for (name, dir, wrapper) in &andrew_targets {
+        for (name, dir, wrapper) in andrew_targets.iter().filter(|_| want("andrew")) {
             if rtt > 0.0 && name == "local" {
                 continue;
             }
@@ -535,13 +572,15 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                 total / local_total
             ));
         }
-        if find_tree.is_some() {
+        if find_tree.is_some() && want("find") {
             // Each run on fresh mounts: the first find is cold, the second warm, the third
             // warm again (reading a directory from the server marks its access time stale
-            // in the kernel, so the second find still asks for each directory's
-            // attributes). `locus mount` with these flags, or sshfs (no flags).
+            // in the kernel, so a second find right after the first may still ask for
+            // each directory's attributes). `locus mount` with these flags, or sshfs.
+            let afs_flags = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap_or_default()];
             let mut kinds: Vec<(&str, Option<&[&str]>)> = vec![
                 ("locus mount (callbacks)", Some(&[])),
+                ("locus mount --consistency afs", Some(&afs_flags)),
                 ("locus mount --consistency nfs", Some(&["--consistency", "nfs"])),
             ];
             if sshd.is_some() && sp.is_some() {
@@ -562,26 +601,48 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                     warm.push(find(&m.dir.join("findtree")).map_err(setup)?);
                     third.push(find(&m.dir.join("findtree")).map_err(setup)?);
                 }
-                let (c, w, t) = (median(cold), median(warm), median(third));
-                find_out.push_str(&format!(
-                    "| {rtt} | {name} | {c:.3} | {w:.3} | {t:.3} | {:.1}x | {:.1}x | {:.1}x |\n",
-                    c / local_find.0,
-                    w / local_find.1,
-                    t / local_find.1
-                ));
+                find_out.push_str(&find_row(rtt, name, [cold, warm, third], local_find));
             }
+            // `locus run`, each pass a program of its own: the first starts the agent (a
+            // cache directory of each repeat's own makes it a new one), the others join it.
+            let mut passes = [Vec::new(), Vec::new(), Vec::new()];
+            let tree = PathBuf::from(format!("/locus/{}/findtree", lp.addr));
+            for run in 0..args.repeat {
+                let wrapper = run_afs(&work.path().join(format!("run-find-cache-{rtt}-{run}")));
+                for pass in &mut passes {
+                    pass.push(find_under(&wrapper, &tree, &token).map_err(setup)?);
+                }
+            }
+            find_out.push_str(&find_row(rtt, "locus run --consistency afs (a new run each)", passes, local_find));
         }
-        for (i, (name, dir, _)) in targets.iter().enumerate() {
+        // PostMark on each target, and under `locus run --consistency afs`.
+        let mut postmark_targets: Vec<(String, PathBuf, Vec<String>)> =
+            targets.iter().map(|(n, d, _)| (n.clone(), d.clone(), Vec::new())).collect();
+        let run_root = PathBuf::from(format!("/locus/{}", lp.addr));
+        postmark_targets.insert(3, ("locus run --consistency afs".into(), run_root, run_afs(&run_cache)));
+        for (i, (name, dir, wrapper)) in postmark_targets.iter().enumerate().filter(|_| want("postmark")) {
             if rtt > 0.0 && name == "local" {
                 continue;
             }
-            // A directory of each target's own, made through it: the Locus mounts share
-            // one export, and one mount's run must not start in the directory another
-            // made (and holds callbacks on).
-            let sub = dir.join(format!("postmark-{rtt}-{i}"));
-            std::fs::create_dir_all(&sub).map_err(|e| BenchError::io(format!("mkdir {}", sub.display()), e))?;
-            match postmark(&sub, work.path(), transactions(rtt)) {
-                Ok((tps, secs)) => postmark_out.push_str(&format!("| {rtt} | {name} | {tps:.0} | {secs:.2} |\n")),
+            let mut runs = Vec::new();
+            for repeat in 0..args.repeat {
+                // A directory of each target's own, made through it: the Locus mounts
+                // share one export, and one mount's run must not start in the directory
+                // another made (and holds callbacks on). The agent's is made beside.
+                let sub = dir.join(format!("postmark-{rtt}-{i}-{repeat}"));
+                let made = match wrapper.is_empty() {
+                    true => std::fs::create_dir_all(&sub).map_err(|e| e.to_string()),
+                    false => std::fs::create_dir_all(export.join(format!("postmark-{rtt}-{i}-{repeat}")))
+                        .map_err(|e| e.to_string()),
+                };
+                runs.push(made.and_then(|()| postmark(&sub, work.path(), transactions(rtt), wrapper, &token)));
+            }
+            match runs.into_iter().collect::<Result<Vec<_>, _>>() {
+                Ok(runs) => {
+                    let tps = median(runs.iter().map(|r| r.0).collect());
+                    let secs = median(runs.iter().map(|r| r.1).collect());
+                    postmark_out.push_str(&format!("| {rtt} | {name} | {tps:.0} | {secs:.2} |\n"));
+                }
                 Err(e) => postmark_out
                     .push_str(&format!("| {rtt} | {name} | failed: {} | |\n", e.lines().next().unwrap_or(""))),
             }
