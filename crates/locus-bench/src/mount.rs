@@ -446,7 +446,10 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     }
     // PostMark counts whole seconds: at 0 ms enough transactions that local takes some.
     let transactions = |rtt: f64| if rtt == 0.0 { 20_000 } else { 5000 };
-    let mut postmark_out = format!("\n### bench mount: PostMark (2000 files; 20000 transactions at 0 ms, 5000 else; median of {} runs)\n\n", args.repeat);
+    let mut postmark_out = format!(
+        "\n### bench mount: PostMark (2000 files; 20000 transactions at 0 ms, 5000 else; median of {} runs)\n\n",
+        args.repeat
+    );
     postmark_out.push_str("| RTT ms | target | transactions/s (PostMark) | wall s |\n|---|---|---|---|\n");
 
     let mut out = format!(

@@ -460,9 +460,10 @@ fn opening_an_invocation_on_the_mount_runs_the_handler() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sales.csv\n22\n3\n");
     // make sees an active file as a prerequisite that exists, and reads it.
     std::fs::write(s.local("data/Makefile"), "total.txt: csv@sales.csv,-sum,price\n\tcp $< $@\n").unwrap();
-    // Written beside the server: it shows once the server's watcher has broken the
-    // mount's callback on the directory.
-    let shown = within(Duration::from_secs(2), || m.mnt.join("Makefile").exists());
+    // Written beside the server: it shows in the directory's listing (which make reads)
+    // once the server's watcher has broken the mount's callback on the directory. (A
+    // lookup by name may find it a moment before, as the server is asked.)
+    let shown = within(Duration::from_secs(2), || listed(&m.mnt).iter().any(|n| n == "Makefile"));
     assert!(shown, "the Makefile written beside the server never showed");
     sh(&m.mnt, "make -s");
     assert_eq!(std::fs::read_to_string(s.local("data/total.txt")).unwrap(), "22\n");
@@ -495,20 +496,61 @@ fn opening_an_invocation_on_the_mount_runs_the_handler() {
 
 /// `mount_with` on `SCRATCH/NAME` rather than `SCRATCH/mnt`, for a second mount.
 fn mount_at(url: &str, scratch: &Path, name: &str, flags: &[&str]) -> Mount {
+    client_at(Via::Mount, url, scratch, name, flags)
+}
+
+/// How a test's client reaches the server: `locus mount`, or the namespace of a
+/// `locus run` (the same file system, served by the run's agent).
+#[derive(Clone, Copy)]
+enum Via {
+    Mount,
+    Run,
+}
+
+/// A client of `url` as `via` says, named `name` in `scratch` (its mount point, or its
+/// run's `LOCUS_HOME`: runs with different homes have agents of their own).
+fn client_at(via: Via, url: &str, scratch: &Path, name: &str, flags: &[&str]) -> Mount {
     let dir = scratch.join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    mount_with(url, &dir, "admin-token", flags)
+    match via {
+        Via::Mount => mount_with(url, &dir, "admin-token", flags),
+        Via::Run => common::spawn_run(url, &dir.join("home"), "admin-token", flags),
+    }
 }
 
-/// `s`'s `/d` mounted `--consistency afs` at `name` in its scratch directory, with the
-/// copies in the scratch's `cache`.
-fn afs_mount_at(s: &TestServer, name: &str) -> Mount {
+/// `s`'s `/d` through `via` with `--consistency afs`, named `name` in its scratch
+/// directory, with the copies in the scratch's `cache`.
+fn afs_client_at(via: Via, s: &TestServer, name: &str) -> Mount {
     let cache = s.scratch().join("cache");
-    mount_at(&s.url("/d"), s.scratch(), name, &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()])
+    client_at(via, &s.url("/d"), s.scratch(), name, &["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()])
 }
 
-#[test]
-fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
+/// Each test named, as two tests: through `locus mount` (`via_mount::NAME`) and through
+/// `locus run` (`via_run::NAME`).
+macro_rules! through_mount_and_run {
+    ($($name:ident),* $(,)?) => {
+        mod via_mount {
+            $(#[test] fn $name() { super::$name(super::Via::Mount) })*
+        }
+        mod via_run {
+            $(#[test] fn $name() { super::$name(super::Via::Run) })*
+        }
+    };
+}
+
+through_mount_and_run!(
+    callbacks_let_a_mount_cache_until_another_client_changes_the_file,
+    a_small_file_opens_and_reads_in_one_request_and_shows_another_clients_change,
+    a_walk_has_listings_read_ahead_and_never_an_out_of_date_one,
+    a_walk_on_an_afs_mount_lists_a_file_made_there_and_not_stored_yet,
+    afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there,
+    afs_mode_removes_without_waiting_and_in_order,
+    a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again,
+    afs_mode_renames_without_waiting_and_in_order,
+    a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_they_were,
+);
+
+fn callbacks_let_a_mount_cache_until_another_client_changes_the_file(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -517,8 +559,8 @@ fn callbacks_let_a_mount_cache_until_another_client_changes_the_file() {
     s.put_local("d/sub/g.txt", b"gee");
     // A long attribute timeout: only callbacks can make changes show.
     let flags = ["--attr-timeout-ms", "600000"];
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &flags);
-    let b = mount_at(&s.url("/d"), s.scratch(), "b", &flags);
+    let a = client_at(via, &s.url("/d"), s.scratch(), "a", &flags);
+    let b = client_at(via, &s.url("/d"), s.scratch(), "b", &flags);
     let read = |m: &Mount, p: &str| std::fs::read_to_string(m.mnt.join(p)).unwrap_or_else(|e| format!("error: {e}"));
     let names = |m: &Mount, p: &str| {
         let mut v: Vec<String> =
@@ -651,14 +693,13 @@ fn served(s: &TestServer, op: &str) -> u64 {
     stats.ops.iter().filter(|o| o.op.eq_ignore_ascii_case(op)).map(|o| o.count).sum()
 }
 
-#[test]
-fn a_small_file_opens_and_reads_in_one_request_and_shows_another_clients_change() {
+fn a_small_file_opens_and_reads_in_one_request_and_shows_another_clients_change(via: Via) {
     if !fuse_available() {
         return;
     }
     let s = TestServer::start();
     s.put_local("d/small.txt", b"one");
-    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
+    let m = client_at(via, &s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
     let file = m.mnt.join("small.txt");
     assert_eq!(listed(&m.mnt), ["small.txt"]);
     let (gets, opens) = (served(&s, "get"), served(&s, "open"));
@@ -680,8 +721,7 @@ fn a_small_file_opens_and_reads_in_one_request_and_shows_another_clients_change(
     assert_eq!(e.raw_os_error(), Some(2), "ENOENT: {e}");
 }
 
-#[test]
-fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one() {
+fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -689,7 +729,7 @@ fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one() {
     for dir in ["a/x", "a/y", "b/x", "b/y/deep", "c"] {
         s.put_local(&format!("d/t/{dir}/f.txt"), dir.as_bytes());
     }
-    let m = mount_at(&s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
+    let m = client_at(via, &s.url("/d"), s.scratch(), "a", &["--attr-timeout-ms", "600000"]);
     let names = |p: &str| {
         let mut v: Vec<String> =
             std::fs::read_dir(m.mnt.join(p)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
@@ -722,8 +762,7 @@ fn a_walk_has_listings_read_ahead_and_never_an_out_of_date_one() {
     assert_eq!(walk(&m.mnt), walk(&s.local("d")));
 }
 
-#[test]
-fn a_walk_on_an_afs_mount_lists_a_file_made_there_and_not_stored_yet() {
+fn a_walk_on_an_afs_mount_lists_a_file_made_there_and_not_stored_yet(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -731,7 +770,7 @@ fn a_walk_on_an_afs_mount_lists_a_file_made_there_and_not_stored_yet() {
     for dir in ["a", "b"] {
         s.put_local(&format!("d/t/{dir}/f.txt"), dir.as_bytes());
     }
-    let m = afs_mount_at(&s, "a");
+    let m = afs_client_at(via, &s, "a");
     // t/b listed and written in: a new file there is made in a local copy only, and
     // stays so while it is open.
     assert_eq!(listed(&m.mnt.join("t/b")), ["f.txt"]);
@@ -771,8 +810,7 @@ fn python(dir: &Path, code: &str) -> (bool, String) {
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-#[test]
-fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there() {
+fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -780,8 +818,8 @@ fn afs_mode_stores_a_written_file_at_close_and_reports_a_failed_store_there() {
     s.put_local("d/old.txt", b"old");
     let cache = s.scratch().join("cache");
     let afs = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
-    let a = mount_at(&s.url("/d"), s.scratch(), "a", &afs);
-    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    let a = client_at(via, &s.url("/d"), s.scratch(), "a", &afs);
+    let b = client_at(via, &s.url("/d"), s.scratch(), "b", &[]);
     let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| format!("error: {e}"));
     // The first file made goes to the server: it says the mount may write there.
     std::fs::write(a.mnt.join("first.txt"), "first").unwrap();
@@ -855,8 +893,7 @@ fn listed(dir: &Path) -> Vec<String> {
     n
 }
 
-#[test]
-fn afs_mode_removes_without_waiting_and_in_order() {
+fn afs_mode_removes_without_waiting_and_in_order(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -864,8 +901,8 @@ fn afs_mode_removes_without_waiting_and_in_order() {
     for i in 0..30 {
         s.put_local(&format!("d/f{i}"), b"x");
     }
-    let a = afs_mount_at(&s, "a");
-    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    let a = afs_client_at(via, &s, "a");
+    let b = client_at(via, &s.url("/d"), s.scratch(), "b", &[]);
     assert_eq!(listed(&a.mnt).len(), 30);
     // The first removal waits for the server; the rest go behind it, and a file made
     // again under a removed name right after is made after the removal.
@@ -880,8 +917,7 @@ fn afs_mode_removes_without_waiting_and_in_order() {
     assert!(within(Duration::from_secs(2), || listed(&b.mnt) == ["f5"]), "{:?}", listed(&b.mnt));
 }
 
-#[test]
-fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again() {
+fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -890,7 +926,7 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     for name in ["a", "b"] {
         s.put_local(&format!("d/{name}"), b"x");
     }
-    let a = afs_mount_at(&s, "a");
+    let a = afs_client_at(via, &s, "a");
     assert_eq!(listed(&a.mnt), ["a", "b"]);
     // The first removal waits: the server may remove here. Then the right to remove is
     // taken away behind the protocol's back (no callback breaks), so the mount still
@@ -906,15 +942,14 @@ fn a_removal_sent_without_waiting_that_the_server_refuses_shows_the_name_again()
     assert_eq!(std::fs::read(a.mnt.join("b")).unwrap(), b"x");
 }
 
-#[test]
-fn afs_mode_renames_without_waiting_and_in_order() {
+fn afs_mode_renames_without_waiting_and_in_order(via: Via) {
     if !fuse_available() {
         return;
     }
     let s = TestServer::start();
     s.put_local("d/doc", b"v0");
-    let a = afs_mount_at(&s, "a");
-    let b = mount_at(&s.url("/d"), s.scratch(), "b", &[]);
+    let a = afs_client_at(via, &s, "a");
+    let b = client_at(via, &s.url("/d"), s.scratch(), "b", &[]);
     assert_eq!(listed(&a.mnt), ["doc"]);
     // An editor's saves: a new file written beside the document, renamed over it. The
     // first rename waits; the later ones go behind, each after the store before it.
@@ -932,8 +967,7 @@ fn afs_mode_renames_without_waiting_and_in_order() {
     assert_eq!(std::fs::read_to_string(b.mnt.join("final")).unwrap(), "v20");
 }
 
-#[test]
-fn a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_they_were() {
+fn a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_they_were(via: Via) {
     if !fuse_available() {
         return;
     }
@@ -942,7 +976,7 @@ fn a_rename_sent_without_waiting_that_the_server_refuses_leaves_the_names_as_the
     for name in ["a", "b", "c"] {
         s.put_local(&format!("d/{name}"), name.as_bytes());
     }
-    let a = afs_mount_at(&s, "a");
+    let a = afs_client_at(via, &s, "a");
     assert_eq!(listed(&a.mnt), ["a", "b", "c"]);
     // Stored at close: the server lets the mount write here. Then a rename that waits
     // shows that it lets the mount remove here too.

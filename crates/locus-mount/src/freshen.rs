@@ -11,7 +11,6 @@
 //! mount itself: the kernel's attributes are whole again before the next walk comes.
 
 use std::collections::BTreeSet;
-use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::time::Duration;
@@ -31,11 +30,10 @@ pub(crate) struct Freshener {
 
 impl Freshener {
     /// A thread that reads attributes through `root` (the directory where the kernel
-    /// shows this mount's root, opened when first needed).
+    /// shows this mount's root).
     pub(crate) fn start(root: PathBuf) -> Option<Freshener> {
         let (listed, heard) = channel::<String>();
         let sweep = move || {
-            let mut opened: Option<OwnedFd> = None;
             while let Ok(first) = heard.recv() {
                 let mut due = BTreeSet::from([first]);
                 loop {
@@ -48,14 +46,12 @@ impl Freshener {
                         Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
-                if opened.is_none() {
-                    use rustix::fs::{open, Mode, OFlags};
-                    opened = open(&root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok();
-                }
-                let Some(root) = &opened else { continue };
+                // By whole paths, holding nothing open between them: an open descriptor
+                // beneath the mount would keep it busy, and its unmount would fail.
                 for dir in due {
-                    use rustix::fs::{statx, AtFlags, StatxFlags};
-                    let _ = statx(root, dir.as_str(), AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS);
+                    use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
+                    let path = root.join(dir);
+                    let _ = statx(CWD, &path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS);
                 }
             }
         };

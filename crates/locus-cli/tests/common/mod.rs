@@ -141,6 +141,42 @@ pub fn spawn_mount(url: &str, mnt: &Path, home: &Path, token: &str, flags: &[&st
     Mount { child, mnt }
 }
 
+/// `locus run --interpose fuse FLAGS -- sh` as admin with `token` and `home` as
+/// `LOCUS_HOME`, the program holding the run's namespace while the test looks into it
+/// through `/proc/PID/root`: the answer's `mnt` is where the program sees `url` (a
+/// `locus://HOST:PORT/path`, as `/locus/HOST:PORT/path`). Dropped, the run is killed
+/// (its program with it), and its agent ends a second later (`--keep-warm 1`).
+pub fn spawn_run(url: &str, home: &Path, token: &str, flags: &[&str]) -> Mount {
+    std::fs::create_dir_all(home).unwrap();
+    let pidfile = home.join("program.pid");
+    let _ = std::fs::remove_file(&pidfile);
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["run", "--interpose", "fuse", "--keep-warm", "1"])
+        .args(flags)
+        .args([
+            "--",
+            "sh",
+            "-c",
+            &format!("echo $$ > {}.new && mv {0}.new {0} && exec sleep 100000", pidfile.display()),
+        ])
+        .env("LOCUS_HOME", home)
+        .env("LOCUS_TOKEN", format!("admin:{token}"))
+        .spawn()
+        .expect("locus run");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let pid = loop {
+        if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+            break pid.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "the program under locus run did not start in 20 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rest = url.strip_prefix("locus://").expect("a locus:// URL");
+    let mnt = PathBuf::from(format!("/proc/{pid}/root/locus/{rest}"));
+    assert!(within(Duration::from_secs(20), || mnt.is_dir()), "{} is not there", mnt.display());
+    Mount { child, mnt }
+}
+
 /// Retries `check` for up to `limit`, every 5 ms: a break travels one way on its own
 /// connection, and a mount's background store takes its time.
 pub fn within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
