@@ -1113,3 +1113,42 @@ fn a_mount_refused_promises_caches_for_the_attribute_timeout_and_stats_count_the
     let json: serde_json::Value = serde_json::from_str(&stats(&["--json", "stats", &s.url("/")])).unwrap();
     assert!(json["promises_refused"].as_u64().unwrap() >= refused, "{json}");
 }
+
+#[test]
+fn a_second_walk_asks_the_mount_nothing_once_the_first_has_paused() {
+    if !fuse_available() {
+        return;
+    }
+    let s = TestServer::start();
+    for i in 0..20 {
+        s.put_local(&format!("d/t/{i}/sub/f.txt"), b"x");
+    }
+    // The mount's requests, one log line each.
+    let log = s.scratch().join("requests.log");
+    let mnt = s.scratch().join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["mount", &s.url("/d"), "--attr-timeout-ms", "600000"])
+        .arg(&mnt)
+        .env("LOCUS_HOME", s.scratch().join("home"))
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .env("LOCUS_LOG", "fuser::request=debug")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let m = Mount { child, mnt: mnt.canonicalize().unwrap() };
+    assert!(within(Duration::from_secs(20), || mounted(&m.mnt)), "not mounted");
+    let requests = || {
+        let text = std::fs::read_to_string(&log).unwrap();
+        ["LOOKUP", "GETATTR", "READDIR", "OPENDIR"].iter().map(|op| text.matches(op).count()).sum::<usize>()
+    };
+    let walk = || sh(&m.mnt, "find t | wc -l").stdout;
+    assert_eq!(walk(), b"61\n");
+    // The kernel marked every directory listed stale; the mount reads them again once
+    // the walk has paused, so the next walk finds everything in the kernel.
+    std::thread::sleep(Duration::from_millis(800));
+    let before = requests();
+    assert_eq!(walk(), b"61\n");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(requests() - before, 0, "the second walk asked the mount {} times", requests() - before);
+}

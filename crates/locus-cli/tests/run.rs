@@ -489,3 +489,133 @@ fn on_the_fuse_path_afs_writes_back_at_close_with_the_cache_flags_given() {
         assert_eq!(std::fs::read(s.local("w.txt")).unwrap(), b"new");
     }
 }
+
+/// The processes of `locus run` agents started with `home` as `LOCUS_HOME`: in a session
+/// of their own (the runs and their programs are in the test's), not a child of another
+/// (an agent's namespace holder).
+fn agents_of(home: &Path) -> Vec<i32> {
+    let ours = rustix::process::getsid(None).map(|p| p.as_raw_nonzero().get()).unwrap_or(0);
+    let wanted = format!("LOCUS_HOME={}", home.display());
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else { continue };
+        if !environ.split(|&b| b == 0).any(|v| v == wanted.as_bytes()) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        if !cmdline.split(|&b| b == 0).any(|a| a == b"run") {
+            continue;
+        }
+        let sid = rustix::process::Pid::from_raw(pid)
+            .and_then(|p| rustix::process::getsid(Some(p)).ok())
+            .map_or(0, |p| p.as_raw_nonzero().get());
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let ppid: i32 = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0);
+        if sid != ours {
+            found.push((pid, ppid));
+        }
+    }
+    // Not the namespace's holder, the agent's child.
+    found.iter().filter(|(_, ppid)| !found.iter().any(|(p, _)| p == ppid)).map(|(pid, _)| *pid).collect()
+}
+
+/// Every request the test server has answered.
+fn served_total(s: &TestServer) -> u64 {
+    s.shared().store.stats("admin", 0).unwrap().ops.iter().map(|o| o.count).sum()
+}
+
+#[test]
+fn a_second_run_finds_the_namespace_warm_and_keep_warm_0_does_not() {
+    let s = TestServer::start();
+    for i in 0..20 {
+        s.put_local(&format!("d/t/{i}/f.txt"), format!("file {i}\n").as_bytes());
+    }
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let script = format!("find {r}/t | wc -l && cat {r}/t/7/f.txt");
+    for keep in ["30", "0"] {
+        let home = s.scratch().join(format!("home-{keep}"));
+        let flags = ["--keep-warm", keep, "--attr-timeout-ms", "600000"];
+        assert_eq!(run_ok("fuse", &flags, &script, &home), "41\nfile 7\n");
+        let before = served_total(&s);
+        assert_eq!(run_ok("fuse", &flags, &script, &home), "41\nfile 7\n");
+        let asked = served_total(&s) - before;
+        match keep {
+            // The names, attributes, listings and pages were kept, promised by callbacks.
+            "30" => {
+                assert_eq!(asked, 0, "a warm run asked the server {asked} times");
+                assert_eq!(agents_of(&home).len(), 1, "one agent serves both runs");
+            }
+            _ => {
+                assert!(asked >= 20, "a run of its own asks again ({asked})");
+                assert!(agents_of(&home).is_empty(), "no agent stays with --keep-warm 0");
+            }
+        }
+    }
+    // The agent's socket is in a directory of this user's alone.
+    let dir = match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if Path::new(&d).join("locus").is_dir() => Path::new(&d).join("locus"),
+        _ => std::env::temp_dir().join(format!("locus-run-{}", rustix::process::geteuid().as_raw())),
+    };
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&dir).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+}
+
+#[test]
+fn another_token_gets_an_agent_of_its_own_and_an_idle_agent_goes() {
+    let s = TestServer::start();
+    s.put_local("d/secret.txt", b"for admin only\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let flags = ["--keep-warm", "2", "--retry-secs", "1"];
+    assert_eq!(run_ok("fuse", &flags, &format!("cat {r}/secret.txt"), &home), "for admin only\n");
+    assert_eq!(agents_of(&home).len(), 1);
+    // The same user with a token the server refuses: not the warm namespace of the
+    // admin's runs, but one of its own, whose connection is refused.
+    let out = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["run", "--interpose", "fuse"])
+        .args(flags)
+        .args(["--", "cat", &format!("{r}/secret.txt")])
+        .env("LOCUS_HOME", &home)
+        .env("LOCUS_TOKEN", "admin:not-the-token")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("for admin only"));
+    // Idle past --keep-warm, the agents go.
+    let gone = Instant::now() + Duration::from_secs(10);
+    while !agents_of(&home).is_empty() {
+        assert!(Instant::now() < gone, "agents still there: {:?}", agents_of(&home));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_agent_stops_the_programs_in_its_namespace_with_75_and_the_next_run_starts_another() {
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"here\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let started = s.scratch().join("started");
+    let script = format!("cat {r}/f.txt && touch {} && sleep 30 && echo survived", started.display());
+    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
+        .args(["run", "--interpose", "fuse", "--", "sh", "-c", &script])
+        .env("LOCUS_HOME", &home)
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&started);
+    let agents = agents_of(&home);
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    rustix::process::kill_process(rustix::process::Pid::from_raw(agents[0]).unwrap(), rustix::process::Signal::KILL)
+        .unwrap();
+    let t = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "the program went on for {:?}", t.elapsed());
+    assert_eq!(out.status.code(), Some(75), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "here\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("agent"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(run_ok("fuse", &[], &format!("cat {r}/f.txt"), &home), "here\n");
+}
