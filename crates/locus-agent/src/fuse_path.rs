@@ -242,17 +242,19 @@ pub(crate) fn failure(report: &[u8]) -> String {
 /// receiver hears when the session ends (the namespace, and with it the mount, gone).
 /// With `freshen`, the directory where the namespace's `/` is seen from here (a holder's
 /// `/proc/PID/root`), listed directories' attributes are read again once walks pause
-/// (see [`LocusFs::freshen_through`]).
+/// (see [`LocusFs::freshen_through`]). Also answers what asks the file system to store
+/// everything (at its next `statfs`).
 pub(crate) fn serve(
     fuse: OwnedFd,
     driver: NamespaceDriver,
     mount: MountOptions,
     freshen: Option<std::path::PathBuf>,
-) -> std::sync::mpsc::Receiver<()> {
+) -> (std::sync::mpsc::Receiver<()>, Arc<locus_mount::Control>) {
     let mut fs = LocusFs::new(Box::new(driver), "/", mount);
     if let Some(root) = freshen {
         fs.freshen_through(root);
     }
+    let control = fs.control();
     let notifier = fs.notifier_slot();
     let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
     let _ = notifier.set(session.notifier());
@@ -261,7 +263,7 @@ pub(crate) fn serve(
         let _ = session.run();
         let _ = done_tx.send(());
     });
-    done_rx
+    (done_rx, control)
 }
 
 /// Runs `argv` with `ns` shown through FUSE with `mount`'s caching, served by this
@@ -273,7 +275,7 @@ pub fn run(argv: &[CString], ns: Namespace, plan: Plan, mount: MountOptions) -> 
     let made = make(&plan, Some(argv)).map_err(NotRun::Unavailable)?;
     let abort: Arc<Mutex<Option<Abort>>> = Arc::new(Mutex::new(None));
     let on_abort = Box::new(move || kill_descendants(agent));
-    let done = serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount, None);
+    let (done, _) = serve(made.fuse, NamespaceDriver::new(ns, abort.clone(), on_abort), mount, None);
     ignore_interrupts();
     // Nothing more comes (the socket closes at the program's exec) unless the setup failed.
     let (report, _) = receive(&made.socket);
@@ -300,9 +302,10 @@ pub(crate) fn ignore_interrupts() {
     }
 }
 
-/// Forks the program `argv` into the namespace of `ns` (a mount namespace's descriptor,
-/// after a user namespace's if the namespace is in one), in `cwd` (`/` where that is
-/// not there); answers its process id once it runs (the exec closed the socket).
+/// Forks the program `argv` into the namespace of `mnt` (a mount namespace's descriptor,
+/// after `user`'s, a user namespace's, if the namespace is in one), in `cwd`; answers
+/// its process id once it runs (the exec closed the socket), or why it could not
+/// (`cwd` not there among them).
 pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd: &CStr) -> Result<i32, String> {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (parent_end, child_end) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -326,10 +329,9 @@ pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd
                 || libc::setns(mnt.as_raw_fd(), libc::CLONE_NEWNS) < 0
             {
                 (0, errno())
+            } else if libc::chdir(cwd.as_ptr()) < 0 {
+                (1, errno())
             } else {
-                if libc::chdir(cwd.as_ptr()) < 0 {
-                    libc::chdir(c"/".as_ptr());
-                }
                 libc::execvp(pointers[0], pointers.as_ptr());
                 libc::_exit(127);
             };
@@ -344,8 +346,9 @@ pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd
         return Ok(child);
     }
     reap_all(child);
-    let errno = i32::from(report[2]) | (i32::from(report[3]) << 8);
-    Err(format!("join the namespace: {}", std::io::Error::from_raw_os_error(errno)))
+    let step = if report.get(1) == Some(&1) { "the working directory in the namespace" } else { "join the namespace" };
+    let errno = i32::from(report.get(2).copied().unwrap_or(0)) | (i32::from(report.get(3).copied().unwrap_or(0)) << 8);
+    Err(format!("{step}: {}", std::io::Error::from_raw_os_error(errno)))
 }
 
 /// One message from the child, and the descriptor it carried if any (empty at its end).
@@ -419,6 +422,9 @@ unsafe fn send_fd(socket: i32, tag: u8, fd: i32) {
 /// Kills every process beneath `agent` (they all are its descendants: it is their
 /// subreaper), by their parents in /proc.
 pub(crate) fn kill_descendants(agent: i32) {
+    if agent <= 0 {
+        return;
+    }
     for _ in 0..10 {
         let mut parents: Vec<(i32, i32)> = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -546,7 +552,11 @@ unsafe fn child_setup(plan: &Plan, argv: &[*const libc::c_char], agent: i32, rea
         libc::chdir(c"/".as_ptr());
     }
     if argv[0].is_null() {
-        // A holder: the namespace lives while it does (it dies with the agent).
+        // A holder: the namespace lives while it does (it dies with the agent). It keeps
+        // none of the agent's descriptors (its connections to servers among them) but
+        // its socket.
+        libc::syscall(libc::SYS_close_range, 3, ready.max(3) - 1, 0);
+        libc::syscall(libc::SYS_close_range, ready + 1, u32::MAX, 0);
         let whole = [READY];
         libc::send(ready, whole.as_ptr().cast(), 1, 0);
         loop {

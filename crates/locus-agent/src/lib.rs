@@ -169,6 +169,11 @@ pub fn run(command: &[OsString], options: RunOptions) -> i32 {
 
 fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
     let setup = |message: String| Abort { status: EXIT_SETUP, message };
+    // Said to the program (after the warm agent's key is taken, which counts only runs
+    // started outside): a `locus run` beneath this one goes on its own.
+    let inside = std::env::var_os(warm::INSIDE).is_some();
+    // (One thread still: nothing reads the environment meanwhile.)
+    std::env::set_var(warm::INSIDE, "1");
     let argv: Vec<CString> = command
         .iter()
         .map(|a| CString::new(a.clone().into_vec()).map_err(|_| setup("an argument holds a NUL byte".into())))
@@ -184,7 +189,7 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
             cache_limit: options.cache_limit,
             ..Default::default()
         };
-        let warm = if options.keep_warm.is_zero() { None } else { warm::run(&argv, &options, &mount) };
+        let warm = if options.keep_warm.is_zero() || inside { None } else { warm::run(&argv, &options, &mount) };
         let ran = match warm {
             Some(ran) => ran,
             None => match fuse_path::plan(&options.mounts) {

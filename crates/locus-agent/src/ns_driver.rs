@@ -366,7 +366,13 @@ impl Driver for NamespaceDriver {
     fn callbacks_cover_all(&self) -> bool {
         // The virtual directories never change; `/locus/HOST:PORT` mounts, which come
         // later, are Locus servers, whose callbacks cover everything they serve.
-        self.ns.mounts.iter().all(|m| m.driver.callbacks_cover_all())
+        self.callbacks.is_some()
+            && self
+                .ns
+                .mounts
+                .iter()
+                .enumerate()
+                .all(|(i, m)| self.covered.contains(&i) && m.driver.callbacks_cover_all())
     }
     fn list_ahead(&mut self, dirs: &[String]) {
         let mut by_mount: Vec<Vec<String>> = vec![Vec::new(); self.ns.mounts.len()];

@@ -6,7 +6,7 @@
 //! it makes the private namespace as [`crate::fuse_path`] does, with a child that only
 //! holds it, serves the FUSE file system there, and listens on a Unix socket in a
 //! directory only this user may enter (`$XDG_RUNTIME_DIR/locus` or
-//! `/tmp/locus-run-UID`). Each `locus run`, the first included, connects, is handed the
+//! `$TMPDIR/locus-run-UID`). Each `locus run`, the first included, connects, is handed the
 //! namespace (its descriptors, checked to come to this user only), and forks the program
 //! into it; it stays the program's parent, waits for it and for every process it left,
 //! and then hangs up. The kernel's names, attributes, listings and pages, and the
@@ -14,54 +14,106 @@
 //! `locus run` costs what a second `find` on `locus mount` costs.
 //!
 //! The socket's name is a hash of everything that shapes what the programs would see:
-//! the user, the mounts, the caching options, the `LOCUS_*` environment and `HOME`
-//! (where credentials come from), and the `locus` binary itself. Runs that differ in any
-//! of them get agents of their own.
+//! the user, its groups, its namespaces and control group, the mounts, the caching
+//! options, the `LOCUS_*` environment and `HOME` (where credentials come from) and the
+//! credentials file and CA they name, and the `locus` binary itself. Runs that differ in
+//! any of them get agents of their own.
 //!
-//! The agent ends once no run has been connected for `--keep-warm` seconds. A server
-//! that stays unreachable past the retry window stops every program connected (each
-//! run ends with 75, as on its own) and ends the agent; an agent that dies stops the
-//! programs in its namespace the same way (their files are gone with it), and the next
-//! run starts a new one. The namespace's copy of `/` is made when the agent starts:
+//! When its program tree has ended, a run waits for the agent to store what the programs
+//! wrote and to hear the server's answers to what was sent without waiting, as a run on
+//! its own does before it ends. The agent ends once no run has been connected for
+//! `--keep-warm` seconds. A stopping error (a server unreachable past the retry window,
+//! a request no driver can satisfy) stops every program in the namespace (each run ends
+//! with its status, as on its own) and ends the agent; an agent that dies stops the
+//! programs in its namespace with 75, and the next run starts a new one. The namespace's copy of `/` is made when the agent starts:
 //! entries made in `/` later, and mounts made on this machine later, show in the next
-//! agent only.
+//! agent only (a run whose directory is not there goes on its own). A run under
+//! another (`LOCUS_RUN_INSIDE` set) goes on its own too: the outer run waits for every
+//! process beneath it, an agent included.
 
 use crate::fuse_path::{self, NotRun, Plan, READY};
 use crate::names::Namespace;
 use crate::ns_driver::NamespaceDriver;
 use crate::tracer::Abort;
 use crate::{RunOptions, EXIT_SETUP, EXIT_TRANSIENT};
-use locus_mount::MountOptions;
+use locus_mount::{Control, MountOptions};
 use sha2::{Digest, Sha256};
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A run's request to its agent: hand me the namespace.
+/// Set in the environment of every program `locus run` starts: a run inside another
+/// goes on its own (the outer run waits for every process beneath it).
+pub const INSIDE: &str = "LOCUS_RUN_INSIDE";
+
+/// A run's requests to its agent: hand me the namespace; my programs have ended.
 const JOIN: u8 = b'J';
-/// The agent's answers: the namespace's descriptors (mount, then user if any); the run
-/// is stopped (status, message).
+const DONE: u8 = b'D';
+/// The agent's answers to a run: the namespace's descriptors (mount, then user if
+/// any); what the programs left is stored (answers `DONE`); the run is stopped (then
+/// its status and message).
 const NAMESPACE: u8 = b'N';
+const SETTLED: u8 = b'D';
 const STOPPED: u8 = b'S';
+/// What a starting agent tells the run that started it: it listens; no namespace can
+/// be made here (the run traces instead, or fails with `--interpose fuse`); a mount
+/// is bad (exit 70); it cannot be kept warm (the run goes on its own).
+const LISTENING: u8 = b'L';
+const NO_NAMESPACE: u8 = b'U';
+const BAD_MOUNT: u8 = b'B';
+const NOT_WARM: u8 = b'W';
+
+/// The longest message: a tag, maybe a status, and text.
+const MESSAGE_MAX: usize = 4096;
+
+/// `tag` then `text`, cut to [`MESSAGE_MAX`].
+fn message(tag: &[u8], text: &str) -> Vec<u8> {
+    let mut m = tag.to_vec();
+    m.extend_from_slice(text.as_bytes());
+    m.truncate(MESSAGE_MAX);
+    m
+}
+
+/// Sends one message on a seqpacket socket (ignoring a peer gone).
+fn send(fd: &OwnedFd, bytes: &[u8]) -> nix::Result<()> {
+    nix::sys::socket::send(fd.as_raw_fd(), bytes, nix::sys::socket::MsgFlags::MSG_NOSIGNAL).map(drop)
+}
+
+/// One message from a seqpacket socket; empty at its end (or on an error).
+fn receive(fd: &OwnedFd) -> Vec<u8> {
+    let mut buf = vec![0u8; MESSAGE_MAX];
+    loop {
+        // SAFETY: a read into our own buffer.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            return buf;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Vec::new();
+        }
+    }
+}
 
 /// Runs `argv` in the warm namespace for `options`, starting its agent if there is
-/// none; None where this cannot be (no private directory for the socket, or a
-/// process that can no longer fork safely), and the run should go on its own.
+/// none; None where the run should go on its own (no private
+/// directory for the socket, a process that can no longer fork safely, an agent that
+/// cannot be reached or joined, a working directory the namespace does not have).
 pub(crate) fn run(argv: &[CString], options: &RunOptions, mount: &MountOptions) -> Option<Result<i32, NotRun>> {
-    let dir = private_dir().map_err(|why| tracing::debug!("locus run not kept warm: {why}")).ok()?;
+    let not_warm = |why: &dyn std::fmt::Display| tracing::debug!("locus run not kept warm: {why}");
+    let dir = private_dir().map_err(|why| not_warm(&why)).ok()?;
     let key = key(options, mount);
     let socket = dir.join(format!("{key}.sock"));
-    let mut last = String::new();
     for _ in 0..3 {
         let joined = match connect(&socket) {
             Ok(conn) => join(conn),
             Err(_) => {
-                let _lock = Lock::take(&dir.join(format!("{key}.lock")))?;
+                let _lock = Lock::take(&dir.join(format!("{key}.lock"))).map_err(|e| not_warm(&e)).ok()?;
                 match connect(&socket) {
                     Ok(conn) => join(conn),
                     Err(_) => match start_agent(&dir, &key, options, mount)? {
@@ -72,61 +124,92 @@ pub(crate) fn run(argv: &[CString], options: &RunOptions, mount: &MountOptions) 
             }
         };
         match joined {
-            Ok((conn, mnt, user)) => return Some(run_joined(argv, conn, &mnt, user.as_ref())),
+            Ok(joined) => return run_joined(argv, joined),
             // The agent was ending as this run came: ask again (a new one starts).
-            Err(why) => last = why,
+            Err(why) => not_warm(&why),
         }
     }
-    Some(Err(NotRun::Unavailable(last)))
+    None
 }
 
-/// The program forked into the joined namespace, waited for with every process it left;
-/// a message from the agent (or its end) stops them.
-fn run_joined(argv: &[CString], conn: OwnedFd, mnt: &OwnedFd, user: Option<&OwnedFd>) -> Result<i32, NotRun> {
-    let cwd = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok());
-    let cwd = cwd.unwrap_or_else(|| c"/".to_owned());
+/// The pid of the program a run forked, for its signal handler.
+static PROGRAM: AtomicI32 = AtomicI32::new(0);
+
+/// Passes SIGTERM and SIGHUP sent to the run on to its program, as a shell would.
+extern "C" fn pass_on(signal: libc::c_int) {
+    let program = PROGRAM.load(Ordering::SeqCst);
+    if program > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe { libc::kill(program, signal) };
+    }
+}
+
+/// What a run's connection to its agent said while the run waited.
+enum Heard {
+    /// The runs must stop (the programs were stopped).
+    Stopped(Abort),
+    /// What the programs left is stored.
+    Settled,
+    /// The agent went: while the programs ran (they were stopped), or after.
+    Ended { while_running: bool },
+}
+
+/// The program forked into the joined namespace, waited for with every process it left,
+/// then the agent's stores; a message from the agent (or its end) stops them. None if
+/// the program could not be started there.
+fn run_joined(argv: &[CString], (conn, mnt, user): Joined) -> Option<Result<i32, NotRun>> {
+    let cwd = std::env::current_dir().ok().and_then(|d| CString::new(d.as_os_str().as_bytes()).ok())?;
     // SAFETY: orphans of the program become this process's children, to be waited for.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let child = fuse_path::enter(user, mnt, argv, &cwd).map_err(NotRun::Unavailable)?;
+    let child = fuse_path::enter(user.as_ref(), &mnt, argv, &cwd)
+        .map_err(|why| tracing::debug!("locus run not kept warm: {why}"))
+        .ok()?;
+    PROGRAM.store(child, Ordering::SeqCst);
     fuse_path::ignore_interrupts();
+    // SAFETY: installing a handler that only calls kill.
+    unsafe {
+        libc::signal(libc::SIGTERM, pass_on as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, pass_on as *const () as libc::sighandler_t);
+    }
     let finished = Arc::new(AtomicBool::new(false));
     let watcher = {
-        let (conn, finished) = (conn.try_clone().map_err(|e| NotRun::Unavailable(e.to_string()))?, finished.clone());
+        let Ok(conn) = conn.try_clone() else {
+            let status = fuse_path::reap_all(child);
+            return Some(Ok(status));
+        };
+        let finished = finished.clone();
         std::thread::spawn(move || {
-            let me = std::process::id() as i32;
-            let mut buf = vec![0u8; 4096];
-            let n = loop {
-                // SAFETY: a read into our own buffer.
-                let n = unsafe { libc::recv(conn.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                    break n.max(0) as usize;
+            let said = receive(&conn);
+            let heard = match said.as_slice() {
+                [SETTLED] => Heard::Settled,
+                [STOPPED, status, text @ ..] => {
+                    Heard::Stopped(Abort { status: i32::from(*status), message: String::from_utf8_lossy(text).into() })
                 }
+                _ => Heard::Ended { while_running: !finished.load(Ordering::SeqCst) },
             };
-            if finished.load(Ordering::SeqCst) {
-                return None;
+            if matches!(heard, Heard::Stopped(_) | Heard::Ended { while_running: true }) {
+                fuse_path::kill_descendants(std::process::id() as i32);
             }
-            let abort = match &buf[..n] {
-                [STOPPED, status, message @ ..] => {
-                    Abort { status: i32::from(*status), message: String::from_utf8_lossy(message).into_owned() }
-                }
-                _ => Abort {
-                    status: EXIT_TRANSIENT,
-                    message: "the agent serving the namespace ended; the program was stopped and may be run again"
-                        .into(),
-                },
-            };
-            fuse_path::kill_descendants(me);
-            Some(abort)
+            heard
         })
     };
     let status = fuse_path::reap_all(child);
     finished.store(true, Ordering::SeqCst);
-    // SAFETY: shutting down our own socket wakes the watcher.
-    unsafe { libc::shutdown(conn.as_raw_fd(), libc::SHUT_RDWR) };
-    match watcher.join().ok().flatten() {
-        Some(abort) => Err(NotRun::Stopped(abort)),
-        None => Ok(status),
-    }
+    // What the programs wrote is stored, and changes sent behind answered, before the
+    // run ends (the agent answers `SETTLED`).
+    let _ = send(&conn, &[DONE]);
+    Some(match watcher.join().unwrap_or(Heard::Ended { while_running: false }) {
+        Heard::Stopped(abort) => Err(NotRun::Stopped(abort)),
+        Heard::Settled => Ok(status),
+        Heard::Ended { while_running: true } => Err(NotRun::Stopped(Abort {
+            status: EXIT_TRANSIENT,
+            message: "the agent serving the namespace ended; the program was stopped and may be run again".into(),
+        })),
+        Heard::Ended { while_running: false } => {
+            eprintln!("locus run: the agent ended before it said that what the program wrote was stored");
+            Ok(status)
+        }
+    })
 }
 
 /// The directory for agents' sockets, made if missing: this user's alone (owned, mode
@@ -141,9 +224,8 @@ fn private_dir() -> Result<PathBuf, String> {
         Some(d) => d.join("locus"),
         None => std::env::temp_dir().join(format!("locus-run-{uid}")),
     };
-    match std::fs::create_dir(&dir) {
-        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("{}: {e}", dir.display()))?,
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(format!("{}: {e}", dir.display())),
     }
@@ -151,14 +233,32 @@ fn private_dir() -> Result<PathBuf, String> {
     if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
         return Err(format!("{}: not a directory of this user's alone", dir.display()));
     }
+    // A socket's path has room for 107 bytes; the longest here is the temporary name.
+    if dir.as_os_str().len() + 48 > 107 {
+        return Err(format!("{}: too long a path for a socket", dir.display()));
+    }
     Ok(dir)
 }
 
-/// The agent's name for these options: a hash of all that shapes the namespace.
+/// The agent's name for these options: a hash of all that shapes the namespace and the
+/// rights its programs act with.
 fn key(options: &RunOptions, mount: &MountOptions) -> String {
     let mut h = Sha256::new();
-    // SAFETY: geteuid cannot fail.
-    h.update(unsafe { libc::geteuid() }.to_le_bytes());
+    // SAFETY: these cannot fail; getgroups is given room for every group.
+    let groups = unsafe {
+        let mut groups = vec![0 as libc::gid_t; 256];
+        let n = libc::getgroups(groups.len() as i32, groups.as_mut_ptr());
+        groups.truncate(n.max(0) as usize);
+        (libc::geteuid(), libc::getegid(), groups)
+    };
+    h.update(format!("{groups:?}\n"));
+    // The namespaces and control group it starts in: an agent started in a sandbox (or
+    // a batch job's control group) serves runs from there only.
+    for ns in ["mnt", "net", "user", "pid", "ipc", "uts", "cgroup"] {
+        let id = std::fs::metadata(format!("/proc/self/ns/{ns}")).map(|m| m.ino()).unwrap_or(0);
+        h.update(format!("{ns} {id}\n"));
+    }
+    h.update(std::fs::read("/proc/self/cgroup").unwrap_or_default());
     for (logical, url) in &options.mounts {
         h.update(format!("mount {logical} {url}\n"));
     }
@@ -185,6 +285,16 @@ fn key(options: &RunOptions, mount: &MountOptions) -> String {
         h.update(v.as_bytes());
         h.update(b"\n");
     }
+    // The credentials and CA the drivers would read, as they are now.
+    let locus_home = std::env::var_os("LOCUS_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".locus")));
+    if let Some(home) = locus_home {
+        h.update(std::fs::read(home.join("credentials")).unwrap_or_default());
+    }
+    if let Some(ca) = std::env::var_os("LOCUS_TLS_CA") {
+        h.update(std::fs::read(ca).unwrap_or_default());
+    }
     // Another build of `locus` starts an agent of its own.
     if let Ok(exe) = std::env::current_exe() {
         h.update(exe.as_os_str().as_bytes());
@@ -195,36 +305,63 @@ fn key(options: &RunOptions, mount: &MountOptions) -> String {
     h.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Opens a file of the agent's directory for writing, never through a link.
+fn open_private(path: &Path, truncate: bool) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(truncate)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// An exclusive lock on a file, so that one run at a time starts an agent.
 struct Lock {
     _held: std::fs::File,
 }
 
 impl Lock {
-    fn take(path: &Path) -> Option<Lock> {
-        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).ok()?;
-        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).ok()?;
-        Some(Lock { _held: file })
+    /// Waits for the lock on `path`.
+    fn take(path: &Path) -> std::io::Result<Lock> {
+        let file = open_private(path, false)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(Lock { _held: file })
     }
 }
 
+/// A new seqpacket Unix socket.
 fn seqpacket() -> std::io::Result<OwnedFd> {
     use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
     socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).map_err(std::io::Error::from)
 }
 
+/// Connects to the agent listening at `path`, if it is this user's.
 fn connect(path: &Path) -> std::io::Result<OwnedFd> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let fd = seqpacket()?;
     let addr = nix::sys::socket::UnixAddr::new(path).map_err(std::io::Error::from)?;
     nix::sys::socket::connect(fd.as_raw_fd(), &addr).map_err(std::io::Error::from)?;
+    // SAFETY: geteuid cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if !getsockopt(&fd, PeerCredentials).is_ok_and(|c| c.uid() == uid) {
+        return Err(std::io::Error::other("the agent is not this user's"));
+    }
+    // An agent that does not answer (stopped, frozen) is given up on.
+    let wait = nix::sys::time::TimeVal::new(30, 0);
+    let _ = nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &wait);
     Ok(fd)
 }
 
-/// Asks the agent on `conn` for the namespace: its mount and user namespaces.
-fn join(conn: OwnedFd) -> Result<(OwnedFd, OwnedFd, Option<OwnedFd>), String> {
-    use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
-    send(conn.as_raw_fd(), &[JOIN], MsgFlags::MSG_NOSIGNAL).map_err(|e| format!("ask the agent: {e}"))?;
-    let mut buf = [0u8; 4096];
+/// A run's connection to its agent, and the namespace's descriptors: mount, and user
+/// where the namespace is in one.
+type Joined = (OwnedFd, OwnedFd, Option<OwnedFd>);
+
+/// Asks the agent on `conn` for the namespace.
+fn join(conn: OwnedFd) -> Result<Joined, String> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    send(&conn, &[JOIN]).map_err(|e| format!("ask the agent: {e}"))?;
+    let mut buf = [0u8; MESSAGE_MAX];
     let mut space = nix::cmsg_space!([RawFd; 2]);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
@@ -236,6 +373,12 @@ fn join(conn: OwnedFd) -> Result<(OwnedFd, OwnedFd, Option<OwnedFd>), String> {
             fds.extend(received.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
         }
     }
+    // A timeout for the answer only: the run then waits for its agent as long as needed.
+    let _ = nix::sys::socket::setsockopt(
+        &conn,
+        nix::sys::socket::sockopt::ReceiveTimeout,
+        &nix::sys::time::TimeVal::new(0, 0),
+    );
     let len = msg.bytes;
     match (&buf[..len], fds.len()) {
         ([NAMESPACE], 1 | 2) => {
@@ -243,14 +386,14 @@ fn join(conn: OwnedFd) -> Result<(OwnedFd, OwnedFd, Option<OwnedFd>), String> {
             let mnt = fds.next().expect("one");
             Ok((conn, mnt, fds.next()))
         }
-        ([STOPPED, _, message @ ..], _) => Err(String::from_utf8_lossy(message).into_owned()),
+        ([STOPPED, _, text @ ..], _) => Err(String::from_utf8_lossy(text).into_owned()),
         _ => Err("the agent ended".into()),
     }
 }
 
 /// Starts the agent for `key` (this process must have one thread: it forks and goes on
-/// in the child); answers once it listens, or what stops the run. None where this
-/// process cannot fork safely.
+/// in the child); answers once it listens, or what stops the run. None where the run
+/// should go on its own.
 fn start_agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions) -> Option<Result<(), NotRun>> {
     if std::fs::read_dir("/proc/self/task").map_or(0, |t| t.count()) != 1 {
         tracing::debug!("locus run not kept warm: more than one thread");
@@ -278,52 +421,44 @@ fn start_agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions
         }
         intermediate => {
             drop(write_end);
-            let mut status = 0;
             // SAFETY: waiting for our own child.
-            unsafe { libc::waitpid(intermediate, &mut status, 0) };
+            unsafe { libc::waitpid(intermediate, std::ptr::null_mut(), 0) };
         }
     }
-    let mut said = vec![0u8; 4096];
-    let n = loop {
-        // SAFETY: a read into our own buffer.
-        let n = unsafe { libc::recv(read_end.as_raw_fd(), said.as_mut_ptr().cast(), said.len(), 0) };
-        if n >= 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            break n.max(0) as usize;
-        }
-    };
-    said.truncate(n);
+    let said = receive(&read_end);
     let text = String::from_utf8_lossy(said.get(1..).unwrap_or_default()).into_owned();
-    Some(match said.first() {
-        Some(b'O') => Ok(()),
-        Some(b'S') => Err(NotRun::Stopped(Abort { status: EXIT_SETUP, message: text })),
-        Some(_) => Err(NotRun::Unavailable(text)),
-        None => Err(NotRun::Unavailable("the agent ended as it started".into())),
-    })
+    match said.first() {
+        Some(&LISTENING) => Some(Ok(())),
+        Some(&BAD_MOUNT) => Some(Err(NotRun::Stopped(Abort { status: EXIT_SETUP, message: text }))),
+        Some(&NO_NAMESPACE) => Some(Err(NotRun::Unavailable(text))),
+        _ => {
+            tracing::debug!("locus run not kept warm: the agent did not start: {text}");
+            None
+        }
+    }
 }
 
-/// The agent's life: makes the namespace, says so on `ready` ('O'; 'U' and why where no
-/// namespace can be made here, 'S' and why for a bad mount), then serves runs until none
-/// has come for `keep_warm`. Never returns.
+/// The agent's life: makes the namespace, says how that went on `ready`, then serves
+/// runs until none has come for `keep_warm`. Never returns.
 fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, ready: OwnedFd) -> ! {
+    // Nothing of the first run's directory is kept busy.
+    let _ = std::env::set_current_dir("/");
     let log = dir.join(format!("{key}.log"));
     quiet_descriptors(ready.as_raw_fd(), &log);
     let say = |tag: u8, text: &str| {
-        let mut message = vec![tag];
-        message.extend_from_slice(text.as_bytes());
-        message.truncate(4096);
-        let _ = nix::sys::socket::send(ready.as_raw_fd(), &message, nix::sys::socket::MsgFlags::MSG_NOSIGNAL);
+        let _ = send(&ready, &message(&[tag], text));
     };
     let plan = match fuse_path::plan(&options.mounts) {
         Ok(plan) => plan,
         Err(why) => {
-            say(b'U', &why);
+            say(NO_NAMESPACE, &why);
             std::process::exit(0)
         }
     };
     let ns = match Namespace::new(&options.mounts, options.retry) {
         Ok(ns) => ns,
         Err(why) => {
-            say(b'S', &why);
+            say(BAD_MOUNT, &why);
             drop(plan);
             std::process::exit(0)
         }
@@ -331,7 +466,7 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
     let (wake_read, wake_write) = match rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC) {
         Ok(pipe) => pipe,
         Err(e) => {
-            say(b'U', &format!("pipe: {e}"));
+            say(NOT_WARM, &format!("pipe: {e}"));
             drop(plan);
             std::process::exit(0)
         }
@@ -339,7 +474,7 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
     let made = match fuse_path::make(&plan, None) {
         Ok(made) => made,
         Err(why) => {
-            say(b'U', &why);
+            say(NO_NAMESPACE, &why);
             drop(plan);
             std::process::exit(0)
         }
@@ -358,10 +493,10 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
         })
     };
     let driver = NamespaceDriver::new(ns, abort.clone(), on_abort);
-    let root = PathBuf::from(format!("/proc/{}/root", made.child));
-    let done = fuse_path::serve(made.fuse, driver, mount.clone(), Some(root));
-    let (whole, _) = fuse_path::receive(&made.socket);
     let holder = made.child;
+    let root = PathBuf::from(format!("/proc/{holder}/root"));
+    let (done, control) = fuse_path::serve(made.fuse, driver, mount.clone(), Some(root.clone()));
+    let whole = fuse_path::receive(&made.socket).0;
     let namespaces = (|| -> std::io::Result<Vec<OwnedFd>> {
         if whole.first() != Some(&READY) {
             return Err(std::io::Error::other(fuse_path::failure(&whole)));
@@ -375,29 +510,30 @@ fn agent(dir: &Path, key: &str, options: &RunOptions, mount: &MountOptions, read
     let namespaces = match namespaces {
         Ok(fds) => fds,
         Err(e) => {
-            say(b'U', &e.to_string());
-            end(holder, plan, &done)
+            say(NO_NAMESPACE, &e.to_string());
+            end(holder, plan, &done, None)
         }
     };
     let socket = dir.join(format!("{key}.sock"));
     let listener = match listen(&socket, dir) {
         Ok(l) => l,
         Err(e) => {
-            say(b'U', &format!("{}: {e}", socket.display()));
-            end(holder, plan, &done)
+            say(NOT_WARM, &format!("{}: {e}", socket.display()));
+            end(holder, plan, &done, None)
         }
     };
-    say(b'O', "");
+    say(LISTENING, "");
     drop(ready);
-    let runs = Runs { connected, abort, done };
-    serve_runs(&listener, &socket, &namespaces, wake_read, &runs, options.keep_warm);
+    let shared = Shared { connected, abort, done, control, mounts: root.join("locus") };
+    serve_runs(&listener, &socket, &namespaces, wake_read, &shared, options.keep_warm);
     drop(namespaces);
-    end(holder, plan, &runs.done)
+    end(holder, plan, &shared.done, Some(&log))
 }
 
 /// Ends the agent: the holder goes, the namespace with it, and the session ends once
-/// the kernel lets go of the mount (stores left to do are done then).
-fn end(holder: i32, plan: Plan, done: &std::sync::mpsc::Receiver<()>) -> ! {
+/// the kernel lets go of the mount (stores left to do are done then); the log goes too
+/// after a clean end.
+fn end(holder: i32, plan: Plan, done: &std::sync::mpsc::Receiver<()>, log: Option<&Path>) -> ! {
     // SAFETY: our own child.
     unsafe {
         libc::kill(holder, libc::SIGKILL);
@@ -406,31 +542,35 @@ fn end(holder: i32, plan: Plan, done: &std::sync::mpsc::Receiver<()>) -> ! {
     let _ = done.recv_timeout(Duration::from_secs(5));
     // Its scratch directory goes (exit runs no destructors).
     drop(plan);
+    if let Some(log) = log {
+        let _ = std::fs::remove_file(log);
+    }
     std::process::exit(0)
 }
 
 /// The agent lets go of its parent's terminal and descriptors: stdin from /dev/null,
-/// stdout and stderr to its log, every other descriptor but `keep` closed.
+/// stdout and stderr to its log (or /dev/null), every other descriptor but `keep`
+/// closed.
 fn quiet_descriptors(keep: RawFd, log: &Path) {
-    let open = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(log);
-    let null = std::fs::File::open("/dev/null");
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null");
+    let out = open_private(log, true).or_else(|_| std::fs::OpenOptions::new().write(true).open("/dev/null"));
     let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse().ok())
         .collect();
+    let ours = [keep, out.as_ref().map_or(-1, |f| f.as_raw_fd()), null.as_ref().map_or(-1, |f| f.as_raw_fd())];
     // SAFETY: descriptors of this process, the agent's own now.
     unsafe {
         if let Ok(null) = &null {
             libc::dup2(null.as_raw_fd(), 0);
         }
-        if let Ok(log) = &open {
-            libc::dup2(log.as_raw_fd(), 1);
-            libc::dup2(log.as_raw_fd(), 2);
+        if let Ok(out) = &out {
+            libc::dup2(out.as_raw_fd(), 1);
+            libc::dup2(out.as_raw_fd(), 2);
         }
         for fd in fds {
-            let ours = [keep, open.as_ref().map_or(-1, |f| f.as_raw_fd()), null.as_ref().map_or(-1, |f| f.as_raw_fd())];
             if fd > 2 && !ours.contains(&fd) {
                 libc::close(fd);
             }
@@ -443,8 +583,8 @@ fn quiet_descriptors(keep: RawFd, log: &Path) {
 fn listen(path: &Path, dir: &Path) -> std::io::Result<OwnedFd> {
     use nix::sys::socket::{bind, listen, Backlog, UnixAddr};
     let fd = seqpacket()?;
-    let temporary =
-        dir.join(format!(".{}.{}", std::process::id(), path.file_name().unwrap_or_default().to_string_lossy()));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temporary = dir.join(format!(".{}.{name}", std::process::id()));
     let _ = std::fs::remove_file(&temporary);
     bind(fd.as_raw_fd(), &UnixAddr::new(&temporary).map_err(std::io::Error::from)?).map_err(std::io::Error::from)?;
     listen(&fd, Backlog::new(64).map_err(std::io::Error::from)?).map_err(std::io::Error::from)?;
@@ -452,8 +592,23 @@ fn listen(path: &Path, dir: &Path) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// What the agent's loop shares with the file system it serves.
+struct Shared {
+    /// The process of each run connected (each the parent of its program's processes),
+    /// in the order of the loop's connections.
+    connected: Arc<Mutex<Vec<i32>>>,
+    /// Why the runs must stop, once that is so.
+    abort: Arc<Mutex<Option<Abort>>>,
+    /// Hears when the file-system session ends.
+    done: std::sync::mpsc::Receiver<()>,
+    /// Asks the file system to store everything at its next `statfs`.
+    control: Arc<Control>,
+    /// Where the namespace's `/locus` is seen from here, for that `statfs`.
+    mounts: PathBuf,
+}
+
 /// Hands the namespace to runs of this user as they connect, until none has been
-/// connected for `keep_warm`, or the run must stop (a server gone past the retry
+/// connected for `keep_warm`, or the runs must stop (a server gone past the retry
 /// window, the mount gone): then every run still connected is told, and the agent
 /// goes once they have hung up.
 fn serve_runs(
@@ -461,46 +616,43 @@ fn serve_runs(
     socket: &Path,
     namespaces: &[OwnedFd],
     wake: OwnedFd,
-    shared: &Runs,
+    shared: &Shared,
     keep_warm: Duration,
 ) {
-    let Runs { connected, abort, done } = shared;
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     let socket_id = std::fs::metadata(socket).map(|m| (m.dev(), m.ino())).ok();
-    let mut runs: Vec<OwnedFd> = Vec::new();
+    let mut conns: Vec<OwnedFd> = Vec::new();
     let mut idle_since = Instant::now();
     let mut stopping: Option<Vec<u8>> = None;
     // SAFETY: geteuid cannot fail.
     let uid = unsafe { libc::geteuid() };
     loop {
         if stopping.is_none() {
-            let ended = !matches!(done.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty));
-            let aborted = abort.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let ended = !matches!(shared.done.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty));
+            let aborted = shared.abort.lock().unwrap_or_else(|e| e.into_inner()).clone();
             if ended || aborted.is_some() {
-                let (status, message) = match aborted {
+                let (status, text) = match aborted {
                     Some(a) => (a.status, a.message),
                     None => (EXIT_TRANSIENT, "the namespace's file system ended; the program was stopped".into()),
                 };
-                let mut said = vec![STOPPED, status as u8];
-                said.extend_from_slice(message.as_bytes());
-                said.truncate(4096);
+                let said = message(&[STOPPED, status as u8], &text);
                 forget_socket(socket, socket_id);
-                for run in &runs {
-                    let _ = nix::sys::socket::send(run.as_raw_fd(), &said, nix::sys::socket::MsgFlags::MSG_NOSIGNAL);
+                for conn in &conns {
+                    let _ = send(conn, &said);
                 }
                 stopping = Some(said);
             }
         }
-        if runs.is_empty() && (stopping.is_some() || idle_since.elapsed() >= keep_warm) {
+        if conns.is_empty() && (stopping.is_some() || idle_since.elapsed() >= keep_warm) {
             forget_socket(socket, socket_id);
             return;
         }
         let mut polled: Vec<libc::pollfd> = [listener.as_raw_fd(), wake.as_raw_fd()]
             .into_iter()
-            .chain(runs.iter().map(|r| r.as_raw_fd()))
+            .chain(conns.iter().map(|c| c.as_raw_fd()))
             .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 })
             .collect();
-        let timeout = if runs.is_empty() { keep_warm.saturating_sub(idle_since.elapsed()).as_millis() } else { 1000 };
+        let timeout = if conns.is_empty() { keep_warm.saturating_sub(idle_since.elapsed()).as_millis() } else { 1000 };
         // SAFETY: a poll over our own descriptors; a second at most, to look at the session.
         unsafe { libc::poll(polled.as_mut_ptr(), polled.len() as _, timeout.min(1000) as i32) };
         if polled[1].revents != 0 {
@@ -508,43 +660,48 @@ fn serve_runs(
             let _ = rustix::io::read(&wake, &mut sink);
         }
         // Runs that spoke or hung up, last first so the indices stay right.
-        for i in (0..runs.len()).rev() {
-            let revents = polled[i + 2].revents;
-            if revents == 0 {
+        for i in (0..conns.len()).rev() {
+            if polled[i + 2].revents == 0 {
                 continue;
             }
             let mut byte = [0u8; 1];
             // SAFETY: a read into our own buffer.
-            let n = unsafe { libc::recv(runs[i].as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
-            if n == 1 && byte[0] == JOIN {
-                let handed = match &stopping {
-                    Some(said) => {
-                        nix::sys::socket::send(runs[i].as_raw_fd(), said, nix::sys::socket::MsgFlags::MSG_NOSIGNAL)
-                            .map(drop)
-                    }
-                    None => send_namespace(&runs[i], namespaces),
-                };
-                if handed.is_ok() {
-                    continue;
-                }
-            } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
+            let n = unsafe { libc::recv(conns[i].as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EAGAIN) {
                 continue;
             }
-            runs.remove(i);
-            connected.lock().unwrap_or_else(|e| e.into_inner()).remove(i);
-            if runs.is_empty() {
+            let answered = match (n, byte[0], &stopping) {
+                (1, _, Some(said)) => send(&conns[i], said),
+                (1, JOIN, None) => send_namespace(&conns[i], namespaces),
+                (1, DONE, None) => {
+                    // The file system stores what is left and waits for the answers
+                    // to what went behind, when asked at this `statfs`.
+                    shared.control.request_store();
+                    let _ = rustix::fs::statfs(&shared.mounts);
+                    send(&conns[i], &[SETTLED])
+                }
+                _ => Err(nix::errno::Errno::EPIPE),
+            };
+            if answered.is_ok() {
+                continue;
+            }
+            conns.remove(i);
+            shared.connected.lock().unwrap_or_else(|e| e.into_inner()).remove(i);
+            if conns.is_empty() {
                 idle_since = Instant::now();
             }
         }
         if polled[0].revents != 0 {
-            if let Ok(run) = nix::sys::socket::accept4(listener.as_raw_fd(), nix::sys::socket::SockFlag::SOCK_CLOEXEC) {
+            if let Ok(conn) = nix::sys::socket::accept4(listener.as_raw_fd(), nix::sys::socket::SockFlag::SOCK_CLOEXEC)
+            {
                 // SAFETY: a descriptor just accepted, owned by nobody else.
-                let run = unsafe { OwnedFd::from_raw_fd(run) };
-                // Only this user's runs, though the directory already keeps others out.
-                match getsockopt(&run, PeerCredentials) {
-                    Ok(c) if c.uid() == uid => {
-                        connected.lock().unwrap_or_else(|e| e.into_inner()).push(c.pid());
-                        runs.push(run);
+                let conn = unsafe { OwnedFd::from_raw_fd(conn) };
+                // Only this user's runs, though the directory already keeps others out;
+                // and only runs this agent can see (their trees are killed by pid).
+                match getsockopt(&conn, PeerCredentials) {
+                    Ok(c) if c.uid() == uid && c.pid() > 0 => {
+                        shared.connected.lock().unwrap_or_else(|e| e.into_inner()).push(c.pid());
+                        conns.push(conn);
                     }
                     _ => {}
                 }
@@ -553,23 +710,12 @@ fn serve_runs(
     }
 }
 
-/// What the agent's loop shares with the file system it serves.
-struct Runs {
-    /// The process of each run connected (each the parent of its program's processes),
-    /// in the order of the loop's connections.
-    connected: Arc<Mutex<Vec<i32>>>,
-    /// Why the runs must stop, once that is so.
-    abort: Arc<Mutex<Option<Abort>>>,
-    /// Hears when the file-system session ends.
-    done: std::sync::mpsc::Receiver<()>,
-}
-
 /// Sends the namespace's descriptors to a run.
-fn send_namespace(run: &OwnedFd, namespaces: &[OwnedFd]) -> nix::Result<()> {
+fn send_namespace(conn: &OwnedFd, namespaces: &[OwnedFd]) -> nix::Result<()> {
     use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
     let fds: Vec<RawFd> = namespaces.iter().map(|f| f.as_fd().as_raw_fd()).collect();
     let iov = [std::io::IoSlice::new(&[NAMESPACE])];
-    sendmsg::<()>(run.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::MSG_NOSIGNAL, None).map(drop)
+    sendmsg::<()>(conn.as_raw_fd(), &iov, &[ControlMessage::ScmRights(&fds)], MsgFlags::MSG_NOSIGNAL, None).map(drop)
 }
 
 /// Removes the agent's socket if it is still this agent's (no new run may come).

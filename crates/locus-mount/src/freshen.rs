@@ -15,8 +15,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-/// How long listings must stop coming before the thread goes through them: a walk in
-/// progress is never slowed by it.
+/// How long listings must stop coming before the thread goes through them; a listing
+/// that comes during a sweep ends it, so a walk that starts again is slowed by one
+/// `statx` at most.
 const QUIET: Duration = Duration::from_millis(50);
 
 /// The most directories remembered between two sweeps; more are let go (the kernel
@@ -34,8 +35,15 @@ impl Freshener {
     pub(crate) fn start(root: PathBuf) -> Option<Freshener> {
         let (listed, heard) = channel::<String>();
         let sweep = move || {
-            while let Ok(first) = heard.recv() {
-                let mut due = BTreeSet::from([first]);
+            let mut pending: Option<BTreeSet<String>> = None;
+            loop {
+                let mut due = match pending.take() {
+                    Some(due) => due,
+                    None => match heard.recv() {
+                        Ok(first) => BTreeSet::from([first]),
+                        Err(_) => return,
+                    },
+                };
                 loop {
                     match heard.recv_timeout(QUIET) {
                         Ok(dir) if due.len() < MOST => {
@@ -47,11 +55,20 @@ impl Freshener {
                     }
                 }
                 // By whole paths, holding nothing open between them: an open descriptor
-                // beneath the mount would keep it busy, and its unmount would fail.
-                for dir in due {
+                // beneath the mount would keep it busy, and its unmount would fail. A
+                // listing that comes meanwhile (a walk again) ends the sweep: it starts
+                // over once that walk pauses.
+                let mut due = due.into_iter();
+                for dir in due.by_ref() {
                     use rustix::fs::{statx, AtFlags, StatxFlags, CWD};
-                    let path = root.join(dir);
-                    let _ = statx(CWD, &path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS);
+                    let flags = AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT;
+                    let _ = statx(CWD, root.join(dir), flags, StatxFlags::BASIC_STATS);
+                    if let Ok(next) = heard.try_recv() {
+                        let mut again: BTreeSet<String> = due.collect();
+                        again.insert(next);
+                        pending = Some(again);
+                        break;
+                    }
                 }
             }
         };
