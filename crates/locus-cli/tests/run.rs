@@ -619,3 +619,57 @@ fn a_killed_agent_stops_the_programs_in_its_namespace_with_75_and_the_next_run_s
     assert!(String::from_utf8_lossy(&out.stderr).contains("agent"), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(run_ok("fuse", &[], &format!("cat {r}/f.txt"), &home), "here\n");
 }
+
+#[test]
+fn a_run_inside_a_run_goes_on_its_own_and_sigterm_reaches_the_program() {
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"inner\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    // The inner run must not start an agent beneath the outer one, which waits for
+    // every process beneath it: the outer run ends as soon as the inner program does.
+    let locus = env!("CARGO_BIN_EXE_locus");
+    let t = Instant::now();
+    let out = run_ok("fuse", &[], &format!("{locus} run --mount /inner={r} -- cat /inner/f.txt"), &home);
+    assert_eq!(out, "inner\n");
+    assert!(t.elapsed() < Duration::from_secs(20), "the outer run waited {:?}", t.elapsed());
+
+    // SIGTERM to `locus run` alone goes on to the program, which may end as it likes.
+    let started = s.scratch().join("started");
+    let script = format!("trap 'echo terminated; exit 3' TERM; touch {}; sleep 4 & wait", started.display());
+    let child = Command::new(locus)
+        .args(["run", "--interpose", "fuse", "--", "sh", "-c", &script])
+        .env("LOCUS_HOME", &home)
+        .env("LOCUS_TOKEN", "admin:admin-token")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&started);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "terminated\n");
+}
+
+#[test]
+fn what_a_warm_run_removed_and_wrote_is_at_the_server_when_it_ends() {
+    let s = TestServer::start();
+    for i in 0..20 {
+        s.put_local(&format!("d/f{i}"), b"x");
+    }
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let cache = s.scratch().join("cache");
+    let flags = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
+    // Removals after the first go without waiting, and the file is stored at close: the
+    // run ends only once the server has answered them all.
+    run_ok("fuse", &flags, &format!("ls {r} > /dev/null && rm {r}/f* && echo new > {r}/made.txt"), &home);
+    let left: Vec<String> =
+        std::fs::read_dir(s.local("d")).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    assert_eq!(left, ["made.txt"]);
+    assert_eq!(std::fs::read_to_string(s.local("d/made.txt")).unwrap(), "new\n");
+}
