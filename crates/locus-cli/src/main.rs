@@ -198,7 +198,8 @@ enum Command {
         /// stay after the last program under them ends, so that the next `locus run` by
         /// this user with the same mounts, options and environment starts warm (a
         /// per-user agent keeps them; its socket is in $XDG_RUNTIME_DIR/locus or
-        /// /tmp/locus-run-UID). 0: each run makes its own and takes it away.
+        /// $TMPDIR/locus-run-UID). Programs sharing an agent share its fate (a stopping
+        /// error stops them all). 0: each run makes its own and takes it away.
         #[arg(long, default_value_t = 60, value_name = "SECS")]
         keep_warm: u64,
         /// The program and its arguments (after `--`).
