@@ -673,3 +673,35 @@ fn what_a_warm_run_removed_and_wrote_is_at_the_server_when_it_ends() {
     assert_eq!(left, ["made.txt"]);
     assert_eq!(std::fs::read_to_string(s.local("d/made.txt")).unwrap(), "new\n");
 }
+
+#[test]
+fn runs_started_together_share_one_agent_and_new_credentials_get_another() {
+    let s = TestServer::start();
+    s.put_local("d/f.txt", b"same\n");
+    let home = s.scratch().join("home");
+    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    // Two first runs at once: the lock lets one start the agent, the other joins it.
+    let script = format!("cat {r}/f.txt");
+    let both: Vec<_> = (0..2)
+        .map(|_| {
+            let (home, script) = (home.clone(), script.clone());
+            std::thread::spawn(move || run_ok("fuse", &["--keep-warm", "5"], &script, &home))
+        })
+        .collect();
+    for run in both {
+        assert_eq!(run.join().unwrap(), "same\n");
+    }
+    assert_eq!(agents_of(&home).len(), 1, "{:?}", agents_of(&home));
+    // A credentials file written since (in LOCUS_HOME): the rights may differ, so the
+    // next run has an agent of its own.
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(home.join("credentials"), "# none\n").unwrap();
+    assert_eq!(run_ok("fuse", &["--keep-warm", "5"], &script, &home), "same\n");
+    assert_eq!(agents_of(&home).len(), 2, "{:?}", agents_of(&home));
+    // Idle, they go.
+    let gone = Instant::now() + Duration::from_secs(15);
+    while !agents_of(&home).is_empty() {
+        assert!(Instant::now() < gone, "agents still there: {:?}", agents_of(&home));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
