@@ -3,7 +3,11 @@
 //! and cc, Python, a forking shell, a static threaded binary) work on remote paths under
 //! the agent with the Locus, Chirp, HTTP and local-files drivers; and its error triage:
 //! errnos pass through, a permanent error stops the program with status 1, a server
-//! down past the retry window with status 75, one back within it goes unnoticed.
+//! down past the retry window with status 75, one back within it goes unnoticed; and the
+//! agent that keeps the FUSE path warm between runs.
+//!
+//! Longer than 700 lines because each test file is a binary of its own to build and
+//! link in release: `locus run`'s end-to-end tests share one (helpers in `common`).
 
 mod common;
 

@@ -25,11 +25,13 @@
 //! `--keep-warm` seconds. A stopping error (a server unreachable past the retry window,
 //! a request no driver can satisfy) stops every program in the namespace (each run ends
 //! with its status, as on its own) and ends the agent; an agent that dies stops the
-//! programs in its namespace with 75, and the next run starts a new one. The namespace's copy of `/` is made when the agent starts:
-//! entries made in `/` later, and mounts made on this machine later, show in the next
-//! agent only (a run whose directory is not there goes on its own). A run under
-//! another (`LOCUS_RUN_INSIDE` set) goes on its own too: the outer run waits for every
-//! process beneath it, an agent included.
+//! programs in its namespace with 75, and the next run starts a new one.
+//!
+//! The namespace's copy of `/` is made when the agent starts: entries made in `/`
+//! later, and mounts made on this machine later, show in the next agent only (a run
+//! whose directory is not there goes on its own). A run under another
+//! (`LOCUS_RUN_INSIDE` set) goes on its own too: the outer run waits for every process
+//! beneath it, an agent included.
 
 mod agent;
 
