@@ -40,7 +40,7 @@ while [ ! -s "$W/port" ]; do sleep 0.1; done
 PORT=$(head -1 "$W/port" | cut -d' ' -f1)
 TOKEN=$(grep '^admin ' "$W/state/tokens" | cut -d' ' -f2)
 
-python3 - "$ROUNDS" "$WORKLOADS" "$W" "$BIN" "$PORT" "$TOKEN" <<'EOF'
+PYTHONPATH="$HERE" python3 - "$ROUNDS" "$WORKLOADS" "$W" "$BIN" "$PORT" "$TOKEN" <<'EOF'
 import os, re, shutil, statistics, subprocess, sys, time
 rounds, workloads, w, binary, port, token = sys.argv[1:]
 env = dict(os.environ, LOCUS_TOKEN=f"admin:{token}", LOCUS_HOME=f"{w}/home", CEILING_TTL="86400")
@@ -67,24 +67,10 @@ class Mount:
         subprocess.run(["fusermount3", "-u", self.at], check=True)
         self.child.wait()
 
-def timed(cmd, cwd):
-    t = time.perf_counter()
-    subprocess.run(cmd, shell=True, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
-
+from ceiling_workloads import timed, andrew, postmark as postmark_in  # bench/ceiling_workloads.py
 def postmark(dir):
-    os.makedirs(f"{dir}/pm", exist_ok=True)
-    with open(f"{w}/pm.cfg", "w") as f:
-        f.write(f"set location {dir}/pm\nset number 2000\nset transactions 20000\nrun\nquit\n")
-    t = time.perf_counter()
-    out = subprocess.run(["postmark", f"{w}/pm.cfg"], check=True, capture_output=True, text=True).stdout
-    wall = time.perf_counter() - t
-    tps = float(re.search(r"seconds of transactions \((\d+) per second\)", out).group(1))
-    shutil.rmtree(f"{dir}/pm", ignore_errors=True)
-    return tps, wall
-
-ANDREW = (f"cp -r {w}/lua src && ls -lR src > /dev/null && grep -r lua_State src > /dev/null"
-          " && make -s -C src > /dev/null && rm -r src")
+    return postmark_in(w, dir)
+ANDREW = andrew(w)
 
 results = {}  # (workload, row, target) -> [values]
 def note(workload, row, target, value):

@@ -61,7 +61,7 @@ LUA=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/lua-src-*/lua-5.4* 2> /
 cp -r "$LUA" "$W/lua"
 printf 'SRC := $(filter-out lua.c luac.c,$(wildcard *.c))\nliblua.a: $(SRC:.c=.o)\n\tar rcs $@ $^\n%%.o: %%.c\n\tcc -O0 -c -o $@ $<\n' > "$W/lua/Makefile"
 
-python3 - "$ROUNDS" "$WORKLOADS" "$W" <<'EOF'
+PYTHONPATH="$HERE" python3 - "$ROUNDS" "$WORKLOADS" "$W" <<'EOF'
 import os, re, shutil, statistics, subprocess, sys, time
 rounds, workloads, w = int(sys.argv[1]), sys.argv[2].split(","), sys.argv[3]
 env = dict(os.environ, CEILING_TTL="86400")
@@ -100,24 +100,10 @@ class Mount:
         self.child.wait()
         self.log.close()
 
-def timed(cmd, cwd):
-    t = time.perf_counter()
-    subprocess.run(cmd, shell=True, cwd=cwd, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
-
+from ceiling_workloads import timed, andrew, postmark as postmark_in  # bench/ceiling_workloads.py
 def postmark(dir):
-    os.makedirs(f"{dir}/pm", exist_ok=True)
-    with open(f"{w}/pm.cfg", "w") as f:
-        f.write(f"set location {dir}/pm\nset number 2000\nset transactions 20000\nrun\nquit\n")
-    t = time.perf_counter()
-    out = subprocess.run(["postmark", f"{w}/pm.cfg"], check=True, capture_output=True, text=True).stdout
-    wall = time.perf_counter() - t
-    tps = float(re.search(r"seconds of transactions \((\d+) per second\)", out).group(1))
-    shutil.rmtree(f"{dir}/pm", ignore_errors=True)
-    return tps, wall
-
-ANDREW = (f"cp -r {w}/lua src && ls -lR src > /dev/null && grep -r lua_State src > /dev/null"
-          " && make -s -C src > /dev/null && rm -r src")
+    return postmark_in(w, dir)
+ANDREW = andrew(w)
 
 results = {}  # (workload, row) -> {target: [values by round]}
 def note(workload, row, target, value):

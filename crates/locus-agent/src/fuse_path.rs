@@ -234,8 +234,13 @@ pub(crate) fn failure(report: &[u8]) -> String {
         return "the child ended".into();
     }
     let step = STEPS.get(report[1] as usize).copied().unwrap_or("setup");
-    let errno = i32::from(report[2]) | (i32::from(report[3]) << 8);
-    format!("{step}: {}", std::io::Error::from_raw_os_error(errno))
+    format!("{step}: {}", reported_error(report))
+}
+
+/// The errno in a child's report of a failed step (its third and fourth bytes).
+fn reported_error(report: &[u8]) -> std::io::Error {
+    let byte = |i: usize| i32::from(report.get(i).copied().unwrap_or(0));
+    std::io::Error::from_raw_os_error(byte(2) | (byte(3) << 8))
 }
 
 /// Serves the mount's file system over `driver` on `fuse` in a thread of its own; the
@@ -347,8 +352,7 @@ pub(crate) fn enter(user: Option<&OwnedFd>, mnt: &OwnedFd, argv: &[CString], cwd
     }
     reap_all(child);
     let step = if report.get(1) == Some(&1) { "the working directory in the namespace" } else { "join the namespace" };
-    let errno = i32::from(report.get(2).copied().unwrap_or(0)) | (i32::from(report.get(3).copied().unwrap_or(0)) << 8);
-    Err(format!("{step}: {}", std::io::Error::from_raw_os_error(errno)))
+    Err(format!("{step}: {}", reported_error(&report)))
 }
 
 /// One message from the child, and the descriptor it carried if any (empty at its end).

@@ -17,17 +17,28 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `locus run --interpose MODE FLAGS... -- sh -c SCRIPT` as admin of the test server.
-fn run(mode: &str, flags: &[&str], script: &str, home: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_locus"))
+/// `locus run --interpose MODE FLAGS... -- sh -c SCRIPT` as admin of the test server,
+/// with `home` as `LOCUS_HOME`, ready to start.
+fn run_command(mode: &str, flags: &[&str], script: &str, home: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_locus"));
+    command
         .args(["run", "--interpose", mode])
         .args(flags)
         .args(["--", "sh", "-c", script])
         .env("LOCUS_HOME", home)
         .env("LOCUS_TOKEN", "admin:admin-token")
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("locus run")
+        .env_remove("RUST_BACKTRACE");
+    command
+}
+
+/// Where a program under `locus run` sees `path` of the test server.
+fn remote(s: &TestServer, path: &str) -> String {
+    format!("/locus/{}{path}", s.url("").trim_start_matches("locus://"))
+}
+
+/// [`run_command`], run to its end.
+fn run(mode: &str, flags: &[&str], script: &str, home: &Path) -> Output {
+    run_command(mode, flags, script, home).output().expect("locus run")
 }
 
 /// Like [`run`], asserting success; answers stdout.
@@ -66,7 +77,7 @@ fn unmodified_programs_work_under_the_agent(mode: &str) {
     let home = s.scratch().join("home");
     let src = s.scratch().join("proj");
     c_project(&src);
-    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/data");
 
     // Listing with attributes, a copy in, search, find, a build, the program it built.
     // `/locus` lists the servers in use, and any other HOST:PORT connects when named.
@@ -187,7 +198,7 @@ int main(int argc, char **argv) {
     let built =
         Command::new("cc").args(["-static", "-pthread", "-O2", "-o"]).arg(&binary).arg(&source).status().unwrap();
     assert!(built.success(), "cc -static (libc6-dev) builds the test program");
-    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/data");
     let out = run_ok(mode, &[], &format!("{} {r} {r}/in.txt", binary.display()), &s.scratch().join("home"));
     assert_eq!(out, "input\nforked\n");
     for i in 0..4 {
@@ -320,7 +331,7 @@ fn listings_follow_the_programs_own_changes_at_once_and_others_within_the_timeou
     let s = TestServer::start();
     s.put_local("d/old.txt", b"old");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     let flags = ["--attr-timeout-ms", "300"];
     // Every change the program makes shows in the listing it already has, whether the
     // agent mirrors it locally (create, remove, rename) or only at the server (mkdir,
@@ -353,7 +364,7 @@ fn opening_an_invocation_under_the_agent_runs_the_handler(mode: &str) {
     s.add_handler("csv", &locus_testkit::build_storelet("csv"), &[]);
     s.put_local("data/sales.csv", b"region,price\nnorth,10\nsouth,5\nnorth,7\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/data");
     let script = format!(
         "cd {r} && ls && cat csv@sales.csv,-sum,price %2Fopt%2Fcsv+sales.csv+-count && \
          python3 -c \"print(open('csv@sales.csv,-by,region,-sum,price').read(), end='')\""
@@ -395,7 +406,7 @@ fn the_fuse_path_runs_unprivileged_and_auto_falls_back_to_tracing_where_it_canno
     let s = TestServer::start();
     s.put_local("data/in.txt", b"remote\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/data", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/data");
     // Not root: in a user namespace where this user is uid 1000 (or as this user when
     // the tests do not run as root), the agent makes its own user namespace.
     let script = format!("id -u && cat {r}/in.txt && echo mine > {r}/out.txt && stat -c %u {r}/out.txt");
@@ -436,7 +447,7 @@ fn on_the_fuse_path_callbacks_show_another_clients_change_however_long_the_timeo
     let s = TestServer::start();
     s.put_local("d/f.txt", b"one");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     // Cached (read, listed), then changed by another client through the protocol while
     // the program waits; a ten-minute timeout leaves the callback alone to show it.
     let script = format!(
@@ -464,7 +475,7 @@ fn on_the_fuse_path_callbacks_show_another_clients_change_however_long_the_timeo
 fn on_the_fuse_path_afs_writes_back_at_close_with_the_cache_flags_given() {
     let s = TestServer::start();
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "");
     // One process, so no other close of the file (a shell's redirections close copies of
     // their descriptors, and every close stores). A first file made tells the mount the
     // server lets it write there; then it writes, reads the server's copy beside it in
@@ -535,7 +546,7 @@ fn a_second_run_finds_the_namespace_warm_and_keep_warm_0_does_not() {
     for i in 0..20 {
         s.put_local(&format!("d/t/{i}/f.txt"), format!("file {i}\n").as_bytes());
     }
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     let script = format!("find {r}/t | wc -l && cat {r}/t/7/f.txt");
     for keep in ["30", "0"] {
         let home = s.scratch().join(format!("home-{keep}"));
@@ -570,17 +581,13 @@ fn another_token_gets_an_agent_of_its_own_and_an_idle_agent_goes() {
     let s = TestServer::start();
     s.put_local("d/secret.txt", b"for admin only\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     let flags = ["--keep-warm", "2", "--retry-secs", "1"];
     assert_eq!(run_ok("fuse", &flags, &format!("cat {r}/secret.txt"), &home), "for admin only\n");
     assert_eq!(agents_of(&home).len(), 1);
     // The same user with a token the server refuses: not the warm namespace of the
     // admin's runs, but one of its own, whose connection is refused.
-    let out = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["run", "--interpose", "fuse"])
-        .args(flags)
-        .args(["--", "cat", &format!("{r}/secret.txt")])
-        .env("LOCUS_HOME", &home)
+    let out = run_command("fuse", &flags, &format!("cat {r}/secret.txt"), &home)
         .env("LOCUS_TOKEN", "admin:not-the-token")
         .output()
         .unwrap();
@@ -599,17 +606,10 @@ fn a_killed_agent_stops_the_programs_in_its_namespace_with_75_and_the_next_run_s
     let s = TestServer::start();
     s.put_local("d/f.txt", b"here\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     let started = s.scratch().join("started");
     let script = format!("cat {r}/f.txt && touch {} && sleep 30 && echo survived", started.display());
-    let child = Command::new(env!("CARGO_BIN_EXE_locus"))
-        .args(["run", "--interpose", "fuse", "--", "sh", "-c", &script])
-        .env("LOCUS_HOME", &home)
-        .env("LOCUS_TOKEN", "admin:admin-token")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = run_command("fuse", &[], &script, &home).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     wait_for(&started);
     let agents = agents_of(&home);
     assert_eq!(agents.len(), 1, "{agents:?}");
@@ -629,7 +629,7 @@ fn a_run_inside_a_run_goes_on_its_own_and_sigterm_reaches_the_program() {
     let s = TestServer::start();
     s.put_local("d/f.txt", b"inner\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     // The inner run must not start an agent beneath the outer one, which waits for
     // every process beneath it: the outer run ends as soon as the inner program does.
     let locus = env!("CARGO_BIN_EXE_locus");
@@ -641,13 +641,7 @@ fn a_run_inside_a_run_goes_on_its_own_and_sigterm_reaches_the_program() {
     // SIGTERM to `locus run` alone goes on to the program, which may end as it likes.
     let started = s.scratch().join("started");
     let script = format!("trap 'echo terminated; exit 3' TERM; touch {}; sleep 4 & wait", started.display());
-    let child = Command::new(locus)
-        .args(["run", "--interpose", "fuse", "--", "sh", "-c", &script])
-        .env("LOCUS_HOME", &home)
-        .env("LOCUS_TOKEN", "admin:admin-token")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = run_command("fuse", &[], &script, &home).stdout(Stdio::piped()).spawn().unwrap();
     wait_for(&started);
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(child.id() as i32).unwrap(),
@@ -666,7 +660,7 @@ fn what_a_warm_run_removed_and_wrote_is_at_the_server_when_it_ends() {
         s.put_local(&format!("d/f{i}"), b"x");
     }
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     let cache = s.scratch().join("cache");
     let flags = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap()];
     // Removals after the first go without waiting, and the file is stored at close: the
@@ -683,7 +677,7 @@ fn runs_started_together_share_one_agent_and_new_credentials_get_another() {
     let s = TestServer::start();
     s.put_local("d/f.txt", b"same\n");
     let home = s.scratch().join("home");
-    let r = format!("/locus/{}/d", s.url("").trim_start_matches("locus://"));
+    let r = remote(&s, "/d");
     // Two first runs at once: the lock lets one start the agent, the other joins it.
     let script = format!("cat {r}/f.txt");
     let both: Vec<_> = (0..2)
