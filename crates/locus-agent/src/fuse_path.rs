@@ -255,17 +255,20 @@ pub(crate) fn serve(
     mount: MountOptions,
     freshen: Option<std::path::PathBuf>,
 ) -> (std::sync::mpsc::Receiver<()>, Arc<locus_mount::Control>) {
+    let transport = mount.transport;
     let mut fs = LocusFs::new(Box::new(driver), "/", mount);
     if let Some(root) = freshen {
         fs.freshen_through(root);
     }
     let control = fs.control();
     let notifier = fs.notifier_slot();
-    let mut session = fuser::Session::from_fd(fs, fuse, fuser::SessionACL::Owner);
+    let session = locus_fuse::Session::new(fs, fuse, transport);
     let _ = notifier.set(session.notifier());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let _ = session.run();
+        if let Err(e) = session.run() {
+            tracing::warn!("FUSE: {e}");
+        }
         let _ = done_tx.send(());
     });
     (done_rx, control)

@@ -90,6 +90,9 @@ pub struct RunOptions {
     /// written are kept, and the most bytes they may hold (as `locus mount`'s).
     pub cache_dir: std::path::PathBuf,
     pub cache_limit: u64,
+    /// On the FUSE path, how the kernel's requests reach the agent (see
+    /// [`locus_mount::MountOptions::transport`]).
+    pub transport: locus_fuse::TransportChoice,
     /// How the program is given its namespace.
     pub interposition: Interposition,
     /// On the FUSE path, how long the namespace, its file system and caches stay after
@@ -187,6 +190,7 @@ fn run_inner(command: &[OsString], options: RunOptions) -> Result<i32, Abort> {
             consistency: options.consistency,
             cache_dir: options.cache_dir.clone(),
             cache_limit: options.cache_limit,
+            transport: options.transport,
             ..Default::default()
         };
         let warm = if options.keep_warm.is_zero() || inside { None } else { warm::run(&argv, &options, &mount) };

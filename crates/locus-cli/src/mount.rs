@@ -13,20 +13,33 @@ pub fn run(url: &str, mountpoint: &Path, options: MountOptions, retry: Duration)
     if attr.mode & locus_client::types::S_IFMT != locus_client::types::S_IFDIR {
         return Err(format!("{url}: not a directory"));
     }
+    let transport = options.transport;
     let mut fs = LocusFs::new(driver, &path, options);
     let options = [
-        fuser::MountOption::FSName(url.to_string()),
-        fuser::MountOption::Subtype("locus".into()),
-        fuser::MountOption::NoAtime,
+        locus_fuse::MountOption::FSName(url.to_string()),
+        locus_fuse::MountOption::Subtype("locus".into()),
+        locus_fuse::MountOption::NoAtime,
     ];
     let mountpoint = &mountpoint.canonicalize().map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     fs.freshen_through(mountpoint.clone());
     let notifier = fs.notifier_slot();
     let control = fs.control();
-    let session =
-        fuser::spawn_mount2(fs, mountpoint, &options).map_err(|e| format!("mount on {}: {e}", mountpoint.display()))?;
+    let session = locus_fuse::mount(fs, mountpoint, &options, transport)
+        .map_err(|e| format!("mount on {}: {e}", mountpoint.display()))?;
     let _ = notifier.set(session.notifier());
-    eprintln!("{url} is mounted on {}; Ctrl-C or `locus umount` to unmount", mountpoint.display());
+    // The kernel's INIT comes at once; its answer says how requests come.
+    let chosen = session.transport();
+    let started = std::time::Instant::now();
+    while chosen.get().is_none() && !session.guard.is_finished() && started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if session.guard.is_finished() {
+        let ended = session.guard.join().unwrap_or_else(|_| Err(std::io::Error::other("the FUSE thread panicked")));
+        detach(mountpoint);
+        return Err(format!("mount on {}: {}", mountpoint.display(), ended.err().map_or("ended".into(), |e| e.to_string())));
+    }
+    let by = chosen.get().map_or(String::new(), |t| format!(" ({t})"));
+    eprintln!("{url} is mounted on {}{by}; Ctrl-C or `locus umount` to unmount", mountpoint.display());
     let signalled = wait_for_signal_or_unmount(mountpoint, &control);
     if signalled {
         // Everything unsaved is stored before the mount goes (the mount takes the

@@ -1132,7 +1132,7 @@ fn a_second_walk_asks_the_mount_nothing_once_the_first_has_paused() {
         .arg(&mnt)
         .env("LOCUS_HOME", s.scratch().join("home"))
         .env("LOCUS_TOKEN", "admin:admin-token")
-        .env("LOCUS_LOG", "fuser::request=debug")
+        .env("LOCUS_LOG", "locus_fuse::request=debug")
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();

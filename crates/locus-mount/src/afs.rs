@@ -12,7 +12,7 @@ use crate::listings::Known;
 use crate::writeback;
 use crate::LocusFs;
 use crate::KNOWN_MAX;
-use fuser::Request;
+use locus_fuse::Request;
 use locus_drivers::Attr;
 use locus_drivers::DriverError;
 use locus_proto::types::open_flags;

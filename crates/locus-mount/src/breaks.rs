@@ -67,7 +67,7 @@ pub(crate) struct Broken {
 pub(crate) fn take_breaks(
     breaks: std::sync::mpsc::Receiver<locus_drivers::Break>,
     index: inodes::PathIndex,
-    notifier: Arc<OnceLock<fuser::Notifier>>,
+    notifier: Arc<OnceLock<locus_fuse::Notifier>>,
     broken: Arc<parking_lot::Mutex<Broken>>,
     seen: Seen,
     open_files: OpenFiles,

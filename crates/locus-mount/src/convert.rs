@@ -1,9 +1,9 @@
 //! Conversions between the kernel's words (FUSE attributes, `open(2)` flags, times,
 //! errno) and the drivers' (Locus attributes and open flags).
 
-use fuser::FileAttr;
-use fuser::FileType;
-use fuser::TimeOrNow;
+use locus_fuse::FileAttr;
+use locus_fuse::FileType;
+use locus_fuse::TimeOrNow;
 use locus_drivers::Attr;
 use locus_drivers::DriverError;
 use locus_drivers::SetTime;
@@ -57,7 +57,6 @@ pub(crate) fn file_attr(ino: u64, a: &Attr) -> FileAttr {
         atime: system_time(a.atime),
         mtime: system_time(a.mtime),
         ctime: system_time(a.ctime),
-        crtime: system_time(a.ctime),
         kind,
         perm: (a.mode & 0o7777) as u16,
         nlink: a.nlink as u32,

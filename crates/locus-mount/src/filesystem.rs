@@ -1,4 +1,4 @@
-//! The kernel's requests (`impl fuser::Filesystem`), each answered from what the mount
+//! The kernel's requests (`impl locus_fuse::Filesystem`), each answered from what the mount
 //! knows or by the driver.
 //!
 //! Longer than 700 lines because it is one trait impl, which Rust keeps in one file:
@@ -17,20 +17,21 @@ use crate::LocusFs;
 use crate::CALLBACK_TTL;
 use crate::KNOWN_MAX;
 use crate::RETRY_EVERY;
-use fuser::FileType;
-use fuser::Filesystem;
-use fuser::KernelConfig;
-use fuser::ReplyAttr;
-use fuser::ReplyCreate;
-use fuser::ReplyData;
-use fuser::ReplyDirectory;
-use fuser::ReplyEmpty;
-use fuser::ReplyEntry;
-use fuser::ReplyOpen;
-use fuser::ReplyStatfs;
-use fuser::ReplyWrite;
-use fuser::Request;
-use fuser::TimeOrNow;
+use locus_fuse::FileType;
+use locus_fuse::Filesystem;
+use locus_fuse::KernelConfig;
+use locus_fuse::ReplyAttr;
+use locus_fuse::ReplyCreate;
+use locus_fuse::ReplyData;
+use locus_fuse::ReplyDirectory;
+use locus_fuse::ReplyEmpty;
+use locus_fuse::ReplyEntry;
+use locus_fuse::ReplyOpen;
+use locus_fuse::ReplyStatfs;
+use locus_fuse::ReplyWrite;
+use locus_fuse::Request;
+use locus_fuse::SetAttr;
+use locus_fuse::TimeOrNow;
 use locus_drivers::Attr;
 use locus_drivers::DriverError;
 use locus_drivers::SetTime;
@@ -41,7 +42,6 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
-use std::time::SystemTime;
 
 impl Filesystem for LocusFs {
     fn init(&mut self, _req: &Request<'_>, config: &mut KernelConfig) -> Result<(), libc::c_int> {
@@ -138,20 +138,10 @@ impl Filesystem for LocusFs {
         &mut self,
         _req: &Request<'_>,
         ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        fh: Option<u64>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<u32>,
+        set: SetAttr,
         reply: ReplyAttr,
     ) {
+        let SetAttr { mode, uid, gid, size, atime, mtime, fh } = set;
         let copied = self.copies.as_mut().and_then(|c| c.get(ino)).map(|c| c.handles > 0 || c.dirty);
         if let (Some(true), Some(size), None, None, None, None, None) = (copied, size, mode, uid, gid, atime, mtime) {
             // A size set on a file being written back is set in its copy.
@@ -596,7 +586,7 @@ impl Filesystem for LocusFs {
         self.absorb();
         // Else the kernel keeps this directory's listing only while callbacks hold.
         let cache_dir = 1 << 3; // FOPEN_CACHE_DIR (ABI 7.28), honoured by kernels since 4.20
-        let flags = if self.ttl() == CALLBACK_TTL { cache_dir | fuser::consts::FOPEN_KEEP_CACHE } else { 0 };
+        let flags = if self.ttl() == CALLBACK_TTL { cache_dir | locus_fuse::consts::FOPEN_KEEP_CACHE } else { 0 };
         reply.opened(0, flags);
     }
 
@@ -631,33 +621,19 @@ impl Filesystem for LocusFs {
         }
     }
 
-    fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: fuser::ReplyXattr) {
+    fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: locus_fuse::ReplyXattr) {
         // The protocol has no extended attributes. ENOSYS tells the kernel so once: it
         // stops asking (it asked before every write, for `security.capability`) and
         // answers EOPNOTSUPP to programs, as for a file system without xattrs.
         reply.error(libc::ENOSYS);
     }
 
-    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: fuser::ReplyXattr) {
+    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, size: u32, reply: locus_fuse::ReplyXattr) {
         if size == 0 {
             reply.size(0);
         } else {
             reply.data(&[]);
         }
-    }
-
-    fn ioctl(
-        &mut self,
-        _req: &Request<'_>,
-        _ino: u64,
-        _fh: u64,
-        _flags: u32,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: fuser::ReplyIoctl,
-    ) {
-        reply.error(libc::ENOTTY);
     }
 
     fn statfs(&mut self, _req: &Request<'_>, ino: u64, reply: ReplyStatfs) {

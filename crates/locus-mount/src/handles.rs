@@ -8,7 +8,7 @@ use crate::handle_table::{Behind, Handle};
 use crate::known::version;
 use crate::LocusFs;
 use crate::CALLBACK_TTL;
-use fuser::Request;
+use locus_fuse::Request;
 use locus_drivers::Attr;
 use locus_proto::types::open_flags;
 use std::ffi::OsStr;
@@ -106,11 +106,11 @@ impl LocusFs {
             let path = self.path(ino)?;
             let opened = self.driver.open(&path, locus_flags(flags), 0).map_err(errno)?;
             self.handles.server(ino, opened.handle, None);
-            return Ok((opened.handle, fuser::consts::FOPEN_DIRECT_IO | no_flush));
+            return Ok((opened.handle, locus_fuse::consts::FOPEN_DIRECT_IO | no_flush));
         }
         if !read_only || self.unstored(ino).is_some() {
             if let Some((fh, kept)) = self.open_copy(ino, flags) {
-                return Ok((fh, no_flush | if kept { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }));
+                return Ok((fh, no_flush | if kept { locus_fuse::consts::FOPEN_KEEP_CACHE } else { 0 }));
             }
         }
         let cached = self.fresh(ino).map(version);
@@ -118,11 +118,11 @@ impl LocusFs {
             // Unchanged within the attribute timeout and its pages are cached: the kernel
             // may well read nothing from the server.
             let fh = self.handles.own(ino, Behind::Deferred(None), None);
-            return Ok((fh, fuser::consts::FOPEN_KEEP_CACHE | no_flush));
+            return Ok((fh, locus_fuse::consts::FOPEN_KEEP_CACHE | no_flush));
         }
         if read_only {
             if let Some((fh, keep)) = self.open_whole(ino) {
-                return Ok((fh, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }));
+                return Ok((fh, no_flush | if keep { locus_fuse::consts::FOPEN_KEEP_CACHE } else { 0 }));
             }
         }
         let path = self.path(ino)?;
@@ -140,7 +140,7 @@ impl LocusFs {
         if !read_only {
             self.wrote_in(ino);
         }
-        Ok((opened.handle, no_flush | if keep { fuser::consts::FOPEN_KEEP_CACHE } else { 0 }))
+        Ok((opened.handle, no_flush | if keep { locus_fuse::consts::FOPEN_KEEP_CACHE } else { 0 }))
     }
 
     /// Makes `name` in `parent` and opens it for the kernel: answers its inode, its

@@ -8,7 +8,7 @@ use crate::convert::is_active;
 use crate::inodes;
 use crate::LocusFs;
 use crate::CALLBACK_TTL;
-use fuser::ReplyEntry;
+use locus_fuse::ReplyEntry;
 use locus_drivers::Attr;
 use locus_drivers::Time;
 use std::ffi::OsStr;

@@ -1,7 +1,7 @@
 //! `locus mount`: a Locus export as a local file system, through FUSE, so unmodified
 //! programs use remote data.
 //!
-//! [`LocusFs`] implements `fuser::Filesystem` over a protocol driver (`locus-drivers`:
+//! [`LocusFs`] implements `locus_fuse::Filesystem` over a protocol driver (`locus-drivers`:
 //! a Locus server, a chirp_server, or an HTTP server read-only). Inode numbers
 //! are local: each path the kernel looks up gets one ([`inodes::Inodes`]), and renames
 //! move the paths beneath. Open files are server handles, which bind to the object as
@@ -120,7 +120,7 @@ pub struct LocusFs {
     /// the writes left: the pages they put in the kernel's cache stay valid after it.
     written: HashSet<u64>,
     /// How the mount puts known content into the kernel's cache, once its session exists.
-    notifier: Arc<OnceLock<fuser::Notifier>>,
+    notifier: Arc<OnceLock<locus_fuse::Notifier>>,
     /// Whether the driver turned callbacks on (they hold only while
     /// `Driver::callbacks_held` says so).
     callbacks: bool,
@@ -257,7 +257,7 @@ impl LocusFs {
     /// with it, content the mount wrote whole is handed to the kernel's page cache, so
     /// that reading it back costs no round trip (the kernel does not keep a page that
     /// writes covered only in part, such as a file's last).
-    pub fn notifier_slot(&self) -> Arc<OnceLock<fuser::Notifier>> {
+    pub fn notifier_slot(&self) -> Arc<OnceLock<locus_fuse::Notifier>> {
         self.notifier.clone()
     }
 }

@@ -47,6 +47,9 @@ pub struct MountOptions {
     /// What the mount shows (its URL): the journal's records name it, and a mount
     /// stores at start only the unsaved copies an earlier mount of the same origin left.
     pub origin: String,
+    /// How the kernel's requests reach the mount: FUSE over io_uring where the kernel
+    /// offers it (`auto`, the default), or /dev/fuse reads.
+    pub transport: locus_fuse::TransportChoice,
 }
 
 impl Default for MountOptions {
@@ -58,6 +61,7 @@ impl Default for MountOptions {
             cache_dir: writeback::default_dir(),
             cache_limit: 1 << 30,
             origin: String::new(),
+            transport: locus_fuse::TransportChoice::Auto,
         }
     }
 }

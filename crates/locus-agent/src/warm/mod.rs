@@ -264,13 +264,14 @@ fn key(options: &RunOptions, mount: &MountOptions) -> String {
         h.update(format!("mount {logical} {url}\n"));
     }
     h.update(format!(
-        "{:?} {:?} {:?} {:?} {} {} {:?}\n",
+        "{:?} {:?} {:?} {:?} {} {} {:?} {:?}\n",
         options.retry,
         mount.attr_timeout,
         mount.consistency,
         mount.cache_dir,
         mount.cache_limit,
         mount.max_promises,
+        mount.transport,
         options.keep_warm
     ));
     let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = std::env::vars_os()

@@ -1,0 +1,263 @@
+//! A session: FUSE_INIT on a mounted /dev/fuse, then the requests until the mount goes,
+//! over the transport chosen at INIT.
+
+use crate::abi::{self, init, op, Args, InHeader};
+use crate::dispatch::{dispatch, wants_reply};
+use crate::reply::Outgoing;
+use crate::{uring, Filesystem, KernelConfig, Notifier, Request};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
+
+/// The transport a session is asked to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TransportChoice {
+    /// FUSE over io_uring where the kernel offers it, else /dev/fuse reads.
+    #[default]
+    Auto,
+    /// /dev/fuse reads and writes only.
+    Classic,
+    /// FUSE over io_uring, or no session at all.
+    Uring,
+}
+
+impl std::str::FromStr for TransportChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(TransportChoice::Auto),
+            "classic" => Ok(TransportChoice::Classic),
+            "uring" | "io_uring" => Ok(TransportChoice::Uring),
+            _ => Err(format!("unknown FUSE transport {s:?}: auto, classic or uring")),
+        }
+    }
+}
+
+/// The transport a session uses, decided at FUSE_INIT.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// One `read(2)` of /dev/fuse per request, one `writev(2)` per reply.
+    Classic,
+    /// Requests in buffers registered on an io_uring, one queue per CPU.
+    Uring,
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Transport::Classic => "/dev/fuse",
+            Transport::Uring => "FUSE over io_uring",
+        })
+    }
+}
+
+/// Where the kernel says whether it offers FUSE over io_uring.
+pub const URING_SETTING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// A file system on a mounted /dev/fuse, ready to serve.
+pub struct Session<F: Filesystem> {
+    fs: F,
+    fuse: Arc<OwnedFd>,
+    choice: TransportChoice,
+    transport: Arc<OnceLock<Transport>>,
+}
+
+impl<F: Filesystem> Session<F> {
+    /// A session serving `fs` on `fuse`, a /dev/fuse descriptor already mounted.
+    pub fn new(fs: F, fuse: OwnedFd, choice: TransportChoice) -> Session<F> {
+        Session { fs, fuse: Arc::new(fuse), choice, transport: Arc::new(OnceLock::new()) }
+    }
+
+    /// Sends notifications (invalidations, stores) to the kernel from any thread.
+    pub fn notifier(&self) -> Notifier {
+        Notifier { fuse: self.fuse.clone() }
+    }
+
+    /// Where the transport chosen at FUSE_INIT appears.
+    pub fn transport(&self) -> Arc<OnceLock<Transport>> {
+        self.transport.clone()
+    }
+
+    /// Serves requests until the file system is unmounted (or the connection aborted),
+    /// then calls its `destroy`. Fails only at start-up: a kernel speaking another
+    /// protocol, the file system refusing INIT, or io_uring asked for and not offered.
+    pub fn run(mut self) -> io::Result<()> {
+        let max_write = self.init()?;
+        let fd = self.fuse.as_raw_fd();
+        let ended = match self.transport.get() {
+            Some(Transport::Uring) => match uring::serve(&mut self.fs, &self.fuse, max_write) {
+                Ok(ended) => ended,
+                Err(e) => {
+                    // The kernel sends requests by /dev/fuse until every queue is set up.
+                    tracing::warn!("FUSE over io_uring could not start ({e}); serving /dev/fuse reads instead");
+                    classic(&mut self.fs, fd, max_write)
+                }
+            },
+            _ => classic(&mut self.fs, fd, max_write),
+        };
+        if ended != Ended::Destroyed {
+            self.fs.destroy();
+        }
+        Ok(())
+    }
+
+    /// Answers FUSE_INIT; gives the largest write the kernel will send.
+    fn init(&mut self) -> io::Result<u32> {
+        let fd = self.fuse.as_raw_fd();
+        let mut buf = vec![0u8; 8192 + abi::IN_HEADER];
+        let n = loop {
+            match rustix::io::read(&*self.fuse, &mut buf) {
+                Ok(n) => break n,
+                Err(e) if e == rustix::io::Errno::INTR => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        let h = InHeader::parse(&buf[..n]).map_err(|_| bad("a short first request from /dev/fuse".into()))?;
+        if h.opcode != op::INIT {
+            return Err(bad(format!("the kernel's first request is {}, not INIT", abi::op_name(h.opcode))));
+        }
+        let a = Args { arg: &buf[abi::IN_HEADER..n], rest: &[] };
+        let (major, minor) = (a.u32(0).unwrap_or(0), a.u32(4).unwrap_or(0));
+        let kernel_readahead = a.u32(8).unwrap_or(0);
+        let low = u64::from(a.u32(12).unwrap_or(0));
+        let offered = low | if low & init::INIT_EXT != 0 { u64::from(a.u32(16).unwrap_or(0)) << 32 } else { 0 };
+        if major != abi::MAJOR || minor < abi::MINOR_MIN {
+            let _ = send(fd, h.unique, -libc::EPROTO, &[]);
+            return Err(bad(format!("the kernel speaks FUSE {major}.{minor}; this needs 7.{} or later", abi::MINOR_MIN)));
+        }
+        let mut config =
+            KernelConfig { max_write: 128 * 1024, max_readahead: kernel_readahead, kernel_max_readahead: kernel_readahead };
+        if let Err(e) = self.fs.init(&Request { header: &h }, &mut config) {
+            let _ = send(fd, h.unique, -e.abs().max(1), &[]);
+            return Err(io::Error::from_raw_os_error(e.abs()));
+        }
+        let uring_offered = offered & init::OVER_IO_URING != 0;
+        let transport = match self.choice {
+            TransportChoice::Classic => Transport::Classic,
+            TransportChoice::Auto if uring_offered => Transport::Uring,
+            TransportChoice::Auto => Transport::Classic,
+            TransportChoice::Uring if uring_offered => Transport::Uring,
+            TransportChoice::Uring => {
+                let _ = send(fd, h.unique, -libc::EPROTO, &[]);
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("FUSE over io_uring is not offered by this kernel (Linux 6.14 or later, with {URING_SETTING} set to Y)"),
+                ));
+            }
+        };
+        let mut want = init::ASYNC_READ | init::BIG_WRITES | init::MAX_PAGES;
+        if transport == Transport::Uring {
+            want |= init::INIT_EXT | init::OVER_IO_URING;
+        }
+        let flags = want & offered;
+        // Without FUSE_MAX_PAGES the kernel sends at most 32 pages a request.
+        let max_write = if flags & init::MAX_PAGES != 0 { config.max_write } else { config.max_write.min(128 * 1024) };
+        let max_pages = max_write.div_ceil(4096) as u16;
+        let mut out: Vec<u8> = Vec::with_capacity(64);
+        use abi::Put;
+        out.u32(abi::MAJOR);
+        out.u32(minor.min(abi::MINOR));
+        out.u32(config.max_readahead);
+        out.u32(flags as u32);
+        out.u16(16); // max_background
+        out.u16(12); // congestion_threshold
+        out.u32(max_write);
+        out.u32(1); // time_gran: nanoseconds
+        out.u16(max_pages);
+        out.u16(0); // map_alignment
+        out.u32((flags >> 32) as u32);
+        out.resize(64, 0);
+        send(fd, h.unique, 0, &out)?;
+        tracing::info!("FUSE {major}.{minor}: serving by {transport}, writes of up to {max_write} bytes");
+        let _ = self.transport.set(transport);
+        Ok(max_write)
+    }
+}
+
+/// How a serving loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Unmounted, or the connection aborted.
+    Gone,
+    /// The kernel sent DESTROY, answered: `destroy` has run.
+    Destroyed,
+}
+
+/// Writes one reply (or notification) to /dev/fuse: `fuse_out_header`, then `body`.
+pub(crate) fn send(fd: i32, unique: u64, error: i32, body: &[u8]) -> io::Result<()> {
+    let header = abi::out_header(abi::OUT_HEADER + body.len(), error, unique);
+    let iov = [
+        libc::iovec { iov_base: header.as_ptr() as *mut libc::c_void, iov_len: header.len() },
+        libc::iovec { iov_base: body.as_ptr() as *mut libc::c_void, iov_len: body.len() },
+    ];
+    // SAFETY: both vectors point at live buffers of the lengths given.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), if body.is_empty() { 1 } else { 2 }) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Serves one request that came whole in `buf` (from a /dev/fuse read) and answers it by
+/// a write; DESTROY is answered after the file system's `destroy`.
+pub(crate) fn serve_read<F: Filesystem>(fs: &mut F, fd: i32, buf: &[u8], out: &mut Outgoing) -> Option<Ended> {
+    let Ok(h) = InHeader::parse(buf) else {
+        tracing::warn!("a request of {} bytes from /dev/fuse is shorter than its header", buf.len());
+        return None;
+    };
+    if h.opcode == op::DESTROY {
+        fs.destroy();
+        let _ = send(fd, h.unique, 0, &[]);
+        return Some(Ended::Destroyed);
+    }
+    let body = &buf[abi::IN_HEADER..];
+    let split = abi::first_arg_size(h.opcode).min(body.len());
+    let args = Args { arg: &body[..split], rest: &body[split..] };
+    dispatch(fs, &h, &args, out);
+    if wants_reply(h.opcode) {
+        reply(fd, h.unique, out);
+    }
+    None
+}
+
+/// Sends what the file system answered (`EIO` if it answered nothing).
+fn reply(fd: i32, unique: u64, out: &Outgoing) {
+    let sent = if out.replied {
+        send(fd, unique, out.error, if out.error == 0 { &out.body } else { &[] })
+    } else {
+        tracing::warn!("request #{unique} got no answer: EIO");
+        send(fd, unique, -libc::EIO, &[])
+    };
+    match sent {
+        // ENOENT: the request was interrupted and is gone.
+        Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) => {
+            tracing::warn!("answering request #{unique}: {e}")
+        }
+        _ => {}
+    }
+}
+
+/// The classic loop: a `read(2)` of /dev/fuse per request.
+fn classic<F: Filesystem>(fs: &mut F, fd: i32, max_write: u32) -> Ended {
+    let mut buf = vec![0u8; max_write as usize + 4096];
+    let mut out = Outgoing::default();
+    loop {
+        // SAFETY: `buf` is a live buffer of the length given.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            match io::Error::last_os_error().raw_os_error() {
+                // ENOENT: the request was interrupted before it was read.
+                Some(libc::EINTR | libc::EAGAIN | libc::ENOENT) => continue,
+                Some(libc::ENODEV) => return Ended::Gone,
+                _ => {
+                    tracing::warn!("reading /dev/fuse: {}", io::Error::last_os_error());
+                    return Ended::Gone;
+                }
+            }
+        }
+        if let Some(ended) = serve_read(fs, fd, &buf[..n as usize], &mut out) {
+            return ended;
+        }
+    }
+}
