@@ -56,6 +56,44 @@ pub struct MountArgs {
     /// Which parts to run, comma-separated: rows (Figure 4), andrew, postmark, find.
     #[arg(long, value_delimiter = ',', default_value = "rows,andrew,postmark,find")]
     pub workloads: Vec<String>,
+    /// How the Locus mounts and `locus run` take the kernel's FUSE requests: auto,
+    /// classic, uring, or both (each `--consistency afs` target, mount and run, twice:
+    /// over /dev/fuse and over io_uring, side by side). uring and both turn the kernel's
+    /// FUSE over io_uring on (root), and back off at the end if it was off.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "classic", "uring", "both"])]
+    pub fuse_transport: String,
+}
+
+/// The FUSE transports the afs targets are measured over, and each one's name suffix.
+fn transports(choice: &str) -> Vec<(&str, &str)> {
+    match choice {
+        "both" => vec![("classic", " (/dev/fuse)"), ("uring", " (io_uring)")],
+        other => vec![(other, "")],
+    }
+}
+
+/// Turns FUSE over io_uring on while the bench runs; off again when dropped, if it was.
+struct UringSetting(Option<String>);
+
+impl UringSetting {
+    fn on(wanted: bool) -> Result<UringSetting, BenchError> {
+        let path = locus_fuse::URING_SETTING;
+        if !wanted {
+            return Ok(UringSetting(None));
+        }
+        let was = std::fs::read_to_string(path)
+            .map_err(|e| BenchError::Setup(format!("{path}: {e} (FUSE over io_uring needs Linux 6.14 or later)")))?;
+        std::fs::write(path, "Y").map_err(|e| BenchError::Setup(format!("turning on {path}: {e} (needs root)")))?;
+        Ok(UringSetting(Some(was.trim().to_string())))
+    }
+}
+
+impl Drop for UringSetting {
+    fn drop(&mut self) {
+        if let Some(was) = self.0.as_deref().filter(|w| *w != "Y") {
+            let _ = std::fs::write(locus_fuse::URING_SETTING, was);
+        }
+    }
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
@@ -474,6 +512,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
     );
     andrew_out.push_str("\n| RTT ms | target | copy | ls -lR | grep -r | make | rm -r | total | ÷ local |\n|---|---|---|---|---|---|---|---|---|\n");
     let want = |w: &str| args.workloads.iter().any(|x| x == w);
+    let transports = transports(&args.fuse_transport);
+    let _uring = UringSetting::on(transports.iter().any(|&(t, _)| t == "uring"))?;
     let (local_rows, local_mbps) =
         if want("rows") { rows(&local, args.iterations, args.size_mb).map_err(setup)? } else { (Vec::new(), 0.0) };
     let mut local_total = 0.0;
@@ -483,16 +523,18 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         let mut targets: Vec<(String, PathBuf, Option<Mounted>)> = vec![("local".into(), local.clone(), None)];
         let m = mount(&exe, &format!("locus://{}/", lp.addr), &work.path().join(format!("m-locus-{rtt}")), &token)?;
         targets.push(("locus mount".into(), m.dir.clone(), Some(m)));
-        let cache = work.path().join(format!("afs-cache-{rtt}"));
-        let afs = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap_or_default()];
-        let m = mount_with(
-            &exe,
-            &format!("locus://{}/", lp.addr),
-            &work.path().join(format!("m-afs-{rtt}")),
-            &token,
-            &afs,
-        )?;
-        targets.push(("locus mount --consistency afs".into(), m.dir.clone(), Some(m)));
+        let afs_flags = |cache: &Path, transport: &str| -> Vec<String> {
+            ["--consistency", "afs", "--cache-dir", &cache.display().to_string(), "--fuse-transport", transport]
+                .map(String::from)
+                .to_vec()
+        };
+        for &(transport, suffix) in &transports {
+            let flags = afs_flags(&work.path().join(format!("afs-cache-{rtt}-{transport}")), transport);
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            let dir = work.path().join(format!("m-afs-{rtt}-{transport}"));
+            let m = mount_with(&exe, &format!("locus://{}/", lp.addr), &dir, &token, &flags)?;
+            targets.push((format!("locus mount --consistency afs{suffix}"), m.dir.clone(), Some(m)));
+        }
         let cp = match &chirp {
             Some(c) => Some(DelayProxy::start(c.addr, one_way).map_err(|e| BenchError::io("proxy", e))?),
             None => None,
@@ -548,12 +590,12 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         andrew_targets.insert(3, ("locus run (traced)".into(), run_dir.clone(), agent(&traced)));
         // Under afs consistency, as the afs mount (each `locus run` joins the agent that
         // the first one started, which keeps the namespace warm between them).
-        let run_cache = work.path().join(format!("run-afs-cache-{rtt}"));
-        let run_afs = |cache: &Path| {
-            let flags = ["--consistency".to_string(), "afs".into(), "--cache-dir".into(), cache.display().to_string()];
-            agent(&flags)
-        };
-        andrew_targets.insert(5, ("locus run --consistency afs".into(), run_dir, run_afs(&run_cache)));
+        let run_cache = |transport: &str| work.path().join(format!("run-afs-cache-{rtt}-{transport}"));
+        let run_afs = |cache: &Path, transport: &str| agent(&afs_flags(cache, transport));
+        for (k, &(transport, suffix)) in transports.iter().enumerate() {
+            let wrapper = run_afs(&run_cache(transport), transport);
+            andrew_targets.insert(5 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_dir.clone(), wrapper));
+        }
         if let Some(cp) = &cp {
             std::fs::create_dir_all(chirp_root.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
             let _ = Command::new("chmod").args(["-R", "a+rwX"]).arg(&chirp_root).status();
@@ -592,14 +634,17 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             // directory from the server marks its access time stale in the kernel, and a
             // second find right after the first would still ask for each directory's
             // attributes). `locus mount` with these flags, or sshfs.
-            let afs_flags = ["--consistency", "afs", "--cache-dir", cache.to_str().unwrap_or_default()];
-            let mut kinds: Vec<(&str, Option<&[&str]>)> = vec![
-                ("locus mount (callbacks)", Some(&[])),
-                ("locus mount --consistency afs", Some(&afs_flags)),
-                ("locus mount --consistency nfs", Some(&["--consistency", "nfs"])),
-            ];
+            let afs_kinds: Vec<(String, Vec<String>)> = transports
+                .iter()
+                .map(|&(t, suffix)| {
+                    (format!("locus mount --consistency afs{suffix}"), afs_flags(&work.path().join(format!("afs-find-{t}")), t))
+                })
+                .collect();
+            let mut kinds: Vec<(String, Option<Vec<String>>)> = vec![("locus mount (callbacks)".into(), Some(vec![]))];
+            kinds.extend(afs_kinds.into_iter().map(|(n, f)| (n, Some(f))));
+            kinds.push(("locus mount --consistency nfs".into(), Some(vec!["--consistency".into(), "nfs".into()])));
             if sshd.is_some() && sp.is_some() {
-                kinds.push(("sshfs", None));
+                kinds.push(("sshfs".into(), None));
             }
             for (i, (name, flags)) in kinds.iter().enumerate() {
                 let mut cold = Vec::new();
@@ -608,7 +653,10 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
                 for run in 0..args.repeat {
                     let dir = work.path().join(format!("m-find-{rtt}-{i}-{run}"));
                     let m = match (flags, &sshd, &sp) {
-                        (Some(flags), _, _) => mount_with(&exe, &format!("locus://{}/", lp.addr), &dir, &token, flags)?,
+                        (Some(flags), _, _) => {
+                            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+                            mount_with(&exe, &format!("locus://{}/", lp.addr), &dir, &token, &flags)?
+                        }
                         (None, Some(s), Some(sp)) => mount_sshfs(s, sp.addr.port(), &ssh_root, &dir)?,
                         (None, _, _) => continue,
                     };
@@ -621,22 +669,29 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             }
             // `locus run`, each pass a program of its own: the first starts the agent (a
             // cache directory of each repeat's own makes it a new one), the others join it.
-            let mut passes = [Vec::new(), Vec::new(), Vec::new()];
             let tree = PathBuf::from(format!("/locus/{}/findtree", lp.addr));
-            for run in 0..args.repeat {
-                let wrapper = run_afs(&work.path().join(format!("run-find-cache-{rtt}-{run}")));
-                for pass in &mut passes {
-                    pass.push(find_under(&wrapper, &tree, &token).map_err(setup)?);
-                    std::thread::sleep(PAUSE);
+            for &(transport, suffix) in &transports {
+                let mut passes = [Vec::new(), Vec::new(), Vec::new()];
+                for run in 0..args.repeat {
+                    let cache = work.path().join(format!("run-find-cache-{rtt}-{run}-{transport}"));
+                    let wrapper = run_afs(&cache, transport);
+                    for pass in &mut passes {
+                        pass.push(find_under(&wrapper, &tree, &token).map_err(setup)?);
+                        std::thread::sleep(PAUSE);
+                    }
                 }
+                let name = format!("locus run --consistency afs{suffix} (a new run each)");
+                find_out.push_str(&find_row(rtt, &name, passes, local_find));
             }
-            find_out.push_str(&find_row(rtt, "locus run --consistency afs (a new run each)", passes, local_find));
         }
         // PostMark on each target, and under `locus run --consistency afs`.
         let mut postmark_targets: Vec<(String, PathBuf, Vec<String>)> =
             targets.iter().map(|(n, d, _)| (n.clone(), d.clone(), Vec::new())).collect();
         let run_root = PathBuf::from(format!("/locus/{}", lp.addr));
-        postmark_targets.insert(3, ("locus run --consistency afs".into(), run_root, run_afs(&run_cache)));
+        for (k, &(transport, suffix)) in transports.iter().enumerate() {
+            let wrapper = run_afs(&run_cache(transport), transport);
+            postmark_targets.insert(3 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_root.clone(), wrapper));
+        }
         for (i, (name, dir, wrapper)) in postmark_targets.iter().enumerate().filter(|_| want("postmark")) {
             if rtt > 0.0 && name == "local" {
                 continue;

@@ -31,7 +31,7 @@ pub use reply::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr,
 };
-pub use session::{Session, Transport, TransportChoice};
+pub use session::{Session, Transport, TransportChoice, URING_SETTING};
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -172,88 +172,139 @@ impl KernelConfig {
 }
 
 /// A file system served through FUSE. Each method answers its request through its
-/// reply object; a method that drops its reply unanswered answers `EIO`. Requests this
-/// trait has no method for are answered `ENOSYS` (the kernel then stops sending most of
-/// them), RELEASEDIR with success, IOCTL with `ENOTTY`.
+/// reply object; a method that drops its reply unanswered answers `EIO`. A method not
+/// implemented answers `ENOSYS` (the kernel then stops sending most such requests), as
+/// do requests this trait has no method for; RELEASEDIR is answered with success, IOCTL
+/// with `ENOTTY`.
 #[allow(clippy::too_many_arguments)]
 pub trait Filesystem {
     /// FUSE_INIT: before any other request; an error refuses the mount.
-    fn init(&mut self, req: &Request<'_>, config: &mut KernelConfig) -> Result<(), i32>;
+    fn init(&mut self, _req: &Request<'_>, _config: &mut KernelConfig) -> Result<(), i32> {
+        Ok(())
+    }
     /// The kernel let go of the file system (unmounted, or the session ended).
-    fn destroy(&mut self);
-    fn lookup(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry<'_>);
+    fn destroy(&mut self) {}
+    fn lookup(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEntry<'_>) {
+        reply.error(libc::ENOSYS);
+    }
     /// The kernel forgets `nlookup` lookups of `ino` (no reply).
-    fn forget(&mut self, req: &Request<'_>, ino: u64, nlookup: u64);
-    fn getattr(&mut self, req: &Request<'_>, ino: u64, fh: Option<u64>, reply: ReplyAttr<'_>);
-    fn setattr(&mut self, req: &Request<'_>, ino: u64, set: SetAttr, reply: ReplyAttr<'_>);
-    fn readlink(&mut self, req: &Request<'_>, ino: u64, reply: ReplyData<'_>);
-    fn mkdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry<'_>);
-    fn unlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty<'_>);
-    fn rmdir(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEmpty<'_>);
-    fn symlink(&mut self, req: &Request<'_>, parent: u64, name: &OsStr, link: &Path, reply: ReplyEntry<'_>);
+    fn forget(&mut self, _req: &Request<'_>, _ino: u64, _nlookup: u64) {}
+    fn getattr(&mut self, _req: &Request<'_>, _ino: u64, _fh: Option<u64>, reply: ReplyAttr<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn setattr(&mut self, _req: &Request<'_>, _ino: u64, _set: SetAttr, reply: ReplyAttr<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn readlink(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyData<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn mkdir(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn unlink(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn rmdir(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn symlink(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, _link: &Path, reply: ReplyEntry<'_>) {
+        reply.error(libc::ENOSYS);
+    }
     /// `flags`: `RENAME_NOREPLACE`, `RENAME_EXCHANGE` (0 for a plain rename).
     fn rename(
         &mut self,
-        req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        newparent: u64,
-        newname: &OsStr,
-        flags: u32,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _newparent: u64,
+        _newname: &OsStr,
+        _flags: u32,
         reply: ReplyEmpty<'_>,
-    );
-    fn link(&mut self, req: &Request<'_>, ino: u64, newparent: u64, newname: &OsStr, reply: ReplyEntry<'_>);
-    fn open(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen<'_>);
+    ) {
+        reply.error(libc::ENOSYS);
+    }
+    fn link(&mut self, _req: &Request<'_>, _ino: u64, _newparent: u64, _newname: &OsStr, reply: ReplyEntry<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn open(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen<'_>) {
+        reply.error(libc::ENOSYS);
+    }
     fn create(
         &mut self,
-        req: &Request<'_>,
-        parent: u64,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        flags: i32,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
         reply: ReplyCreate<'_>,
-    );
+    ) {
+        reply.error(libc::ENOSYS);
+    }
     fn read(
         &mut self,
-        req: &Request<'_>,
-        ino: u64,
-        fh: u64,
-        offset: i64,
-        size: u32,
-        flags: i32,
-        lock_owner: Option<u64>,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _offset: i64,
+        _size: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
         reply: ReplyData<'_>,
-    );
+    ) {
+        reply.error(libc::ENOSYS);
+    }
     fn write(
         &mut self,
-        req: &Request<'_>,
-        ino: u64,
-        fh: u64,
-        offset: i64,
-        data: &[u8],
-        write_flags: u32,
-        flags: i32,
-        lock_owner: Option<u64>,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _offset: i64,
+        _data: &[u8],
+        _write_flags: u32,
+        _flags: i32,
+        _lock_owner: Option<u64>,
         reply: ReplyWrite<'_>,
-    );
-    fn flush(&mut self, req: &Request<'_>, ino: u64, fh: u64, lock_owner: u64, reply: ReplyEmpty<'_>);
+    ) {
+        reply.error(libc::ENOSYS);
+    }
+    fn flush(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _lock_owner: u64, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
     fn release(
         &mut self,
-        req: &Request<'_>,
-        ino: u64,
-        fh: u64,
-        flags: i32,
-        lock_owner: Option<u64>,
-        flush: bool,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _flags: i32,
+        _lock_owner: Option<u64>,
+        _flush: bool,
         reply: ReplyEmpty<'_>,
-    );
-    fn fsync(&mut self, req: &Request<'_>, ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty<'_>);
-    fn opendir(&mut self, req: &Request<'_>, ino: u64, flags: i32, reply: ReplyOpen<'_>);
-    fn readdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, offset: i64, reply: ReplyDirectory<'_>);
-    fn fsyncdir(&mut self, req: &Request<'_>, ino: u64, fh: u64, datasync: bool, reply: ReplyEmpty<'_>);
-    fn statfs(&mut self, req: &Request<'_>, ino: u64, reply: ReplyStatfs<'_>);
-    fn getxattr(&mut self, req: &Request<'_>, ino: u64, name: &OsStr, size: u32, reply: ReplyXattr<'_>);
-    fn listxattr(&mut self, req: &Request<'_>, ino: u64, size: u32, reply: ReplyXattr<'_>);
-    fn access(&mut self, req: &Request<'_>, ino: u64, mask: i32, reply: ReplyEmpty<'_>);
+    ) {
+        reply.error(libc::ENOSYS);
+    }
+    fn fsync(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn opendir(&mut self, _req: &Request<'_>, _ino: u64, _flags: i32, reply: ReplyOpen<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn readdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _offset: i64, reply: ReplyDirectory<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn fsyncdir(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _datasync: bool, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn statfs(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyStatfs<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn getxattr(&mut self, _req: &Request<'_>, _ino: u64, _name: &OsStr, _size: u32, reply: ReplyXattr<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn listxattr(&mut self, _req: &Request<'_>, _ino: u64, _size: u32, reply: ReplyXattr<'_>) {
+        reply.error(libc::ENOSYS);
+    }
+    fn access(&mut self, _req: &Request<'_>, _ino: u64, _mask: i32, reply: ReplyEmpty<'_>) {
+        reply.error(libc::ENOSYS);
+    }
 }

@@ -256,6 +256,9 @@ fn classic<F: Filesystem>(fs: &mut F, fd: i32, max_write: u32) -> Ended {
                 }
             }
         }
+        if n == 0 {
+            return Ended::Gone;
+        }
         if let Some(ended) = serve_read(fs, fd, &buf[..n as usize], &mut out) {
             return ended;
         }

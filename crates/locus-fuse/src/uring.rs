@@ -139,7 +139,8 @@ pub(crate) fn serve<F: Filesystem>(fs: &mut F, fuse: &OwnedFd, max_write: u32) -
         for &(tag, result) in &done {
             if tag == READ_TAG {
                 match result {
-                    n if n >= 0 => {
+                    0 => return Ok(Ended::Gone),
+                    n if n > 0 => {
                         if let Some(ended) = serve_read(fs, fd, &read_buf[..n as usize], &mut out) {
                             return Ok(ended);
                         }
