@@ -7,7 +7,7 @@ use crate::reply::Outgoing;
 use crate::{uring, Filesystem, KernelConfig, Notifier, Request};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The transport a session is asked to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -62,7 +62,7 @@ pub struct Session<F: Filesystem> {
     transport: Arc<OnceLock<Transport>>,
 }
 
-impl<F: Filesystem> Session<F> {
+impl<F: Filesystem + Send> Session<F> {
     /// A session serving `fs` on `fuse`, a /dev/fuse descriptor already mounted.
     pub fn new(fs: F, fuse: OwnedFd, choice: TransportChoice) -> Session<F> {
         Session { fs, fuse: Arc::new(fuse), choice, transport: Arc::new(OnceLock::new()) }
@@ -85,15 +85,8 @@ impl<F: Filesystem> Session<F> {
         let max_write = self.init()?;
         let fd = self.fuse.as_raw_fd();
         let ended = match self.transport.get() {
-            Some(Transport::Uring) => match uring::serve(&mut self.fs, &self.fuse, max_write) {
-                Ok(ended) => ended,
-                Err(e) => {
-                    // The kernel sends requests by /dev/fuse until every queue is set up.
-                    tracing::warn!("FUSE over io_uring could not start ({e}); serving /dev/fuse reads instead");
-                    classic(&mut self.fs, fd, max_write)
-                }
-            },
-            _ => classic(&mut self.fs, fd, max_write),
+            Some(Transport::Uring) => uring::serve(&mut self.fs, &self.fuse, max_write),
+            _ => classic(&Mutex::new(&mut self.fs), fd, max_write),
         };
         if ended != Ended::Destroyed {
             self.fs.destroy();
@@ -201,20 +194,21 @@ pub(crate) fn send(fd: i32, unique: u64, error: i32, body: &[u8]) -> io::Result<
 
 /// Serves one request that came whole in `buf` (from a /dev/fuse read) and answers it by
 /// a write; DESTROY is answered after the file system's `destroy`.
-pub(crate) fn serve_read<F: Filesystem>(fs: &mut F, fd: i32, buf: &[u8], out: &mut Outgoing) -> Option<Ended> {
+fn serve_read<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, buf: &[u8], out: &mut Outgoing) -> Option<Ended> {
+    let lock = || fs.lock().unwrap_or_else(|e| e.into_inner());
     let Ok(h) = InHeader::parse(buf) else {
         tracing::warn!("a request of {} bytes from /dev/fuse is shorter than its header", buf.len());
         return None;
     };
     if h.opcode == op::DESTROY {
-        fs.destroy();
+        lock().destroy();
         let _ = send(fd, h.unique, 0, &[]);
         return Some(Ended::Destroyed);
     }
     let body = &buf[abi::IN_HEADER..];
     let split = abi::first_arg_size(h.opcode).min(body.len());
     let args = Args { arg: &body[..split], rest: &body[split..] };
-    dispatch(fs, &h, &args, out);
+    dispatch(&mut **lock(), &h, &args, out);
     if wants_reply(h.opcode) {
         reply(fd, h.unique, out);
     }
@@ -238,8 +232,9 @@ fn reply(fd: i32, unique: u64, out: &Outgoing) {
     }
 }
 
-/// The classic loop: a `read(2)` of /dev/fuse per request.
-fn classic<F: Filesystem>(fs: &mut F, fd: i32, max_write: u32) -> Ended {
+/// The classic loop: a `read(2)` of /dev/fuse per request (with io_uring, the thread
+/// reading what the rings do not carry).
+pub(crate) fn classic<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, max_write: u32) -> Ended {
     let mut buf = vec![0u8; max_write as usize + 4096];
     let mut out = Outgoing::default();
     loop {

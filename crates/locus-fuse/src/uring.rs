@@ -6,23 +6,23 @@
 //! serving go to the kernel in one `io_uring_enter` with the wait for the next request:
 //! no read and no write per request, and several requests per system call under load.
 //!
-//! One thread and one ring serve every queue (the file system is `&mut`), and the same
-//! ring reads /dev/fuse: FORGET and INTERRUPT always come that way, and every request
-//! does until all queues have entries.
+//! Each queue has a thread and a ring of its own, on the queue's CPU; another thread
+//! reads /dev/fuse: FORGET and INTERRUPT always come that way, and every request does
+//! until all queues have entries. The file system (`&mut`) is locked around each
+//! request.
 
 use crate::abi::{self, op, uring as ring_abi, Args, InHeader};
 use crate::dispatch::{dispatch, wants_reply};
 use crate::reply::Outgoing;
-use crate::session::{serve_read, Ended};
+use crate::session::{classic, Ended};
 use crate::Filesystem;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
 
 /// Entries registered per queue: how many requests of one CPU may wait for this thread.
 const QUEUE_DEPTH: usize = 8;
-/// The `user_data` of the read of /dev/fuse.
-const READ_TAG: u64 = u64::MAX;
 
 /// One ring entry: the header buffer (`fuse_uring_req_header`) and the payload buffer,
 /// which the kernel writes requests into and reads replies from while registered.
@@ -79,8 +79,8 @@ fn command(entries: &[Entry], index: usize, cmd: u32, commit_id: u64) -> squeue:
 /// Queues `sqe`, submitting first if the submission queue is full.
 fn push(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>, sqe: &squeue::Entry128) -> io::Result<()> {
     loop {
-        // SAFETY: every buffer the entry names (entry buffers, iovecs, the read
-        // buffer) lives as long as the ring.
+        // SAFETY: every buffer the entry names (entry buffers, iovecs) lives as long as
+        // the ring.
         if unsafe { ring.submission().push(sqe) }.is_ok() {
             return Ok(());
         }
@@ -88,77 +88,78 @@ fn push(ring: &mut IoUring<squeue::Entry128, cqueue::Entry>, sqe: &squeue::Entry
     }
 }
 
-/// Serves `fs` over io_uring until the mount goes. Fails before serving anything when
-/// the ring cannot be made; the caller then reads /dev/fuse.
-pub(crate) fn serve<F: Filesystem>(fs: &mut F, fuse: &OwnedFd, max_write: u32) -> io::Result<Ended> {
+/// Serves `fs` over io_uring until the mount goes: a thread per queue, on the queue's
+/// CPU, so a request is answered on the CPU that made it (no wake-up of another CPU),
+/// and a thread reading /dev/fuse (FORGET, INTERRUPT, and every request until all
+/// queues have entries, or if the kernel refuses them). The file system is locked
+/// around each request.
+pub(crate) fn serve<F: Filesystem + Send>(fs: &mut F, fuse: &OwnedFd, max_write: u32) -> Ended {
     let queues = possible_cpus();
-    let depth = queues * QUEUE_DEPTH + 1;
+    let fs = Mutex::new(fs);
+    let fd = fuse.as_raw_fd();
+    tracing::info!("FUSE over io_uring: {queues} queues of {QUEUE_DEPTH} entries, a thread each");
+    let ended: Vec<Ended> = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| classic(&fs, fd, max_write));
+        let queues: Vec<_> = (0..queues).map(|qid| {
+            let fs = &fs;
+            scope.spawn(move || match serve_queue(fs, fd, qid, max_write) {
+                Ok(ended) => ended,
+                Err(e) => {
+                    tracing::warn!("FUSE over io_uring: queue {qid}: {e}; its CPU's requests come by /dev/fuse");
+                    Ended::Gone
+                }
+            })
+        }).collect();
+        std::iter::once(reader).chain(queues).map(|t| t.join().unwrap_or(Ended::Gone)).collect()
+    });
+    if ended.contains(&Ended::Destroyed) {
+        Ended::Destroyed
+    } else {
+        Ended::Gone
+    }
+}
+
+/// Serves queue `qid` on its CPU: registers its entries, then answers each request the
+/// kernel puts in one and hands it back with the fetch of the next.
+fn serve_queue<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, qid: usize, max_write: u32) -> io::Result<Ended> {
+    pin_to_cpu(qid);
     let mut ring: IoUring<squeue::Entry128, cqueue::Entry> =
-        IoUring::builder().setup_cqsize((depth * 2) as u32).build(depth.next_power_of_two() as u32)?;
-    ring.submitter().register_files(&[fuse.as_raw_fd()])?;
+        IoUring::builder().setup_cqsize((QUEUE_DEPTH * 2) as u32).build(QUEUE_DEPTH as u32)?;
+    ring.submitter().register_files(&[fd])?;
     // The kernel wants each payload buffer to hold the largest request or reply.
     let payload_size = (max_write as usize).max(8192);
-    let mut entries: Vec<Entry> = (0..queues * QUEUE_DEPTH)
-        .map(|i| {
+    let mut entries: Vec<Entry> = (0..QUEUE_DEPTH)
+        .map(|_| {
             let mut header = vec![0u8; ring_abi::HEADER_SIZE].into_boxed_slice();
             let mut payload = vec![0u8; payload_size].into_boxed_slice();
             let iov = Box::new([
                 libc::iovec { iov_base: header.as_mut_ptr().cast(), iov_len: header.len() },
                 libc::iovec { iov_base: payload.as_mut_ptr().cast(), iov_len: payload.len() },
             ]);
-            Entry { header, payload, iov, qid: (i / QUEUE_DEPTH) as u16 }
+            Entry { header, payload, iov, qid: qid as u16 }
         })
         .collect();
     for i in 0..entries.len() {
         push(&mut ring, &command(&entries, i, ring_abi::CMD_REGISTER, 0))?;
     }
-    let mut read_buf = vec![0u8; max_write as usize + 4096];
-    let read = opcode::Read::new(types::Fixed(0), read_buf.as_mut_ptr(), read_buf.len() as u32)
-        .offset(u64::MAX)
-        .build()
-        .user_data(READ_TAG);
-    let read: squeue::Entry128 = read.into();
-    push(&mut ring, &read)?;
-    tracing::info!("FUSE over io_uring: {queues} queues of {QUEUE_DEPTH} entries");
-
-    let fd = fuse.as_raw_fd();
     let mut out = Outgoing::default();
-    let mut done: Vec<(u64, i32)> = Vec::with_capacity(depth * 2);
-    let mut refused = 0;
+    let mut done: Vec<(u64, i32)> = Vec::with_capacity(QUEUE_DEPTH * 2);
     loop {
         match ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {}
-            Err(e) => {
-                tracing::warn!("FUSE over io_uring: {e}");
-                return Ok(Ended::Gone);
-            }
+            Err(e) => return Err(e),
         }
         done.clear();
         done.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         for &(tag, result) in &done {
-            if tag == READ_TAG {
-                match result {
-                    0 => return Ok(Ended::Gone),
-                    n if n > 0 => {
-                        if let Some(ended) = serve_read(fs, fd, &read_buf[..n as usize], &mut out) {
-                            return Ok(ended);
-                        }
-                    }
-                    e if e == -libc::ENODEV => return Ok(Ended::Gone),
-                    e if [-libc::EINTR, -libc::EAGAIN, -libc::ENOENT].contains(&e) => {}
-                    e => {
-                        tracing::warn!("reading /dev/fuse: {}", io::Error::from_raw_os_error(-e));
-                        return Ok(Ended::Gone);
-                    }
-                }
-                push(&mut ring, &read)?;
-                continue;
-            }
             let index = tag as usize;
             match result {
                 0 => {
-                    let destroyed = serve_entry(fs, &mut entries[index], &mut out);
+                    let destroyed = {
+                        let mut fs = fs.lock().unwrap_or_else(|e| e.into_inner());
+                        serve_entry(&mut **fs, &mut entries[index], &mut out)
+                    };
                     let commit_id = u64::from_ne_bytes(
                         entries[index].header[ring_abi::COMMIT_ID..ring_abi::COMMIT_ID + 8].try_into().unwrap_or_default(),
                     );
@@ -169,24 +170,27 @@ pub(crate) fn serve<F: Filesystem>(fs: &mut F, fuse: &OwnedFd, max_write: u32) -
                     }
                 }
                 e if e == -libc::EINTR || e == -libc::EAGAIN => {
-                    tracing::debug!("FUSE over io_uring: entry {index} interrupted; registering again");
+                    tracing::debug!("FUSE over io_uring: queue {qid} entry {index} interrupted; registering again");
                     push(&mut ring, &command(&entries, index, ring_abi::CMD_REGISTER, 0))?;
                 }
                 // Unmounted or aborted: the kernel ends every entry so.
                 e if [-libc::ENOTCONN, -libc::ECONNABORTED, -libc::ENODEV].contains(&e) => return Ok(Ended::Gone),
-                e => {
-                    // A refused registration: the kernel keeps using /dev/fuse, which
-                    // the ring reads too, so requests are still served.
-                    refused += 1;
-                    if refused == 1 {
-                        tracing::warn!(
-                            "FUSE over io_uring: the kernel refused an entry ({}); requests come by /dev/fuse",
-                            io::Error::from_raw_os_error(-e)
-                        );
-                    }
-                }
+                // A refused entry: the kernel keeps sending by /dev/fuse, read by the
+                // reader thread, so requests are still served.
+                e => return Err(io::Error::from_raw_os_error(-e)),
             }
         }
+    }
+}
+
+/// Runs this thread on `cpu` (requests made there come to its queue); where it cannot,
+/// the queue is served from wherever the scheduler puts it.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes within it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
     }
 }
 
