@@ -6,10 +6,12 @@
 //! - **io_uring** (Linux 6.14 and later, with `/sys/module/fuse/parameters/enable_uring`
 //!   set): the kernel puts requests into buffers registered on an io_uring, and a reply
 //!   goes back with the fetch of the next request in one submission. Even then the
-//!   kernel sends FORGET and INTERRUPT over /dev/fuse, which the same ring reads.
+//!   kernel sends FORGET and INTERRUPT over /dev/fuse, which another thread reads.
 //!
-//! The file system is served by one thread (`&mut self`), as both transports see it;
-//! notifications ([`Notifier`]) may come from any thread. We wrote this crate rather
+//! The file system (`&mut self`) serves one request at a time: the classic transport
+//! has one thread; over io_uring a thread per CPU takes turns on it, so that a request
+//! is answered on the CPU that made it. Notifications ([`Notifier`]) may come from any
+//! thread. We wrote this crate rather
 //! than use `fuser` because `fuser` reads /dev/fuse only and keeps its request parsing
 //! to itself.
 //!
