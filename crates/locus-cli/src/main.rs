@@ -230,7 +230,7 @@ struct CacheArgs {
     /// The most MiB of local copies under `--consistency afs`, and of those not stored yet (a writer past it waits while others are stored, or writes through); a file larger than an eighth of it is written through.
     #[arg(long, default_value_t = 1024)]
     cache_mb: u64,
-    /// How the kernel's FUSE requests reach Locus: `auto` uses FUSE over io_uring where the kernel offers it (Linux 6.14 or later with /sys/module/fuse/parameters/enable_uring set to Y, which root may do) and /dev/fuse reads elsewhere; `uring` fails to mount without it (`locus run` then traces the program unless --interpose fuse); `classic` always reads /dev/fuse.
+    /// How the kernel's FUSE requests reach Locus: `auto` uses FUSE over io_uring where the kernel offers it (Linux 6.14 or later with /sys/module/fuse/parameters/enable_uring set to Y, which root may do) and /dev/fuse reads elsewhere; `uring` fails to mount without it; `classic` always reads /dev/fuse.
     #[arg(long, default_value = "auto", value_parser = ["auto", "uring", "classic"])]
     fuse_transport: String,
 }

@@ -53,6 +53,8 @@ fn the_mount_answers_the_same_over_io_uring_and_over_dev_fuse() {
             .arg(&mnt)
             .env("LOCUS_HOME", s.scratch().join("home"))
             .env("LOCUS_TOKEN", "admin:admin-token")
+            // A line per request, saying whether it came by a ring or a read.
+            .env("LOCUS_LOG", "info,locus_fuse::request=debug")
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
@@ -61,6 +63,13 @@ fn the_mount_answers_the_same_over_io_uring_and_over_dev_fuse() {
         seen.push(workload(&m.mnt));
         let said = std::fs::read_to_string(&log).unwrap();
         assert!(said.contains(says), "the mount says how it is served: {said}");
+        // And it is: over io_uring, the rings carry the requests (only FORGET and
+        // INTERRUPT come by reads); over /dev/fuse, none do.
+        let (by_ring, by_read) = (said.matches("(ring ").count(), said.matches("(read)").count());
+        match transport {
+            "uring" => assert!(by_ring > 100 && by_read < by_ring / 10, "{by_ring} by rings, {by_read} by reads"),
+            _ => assert!(by_ring == 0 && by_read > 100, "{by_ring} by rings, {by_read} by reads"),
+        }
         // What the programs did is at the server.
         assert_eq!(std::fs::read(s.root().join(transport).join("w/a/b/moved")).unwrap().len(), 10);
         assert!(!s.root().join(transport).join("w/src").exists());
@@ -83,7 +92,7 @@ fn locus_run_serves_its_namespace_over_io_uring() {
         .args(["sh", "-c", &format!("cd {remote} && echo hello > made && cat made keep && ls")])
         .env("LOCUS_HOME", &home)
         .env("LOCUS_TOKEN", "admin:admin-token")
-        .env("LOCUS_LOG", "locus_fuse=info")
+        .env("LOCUS_LOG", "locus_fuse=info,locus_fuse::request=debug")
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -91,5 +100,6 @@ fn locus_run_serves_its_namespace_over_io_uring() {
     assert!(out.status.success(), "{stderr}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\nxkeep\nmade\n");
     assert!(stderr.contains("serving by FUSE over io_uring"), "{stderr}");
+    assert!(stderr.matches("(ring ").count() > 5, "the rings carry the requests: {stderr}");
     assert_eq!(std::fs::read(s.root().join("r/made")).unwrap(), b"hello\n");
 }

@@ -6,8 +6,9 @@
 /// kernel and we use the smaller of its version and this.
 pub(crate) const MAJOR: u32 = 7;
 pub(crate) const MINOR: u32 = 42;
-/// The oldest minor version we answer: every layout read here is at least this old.
-pub(crate) const MINOR_MIN: u32 = 12;
+/// The oldest minor version we answer: every layout read and written here (INIT's
+/// 64-byte answer among them) is at least this old.
+pub(crate) const MINOR_MIN: u32 = 23;
 
 /// Request opcodes.
 pub(crate) mod op {
@@ -119,7 +120,6 @@ pub(crate) const OUT_HEADER: usize = 16;
 pub(crate) mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const BIG_WRITES: u64 = 1 << 5;
-    pub const MAX_PAGES: u64 = 1 << 22;
     pub const INIT_EXT: u64 = 1 << 30;
     pub const OVER_IO_URING: u64 = 1 << 41;
 }

@@ -13,11 +13,51 @@ pub(crate) fn wants_reply(opcode: u32) -> bool {
     !matches!(opcode, op::FORGET | op::BATCH_FORGET)
 }
 
+/// How a request came: by a read of /dev/fuse, or in an entry of a queue's ring.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Via {
+    Read,
+    Ring(u16),
+}
+
+impl std::fmt::Display for Via {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Via::Read => f.write_str("read"),
+            Via::Ring(qid) => write!(f, "ring {qid}"),
+        }
+    }
+}
+
+/// Whether a request from `uid` is served when the session belongs to `owner`: its
+/// owner's are; anyone else's only where the kernel may send them on its own or for a
+/// descriptor the owner handed over (reads, writes, syncs, releases, forgets).
+fn allowed(h: &InHeader, owner: u32) -> bool {
+    h.uid == owner
+        || matches!(
+            h.opcode,
+            op::READ
+                | op::READDIR
+                | op::WRITE
+                | op::FSYNC
+                | op::FSYNCDIR
+                | op::RELEASE
+                | op::RELEASEDIR
+                | op::FORGET
+                | op::BATCH_FORGET
+                | op::INTERRUPT
+        )
+}
+
 /// Serves the request `h` with arguments `a`, leaving the answer in `out` (untouched for
-/// requests without one). INIT and DESTROY are the session's.
-pub(crate) fn dispatch<F: Filesystem>(fs: &mut F, h: &InHeader, a: &Args<'_>, out: &mut Outgoing) {
+/// requests without one). INIT and DESTROY are the session's; requests of users other
+/// than `owner` are refused with `EACCES` (see [`allowed`]).
+pub(crate) fn dispatch<F: Filesystem>(fs: &mut F, h: &InHeader, a: &Args<'_>, out: &mut Outgoing, via: Via, owner: u32) {
     out.reset();
-    tracing::debug!(target: "locus_fuse::request", "{} #{} node {}", abi::op_name(h.opcode), h.unique, h.nodeid);
+    tracing::debug!(target: "locus_fuse::request", "{} #{} node {} ({via})", abi::op_name(h.opcode), h.unique, h.nodeid);
+    if !allowed(h, owner) {
+        return ReplyEmpty { out }.error(libc::EACCES);
+    }
     if let Err(Malformed) = serve(fs, h, a, out) {
         tracing::warn!("malformed {} request ({} bytes)", abi::op_name(h.opcode), h.len);
         ReplyEmpty { out }.error(libc::EINVAL);
@@ -127,7 +167,7 @@ fn serve<F: Filesystem>(fs: &mut F, h: &InHeader, a: &Args<'_>, out: &mut Outgoi
         op::LISTXATTR => fs.listxattr(req, ino, a.u32(0)?, ReplyXattr { out }),
         op::ACCESS => fs.access(req, ino, a.u32(0)? as i32, ReplyEmpty { out }),
         op::IOCTL => ReplyEmpty { out }.error(libc::ENOTTY),
-        // No reply is expected; ENOSYS tells the kernel to stop sending them.
+        // Answered with ENOSYS, the kernel stops sending them.
         op::INTERRUPT => ReplyEmpty { out }.error(libc::ENOSYS),
         _ => ReplyEmpty { out }.error(libc::ENOSYS),
     }

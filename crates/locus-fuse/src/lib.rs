@@ -17,7 +17,7 @@
 //!
 //! Rooms: `abi` (the kernel's layouts), `reply` (answers), `dispatch` (a request to a
 //! method), `session` (start-up and the classic loop), `uring` (the io_uring loop),
-//! `mount` (mounting and unmounting), `notify`.
+//! `mount` (mounting), `notify`.
 
 mod abi;
 mod dispatch;

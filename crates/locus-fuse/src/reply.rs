@@ -27,8 +27,9 @@ impl Outgoing {
 
     fn error(&mut self, errno: i32) {
         self.body.clear();
-        // The kernel takes negative errnos; an errno of 0 would read as success.
-        self.error = -errno.abs().max(1);
+        // The kernel takes negative errnos from 1 to 511 (it drops a reply with any
+        // other, and its caller waits); 0 would read as success.
+        self.error = if (1..512).contains(&errno) { -errno } else { -libc::EIO };
         self.replied = true;
     }
 
@@ -254,8 +255,14 @@ pub struct ReplyDirectory<'a> {
 impl ReplyDirectory<'_> {
     /// Adds an entry (`offset` is where the next READDIR starts); true when it did not
     /// fit, so the caller stops.
+    /// A name the kernel would refuse (empty, over 1024 bytes, or holding `/`, for
+    /// which it fails the whole listing with `EIO`) is left out.
     pub fn add<N: AsRef<OsStr>>(&mut self, ino: u64, offset: i64, kind: FileType, name: N) -> bool {
         let name = name.as_ref().as_bytes();
+        if name.is_empty() || name.len() > 1024 || name.contains(&b'/') {
+            tracing::warn!("a directory entry the kernel would refuse is left out: {:?}", String::from_utf8_lossy(name));
+            return false;
+        }
         let len = (24 + name.len() + 7) & !7;
         if self.out.body.len() + len > self.size {
             return true;
@@ -291,6 +298,8 @@ mod tests {
         let mut r = ReplyDirectory { out: &mut out, size: 64 };
         assert!(!r.add(1, 1, FileType::Directory, "."));
         assert!(!r.add(2, 2, FileType::RegularFile, "a-name"));
+        assert!(!r.add(9, 9, FileType::RegularFile, "a/b"), "left out");
+        assert!(!r.add(9, 9, FileType::RegularFile, ""), "left out");
         assert!(r.add(3, 3, FileType::RegularFile, "no-room-left"));
         r.ok();
         assert_eq!(out.body.len(), 64);
@@ -305,11 +314,13 @@ mod tests {
     }
 
     #[test]
-    fn an_error_is_negative_and_never_zero() {
+    fn an_error_is_a_negative_errno_the_kernel_takes() {
         let mut out = Outgoing::default();
         ReplyEmpty { out: &mut out }.error(libc::ENOENT);
         assert_eq!(out.error, -libc::ENOENT);
-        ReplyEmpty { out: &mut out }.error(0);
-        assert_eq!(out.error, -1);
+        for odd in [0, -5, 512, i32::MIN] {
+            ReplyEmpty { out: &mut out }.error(odd);
+            assert_eq!(out.error, -libc::EIO);
+        }
     }
 }

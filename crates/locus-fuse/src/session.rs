@@ -2,7 +2,7 @@
 //! over the transport chosen at INIT.
 
 use crate::abi::{self, init, op, Args, InHeader};
-use crate::dispatch::{dispatch, wants_reply};
+use crate::dispatch::{dispatch, wants_reply, Via};
 use crate::reply::Outgoing;
 use crate::{uring, Filesystem, KernelConfig, Notifier, Request};
 use std::io;
@@ -60,12 +60,16 @@ pub struct Session<F: Filesystem> {
     fuse: Arc<OwnedFd>,
     choice: TransportChoice,
     transport: Arc<OnceLock<Transport>>,
+    /// The user whose requests are served (the one running the session); see
+    /// `dispatch::allowed`.
+    owner: u32,
 }
 
 impl<F: Filesystem + Send> Session<F> {
     /// A session serving `fs` on `fuse`, a /dev/fuse descriptor already mounted.
     pub fn new(fs: F, fuse: OwnedFd, choice: TransportChoice) -> Session<F> {
-        Session { fs, fuse: Arc::new(fuse), choice, transport: Arc::new(OnceLock::new()) }
+        let owner = rustix::process::geteuid().as_raw();
+        Session { fs, fuse: Arc::new(fuse), choice, transport: Arc::new(OnceLock::new()), owner }
     }
 
     /// Sends notifications (invalidations, stores) to the kernel from any thread.
@@ -82,11 +86,11 @@ impl<F: Filesystem + Send> Session<F> {
     /// then calls its `destroy`. Fails only at start-up: a kernel speaking another
     /// protocol, the file system refusing INIT, or io_uring asked for and not offered.
     pub fn run(mut self) -> io::Result<()> {
-        let max_write = self.init()?;
-        let fd = self.fuse.as_raw_fd();
-        let ended = match self.transport.get() {
-            Some(Transport::Uring) => uring::serve(&mut self.fs, &self.fuse, max_write),
-            _ => classic(&Mutex::new(&mut self.fs), fd, max_write),
+        let (max_write, queues) = self.init()?;
+        let (fd, owner) = (self.fuse.as_raw_fd(), self.owner);
+        let ended = match queues {
+            Some(queues) => uring::serve(&mut self.fs, queues, fd, max_write, owner),
+            None => classic(&Mutex::new(&mut self.fs), fd, max_write, owner),
         };
         if ended != Ended::Destroyed {
             self.fs.destroy();
@@ -94,8 +98,9 @@ impl<F: Filesystem + Send> Session<F> {
         Ok(())
     }
 
-    /// Answers FUSE_INIT; gives the largest write the kernel will send.
-    fn init(&mut self) -> io::Result<u32> {
+    /// Answers FUSE_INIT; gives the largest write the kernel will send and, for FUSE
+    /// over io_uring, the rings, made before INIT says so (see `uring`).
+    fn init(&mut self) -> io::Result<(u32, Option<uring::Queues>)> {
         let fd = self.fuse.as_raw_fd();
         let mut buf = vec![0u8; 8192 + abi::IN_HEADER];
         let n = loop {
@@ -126,7 +131,7 @@ impl<F: Filesystem + Send> Session<F> {
             return Err(io::Error::from_raw_os_error(e.abs()));
         }
         let uring_offered = offered & init::OVER_IO_URING != 0;
-        let transport = match self.choice {
+        let mut transport = match self.choice {
             TransportChoice::Classic => Transport::Classic,
             TransportChoice::Auto if uring_offered => Transport::Uring,
             TransportChoice::Auto => Transport::Classic,
@@ -135,18 +140,39 @@ impl<F: Filesystem + Send> Session<F> {
                 let _ = send(fd, h.unique, -libc::EPROTO, &[]);
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    format!("FUSE over io_uring is not offered by this kernel (Linux 6.14 or later, with {URING_SETTING} set to Y)"),
+                    format!(
+                        "FUSE over io_uring is not offered by this kernel (Linux 6.14 or later built with \
+                         CONFIG_FUSE_IO_URING, and {URING_SETTING} set to Y)"
+                    ),
                 ));
             }
         };
-        let mut want = init::ASYNC_READ | init::BIG_WRITES | init::MAX_PAGES;
+        // Requests of at most 32 pages (the kernel's default without FUSE_MAX_PAGES, and
+        // what the mount was built and measured with).
+        let page = uring::page_size();
+        let max_write = config.max_write.min(32 * page as u32);
+        let queues = if transport == Transport::Uring {
+            // A payload holds the largest request or reply, as the kernel checks.
+            match uring::Queues::prepare(fd, (max_write as usize).max(8192).max(32 * page)) {
+                Ok(queues) => Some(queues),
+                Err(e) if self.choice == TransportChoice::Uring => {
+                    let _ = send(fd, h.unique, -libc::EPROTO, &[]);
+                    return Err(io::Error::new(e.kind(), format!("FUSE over io_uring: making its rings: {e}")));
+                }
+                Err(e) => {
+                    tracing::warn!("FUSE over io_uring: making its rings: {e}; serving /dev/fuse reads instead");
+                    transport = Transport::Classic;
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let mut want = init::ASYNC_READ | init::BIG_WRITES;
         if transport == Transport::Uring {
             want |= init::INIT_EXT | init::OVER_IO_URING;
         }
         let flags = want & offered;
-        // Without FUSE_MAX_PAGES the kernel sends at most 32 pages a request.
-        let max_write = if flags & init::MAX_PAGES != 0 { config.max_write } else { config.max_write.min(128 * 1024) };
-        let max_pages = max_write.div_ceil(4096) as u16;
         let mut out: Vec<u8> = Vec::with_capacity(64);
         use abi::Put;
         out.u32(abi::MAJOR);
@@ -157,14 +183,14 @@ impl<F: Filesystem + Send> Session<F> {
         out.u16(12); // congestion_threshold
         out.u32(max_write);
         out.u32(1); // time_gran: nanoseconds
-        out.u16(max_pages);
+        out.u16(0); // max_pages: read only with FUSE_MAX_PAGES
         out.u16(0); // map_alignment
         out.u32((flags >> 32) as u32);
         out.resize(64, 0);
         send(fd, h.unique, 0, &out)?;
         tracing::info!("FUSE {major}.{minor}: serving by {transport}, writes of up to {max_write} bytes");
         let _ = self.transport.set(transport);
-        Ok(max_write)
+        Ok((max_write, queues))
     }
 }
 
@@ -194,7 +220,7 @@ pub(crate) fn send(fd: i32, unique: u64, error: i32, body: &[u8]) -> io::Result<
 
 /// Serves one request that came whole in `buf` (from a /dev/fuse read) and answers it by
 /// a write; DESTROY is answered after the file system's `destroy`.
-fn serve_read<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, buf: &[u8], out: &mut Outgoing) -> Option<Ended> {
+fn serve_read<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, buf: &[u8], out: &mut Outgoing, owner: u32) -> Option<Ended> {
     let lock = || fs.lock().unwrap_or_else(|e| e.into_inner());
     let Ok(h) = InHeader::parse(buf) else {
         tracing::warn!("a request of {} bytes from /dev/fuse is shorter than its header", buf.len());
@@ -208,7 +234,7 @@ fn serve_read<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, buf: &[u8], out: &mut 
     let body = &buf[abi::IN_HEADER..];
     let split = abi::first_arg_size(h.opcode).min(body.len());
     let args = Args { arg: &body[..split], rest: &body[split..] };
-    dispatch(&mut **lock(), &h, &args, out);
+    dispatch(&mut **lock(), &h, &args, out, Via::Read, owner);
     if wants_reply(h.opcode) {
         reply(fd, h.unique, out);
     }
@@ -234,7 +260,7 @@ fn reply(fd: i32, unique: u64, out: &Outgoing) {
 
 /// The classic loop: a `read(2)` of /dev/fuse per request (with io_uring, the thread
 /// reading what the rings do not carry).
-pub(crate) fn classic<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, max_write: u32) -> Ended {
+pub(crate) fn classic<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, max_write: u32, owner: u32) -> Ended {
     let mut buf = vec![0u8; max_write as usize + 4096];
     let mut out = Outgoing::default();
     loop {
@@ -254,7 +280,7 @@ pub(crate) fn classic<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, max_write: u32
         if n == 0 {
             return Ended::Gone;
         }
-        if let Some(ended) = serve_read(fs, fd, &buf[..n as usize], &mut out) {
+        if let Some(ended) = serve_read(fs, fd, &buf[..n as usize], &mut out, owner) {
             return ended;
         }
     }

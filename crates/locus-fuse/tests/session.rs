@@ -131,9 +131,9 @@ fn init_is_answered_with_the_smaller_version_and_what_the_kernel_offered() {
     assert_eq!((u32_at(&out, 0), u32_at(&out, 4)), (7, 42), "7.42 at most");
     let flags = u32_at(&out, 12);
     assert_ne!(flags & 1, 0, "ASYNC_READ");
-    assert_ne!(flags & (1 << 22), 0, "MAX_PAGES");
+    assert_eq!(flags & (1 << 22), 0, "no MAX_PAGES: requests of 32 pages at most");
     assert_eq!(u32_at(&out, 32) & OVER_IO_URING_HIGH, 0, "io_uring not asked for by a classic session");
-    assert_eq!(u32_at(&out, 20), 128 * 1024, "max_write: the default when the file system asks nothing");
+    assert_eq!(u32_at(&out, 20), 128 * 1024, "max_write: 32 pages");
     // Requests then answers; FORGET has none; DESTROY ends the session after `destroy`.
     let unique = k.request(LOOKUP, 1, b"hello\0");
     let (u, error, body) = k.answer();
@@ -214,8 +214,8 @@ fn malformed_and_unknown_requests_are_refused_and_serving_goes_on() {
 #[test]
 fn an_io_uring_the_device_refuses_leaves_requests_to_reads_of_it() {
     // The kernel offers io_uring at INIT, but this "device" (a socket) takes no FUSE
-    // ring commands: every entry is refused, and the same ring's read of the device
-    // still serves every request.
+    // ring commands: every entry is refused, and the thread reading the device still
+    // serves every request.
     let (mut k, served, probe) = start(TransportChoice::Auto);
     let (error, out) = k.init(45, 1 | INIT_EXT, OVER_IO_URING_HIGH);
     assert_eq!(error, 0);
