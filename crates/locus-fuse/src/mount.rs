@@ -103,8 +103,9 @@ fn by_fusermount(mountpoint: &Path, options: &[MountOption]) -> io::Result<Owned
     let mut opts = vec![];
     for o in options {
         match o {
-            // fusermount3 splits its options at commas; a backslash keeps one.
-            MountOption::FSName(name) => opts.push(format!("fsname={}", name.replace(',', "\\,"))),
+            // fusermount3 splits its options at commas; a backslash keeps the next
+            // character (a comma, or a backslash) as it is.
+            MountOption::FSName(name) => opts.push(format!("fsname={}", name.replace('\\', "\\\\").replace(',', "\\,"))),
             MountOption::Subtype(sub) => opts.push(format!("subtype={sub}")),
             MountOption::NoAtime => opts.push("noatime".into()),
         }
