@@ -33,7 +33,7 @@ pub use reply::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr,
 };
-pub use session::{Session, Transport, TransportChoice, URING_SETTING};
+pub use session::{serve_one_request, Session, Transport, TransportChoice, URING_SETTING};
 
 use std::ffi::OsStr;
 use std::path::Path;

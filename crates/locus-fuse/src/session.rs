@@ -241,6 +241,22 @@ fn serve_read<F: Filesystem>(fs: &Mutex<&mut F>, fd: i32, buf: &[u8], out: &mut 
     None
 }
 
+/// Serves one request as read from /dev/fuse (its header, then its arguments) on `fs`
+/// and gives the answer (a negative errno or 0, and the body), or `None` for a request
+/// the kernel expects no answer to. For fuzzing the request parser
+/// (`fuzz/fuzz_targets/fuse_requests.rs`) and for tests.
+pub fn serve_one_request<F: Filesystem>(fs: &mut F, request: &[u8]) -> Option<(i32, Vec<u8>)> {
+    let h = InHeader::parse(request).ok()?;
+    if matches!(h.opcode, op::INIT | op::DESTROY) {
+        return None;
+    }
+    let body = &request[abi::IN_HEADER..];
+    let split = abi::first_arg_size(h.opcode).min(body.len());
+    let mut out = Outgoing::default();
+    dispatch(fs, &h, &Args { arg: &body[..split], rest: &body[split..] }, &mut out, Via::Read, h.uid);
+    wants_reply(h.opcode).then(|| if out.replied { (out.error, out.body) } else { (-libc::EIO, Vec::new()) })
+}
+
 /// Sends what the file system answered (`EIO` if it answered nothing).
 fn reply(fd: i32, unique: u64, out: &Outgoing) {
     let sent = if out.replied {
