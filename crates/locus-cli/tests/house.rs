@@ -15,6 +15,7 @@ fn workspace() -> PathBuf {
 /// Each crate's floor: a crate depends only on crates of lower floors.
 const FLOORS: &[(&str, u32)] = &[
     ("locus-proto", 0),
+    ("locus-fuse", 0),
     ("locus-store", 1),
     ("locus-cluster", 1),
     ("locus-client", 1),

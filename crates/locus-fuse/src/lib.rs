@@ -16,10 +16,12 @@
 //! to itself.
 //!
 //! Rooms: `abi` (the kernel's layouts), `reply` (answers), `dispatch` (a request to a
-//! method), `session` (start-up and the classic loop), `uring` (the io_uring loop),
-//! `mount` (mounting), `notify`.
+//! method), `classic` (/dev/fuse reads and writes), `uring` (the io_uring queues),
+//! `notify`, `session` (INIT, then one of the two transports), `mount` (mounting); each
+//! imports only rooms listed before it.
 
 mod abi;
+mod classic;
 mod dispatch;
 mod mount;
 mod notify;
@@ -33,7 +35,8 @@ pub use reply::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr,
 };
-pub use session::{serve_one_request, Session, Transport, TransportChoice, URING_SETTING};
+pub use classic::serve_one_request;
+pub use session::{Session, Transport, TransportChoice, URING_SETTING};
 
 use std::ffi::OsStr;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! from any thread, by writes to /dev/fuse (with io_uring too).
 
 use crate::abi::{notify, Put};
-use crate::session::send;
+use crate::classic::send;
 use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -20,7 +20,7 @@
 use crate::abi::{self, op, uring as ring_abi, Args, InHeader};
 use crate::dispatch::{dispatch, wants_reply, Via};
 use crate::reply::Outgoing;
-use crate::session::{classic, Ended};
+use crate::classic::{classic, Ended};
 use crate::Filesystem;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
