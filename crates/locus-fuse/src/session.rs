@@ -126,8 +126,9 @@ impl<F: Filesystem + Send> Session<F> {
         let mut config =
             KernelConfig { max_write: 128 * 1024, max_readahead: kernel_readahead, kernel_max_readahead: kernel_readahead };
         if let Err(e) = self.fs.init(&Request { header: &h }, &mut config) {
-            let _ = send(fd, h.unique, -e.abs().max(1), &[]);
-            return Err(io::Error::from_raw_os_error(e.abs()));
+            let errno = if (1..512).contains(&e) { e } else { libc::EIO };
+            let _ = send(fd, h.unique, -errno, &[]);
+            return Err(io::Error::from_raw_os_error(errno));
         }
         let uring_offered = offered & init::OVER_IO_URING != 0;
         let mut transport = match self.choice {
