@@ -32,6 +32,7 @@ pub mod cluster;
 pub mod cluster_heal;
 pub mod cluster_mount;
 pub mod faults;
+mod fuse_transports;
 pub mod mount;
 pub mod ops;
 pub mod pingpong;

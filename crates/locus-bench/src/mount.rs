@@ -18,6 +18,7 @@
 //! When `sshfs` and `sshd` are installed, sshfs against a loopback sshd (its own
 //! configuration and keys in the work directory) is measured beside the others.
 
+use crate::fuse_transports::{transports, UringSetting};
 use crate::stats::{median, time_each, Summary};
 use crate::BenchError;
 use locus_testkit::peers;
@@ -62,38 +63,6 @@ pub struct MountArgs {
     /// FUSE over io_uring on (root), and back off at the end if it was off.
     #[arg(long, default_value = "auto", value_parser = ["auto", "classic", "uring", "both"])]
     pub fuse_transport: String,
-}
-
-/// The FUSE transports the afs targets are measured over, and each one's name suffix.
-fn transports(choice: &str) -> Vec<(&str, &str)> {
-    match choice {
-        "both" => vec![("classic", " (/dev/fuse)"), ("uring", " (io_uring)")],
-        other => vec![(other, "")],
-    }
-}
-
-/// Turns FUSE over io_uring on while the bench runs; off again when dropped, if it was.
-struct UringSetting(Option<String>);
-
-impl UringSetting {
-    fn on(wanted: bool) -> Result<UringSetting, BenchError> {
-        let path = locus_fuse::URING_SETTING;
-        if !wanted {
-            return Ok(UringSetting(None));
-        }
-        let was = std::fs::read_to_string(path)
-            .map_err(|e| BenchError::Setup(format!("{path}: {e} (FUSE over io_uring needs Linux 6.14 or later)")))?;
-        std::fs::write(path, "Y").map_err(|e| BenchError::Setup(format!("turning on {path}: {e} (needs root)")))?;
-        Ok(UringSetting(Some(was.trim().to_string())))
-    }
-}
-
-impl Drop for UringSetting {
-    fn drop(&mut self) {
-        if let Some(was) = self.0.as_deref().filter(|w| *w != "Y") {
-            let _ = std::fs::write(locus_fuse::URING_SETTING, was);
-        }
-    }
 }
 
 /// A FUSE mount (and the `locus mount` process serving it), unmounted when dropped.
