@@ -563,7 +563,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         let run_afs = |cache: &Path, transport: &str| agent(&afs_flags(cache, transport));
         for (k, &(transport, suffix)) in transports.iter().enumerate() {
             let wrapper = run_afs(&run_cache(transport), transport);
-            andrew_targets.insert(5 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_dir.clone(), wrapper));
+            andrew_targets
+                .insert(5 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_dir.clone(), wrapper));
         }
         if let Some(cp) = &cp {
             std::fs::create_dir_all(chirp_root.join("andrew-run")).map_err(|e| BenchError::io("mkdir", e))?;
@@ -606,7 +607,10 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
             let afs_kinds: Vec<(String, Vec<String>)> = transports
                 .iter()
                 .map(|&(t, suffix)| {
-                    (format!("locus mount --consistency afs{suffix}"), afs_flags(&work.path().join(format!("afs-find-{t}")), t))
+                    (
+                        format!("locus mount --consistency afs{suffix}"),
+                        afs_flags(&work.path().join(format!("afs-find-{t}")), t),
+                    )
                 })
                 .collect();
             let mut kinds: Vec<(String, Option<Vec<String>>)> = vec![("locus mount (callbacks)".into(), Some(vec![]))];
@@ -659,7 +663,8 @@ pub fn run(args: MountArgs) -> Result<(), BenchError> {
         let run_root = PathBuf::from(format!("/locus/{}", lp.addr));
         for (k, &(transport, suffix)) in transports.iter().enumerate() {
             let wrapper = run_afs(&run_cache(transport), transport);
-            postmark_targets.insert(3 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_root.clone(), wrapper));
+            postmark_targets
+                .insert(3 + 2 * k, (format!("locus run --consistency afs{suffix}"), run_root.clone(), wrapper));
         }
         for (i, (name, dir, wrapper)) in postmark_targets.iter().enumerate().filter(|_| want("postmark")) {
             if rtt > 0.0 && name == "local" {

@@ -36,7 +36,11 @@ pub fn run(url: &str, mountpoint: &Path, options: MountOptions, retry: Duration)
     if session.guard.is_finished() {
         let ended = session.guard.join().unwrap_or_else(|_| Err(std::io::Error::other("the FUSE thread panicked")));
         detach(mountpoint);
-        return Err(format!("mount on {}: {}", mountpoint.display(), ended.err().map_or("ended".into(), |e| e.to_string())));
+        return Err(format!(
+            "mount on {}: {}",
+            mountpoint.display(),
+            ended.err().map_or("ended".into(), |e| e.to_string())
+        ));
     }
     let by = chosen.get().map_or(String::new(), |t| format!(" ({t})"));
     eprintln!("{url} is mounted on {}{by}; Ctrl-C or `locus umount` to unmount", mountpoint.display());

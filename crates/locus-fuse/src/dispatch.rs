@@ -52,7 +52,14 @@ fn allowed(h: &InHeader, owner: u32) -> bool {
 /// Serves the request `h` with arguments `a`, leaving the answer in `out` (untouched for
 /// requests without one). INIT and DESTROY are the session's; requests of users other
 /// than `owner` are refused with `EACCES` (see [`allowed`]).
-pub(crate) fn dispatch<F: Filesystem>(fs: &mut F, h: &InHeader, a: &Args<'_>, out: &mut Outgoing, via: Via, owner: u32) {
+pub(crate) fn dispatch<F: Filesystem>(
+    fs: &mut F,
+    h: &InHeader,
+    a: &Args<'_>,
+    out: &mut Outgoing,
+    via: Via,
+    owner: u32,
+) {
     out.reset();
     tracing::debug!(target: "locus_fuse::request", "{} #{} node {} ({via})", abi::op_name(h.opcode), h.unique, h.nodeid);
     if !allowed(h, owner) {
@@ -189,8 +196,14 @@ mod tests {
 
     #[test]
     fn setattr_times_are_read_as_given_or_now() {
-        assert_eq!(set_time(fattr::ATIME, fattr::ATIME, fattr::ATIME_NOW, 5, 6), Some(TimeOrNow::SpecificTime(UNIX_EPOCH + Duration::new(5, 6))));
-        assert_eq!(set_time(fattr::ATIME | fattr::ATIME_NOW, fattr::ATIME, fattr::ATIME_NOW, 5, 6), Some(TimeOrNow::Now));
+        assert_eq!(
+            set_time(fattr::ATIME, fattr::ATIME, fattr::ATIME_NOW, 5, 6),
+            Some(TimeOrNow::SpecificTime(UNIX_EPOCH + Duration::new(5, 6)))
+        );
+        assert_eq!(
+            set_time(fattr::ATIME | fattr::ATIME_NOW, fattr::ATIME, fattr::ATIME_NOW, 5, 6),
+            Some(TimeOrNow::Now)
+        );
         assert_eq!(set_time(0, fattr::ATIME, fattr::ATIME_NOW, 5, 6), None);
         let before = at(set_time(fattr::MTIME, fattr::MTIME, fattr::MTIME_NOW, (-2i64) as u64, 500_000_000));
         assert_eq!(before, Some(UNIX_EPOCH - Duration::from_millis(1500)));

@@ -29,13 +29,13 @@ mod reply;
 mod session;
 mod uring;
 
+pub use classic::serve_one_request;
 pub use mount::{mount, BackgroundSession, MountOption};
 pub use notify::Notifier;
 pub use reply::{
     ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr,
 };
-pub use classic::serve_one_request;
 pub use session::{Session, Transport, TransportChoice, URING_SETTING};
 
 use std::ffi::OsStr;
@@ -203,7 +203,15 @@ pub trait Filesystem {
     fn readlink(&mut self, _req: &Request<'_>, _ino: u64, reply: ReplyData<'_>) {
         reply.error(libc::ENOSYS);
     }
-    fn mkdir(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry<'_>) {
+    fn mkdir(
+        &mut self,
+        _req: &Request<'_>,
+        _parent: u64,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry<'_>,
+    ) {
         reply.error(libc::ENOSYS);
     }
     fn unlink(&mut self, _req: &Request<'_>, _parent: u64, _name: &OsStr, reply: ReplyEmpty<'_>) {

@@ -60,8 +60,12 @@ pub fn mount<F: Filesystem + Send + 'static>(
 
 /// Opens /dev/fuse and mounts it on `mountpoint`.
 fn mount_fuse(mountpoint: &Path, options: &[MountOption]) -> io::Result<OwnedFd> {
-    let fuse = rustix::fs::open("/dev/fuse", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("/dev/fuse: {e}")))?;
+    let fuse = rustix::fs::open(
+        "/dev/fuse",
+        rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("/dev/fuse: {e}")))?;
     let mut source = "locus".to_string();
     let mut fstype = "fuse".to_string();
     let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
@@ -78,7 +82,8 @@ fn mount_fuse(mountpoint: &Path, options: &[MountOption]) -> io::Result<OwnedFd>
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw()
     );
-    let c = |s: &str| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a mount option"));
+    let c =
+        |s: &str| CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a mount option"));
     let target = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the mount point"))?;
     let (source_c, fstype_c, data_c) = (c(&source)?, c(&fstype)?, c(&data)?);
@@ -105,7 +110,9 @@ fn by_fusermount(mountpoint: &Path, options: &[MountOption]) -> io::Result<Owned
         match o {
             // fusermount3 splits its options at commas; a backslash keeps the next
             // character (a comma, or a backslash) as it is.
-            MountOption::FSName(name) => opts.push(format!("fsname={}", name.replace('\\', "\\\\").replace(',', "\\,"))),
+            MountOption::FSName(name) => {
+                opts.push(format!("fsname={}", name.replace('\\', "\\\\").replace(',', "\\,")))
+            }
             MountOption::Subtype(sub) => opts.push(format!("subtype={sub}")),
             MountOption::NoAtime => opts.push("noatime".into()),
         }
@@ -122,7 +129,10 @@ fn by_fusermount(mountpoint: &Path, options: &[MountOption]) -> io::Result<Owned
         .map_err(|e| io::Error::new(e.kind(), format!("mount needs root or fusermount3 (package fuse3): {e}")))?;
     drop(theirs);
     if !status.success() {
-        return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("fusermount3 could not mount {}", mountpoint.display())));
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("fusermount3 could not mount {}", mountpoint.display()),
+        ));
     }
     receive_fd(&ours)
 }

@@ -219,7 +219,17 @@ impl ReplyWrite<'_> {
 impl ReplyStatfs<'_> {
     /// The file system's counts (`fuse_kstatfs`).
     #[allow(clippy::too_many_arguments)]
-    pub fn statfs(self, blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, bsize: u32, namelen: u32, frsize: u32) {
+    pub fn statfs(
+        self,
+        blocks: u64,
+        bfree: u64,
+        bavail: u64,
+        files: u64,
+        ffree: u64,
+        bsize: u32,
+        namelen: u32,
+        frsize: u32,
+    ) {
         let b = &mut self.out.body;
         for v in [blocks, bfree, bavail, files, ffree] {
             b.u64(v);
@@ -260,7 +270,10 @@ impl ReplyDirectory<'_> {
     pub fn add<N: AsRef<OsStr>>(&mut self, ino: u64, offset: i64, kind: FileType, name: N) -> bool {
         let name = name.as_ref().as_bytes();
         if name.is_empty() || name.len() > 1024 || name.contains(&b'/') {
-            tracing::warn!("a directory entry the kernel would refuse is left out: {:?}", String::from_utf8_lossy(name));
+            tracing::warn!(
+                "a directory entry the kernel would refuse is left out: {:?}",
+                String::from_utf8_lossy(name)
+            );
             return false;
         }
         let len = (24 + name.len() + 7) & !7;

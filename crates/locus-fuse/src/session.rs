@@ -121,10 +121,16 @@ impl<F: Filesystem + Send> Session<F> {
         let offered = low | if low & init::INIT_EXT != 0 { u64::from(a.u32(16).unwrap_or(0)) << 32 } else { 0 };
         if major != abi::MAJOR || minor < abi::MINOR_MIN {
             let _ = send(fd, h.unique, -libc::EPROTO, &[]);
-            return Err(bad(format!("the kernel speaks FUSE {major}.{minor}; this needs 7.{} or later", abi::MINOR_MIN)));
+            return Err(bad(format!(
+                "the kernel speaks FUSE {major}.{minor}; this needs 7.{} or later",
+                abi::MINOR_MIN
+            )));
         }
-        let mut config =
-            KernelConfig { max_write: 128 * 1024, max_readahead: kernel_readahead, kernel_max_readahead: kernel_readahead };
+        let mut config = KernelConfig {
+            max_write: 128 * 1024,
+            max_readahead: kernel_readahead,
+            kernel_max_readahead: kernel_readahead,
+        };
         if let Err(e) = self.fs.init(&Request { header: &h }, &mut config) {
             let errno = if (1..512).contains(&e) { e } else { libc::EIO };
             let _ = send(fd, h.unique, -errno, &[]);
@@ -193,4 +199,3 @@ impl<F: Filesystem + Send> Session<F> {
         Ok((max_write, queues))
     }
 }
-

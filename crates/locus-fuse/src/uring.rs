@@ -18,9 +18,9 @@
 //! answers `ENOTCONN`) rather than leave that CPU's callers waiting for ever.
 
 use crate::abi::{self, op, uring as ring_abi, Args, InHeader};
+use crate::classic::{classic, Ended};
 use crate::dispatch::{dispatch, wants_reply, Via};
 use crate::reply::Outgoing;
-use crate::classic::{classic, Ended};
 use crate::Filesystem;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::io;
@@ -284,8 +284,11 @@ fn serve_entry<F: Filesystem>(fs: &mut F, e: &mut Entry, out: &mut Outgoing, qid
             (0, out.body.len())
         }
     };
-    header[ring_abi::IN_OUT..ring_abi::IN_OUT + abi::OUT_HEADER]
-        .copy_from_slice(&abi::out_header(abi::OUT_HEADER + body_len, error, h.unique));
+    header[ring_abi::IN_OUT..ring_abi::IN_OUT + abi::OUT_HEADER].copy_from_slice(&abi::out_header(
+        abi::OUT_HEADER + body_len,
+        error,
+        h.unique,
+    ));
     header[ring_abi::PAYLOAD_SZ..ring_abi::PAYLOAD_SZ + 4].copy_from_slice(&(body_len as u32).to_ne_bytes());
     h.opcode == op::DESTROY
 }

@@ -1,13 +1,13 @@
 //! Conversions between the kernel's words (FUSE attributes, `open(2)` flags, times,
 //! errno) and the drivers' (Locus attributes and open flags).
 
-use locus_fuse::FileAttr;
-use locus_fuse::FileType;
-use locus_fuse::TimeOrNow;
 use locus_drivers::Attr;
 use locus_drivers::DriverError;
 use locus_drivers::SetTime;
 use locus_drivers::Time;
+use locus_fuse::FileAttr;
+use locus_fuse::FileType;
+use locus_fuse::TimeOrNow;
 use locus_proto::types::open_flags;
 use locus_proto::types::{S_IFDIR, S_IFLNK, S_IFMT};
 use std::time::Duration;

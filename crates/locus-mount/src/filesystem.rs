@@ -17,6 +17,10 @@ use crate::LocusFs;
 use crate::CALLBACK_TTL;
 use crate::KNOWN_MAX;
 use crate::RETRY_EVERY;
+use locus_drivers::Attr;
+use locus_drivers::DriverError;
+use locus_drivers::SetTime;
+use locus_drivers::Time;
 use locus_fuse::FileType;
 use locus_fuse::Filesystem;
 use locus_fuse::KernelConfig;
@@ -32,10 +36,6 @@ use locus_fuse::ReplyWrite;
 use locus_fuse::Request;
 use locus_fuse::SetAttr;
 use locus_fuse::TimeOrNow;
-use locus_drivers::Attr;
-use locus_drivers::DriverError;
-use locus_drivers::SetTime;
-use locus_drivers::Time;
 use locus_proto::types::open_flags;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -134,13 +134,7 @@ impl Filesystem for LocusFs {
         reply.attr(&self.ttl(), &file_attr(ino, &attr));
     }
 
-    fn setattr(
-        &mut self,
-        _req: &Request<'_>,
-        ino: u64,
-        set: SetAttr,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&mut self, _req: &Request<'_>, ino: u64, set: SetAttr, reply: ReplyAttr) {
         let SetAttr { mode, uid, gid, size, atime, mtime, fh } = set;
         let copied = self.copies.as_mut().and_then(|c| c.get(ino)).map(|c| c.handles > 0 || c.dirty);
         if let (Some(true), Some(size), None, None, None, None, None) = (copied, size, mode, uid, gid, atime, mtime) {

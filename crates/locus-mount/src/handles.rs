@@ -8,8 +8,8 @@ use crate::handle_table::{Behind, Handle};
 use crate::known::version;
 use crate::LocusFs;
 use crate::CALLBACK_TTL;
-use locus_fuse::Request;
 use locus_drivers::Attr;
+use locus_fuse::Request;
 use locus_proto::types::open_flags;
 use std::ffi::OsStr;
 
