@@ -195,11 +195,7 @@ impl<'a> Args<'a> {
 
     /// The `n`th NUL-terminated name in `rest` (0 first).
     pub fn name(&self, n: usize) -> Result<&'a [u8], Malformed> {
-        self.rest
-            .split(|&b| b == 0)
-            .nth(n)
-            .filter(|_| self.rest.iter().filter(|&&b| b == 0).count() > n)
-            .ok_or(Malformed)
+        self.rest.split_inclusive(|&b| b == 0).nth(n).and_then(|name| name.strip_suffix(&[0])).ok_or(Malformed)
     }
 }
 
