@@ -10,7 +10,8 @@
 //! Inside: `connect` makes a connection (TLS, preamble, login), `pending` registers and
 //! sends requests and awaits their replies within deadlines, `receive` is the loop that
 //! routes the server's frames to them, `storelets` holds the script and storelet calls,
-//! [`nodes`] the third-party reads from a cluster's data nodes; this file holds the
+//! [`nodes`] the third-party reads from a cluster's data nodes, `put_stream` uploads
+//! whose bytes are given as they are made ([`PutStream`]); this file holds the
 //! connection's state and the file-system calls.
 
 pub mod blocking;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod nodes;
 mod options;
 mod pending;
+mod put_stream;
 mod receive;
 pub mod script_cache;
 mod storelets;
@@ -52,6 +54,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use connect::{HEARTBEAT_EVERY, HEARTBEAT_TIMEOUT};
 pub use options::{host_of, ConnectOptions, Deadlines};
 pub use pending::{Pending, PendingListing};
+pub use put_stream::PutStream;
 pub use storelets::{script_id, StoreletOutput, StoreletRun, StoreletUpdate};
 
 /// One frame received from the server.
@@ -123,6 +126,9 @@ impl ConnectionEnder {
 
 /// Size of the data frames of a streamed `put`.
 pub const PUT_CHUNK: usize = 1 << 20;
+
+/// How many request deadlines a [`Client::copy`] may wait for its reply.
+pub const COPY_WAIT: u32 = 30;
 
 impl Client {
     /// True once the connection has ended.
@@ -429,6 +435,14 @@ impl Client {
     /// Renames `from` to `to`.
     pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.call(Rename { from: from.into(), to: to.into() }).await
+    }
+
+    /// Copies the file `from` to `to` at the server (`copy`): its bytes never cross the
+    /// network, and `to` is replaced atomically as a `put` replaces it. Answers the
+    /// copy's attributes. The server answers once every byte is copied, so the reply may
+    /// take [`COPY_WAIT`] times the request deadline (a large file on a slow disk).
+    pub async fn copy(&self, from: &str, to: &str) -> Result<Attr> {
+        self.call_within(CopyFile { from: from.into(), to: to.into() }, self.deadlines.request * COPY_WAIT).await
     }
 
     /// Creates a symlink at `path` pointing to `target`.

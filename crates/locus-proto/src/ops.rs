@@ -113,6 +113,11 @@ macro_rules! operation_table {
             /// once, durable once the server's disk has it (a crash of its machine may lose
             /// it; `put` or `fsync` does not). What `locus mount` stores at close.
             0x29 PutCached put_cached StreamIn { path: String, mode: u32 } -> Attr;
+            /// Copies a file's bytes to another name at the server, replacing `to` atomically
+            /// as `put` does (readers see the old file or the new one) and as durably; the copy
+            /// has the source's permission bits. Needs the read right where `from` is and the
+            /// write right where `to` is; a directory `from` answers `EISDIR`.
+            0x2a CopyFile copy Unary { from: String, to: String } -> Attr;
             /// The access-control list that governs a directory.
             0x30 AclGet acl_get Unary { path: String } -> Vec<AclEntry>;
             /// Sets (or, with no rights, removes) one subject's rights on a directory.

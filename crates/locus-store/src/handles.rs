@@ -183,15 +183,57 @@ impl Drop for OpenFile {
 impl PutFile {
     /// Appends a chunk of the upload.
     pub fn write(&mut self, data: &[u8]) -> Result<()> {
-        use std::io::Write;
         let start = Instant::now();
+        self.write_all(data)?;
+        self.io.write(data.len() as u64, start.elapsed());
+        Ok(())
+    }
+
+    /// Appends the whole of `from`, from its start to its end as it is now, in the kernel
+    /// (`copy_file_range`; a read and a write where the file systems cannot), counted as
+    /// `from`'s reads and this upload's writes; answers how many bytes came.
+    pub fn copy_from(&mut self, from: &OpenFile) -> Result<u64> {
+        from.check_readable()?;
+        let start = Instant::now();
+        let (mut at, mut kernel) = (0u64, true);
+        let mut buf = Vec::new();
+        loop {
+            let n = if kernel {
+                match rustix::fs::copy_file_range(&*from.file, Some(&mut at), &self.file, None, 1 << 30) {
+                    Ok(n) => n,
+                    Err(Errno::INTR | Errno::AGAIN) => continue,
+                    // Across file systems, or on one that cannot: through memory.
+                    Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP | Errno::PERM) => {
+                        kernel = false;
+                        buf.resize(1 << 20, 0);
+                        continue;
+                    }
+                    Err(e) => return Err(e).ctx("copy", &from.rel),
+                }
+            } else {
+                let n = from.read_into(at, &mut buf)?;
+                self.write_all(&buf[..n])?;
+                at += n as u64;
+                n
+            };
+            if n == 0 {
+                break;
+            }
+        }
+        let took = start.elapsed();
+        from.io.read(at, took);
+        self.io.write(at, took);
+        Ok(at)
+    }
+
+    /// Writes `data` at the upload's end, uncounted.
+    fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        use std::io::Write;
         self.file.write_all(data).map_err(|e| StoreError::Os {
             op: "put",
             path: self.name.clone(),
             errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        })?;
-        self.io.write(data.len() as u64, start.elapsed());
-        Ok(())
+        })
     }
 
     /// Makes the upload durable and moves it over the target in one atomic rename.

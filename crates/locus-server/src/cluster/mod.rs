@@ -20,7 +20,7 @@
 //! locations, third-party reads), `writes` (staging a new version and committing it on
 //! nodes), `tp_writes` (third-party writes: clients send the bytes to the nodes), `healing` (heartbeats, draining, and copying versions until each has its
 //! replicas), `fanout` (a storelet run across nodes, its outputs merged), `changes` (callbacks across heads: changes announced and heard on the engine), `session` (the
-//! head's side of the protocol, [`HeadSession`]), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input),
+//! head's side of the protocol, [`HeadSession`]), `copies` (server-side copies), `links` (symbolic links), `active_files` (active files: handlers run on the node holding their input),
 //! `script_state` (scripts' named values and locks, kept in the namespace for every head),
 //! `rebalance` (moving versions between nodes by the load their heartbeats report), and for data nodes `node` (joining
 //! a head), `objects` (the versions a node keeps, and the views of its runs), `checksums` (their
@@ -47,6 +47,8 @@ pub mod checksums;
 #[cfg(feature = "cluster")]
 pub mod cluster_ca;
 mod config;
+#[cfg(feature = "cluster")]
+mod copies;
 #[cfg(feature = "cluster")]
 mod fanout;
 #[cfg(feature = "cluster")]

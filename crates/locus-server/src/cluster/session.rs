@@ -3,7 +3,7 @@
 //!
 //! Longer than 700 lines because it is one trait impl (a method per operation of the
 //! table), which Rust keeps in one file; what is not the table's lives in the other
-//! rooms (`links`, `active_files`, `changes`, `fanout`).
+//! rooms (`links`, `active_files`, `changes`, `fanout`, `copies`).
 
 use crate::cluster::attr_of;
 use crate::cluster::fanout::{merge_runs, Planned, Writes};
@@ -174,7 +174,7 @@ impl HeadSession {
     /// Checks that the subject holds `need` in the directory of `path`, and answers the
     /// subject and the entry at `path` (one transaction).
     /// A link at the end of `path` is followed (the rights are checked where it leads).
-    fn need_entry(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
+    pub(crate) fn need_entry(&self, path: &str, need: Rights) -> Result<(String, Entry), WireError> {
         let (who, e) = self.need_entry_here(path, need)?;
         match e.kind {
             EntryKind::Symlink => self.need_entry_here(&self.follow(path.to_string())?, need),
@@ -196,7 +196,7 @@ impl HeadSession {
     }
 
     /// A private copy of `path` to write: empty, or holding `base`'s bytes.
-    fn stage(&self, path: &str, mode: u32, base: Option<Entry>, copy: bool) -> Result<Staged, WireError> {
+    pub(crate) fn stage(&self, path: &str, mode: u32, base: Option<Entry>, copy: bool) -> Result<Staged, WireError> {
         let mut name = [0u8; 12];
         getrandom::fill(&mut name).expect("the OS provides randomness");
         let tmp = self.head.staging.join(hex::encode(name));
@@ -498,6 +498,10 @@ impl Handler for HeadSession {
         let id = self.current.0;
         self.puts.insert(id, staged);
         self.upload(id, &data, self.current.1)
+    }
+
+    fn copy(&mut self, req: CopyFile, _: Bytes) -> Reply<Attr> {
+        self.copy_file(req)
     }
 
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {

@@ -225,6 +225,10 @@ impl Handler for Session {
         self.start_put(&who, Put { path: req.path, mode: req.mode }, data, false, None)
     }
 
+    fn copy(&mut self, req: CopyFile, _: Bytes) -> Reply<Attr> {
+        self.copy_file(req)
+    }
+
     fn readdir(&mut self, req: Readdir, _: Bytes) -> Reply<Vec<DirEntry>> {
         self.promise(&req.path, true, Rights::LIST);
         Ok(listing(&store(self.shared.store.readdir(self.who()?, &req.path))?))

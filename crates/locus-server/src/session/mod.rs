@@ -4,6 +4,7 @@
 //! Everything a session holds is released when it is dropped, which happens when its
 //! connection ends for any reason: handles close, unfinished uploads are removed.
 
+mod copy;
 mod handler;
 
 use crate::active::{self, Found, Run};
@@ -376,7 +377,6 @@ impl Session {
 
     /// True when this connection can be told things outside any reply (a client's own
     /// connection; not a script's or a Chirp client's session).
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn can_push(&self) -> bool {
         self.outbox.is_some()
     }
