@@ -31,10 +31,15 @@ struct Cli {
 enum Command {
     /// Serve a directory (by default ~/.locus/export, created on first start).
     Serve(Box<serve::ServeArgs>),
-    /// Create a token for a subject in a server's token file and print it.
+    /// Create a token for a subject in a server's token file and print it (with --s3,
+    /// print the subject's S3 access key and secret, creating its token if need be).
     Token {
         /// The subject name.
         subject: String,
+        /// Print the S3 keys derived from the subject's token (the token itself never
+        /// goes to S3 tools), as AWS_ACCESS_KEY_ID=... and AWS_SECRET_ACCESS_KEY=... lines.
+        #[arg(long)]
+        s3: bool,
         /// The server's state directory.
         #[arg(long, default_value_os_t = locus_client::credentials::locus_home().join("server"))]
         state: PathBuf,
@@ -518,7 +523,7 @@ fn main() -> ExitCode {
         Command::Bench(BenchCommand::Storelets(args)) => locus_bench::storelets::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Active(args)) => locus_bench::active::run(args).map_err(|e| e.to_string()),
         Command::Bench(BenchCommand::Soak(args)) => locus_bench::soak::run(args, cli.json).map_err(|e| e.to_string()),
-        Command::Token { subject, state } => serve::add_token(&subject, &state),
+        Command::Token { subject, state, s3 } => serve::add_token(&subject, &state, s3),
         other => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(files::run(other, cli.json))

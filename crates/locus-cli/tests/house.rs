@@ -24,6 +24,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("locus-server", 2),
     ("locus-drivers", 2),
     ("locus-console", 3),
+    ("locus-s3", 3),
     ("locus-mount", 3),
     ("locus-agent", 4),
     ("locus-python", 4),

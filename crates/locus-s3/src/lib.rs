@@ -1,0 +1,104 @@
+//! The S3 door (`locus serve --s3-port P`): `aws`, boto3, rclone, `s3fs-fuse`, pyarrow
+//! and every other S3 client reach the export as a set of buckets.
+//!
+//! **Names.** Buckets are the export's top-level directories and keys are paths beneath
+//! them: `s3://data/a/b.csv` is `/data/a/b.csv`. A key ending in `/` names a directory
+//! (a `PUT` of one with no bytes makes it; an empty directory lists as that key). Keys
+//! that are not paths (an empty segment, `.` or `..`, a NUL, a segment over 255 bytes or
+//! one starting with Locus's reserved `.__locus`) are refused with `InvalidArgument`
+//! ([`names`]).
+//!
+//! **Subjects.** The [`s3s`] crate checks AWS Signature Version 4 (headers, presigned
+//! URLs with their expiry, `aws-chunked` streaming bodies): the access key is a subject's
+//! name, and its secret is derived from the subject's token ([`keys::secret_of`], what
+//! `locus token SUBJECT --s3` prints), so the token never travels. Unsigned requests are
+//! refused unless the server names an anonymous subject. Every request then runs as a
+//! session acting as that subject ([`locus_server::acting::Acting`]), so ACL checks,
+//! callback breaks, I/O accounting and the cluster head's namespace are the native
+//! protocol's own.
+//!
+//! **What S3 adds.** ETags, content types and `x-amz-meta-*` metadata of objects written
+//! through this door are kept beside the export ([`meta`]); multipart parts wait in the
+//! state directory until completed ([`multipart`]). A `GET` of a missing key whose name
+//! invokes an active-file handler runs it and streams its output.
+//!
+//! Rooms: [`names`] (bucket and key to path, and errors), [`keys`] (secrets, signature
+//! checks, the anonymous subject), [`meta`] (the object records), [`objects`] (get, head,
+//! put, delete, copy), [`listing`] (buckets and object listings in S3's order),
+//! [`multipart`] (uploads in parts), `door` (the S3 operations, each to its room).
+
+pub mod keys;
+pub mod listing;
+pub mod meta;
+pub mod multipart;
+pub mod names;
+pub mod objects;
+
+mod door;
+
+use locus_server::Shared;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How the S3 door serves.
+#[derive(Clone, Debug)]
+pub struct S3Config {
+    /// The subject unsigned requests act as; none refuses them.
+    pub anonymous: Option<String>,
+    /// Domains for virtual-host-style addressing (`BUCKET.DOMAIN`); path style always works.
+    pub domains: Vec<String>,
+    /// Multipart uploads not completed within this long are removed with their parts.
+    pub upload_max_age: Duration,
+    /// Where the object records and the parts of multipart uploads are kept.
+    pub state_dir: PathBuf,
+}
+
+impl S3Config {
+    /// The defaults: no anonymous subject, path style only, uploads kept a day.
+    pub fn new(state_dir: PathBuf) -> S3Config {
+        S3Config { anonymous: None, domains: Vec::new(), upload_max_age: Duration::from_secs(24 * 3600), state_dir }
+    }
+}
+
+/// Why the door could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum S3DoorError {
+    /// The object records or the uploads' directory could not be opened.
+    #[error("S3 door state in {path}: {why}")]
+    State { path: String, why: String },
+    /// A virtual-host domain is not a domain name.
+    #[error("--s3-domain {0:?} is not a domain name")]
+    Domain(String),
+}
+
+/// Serves S3 on `listener` until the task is dropped: plain HTTP, or HTTPS with `tls`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    config: S3Config,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<(), S3DoorError> {
+    let service = door::service(shared, config)?;
+    loop {
+        let Ok((stream, _)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let (service, tls) = (service.clone(), tls.clone());
+        tokio::spawn(async move {
+            let http = hyper::server::conn::http1::Builder::new();
+            match tls {
+                None => {
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = http.serve_connection(io, service).await;
+                }
+                Some(tls) => {
+                    let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+                }
+            }
+        });
+    }
+}

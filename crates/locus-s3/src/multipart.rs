@@ -1,0 +1,346 @@
+//! Multipart uploads: parts wait in the state directory (`s3-uploads/ID/`), never under
+//! the key, until the upload is completed; then they are streamed, in order, into one
+//! `put` of the key, which shows all of it at once. Uploads are the subject's who began
+//! them. Abandoned ones are removed after [`crate::S3Config::upload_max_age`].
+
+use crate::meta::{Record, Records};
+use crate::names::ObjectPath;
+use crate::objects::{make_dirs, MAX_PUT};
+use futures::StreamExt;
+use locus_proto::Code;
+use locus_server::acting::Acting;
+use locus_server::Shared;
+use md5::{Digest, Md5};
+use s3s::dto::StreamingBlob;
+use s3s::{S3Error, S3ErrorCode, S3Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Part numbers S3 allows.
+pub const PARTS: std::ops::RangeInclusive<i32> = 1..=10_000;
+/// The smallest part but the last, as S3 requires.
+pub const MIN_PART: u64 = 5 << 20;
+/// Uploads under way at once, over all subjects.
+const MAX_UPLOADS: usize = 10_000;
+/// Space the state directory's file system keeps free: a part that would leave less is refused.
+const KEEP_FREE: u64 = 1 << 30;
+
+/// What an upload is for, kept in its directory as `upload.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Upload {
+    pub subject: String,
+    pub bucket: String,
+    pub key: String,
+    /// Seconds since the epoch when it began.
+    pub started: u64,
+    pub content_type: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A part received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub number: i32,
+    pub etag: String,
+    pub size: u64,
+    pub modified: SystemTime,
+}
+
+/// The uploads' directory.
+pub struct Uploads {
+    dir: PathBuf,
+    max_age: Duration,
+}
+
+fn err(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
+    S3Error::with_message(code, msg.into())
+}
+
+fn io_err(e: std::io::Error) -> S3Error {
+    err(S3ErrorCode::InternalError, format!("upload area: {e}"))
+}
+
+fn no_upload() -> S3Error {
+    err(S3ErrorCode::NoSuchUpload, "no such upload (it was completed, aborted, expired or is another subject's)")
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Uploads {
+    /// The uploads kept in `state_dir/s3-uploads`.
+    pub fn open(state_dir: &Path, max_age: Duration) -> std::io::Result<Uploads> {
+        let dir = state_dir.join("s3-uploads");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Uploads { dir, max_age })
+    }
+
+    /// The directory of upload `id`, if `id` is one this door could have made.
+    fn dir_of(&self, id: &str) -> S3Result<PathBuf> {
+        if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return Err(no_upload());
+        }
+        Ok(self.dir.join(id))
+    }
+
+    /// Upload `id` as `subject` began it.
+    pub fn get(&self, subject: &str, id: &str) -> S3Result<Upload> {
+        let text = std::fs::read(self.dir_of(id)?.join("upload.json")).map_err(|_| no_upload())?;
+        let upload: Upload = serde_json::from_slice(&text).map_err(|_| no_upload())?;
+        if upload.subject != subject {
+            return Err(no_upload());
+        }
+        Ok(upload)
+    }
+
+    /// Begins an upload; answers its id.
+    pub fn create(&self, upload: &Upload) -> S3Result<String> {
+        let count = std::fs::read_dir(&self.dir).map_err(io_err)?.count();
+        if count >= MAX_UPLOADS {
+            return Err(err(S3ErrorCode::SlowDown, "too many multipart uploads are under way"));
+        }
+        let mut raw = [0u8; 16];
+        getrandom::fill(&mut raw).map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))?;
+        let id = hex::encode(raw);
+        let dir = self.dir.join(&id);
+        std::fs::create_dir(&dir).map_err(io_err)?;
+        let text = serde_json::to_vec(upload).map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))?;
+        std::fs::write(dir.join("upload.json"), text).map_err(io_err)?;
+        Ok(id)
+    }
+
+    /// Receives part `number` of upload `id`, replacing one sent before; answers its ETag
+    /// (the MD5 of its bytes).
+    pub async fn put_part(
+        &self,
+        subject: &str,
+        id: &str,
+        number: i32,
+        body: Option<StreamingBlob>,
+        length: Option<u64>,
+        content_md5: Option<[u8; 16]>,
+    ) -> S3Result<String> {
+        self.get(subject, id)?;
+        if !PARTS.contains(&number) {
+            return Err(err(S3ErrorCode::InvalidArgument, "part numbers go from 1 to 10000"));
+        }
+        if length.is_some_and(|l| l > MAX_PUT) {
+            return Err(err(S3ErrorCode::EntityTooLarge, "a part is at most 5 GiB"));
+        }
+        let dir = self.dir_of(id)?;
+        let free = rustix::fs::statvfs(&dir).map(|s| s.f_bavail.saturating_mul(s.f_frsize)).unwrap_or(u64::MAX);
+        if free < length.unwrap_or(0).saturating_add(KEEP_FREE) {
+            return Err(err(S3ErrorCode::EntityTooLarge, "the server's upload area has no room for this part"));
+        }
+        let tmp = dir.join(format!("{number}.tmp{}", hex::encode(random8())));
+        let mut file = std::fs::File::create(&tmp).map_err(io_err)?;
+        let mut md5 = Md5::new();
+        let mut size = 0u64;
+        let written: S3Result<()> = async {
+            if let Some(mut body) = body {
+                while let Some(chunk) = body.next().await {
+                    let chunk = chunk.map_err(|e| err(S3ErrorCode::IncompleteBody, e.to_string()))?;
+                    size += chunk.len() as u64;
+                    if size > MAX_PUT {
+                        return Err(err(S3ErrorCode::EntityTooLarge, "a part is at most 5 GiB"));
+                    }
+                    md5.update(&chunk);
+                    tokio::task::block_in_place(|| file.write_all(&chunk)).map_err(io_err)?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let digest: [u8; 16] = md5.finalize().into();
+        let checked = written.and_then(|()| {
+            if length.is_some_and(|l| l != size) {
+                return Err(err(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
+            }
+            if content_md5.is_some_and(|want| want != digest) {
+                return Err(err(S3ErrorCode::BadDigest, "the bytes do not match Content-MD5"));
+            }
+            Ok(())
+        });
+        if let Err(e) = checked {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let etag = hex::encode(digest);
+        // One name per part number: `N.ETAG`; an earlier one goes.
+        for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number) {
+            let _ = std::fs::remove_file(dir.join(format!("{}.{}", old.number, old.etag)));
+        }
+        std::fs::rename(&tmp, dir.join(format!("{number}.{etag}"))).map_err(io_err)?;
+        Ok(etag)
+    }
+
+    fn parts_in(&self, dir: &Path) -> S3Result<Vec<Part>> {
+        let mut parts = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|_| no_upload())?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some((n, etag)) = name.split_once('.') else { continue };
+            let (Ok(number), true) = (n.parse::<i32>(), etag.len() == 32) else { continue };
+            let Ok(meta) = entry.metadata() else { continue };
+            let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            parts.push(Part { number, etag: etag.to_string(), size: meta.len(), modified });
+        }
+        parts.sort_by_key(|p| p.number);
+        Ok(parts)
+    }
+
+    /// The parts of upload `id` received so far, in order.
+    pub fn parts(&self, subject: &str, id: &str) -> S3Result<Vec<Part>> {
+        self.get(subject, id)?;
+        self.parts_in(&self.dir_of(id)?)
+    }
+
+    /// The uploads under way of `subject` in `bucket`: (id, upload), by key then start.
+    pub fn list(&self, subject: &str, bucket: &str) -> Vec<(String, Upload)> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let id = entry.file_name().to_string_lossy().into_owned();
+            if let Ok(u) = self.get(subject, &id) {
+                if u.bucket == bucket {
+                    found.push((id, u));
+                }
+            }
+        }
+        found.sort_by(|a, b| (&a.1.key, a.1.started).cmp(&(&b.1.key, b.1.started)));
+        found
+    }
+
+    /// Ends upload `id` without storing anything.
+    pub fn abort(&self, subject: &str, id: &str) -> S3Result<()> {
+        self.get(subject, id)?;
+        std::fs::remove_dir_all(self.dir_of(id)?).map_err(io_err)
+    }
+
+    /// Completes upload `id` with `chosen` parts (number, ETag), which must be in
+    /// ascending order, received, and all but the last at least 5 MiB. The key then
+    /// holds their bytes in that order; answers the multipart ETag (the MD5 of the
+    /// parts' MD5s, a dash, their count).
+    pub async fn complete(
+        &self,
+        shared: &Arc<Shared>,
+        records: &Records,
+        subject: &str,
+        id: &str,
+        op: &ObjectPath,
+        chosen: &[(i32, String)],
+    ) -> S3Result<String> {
+        let upload = self.get(subject, id)?;
+        let dir = self.dir_of(id)?;
+        let have = self.parts_in(&dir)?;
+        if chosen.is_empty() {
+            return Err(err(S3ErrorCode::MalformedXML, "a completion names at least one part"));
+        }
+        if chosen.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(err(S3ErrorCode::InvalidPartOrder, "parts must be listed in ascending order"));
+        }
+        let mut files = Vec::new();
+        let mut md5s = Md5::new();
+        for (i, (number, etag)) in chosen.iter().enumerate() {
+            let etag = etag.trim_matches('"');
+            let part = have
+                .iter()
+                .find(|p| p.number == *number && p.etag == etag)
+                .ok_or_else(|| err(S3ErrorCode::InvalidPart, format!("part {number} with that ETag was not received")))?;
+            if i + 1 < chosen.len() && part.size < MIN_PART {
+                return Err(err(S3ErrorCode::EntityTooSmall, format!("part {number} is under 5 MiB and not the last")));
+            }
+            md5s.update(hex::decode(&part.etag).unwrap_or_default());
+            files.push(dir.join(format!("{}.{}", part.number, part.etag)));
+        }
+        let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
+        let (shared_, subject_, op_) = (shared.clone(), subject.to_string(), op.clone());
+        let attr = tokio::task::spawn_blocking(move || concatenate(&shared_, &subject_, &op_, &files))
+            .await
+            .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))??;
+        let record = Record { etag: etag.clone(), content_type: upload.content_type, metadata: upload.metadata };
+        records.put(&op.path, &attr, &record);
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(etag)
+    }
+
+    /// Removes uploads begun longer ago than the maximum age; answers how many.
+    pub fn sweep(&self) -> usize {
+        let oldest = now_s().saturating_sub(self.max_age.as_secs());
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let started = std::fs::read(path.join("upload.json"))
+                .ok()
+                .and_then(|t| serde_json::from_slice::<Upload>(&t).ok())
+                .map(|u| u.started);
+            // A directory without a readable record is a half-made upload: its age is its own.
+            let started = started.unwrap_or_else(|| {
+                entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs())
+            });
+            if started < oldest && std::fs::remove_dir_all(&path).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+}
+
+/// A new upload's record.
+pub fn new_upload(subject: &str, bucket: &str, key: &str, content_type: Option<String>, metadata: BTreeMap<String, String>) -> Upload {
+    Upload { subject: subject.into(), bucket: bucket.into(), key: key.into(), started: now_s(), content_type, metadata }
+}
+
+fn random8() -> [u8; 8] {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    b
+}
+
+/// Streams `files` in order into one `put` of `op` as `subject`.
+fn concatenate(shared: &Arc<Shared>, subject: &str, op: &ObjectPath, files: &[PathBuf]) -> S3Result<locus_proto::types::Attr> {
+    let mut session = Acting::new(shared, subject);
+    let object_err = crate::names::object_error;
+    match session.put_start(&op.path, 0o644) {
+        Err(e) if e.code == Code::NOENT => {
+            make_dirs(&mut session, op, crate::names::parent(&op.path))?;
+            session.put_start(&op.path, 0o644).map_err(object_err)?;
+        }
+        other => other.map_err(object_err)?,
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    for file in files {
+        let mut f = std::fs::File::open(file).map_err(io_err)?;
+        loop {
+            let n = f.read(&mut buf).map_err(io_err)?;
+            if n == 0 {
+                break;
+            }
+            session.put_more(&buf[..n], false).map_err(object_err)?;
+        }
+    }
+    let attr = session.put_more(&[], true).map_err(object_err)?;
+    attr.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))
+}
+
+/// Sweeps `uploads` now and then for as long as the task runs.
+pub async fn sweeper(uploads: Arc<Uploads>) {
+    let every = (uploads.max_age / 4).clamp(Duration::from_secs(1), Duration::from_secs(600));
+    loop {
+        tokio::time::sleep(every).await;
+        let u = uploads.clone();
+        let removed = tokio::task::spawn_blocking(move || u.sweep()).await.unwrap_or(0);
+        if removed > 0 {
+            tracing::info!(removed, "abandoned S3 multipart uploads removed");
+        }
+    }
+}
+

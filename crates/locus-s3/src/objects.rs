@@ -1,0 +1,406 @@
+//! Objects: reading (whole, ranged, conditional, or an active file's output as it is
+//! made), writing (streamed into a hidden file made visible by one rename, its MD5
+//! computed on the way), removing and copying, each as the requesting subject.
+
+use crate::meta::{Record, Records, EMPTY_ETAG};
+use crate::names::{self, object_error, ObjectPath};
+use bytes::Bytes;
+use futures::StreamExt;
+use locus_proto::ops::{Close, Mkdir, Open, Pread, Rmdir, Unlink};
+use locus_proto::types::{open_flags, Attr};
+use locus_proto::{Code, Error as WireError};
+use locus_server::acting::Acting;
+use locus_server::active::Found;
+use locus_server::Shared;
+use md5::{Digest, Md5};
+use s3s::dto::{ETagCondition, StreamingBlob, Timestamp};
+use s3s::{S3Error, S3ErrorCode, S3Result};
+use std::sync::Arc;
+
+/// The bytes a read asks for at once.
+const CHUNK: u64 = 1 << 20;
+/// The largest object a single `PUT` stores (S3's own bound).
+pub const MAX_PUT: u64 = 5 << 30;
+
+/// Runs `work` with a session acting as `subject`, on a thread that may block.
+pub async fn acting<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    subject: &str,
+    work: impl FnOnce(&mut Acting) -> T + Send + 'static,
+) -> S3Result<T> {
+    let (shared, subject) = (shared.clone(), subject.to_string());
+    tokio::task::spawn_blocking(move || work(&mut Acting::new(&shared, &subject)))
+        .await
+        .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))
+}
+
+/// The last-modified time of `attr`, as S3 gives it.
+pub fn modified(attr: &Attr) -> Timestamp {
+    let t = time::OffsetDateTime::from_unix_timestamp(attr.mtime.sec).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    Timestamp::from(t)
+}
+
+/// The conditional headers of a read.
+#[derive(Default)]
+pub struct Conditions {
+    pub if_match: Option<ETagCondition>,
+    pub if_none_match: Option<ETagCondition>,
+    pub if_modified_since: Option<Timestamp>,
+    pub if_unmodified_since: Option<Timestamp>,
+}
+
+fn matches(cond: &ETagCondition, etag: &str) -> bool {
+    match cond {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(e) => e.value() == etag,
+    }
+}
+
+impl Conditions {
+    /// Checks the conditions in RFC 9110's order: a failed `If-Match` or
+    /// `If-Unmodified-Since` is `412`, a met `If-None-Match` or an unmet
+    /// `If-Modified-Since` is `304`.
+    pub fn check(&self, etag: &str, attr: &Attr) -> S3Result<()> {
+        let mtime = attr.mtime.sec;
+        let secs = |t: &Timestamp| time::OffsetDateTime::from(t.clone()).unix_timestamp();
+        match (&self.if_match, &self.if_unmodified_since) {
+            (Some(c), _) if !matches(c, etag) => return Err(S3Error::new(S3ErrorCode::PreconditionFailed)),
+            (None, Some(t)) if mtime > secs(t) => return Err(S3Error::new(S3ErrorCode::PreconditionFailed)),
+            _ => {}
+        }
+        match (&self.if_none_match, &self.if_modified_since) {
+            (Some(c), _) if matches(c, etag) => Err(S3Error::new(S3ErrorCode::NotModified)),
+            (None, Some(t)) if mtime <= secs(t) => Err(S3Error::new(S3ErrorCode::NotModified)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Where an object's bytes come from.
+enum Source {
+    /// A file opened through the subject's session.
+    Session(Acting, u64),
+    /// An active file's kept result.
+    Result(locus_store::OpenFile),
+    /// An active file whose handler is still writing it.
+    Growing(locus_store::OpenFile, Arc<locus_server::active::Run>),
+    /// A directory, read as an empty object.
+    Nothing,
+}
+
+/// An object found for reading.
+pub struct Readable {
+    /// Its attributes (for an active file still being made, the size is not final).
+    pub attr: Attr,
+    /// Its S3 facts.
+    pub record: Record,
+    /// Its size is not known yet: an active file still being made.
+    pub growing: bool,
+    source: Source,
+}
+
+/// Opens the object at `op` for reading as `subject`; a missing key whose name invokes an
+/// active-file handler runs it (on a single server).
+pub async fn open(shared: &Arc<Shared>, records: &Records, subject: &str, op: &ObjectPath) -> S3Result<Readable> {
+    let (path, is_dir) = (op.path.clone(), op.is_dir);
+    let (shared_, subject_) = (shared.clone(), subject.to_string());
+    let (session, opened) = tokio::task::spawn_blocking(move || {
+        let mut s = Acting::new(&shared_, &subject_);
+        let flags = if is_dir { open_flags::READ | open_flags::DIRECTORY } else { open_flags::READ };
+        let opened = s.call(&Open { path, flags, mode: 0 }, Bytes::new());
+        (s, opened)
+    })
+    .await
+    .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?;
+    let opened = match opened {
+        Ok((pages, _)) => pages.into_iter().next().ok_or_else(|| WireError::new(Code::IO, "open answered nothing")),
+        Err(e) if e.code == Code::NOENT && !is_dir && !shared.is_head() => {
+            return open_active(shared, subject, &op.path).await
+        }
+        Err(e) => Err(e),
+    }
+    .map_err(object_error)?;
+    if opened.attr.is_dir() != is_dir {
+        return Err(S3Error::with_message(S3ErrorCode::NoSuchKey, "that key names a directory"));
+    }
+    if is_dir {
+        let record = Record { etag: EMPTY_ETAG.into(), ..Default::default() };
+        let attr = Attr { size: 0, ..opened.attr };
+        return Ok(Readable { attr, record, growing: false, source: Source::Nothing });
+    }
+    let record = records.get_or_derive(&op.path, &opened.attr);
+    Ok(Readable { attr: opened.attr, record, growing: false, source: Source::Session(session, opened.handle) })
+}
+
+async fn open_active(shared: &Arc<Shared>, subject: &str, path: &str) -> S3Result<Readable> {
+    let missing = || S3Error::with_message(S3ErrorCode::NoSuchKey, "no such key");
+    let (shared_, subject, path) = (shared.clone(), subject.to_string(), path.to_string());
+    let found = tokio::task::spawn_blocking(move || shared_.active.find(&shared_, &subject, &path))
+        .await
+        .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?
+        .map_err(object_error)?
+        .ok_or_else(missing)?;
+    let (file, run) = match found {
+        Found::Ready(file) => (file, None),
+        Found::Running(file, run) => {
+            // Its first bytes, or its failure, before anything is answered.
+            if let Some(Err(e)) = run.wait(1).await.end {
+                return Err(object_error(e));
+            }
+            (file, Some(run))
+        }
+    };
+    let attr = locus_server::active::attr(&file).map_err(object_error)?;
+    let record = Record { etag: crate::meta::derived_etag(&attr), ..Default::default() };
+    Ok(match run {
+        None => Readable { attr, record, growing: false, source: Source::Result(file) },
+        Some(run) => Readable { attr, record, growing: true, source: Source::Growing(file, run) },
+    })
+}
+
+impl Readable {
+    /// The bytes `start..end` as a stream (to the end of the output, for a growing one).
+    pub fn body(self, start: u64, end: u64) -> StreamingBlob {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+        match self.source {
+            Source::Nothing => {}
+            Source::Growing(file, run) => {
+                tokio::spawn(follow(file, run, tx));
+            }
+            Source::Session(mut session, handle) => {
+                tokio::task::spawn_blocking(move || {
+                    let read = |offset, len| {
+                        session
+                            .call(&Pread { handle, offset, len: len as u32 }, Bytes::new())
+                            .map(|(_, d)| Bytes::from(d))
+                            .map_err(|e| std::io::Error::other(e.message))
+                    };
+                    send_range(read, start, end, &tx);
+                    let _ = session.call(&Close { handle }, Bytes::new());
+                });
+            }
+            Source::Result(file) => {
+                tokio::task::spawn_blocking(move || {
+                    let read =
+                        |offset, len| file.pread(offset, len).map(Bytes::from).map_err(std::io::Error::other);
+                    send_range(read, start, end, &tx);
+                });
+            }
+        }
+        let mut rx = rx;
+        StreamingBlob::wrap(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+    }
+}
+
+fn send_range(
+    mut read: impl FnMut(u64, usize) -> std::io::Result<Bytes>,
+    start: u64,
+    end: u64,
+    tx: &tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let mut offset = start;
+    while offset < end {
+        let len = (end - offset).min(CHUNK) as usize;
+        let got = read(offset, len);
+        let stop = match &got {
+            Ok(b) if b.is_empty() => true,
+            Ok(b) => {
+                offset += b.len() as u64;
+                false
+            }
+            Err(_) => true,
+        };
+        // A short file (truncated meanwhile) ends the body early: the client sees fewer
+        // bytes than the length it was told, and fails the read.
+        if tx.blocking_send(got).is_err() || stop {
+            return;
+        }
+    }
+}
+
+async fn follow(
+    file: locus_store::OpenFile,
+    run: Arc<locus_server::active::Run>,
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+) {
+    let file = Arc::new(file);
+    let mut offset = 0u64;
+    loop {
+        let progress = run.wait(offset + 1).await;
+        if let Some(Err(e)) = progress.end {
+            let _ = tx.send(Err(std::io::Error::other(e.message))).await;
+            return;
+        }
+        while progress.written > offset {
+            let len = (progress.written - offset).min(CHUNK) as usize;
+            let f = file.clone();
+            let got = tokio::task::spawn_blocking(move || f.pread(offset, len)).await;
+            let bytes = match got {
+                Ok(Ok(b)) if !b.is_empty() => b,
+                _ => {
+                    let _ = tx.send(Err(std::io::Error::other("the handler's output could not be read"))).await;
+                    return;
+                }
+            };
+            offset += bytes.len() as u64;
+            if tx.send(Ok(Bytes::from(bytes))).await.is_err() {
+                return;
+            }
+        }
+        if progress.end.is_some() {
+            return;
+        }
+    }
+}
+
+/// What a `PUT` stores besides the bytes.
+#[derive(Default)]
+pub struct PutMeta {
+    pub content_type: Option<String>,
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// The `Content-MD5` the client sent, decoded.
+    pub content_md5: Option<[u8; 16]>,
+    /// The `Content-Length` the client declared (of the decoded bytes).
+    pub length: Option<u64>,
+}
+
+/// Decodes a `Content-MD5` header, or answers `InvalidDigest`.
+pub fn content_md5(header: Option<&str>) -> S3Result<Option<[u8; 16]>> {
+    use base64::Engine;
+    let Some(text) = header else { return Ok(None) };
+    let bytes = base64::engine::general_purpose::STANDARD.decode(text.trim()).ok();
+    match bytes.and_then(|b| <[u8; 16]>::try_from(b).ok()) {
+        Some(d) => Ok(Some(d)),
+        None => Err(S3Error::with_message(S3ErrorCode::InvalidDigest, "Content-MD5 is not the base64 of 16 bytes")),
+    }
+}
+
+/// Makes the directory `dir` and those above it, up to `op`'s bucket (which must exist).
+pub fn make_dirs(s: &mut Acting, op: &ObjectPath, dir: &str) -> S3Result<()> {
+    let mut at = op.bucket_dir.clone();
+    let below = dir.strip_prefix(&op.bucket_dir).unwrap_or("");
+    for seg in below.split('/').filter(|x| !x.is_empty()) {
+        at.push('/');
+        at.push_str(seg);
+        match s.call(&Mkdir { path: at.clone(), mode: 0o755 }, Bytes::new()) {
+            Ok(_) => {}
+            Err(e) if e.code == Code::EXIST => {}
+            Err(e) if e.code == Code::NOENT && at.matches('/').count() == 2 => {
+                return Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, "no such bucket"))
+            }
+            Err(e) => return Err(object_error(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Stores the bytes of `body` at `op` as `subject`: nothing shows until every byte has
+/// come and matched the declared length and MD5. Answers the ETag and attributes.
+pub async fn put(
+    shared: &Arc<Shared>,
+    records: &Records,
+    subject: &str,
+    op: &ObjectPath,
+    body: Option<StreamingBlob>,
+    meta: PutMeta,
+) -> S3Result<(String, Attr)> {
+    if meta.length.is_some_and(|l| l > MAX_PUT) {
+        return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "a single PUT stores at most 5 GiB"));
+    }
+    if op.is_dir {
+        return make_dir(shared, subject, op, body).await;
+    }
+    let mut session = Acting::new(shared, subject);
+    let path = op.path.clone();
+    tokio::task::block_in_place(|| match session.put_start(&path, 0o644) {
+        Err(e) if e.code == Code::NOENT => {
+            make_dirs(&mut session, op, names::parent(&path))?;
+            session.put_start(&path, 0o644).map_err(object_error)
+        }
+        other => other.map_err(object_error),
+    })?;
+    let mut md5 = Md5::new();
+    let mut size = 0u64;
+    if let Some(mut body) = body {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| S3Error::with_message(S3ErrorCode::IncompleteBody, e.to_string()))?;
+            size += chunk.len() as u64;
+            if size > MAX_PUT {
+                return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "a single PUT stores at most 5 GiB"));
+            }
+            md5.update(&chunk);
+            tokio::task::block_in_place(|| session.put_more(&chunk, false)).map_err(object_error)?;
+        }
+    }
+    let digest: [u8; 16] = md5.finalize().into();
+    if meta.length.is_some_and(|l| l != size) {
+        return Err(S3Error::with_message(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
+    }
+    if meta.content_md5.is_some_and(|want| want != digest) {
+        return Err(S3Error::with_message(S3ErrorCode::BadDigest, "the bytes do not match Content-MD5"));
+    }
+    let attr = tokio::task::block_in_place(|| session.put_more(&[], true))
+        .map_err(object_error)?
+        .ok_or_else(|| S3Error::with_message(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
+    let etag = hex::encode(digest);
+    let record = Record { etag: etag.clone(), content_type: meta.content_type, metadata: meta.metadata };
+    records.put(&op.path, &attr, &record);
+    Ok((etag, attr))
+}
+
+async fn make_dir(
+    shared: &Arc<Shared>,
+    subject: &str,
+    op: &ObjectPath,
+    body: Option<StreamingBlob>,
+) -> S3Result<(String, Attr)> {
+    if let Some(mut body) = body {
+        while let Some(chunk) = body.next().await {
+            if !chunk.map_err(|e| S3Error::with_message(S3ErrorCode::IncompleteBody, e.to_string()))?.is_empty() {
+                return Err(S3Error::with_message(
+                    S3ErrorCode::InvalidArgument,
+                    "a key ending in '/' names a directory: its object has no bytes",
+                ));
+            }
+        }
+    }
+    let op = op.clone();
+    acting(shared, subject, move |s| {
+        make_dirs(s, &op, &op.path)?;
+        let (pages, _) = s.call(&locus_proto::ops::Stat { path: op.path.clone() }, Bytes::new()).map_err(object_error)?;
+        let attr = pages.into_iter().next().unwrap_or_default();
+        Ok((EMPTY_ETAG.to_string(), Attr { size: 0, ..attr }))
+    })
+    .await?
+}
+
+/// Removes the object at `op` (a missing one is no error, as in S3), then the
+/// directories above it that it leaves empty, up to its bucket.
+pub async fn delete(shared: &Arc<Shared>, records: &Records, subject: &str, op: &ObjectPath) -> S3Result<()> {
+    let op_ = op.clone();
+    acting(shared, subject, move |s| {
+        let gone = if op_.is_dir {
+            s.call(&Rmdir { path: op_.path.clone() }, Bytes::new()).map(drop)
+        } else {
+            s.call(&Unlink { path: op_.path.clone() }, Bytes::new()).map(drop)
+        };
+        match gone {
+            Ok(()) => {}
+            Err(e) if e.code == Code::NOENT => return Ok(()),
+            Err(e) if e.code == Code::NOTEMPTY && op_.is_dir => return Ok(()),
+            Err(e) if e.code == Code::ISDIR => return Ok(()),
+            Err(e) => return Err(object_error(e)),
+        }
+        let mut dir = names::parent(&op_.path).to_string();
+        while dir.len() > op_.bucket_dir.len() && dir.starts_with(&op_.bucket_dir) {
+            if s.call(&Rmdir { path: dir.clone() }, Bytes::new()).is_err() {
+                break;
+            }
+            dir = names::parent(&dir).to_string();
+        }
+        Ok(())
+    })
+    .await??;
+    records.forget(&op.path);
+    Ok(())
+}

@@ -1,0 +1,331 @@
+"""boto3 against `locus serve --s3-port`: every operation the door offers, signed as S3
+clients sign (headers, presigned URLs, aws-chunked bodies), and its refusals."""
+
+import base64
+import datetime
+import hashlib
+import os
+import urllib.error
+import urllib.request
+
+import botocore
+import pytest
+from conftest import client
+
+
+def code(e):
+    return e.value.response["Error"]["Code"]
+
+
+def status(e):
+    return e.value.response["ResponseMetadata"]["HTTPStatusCode"]
+
+
+def test_buckets_are_top_level_directories(server, s3):
+    names = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert "shared" in names and "private" in names
+    s3.create_bucket(Bucket="made-by-s3")
+    assert (server["root"] / "made-by-s3").is_dir()
+    s3.head_bucket(Bucket="made-by-s3")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.create_bucket(Bucket="made-by-s3")
+    assert code(e) == "BucketAlreadyOwnedByYou"
+    s3.put_object(Bucket="made-by-s3", Key="x", Body=b"1")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.delete_bucket(Bucket="made-by-s3")
+    assert code(e) == "BucketNotEmpty"
+    s3.delete_object(Bucket="made-by-s3", Key="x")
+    s3.delete_bucket(Bucket="made-by-s3")
+    assert not (server["root"] / "made-by-s3").exists()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.head_bucket(Bucket="made-by-s3")
+    assert status(e) == 404
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.list_objects_v2(Bucket="no-such-bucket")
+    assert code(e) == "NoSuchBucket"
+
+
+def test_put_get_head_are_the_exports_files(server, s3, bucket):
+    body = os.urandom(300_000)
+    r = s3.put_object(Bucket=bucket, Key="dir/sub/data.bin", Body=body, ContentType="application/x-test",
+                      Metadata={"owner": "alice", "run": "7"})
+    assert r["ETag"] == '"%s"' % hashlib.md5(body).hexdigest()
+    assert (server["root"] / bucket / "dir/sub/data.bin").read_bytes() == body
+    got = s3.get_object(Bucket=bucket, Key="dir/sub/data.bin")
+    assert got["Body"].read() == body
+    assert got["ETag"] == r["ETag"]
+    assert got["ContentType"] == "application/x-test"
+    assert got["Metadata"] == {"owner": "alice", "run": "7"}
+    head = s3.head_object(Bucket=bucket, Key="dir/sub/data.bin")
+    assert head["ContentLength"] == len(body) and head["ETag"] == r["ETag"]
+    # A file written beside the door is an object too.
+    (server["root"] / bucket / "beside.txt").write_text("written by another door")
+    assert s3.get_object(Bucket=bucket, Key="beside.txt")["Body"].read() == b"written by another door"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="missing")
+    assert code(e) == "NoSuchKey"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="dir")
+    assert code(e) == "NoSuchKey"
+
+
+def test_ranges_and_conditions(s3, bucket):
+    body = bytes(range(256)) * 100
+    etag = s3.put_object(Bucket=bucket, Key="r", Body=body)["ETag"]
+    got = s3.get_object(Bucket=bucket, Key="r", Range="bytes=10-19")
+    assert got["Body"].read() == body[10:20]
+    assert got["ContentRange"] == "bytes 10-19/%d" % len(body)
+    assert s3.get_object(Bucket=bucket, Key="r", Range="bytes=-5")["Body"].read() == body[-5:]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="r", Range="bytes=999999-")
+    assert status(e) == 416
+    assert s3.get_object(Bucket=bucket, Key="r", IfMatch=etag)["Body"].read() == body
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="r", IfMatch='"0000"')
+    assert status(e) == 412
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="r", IfNoneMatch=etag)
+    assert status(e) == 304
+    future = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=1)
+    past = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="r", IfModifiedSince=future)
+    assert status(e) == 304
+    assert s3.get_object(Bucket=bucket, Key="r", IfModifiedSince=past)["Body"].read() == body
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket=bucket, Key="r", IfUnmodifiedSince=past)
+    assert status(e) == 412
+    # Create-only writes.
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="r", Body=b"x", IfNoneMatch="*")
+    assert status(e) == 412
+    s3.put_object(Bucket=bucket, Key="r-new", Body=b"x", IfNoneMatch="*")
+
+
+def test_content_md5_is_checked_and_nothing_shows_on_mismatch(server, s3, bucket):
+    good = base64.b64encode(hashlib.md5(b"right").digest()).decode()
+    s3.put_object(Bucket=bucket, Key="m", Body=b"right", ContentMD5=good)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="m", Body=b"wrong", ContentMD5=good)
+    assert code(e) == "BadDigest"
+    assert s3.get_object(Bucket=bucket, Key="m")["Body"].read() == b"right"
+    assert sorted(p.name for p in (server["root"] / bucket).iterdir()) == ["m"]
+
+
+def test_listing_in_s3_order_with_prefix_delimiter_and_pages(s3, bucket):
+    keys = ["a.txt", "a/b/c", "a/b/d", "a/e", "a0", "b", "c/x y+z&é.txt", "d/"]
+    for k in keys:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"" if k.endswith("/") else k.encode())
+    listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert listed == sorted(keys, key=lambda k: k.encode())
+    r = s3.list_objects_v2(Bucket=bucket, Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["a.txt", "a0", "b"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["a/", "c/", "d/"]
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="a/", Delimiter="/")
+    assert [o["Key"] for o in r["Contents"]] == ["a/e"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["a/b/"]
+    r = s3.list_objects_v2(Bucket=bucket, Prefix="a/b")
+    assert [o["Key"] for o in r["Contents"]] == ["a/b/c", "a/b/d"]
+    r = s3.list_objects_v2(Bucket=bucket, StartAfter="a/b/c")
+    assert [o["Key"] for o in r["Contents"]] == ["a/b/d", "a/e", "a0", "b", "c/x y+z&é.txt", "d/"]
+    # Pages of two, through continuation tokens and the paginator, and through V1 markers.
+    paged = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, PaginationConfig={"PageSize": 2}):
+        assert page["KeyCount"] <= 2
+        paged += [o["Key"] for o in page.get("Contents", [])]
+    assert paged == listed
+    v1 = []
+    for page in s3.get_paginator("list_objects").paginate(Bucket=bucket, PaginationConfig={"PageSize": 3}):
+        v1 += [o["Key"] for o in page.get("Contents", [])]
+    assert v1 == listed
+    prefixes = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Delimiter="/",
+                                                            PaginationConfig={"PageSize": 1}):
+        prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+    assert prefixes == ["a/", "c/", "d/"]
+
+
+def test_delete_and_delete_objects(server, s3, bucket):
+    for k in ["x/1", "x/2", "y"]:
+        s3.put_object(Bucket=bucket, Key=k, Body=b"1")
+    s3.delete_object(Bucket=bucket, Key="y")
+    s3.delete_object(Bucket=bucket, Key="never-was")  # S3: no error
+    r = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "x/1"}, {"Key": "x/2"}, {"Key": "../escape"}]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == ["x/1", "x/2"]
+    assert [(e["Key"], e["Code"]) for e in r["Errors"]] == [("../escape", "InvalidArgument")]
+    # The directory the keys left empty goes with them, as a prefix does in S3.
+    assert list((server["root"] / bucket).iterdir()) == []
+
+
+def test_copy_object_is_server_side(server, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="src", Body=b"copied bytes", ContentType="text/plain", Metadata={"k": "v"})
+    r = s3.copy_object(Bucket=bucket, Key="deep/dst", CopySource={"Bucket": bucket, "Key": "src"})
+    assert r["CopyObjectResult"]["ETag"] == '"%s"' % hashlib.md5(b"copied bytes").hexdigest()
+    got = s3.get_object(Bucket=bucket, Key="deep/dst")
+    assert got["Body"].read() == b"copied bytes" and got["Metadata"] == {"k": "v"}
+    s3.copy_object(Bucket="shared", Key="from-other-bucket", CopySource={"Bucket": bucket, "Key": "src"},
+                   MetadataDirective="REPLACE", Metadata={"new": "1"}, ContentType="text/x-new")
+    got = s3.head_object(Bucket="shared", Key="from-other-bucket")
+    assert got["Metadata"] == {"new": "1"} and got["ContentType"] == "text/x-new"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.copy_object(Bucket=bucket, Key="d", CopySource={"Bucket": bucket, "Key": "nope"})
+    assert code(e) == "NoSuchKey"
+
+
+def test_multipart_upload_of_three_parts(server, s3, bucket):
+    part = 5 << 20
+    parts_data = [os.urandom(part), os.urandom(part), os.urandom(1234)]
+    up = s3.create_multipart_upload(Bucket=bucket, Key="big/object", ContentType="application/x-big",
+                                    Metadata={"parts": "3"})
+    uid = up["UploadId"]
+    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [uid]
+    etags = []
+    for n, data in enumerate(parts_data, 1):
+        etags.append(s3.upload_part(Bucket=bucket, Key="big/object", UploadId=uid, PartNumber=n, Body=data)["ETag"])
+    listed = s3.list_parts(Bucket=bucket, Key="big/object", UploadId=uid)["Parts"]
+    assert [(p["PartNumber"], p["Size"]) for p in listed] == [(1, part), (2, part), (3, 1234)]
+    # Parts are never visible under the key until complete.
+    assert not (server["root"] / bucket / "big").exists()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.head_object(Bucket=bucket, Key="big/object")
+    assert status(e) == 404
+    done = s3.complete_multipart_upload(
+        Bucket=bucket, Key="big/object", UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": t} for n, t in enumerate(etags, 1)]})
+    md5s = b"".join(hashlib.md5(d).digest() for d in parts_data)
+    assert done["ETag"] == '"%s-3"' % hashlib.md5(md5s).hexdigest()
+    whole = b"".join(parts_data)
+    got = s3.get_object(Bucket=bucket, Key="big/object")
+    assert got["Body"].read() == whole and got["ETag"] == done["ETag"] and got["Metadata"] == {"parts": "3"}
+    assert (server["root"] / bucket / "big/object").read_bytes() == whole
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+    # boto3's own transfer manager splits and completes by itself.
+    from boto3.s3.transfer import TransferConfig
+    src = server["work"] / "upload.bin"
+    src.write_bytes(os.urandom(12 << 20))
+    s3.upload_file(str(src), bucket, "managed.bin", Config=TransferConfig(multipart_threshold=5 << 20,
+                                                                          multipart_chunksize=5 << 20))
+    dst = server["work"] / "download.bin"
+    s3.download_file(bucket, "managed.bin", str(dst), Config=TransferConfig(multipart_threshold=5 << 20,
+                                                                              multipart_chunksize=5 << 20))
+    assert dst.read_bytes() == src.read_bytes()
+
+
+def test_multipart_refusals_and_abort(server, s3, bucket):
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="k")["UploadId"]
+    t1 = s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=1, Body=b"small")["ETag"]
+    t2 = s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=2, Body=b"last")["ETag"]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": t1}, {"PartNumber": 2, "ETag": t2}]})
+    assert code(e) == "EntityTooSmall"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid, MultipartUpload={
+            "Parts": [{"PartNumber": 2, "ETag": t2}, {"PartNumber": 1, "ETag": t1}]})
+    assert code(e) == "InvalidPartOrder"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="k", UploadId=uid, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": '"%s"' % ("0" * 32)}]})
+    assert code(e) == "InvalidPart"
+    s3.abort_multipart_upload(Bucket=bucket, Key="k", UploadId=uid)
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=3, Body=b"x")
+    assert code(e) == "NoSuchUpload"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="k", UploadId="../../../etc", PartNumber=1, Body=b"x")
+    assert code(e) == "NoSuchUpload"
+    assert not (server["root"] / bucket / "k").exists()
+
+
+def test_presigned_get_and_put_and_their_expiry(s3, bucket):
+    put_url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60)
+    req = urllib.request.Request(put_url, data=b"sent with a presigned URL", method="PUT")
+    assert urllib.request.urlopen(req).status == 200
+    get_url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60)
+    assert urllib.request.urlopen(get_url).read() == b"sent with a presigned URL"
+    tampered = get_url.replace("Key=p", "").replace("/p?", "/q?")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(tampered)
+    assert e.value.code == 403
+    expired = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=1)
+    import time
+    time.sleep(2.5)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(expired)
+    assert e.value.code == 403 and b"AccessDenied" in e.value.read()
+
+
+def test_unsigned_and_wrong_secrets_are_refused(server):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(server["endpoint"] + "/shared/hello.txt")
+    assert e.value.code == 403
+    wrong = dict(server, alice=("alice", "0" * 40))
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        client(wrong, "alice").get_object(Bucket="shared", Key="hello.txt")
+    assert code(e) == "SignatureDoesNotMatch"
+    nobody = dict(server, alice=("mallory", "0" * 40))
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        client(nobody, "alice").list_buckets()
+    assert code(e) == "InvalidAccessKeyId"
+
+
+def test_acls_hold_for_s3_subjects(server, s3):
+    alice = client(server, "alice")
+    assert alice.get_object(Bucket="shared", Key="hello.txt")["Body"].read() == b"hello from the export\n"
+    alice.put_object(Bucket="shared", Key="by-alice", Body=b"mine")
+    s3.put_object(Bucket="private", Key="secret", Body=b"admin only")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.get_object(Bucket="private", Key="secret")
+    assert code(e) == "AccessDenied"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.put_object(Bucket="private", Key="intrusion", Body=b"x")
+    assert code(e) == "AccessDenied"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.list_objects_v2(Bucket="private")
+    assert code(e) == "AccessDenied"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.create_multipart_upload(Bucket="private", Key="big")
+    assert code(e) == "AccessDenied"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.copy_object(Bucket="shared", Key="stolen", CopySource={"Bucket": "private", "Key": "secret"})
+    assert code(e) == "AccessDenied"
+    assert not (server["root"] / "private" / "intrusion").exists()
+    assert not (server["root"] / "shared" / "stolen").exists()
+    # Another subject's upload is not hers to touch.
+    uid = s3.create_multipart_upload(Bucket="shared", Key="admins")["UploadId"]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.upload_part(Bucket="shared", Key="admins", UploadId=uid, PartNumber=1, Body=b"x")
+    assert code(e) == "NoSuchUpload"
+    s3.abort_multipart_upload(Bucket="shared", Key="admins", UploadId=uid)
+
+
+def test_keys_that_are_not_paths_are_refused(server, s3, bucket):
+    for bad in ["a//b", "../../etc/passwd", "a/./b", ".__locus_put_x"]:
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            s3.put_object(Bucket=bucket, Key=bad, Body=b"x")
+        assert code(e) == "InvalidArgument", bad
+    assert list((server["root"] / bucket).iterdir()) == []
+
+
+def test_directory_keys(server, s3, bucket):
+    s3.put_object(Bucket=bucket, Key="empty/", Body=b"")
+    assert (server["root"] / bucket / "empty").is_dir()
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]] == ["empty/"]
+    assert s3.head_object(Bucket=bucket, Key="empty/")["ContentLength"] == 0
+    s3.delete_object(Bucket=bucket, Key="empty/")
+    assert not (server["root"] / bucket / "empty").exists()
+
+
+def test_active_file_through_s3(server, s3):
+    """A GET of a missing key whose name invokes a registered handler runs it at the
+    server and streams its output; a failing one answers an error, not bytes."""
+    s3.put_object(Bucket="shared", Key="act/trips.csv", Body=b"a,b\n1,2\n3,4\n")
+    got = s3.get_object(Bucket="shared", Key="act/wc@-l,trips.csv")
+    assert got["Body"].read() == b"3 trips.csv\n"
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket="shared", Key="act/wc@-l,%2Fetc%2Fpasswd")
+    assert status(e) in (400, 404)
+    # Not a handler: an ordinary missing key.
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.get_object(Bucket="shared", Key="act/nohandler@trips.csv")
+    assert code(e) == "NoSuchKey"
