@@ -2,8 +2,13 @@
 
 Reads are ranged: a file opened for reading fetches the blocks it is asked for with
 pipelined reads at offsets, so pyarrow reading a Parquet footer and a few columns moves
-only those bytes. A file opened for writing is kept in memory and stored with one atomic
-``put`` when it is closed (readers see the old file or the new one, never a part).
+only those bytes. A file opened for writing is stored with one atomic ``put`` (readers
+see the old file or the new one, never a part): a small one in one request at close, a
+larger one streamed to the server block by block as it is written (on a connection of
+its own), so its size does not bound the memory a writer needs. ``ab`` appends at the
+file's end at the server, without reading the file. Copies (``cp_file``) are made at the
+server. Writes make the directories above the file when they are missing, as object
+stores' filesystems do.
 """
 
 from __future__ import annotations
@@ -106,8 +111,37 @@ class LocusFileSystem(AbstractFileSystem):
         end = end + size if end < 0 else end
         return self.client.read(path, start, max(0, end - start))
 
-    def pipe_file(self, path: str, value: bytes, **kwargs: Any) -> None:
-        self.client.write(self._strip_protocol(path), bytes(value))
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        path = self._strip_protocol(path)
+        if mode == "create" and self.exists(path):
+            # Checked, then written: a writer in between is overwritten (as fsspec's own
+            # pipe_file does it).
+            raise FileExistsError(errno.EEXIST, "file exists", path)
+        self._with_parents(path, self.client.write, path, bytes(value))
+
+    def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
+        """Copies at the server: the bytes do not come to this process."""
+        path1, path2 = self._strip_protocol(path1), self._strip_protocol(path2)
+        try:
+            self._with_parents(path2, self.client.copy, path1, path2, source=path1)
+        except IsADirectoryError:
+            # fsspec's recursive copy hands directories here too, before their contents.
+            if not self.isdir(path1):
+                raise
+            self.makedirs(path2, exist_ok=True)
+
+    def _with_parents(self, path: str, call, *args: Any, source: Optional[str] = None):
+        """``call(*args)``, which makes ``path``; if that fails for a missing directory
+        above ``path`` (and not for a missing ``source``), the directories are made and
+        it is called again."""
+        try:
+            return call(*args)
+        except FileNotFoundError:
+            parent = posixpath.dirname(path)
+            if parent in ("", "/") or self.exists(parent) or (source is not None and not self.exists(source)):
+                raise
+            self.makedirs(parent, exist_ok=True)
+            return call(*args)
 
     def mkdir(self, path: str, create_parents: bool = True, **kwargs: Any) -> None:
         path = self._strip_protocol(path)
@@ -160,6 +194,8 @@ class LocusFileSystem(AbstractFileSystem):
         if mode not in ("rb", "wb", "xb", "ab"):
             raise ValueError(f"mode {mode!r}: locus files open as rb, wb, xb or ab")
         if mode == "xb" and self.exists(path):
+            # Checked at open: a writer that makes the file before this one is closed is
+            # replaced by it.
             raise FileExistsError(errno.EEXIST, "file exists", path)
         # Reads are read ahead by one block: 1 MiB serves small sequential reads (a CSV
         # parser's) in few round trips and costs large ranged reads (pyarrow's column
@@ -184,18 +220,21 @@ class DirectLargeReads(ReadAheadCache):
 
 
 class LocusFile(AbstractBufferedFile):
-    """A file on Locus: ranged reads (see DirectLargeReads); writes stored whole at close."""
+    """A file on Locus: ranged reads (see DirectLargeReads); writes stored with one atomic
+    ``put``, streamed once they pass a block; appends (``ab``) written at the file's end.
+
+    With ``autocommit=False`` (an fsspec transaction) a written file is stored at
+    ``commit`` and given up at ``discard``; appends go to the file as they are made."""
 
     def __init__(self, fs: LocusFileSystem, path: str, mode: str, block_size: int, autocommit: bool, **kwargs: Any):
-        self._parts: list[bytes] = []
+        self._upload = None  # the streamed put, once the file has outgrown one block
+        self._whole: Optional[bytes] = None  # a small file's bytes, until commit
+        self._appender = None
         if mode == "ab":
-            # Appending rewrites the file: start from what is there.
-            try:
-                self._parts.append(fs.client.read(path))
-            except FileNotFoundError:
-                pass
-            mode = "wb"
+            self._appender = fs._with_parents(path, fs.client.open_append, path)
         super().__init__(fs, path, mode=mode, block_size=block_size, autocommit=autocommit, **kwargs)
+        if self._appender is not None:
+            self.loc = self._appender.size
         if mode == "rb" and "cache_type" not in kwargs:
             self.cache = DirectLargeReads(self.blocksize, self._fetch_range, self.size)
 
@@ -220,8 +259,34 @@ class LocusFile(AbstractBufferedFile):
         pass
 
     def _upload_chunk(self, final: bool = False) -> bool:
-        self._parts.append(self.buffer.getvalue())
-        if final:
-            self.fs.client.write(self.path, b"".join(self._parts))
-            self._parts = []
+        data = self.buffer.getvalue()
+        if self._appender is not None:
+            if data:
+                self._appender.write(data)
+            if final:
+                self._appender.close()
+            return True
+        if self._upload is None and final:
+            self._whole = data  # the whole file fits in a block: one request stores it
+        else:
+            if self._upload is None:
+                self._upload = self.fs._with_parents(self.path, self.fs.client.upload, self.path)
+            self._upload.write(data)
+        if final and self.autocommit:
+            self.commit()
         return True
+
+    def commit(self) -> None:
+        """Stores what was written under the file's name (atomically)."""
+        upload, whole = self._upload, self._whole
+        self._upload = self._whole = None
+        if upload is not None:
+            upload.commit()
+        elif whole is not None:
+            self.fs._with_parents(self.path, self.fs.client.write, self.path, whole)
+
+    def discard(self) -> None:
+        """Gives up what was written: nothing is stored."""
+        if self._upload is not None:
+            self._upload.abort()
+        self._upload = self._whole = None

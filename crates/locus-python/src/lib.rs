@@ -4,7 +4,9 @@
 //! Every call releases the GIL while it waits for the server, so threads (dask, a thread
 //! pool) overlap their requests on one connection, which pipelines them. Errors are
 //! `OSError(errno, message)`, which Python turns into `FileNotFoundError`,
-//! `PermissionError` and the other subclasses by errno.
+//! `PermissionError` and the other subclasses by errno. `writers` holds the classes that
+//! write a file as it is made (`Upload`, streamed on a connection of its own, and
+//! `Appender`).
 
 use bytes::{Bytes, BytesMut};
 use locus_client::types::{open_flags, Attr, Value};
@@ -13,6 +15,8 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::{Arc, Mutex};
+
+mod writers;
 
 /// The exception for a failed call: an `OSError` subclass chosen by its errno.
 fn os_error(e: ClientError) -> PyErr {
@@ -202,6 +206,28 @@ impl Client {
     #[pyo3(signature = (path, data, mode = 0o644))]
     fn write(&self, py: Python<'_>, path: &str, data: &[u8], mode: u32) -> PyResult<()> {
         py.detach(|| self.inner.run(|c| c.write_file(path, mode, data))).map(drop).map_err(os_error)
+    }
+
+    /// Copies the file `src` to `dst` at the server (its bytes do not come here),
+    /// replacing `dst` atomically as `write` does; answers the copy's `stat` dict.
+    fn copy<'py>(&self, py: Python<'py>, src: &str, dst: &str) -> PyResult<Bound<'py, PyDict>> {
+        let a = py.detach(|| self.inner.run(|c| c.copy(src, dst))).map_err(os_error)?;
+        attr_dict(py, &a)
+    }
+
+    /// Starts storing `path` from bytes given as they are made ([`writers::Upload`]), on
+    /// a connection of its own; nothing shows until its `commit`.
+    #[pyo3(signature = (path, mode = 0o644))]
+    fn upload(&self, py: Python<'_>, path: &str, mode: u32) -> PyResult<writers::Upload> {
+        let url = LocusUrl::parse(&self.url).map_err(|e| PyValueError::new_err(format!("{}: {e}", self.url)))?;
+        py.detach(|| writers::Upload::start(&url, path, mode)).map_err(os_error)
+    }
+
+    /// Opens `path` (created if missing) for appending at its end ([`writers::Appender`]).
+    #[pyo3(signature = (path, mode = 0o644))]
+    fn open_append(&self, py: Python<'_>, path: &str, mode: u32) -> PyResult<writers::Appender> {
+        let client = self.inner.clone();
+        py.detach(|| writers::Appender::open(client, path, mode)).map_err(os_error)
     }
 
     #[pyo3(signature = (path, mode = 0o755))]
@@ -457,11 +483,13 @@ impl Run {
     }
 }
 
-/// The module: `Client` and `Run`.
+/// The module: `Client`, `Run`, `Buffer`, `Upload` and `Appender`.
 #[pymodule]
 fn _locus(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Run>()?;
     m.add_class::<Buffer>()?;
+    m.add_class::<writers::Upload>()?;
+    m.add_class::<writers::Appender>()?;
     Ok(())
 }
