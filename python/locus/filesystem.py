@@ -270,7 +270,12 @@ class LocusFile(AbstractBufferedFile):
             self._whole = data  # the whole file fits in a block: one request stores it
         else:
             if self._upload is None:
-                self._upload = self.fs._with_parents(self.path, self.fs.client.upload, self.path)
+                # A refusal of the stream comes only with its reply: a missing directory
+                # above the file is made before the first bytes go.
+                parent = posixpath.dirname(self.path)
+                if parent not in ("", "/") and not self.fs.exists(parent):
+                    self.fs.makedirs(parent, exist_ok=True)
+                self._upload = self.fs.client.upload(self.path)
             self._upload.write(data)
         if final and self.autocommit:
             self.commit()

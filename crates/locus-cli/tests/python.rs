@@ -1,8 +1,9 @@
 //! The Python package (`python/`): its wheel builds with maturin (through `pip install
 //! ./python`, as a user installs it), and its tests (the client, errors, scripts,
-//! storelets, and pandas and pyarrow reading and writing CSV and Parquet through
-//! `locus://` URLs) pass against this build's `locus serve`. The virtual environment
-//! lives under `target/python-venv` and is reused by later runs.
+//! storelets, pandas, pyarrow and dask reading and writing CSV and Parquet through
+//! `locus://` URLs, fsspec's own abstract test suite, writes streamed in little memory)
+//! pass against this build's `locus serve`. The virtual environment lives under
+//! `target/python-venv` and is reused by later runs; what the tests need comes from PyPI.
 
 mod common;
 
@@ -12,7 +13,8 @@ use std::process::Command;
 #[test]
 fn the_python_package_builds_and_its_tests_pass() {
     let repo = repo();
-    let venv = python_venv("python-venv", &["maturin>=1.5,<2", "pytest", "pandas", "pyarrow", "fsspec"]);
+    let venv =
+        python_venv("python-venv", &["maturin>=1.5,<2", "pytest", "pandas", "pyarrow", "fsspec", "dask[dataframe]"]);
     let pip = venv.join("bin/pip");
     // The cargo running this test holds target/'s build lock: maturin builds elsewhere.
     run_ok(
