@@ -4,7 +4,7 @@
 //! right where the target is, and refuses a missing source and a directory.
 
 use locus_client::{Client, ClientError};
-use locus_proto::types::Rights;
+use locus_proto::types::{Rights, Value};
 use locus_proto::Code;
 use locus_testkit::TestServer;
 use std::os::unix::fs::MetadataExt;
@@ -127,6 +127,20 @@ async fn a_missing_source_or_a_directory_is_refused() {
 }
 
 #[tokio::test]
+async fn scripts_copy_through_fs_copy() {
+    let s = TestServer::start();
+    let c = s.client("admin").await;
+    let data = pattern(2 * MIB + 3, 5); // over the size copied on a connection's thread
+    c.write_file("/big", 0o644, &data).await.unwrap();
+    let (values, _) = c
+        .script_call("return fs.copy(...).size", vec![Value::Str("/big".into()), Value::Str("/big.copy".into())], &[])
+        .await
+        .unwrap();
+    assert_eq!(values, vec![Value::Int(data.len() as i64)]);
+    assert_eq!(std::fs::read(s.local("big.copy")).unwrap(), data);
+}
+
+#[tokio::test]
 async fn a_copy_breaks_the_promises_on_its_target() {
     let s = TestServer::start();
     let writer = s.client("admin").await;
@@ -172,4 +186,9 @@ async fn a_cluster_head_copies_inline_files_and_files_on_its_nodes() {
     assert_eq!(code(alice.copy("/pub/small", "/d/back").await.unwrap_err()), Code::ACCES);
     admin.acl_set("/pub", "alice", Rights::parse("wl").unwrap()).await.unwrap();
     assert_eq!(code(alice.copy("/pub/small", "/pub/again").await.unwrap_err()), Code::ACCES);
+    // Through a script on the head (its session waits for the copy).
+    let args = vec![Value::Str("/d/small".into()), Value::Str("/d/scripted".into())];
+    let (values, _) = admin.script_call("return fs.copy(...).size", args, &[]).await.unwrap();
+    assert_eq!(values, vec![Value::Int(1000)]);
+    assert_eq!(admin.read_file("/d/scripted").await.unwrap(), small);
 }
