@@ -160,6 +160,10 @@ class LocusFileSystem(AbstractFileSystem):
             except FileExistsError:
                 if i == len(parts) and not exist_ok:
                     raise
+            except PermissionError:
+                # A directory may refuse new names and still hold this one.
+                if (i == len(parts) and not exist_ok) or not self.isdir(sub):
+                    raise
 
     def rmdir(self, path: str) -> None:
         self.client.rmdir(self._strip_protocol(path))

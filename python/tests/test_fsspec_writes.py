@@ -51,6 +51,23 @@ def test_writes_make_missing_directories(server):
     assert fs.info("/mk/e/f/large")["size"] == 3 << 20
 
 
+def acl_set(server, path, subject, rights):
+    subprocess.run([server["exe"], "acl", "set", server["url"] + path.lstrip("/"), subject, rights],
+                   env=dict(server["env"], LOCUS_TOKEN=os.environ["LOCUS_TOKEN"]), check=True, capture_output=True)
+
+
+def test_parents_are_made_below_a_directory_that_takes_no_new_names(server):
+    fs = fs_of(server)
+    fs.makedirs("/locked/open")
+    acl_set(server, "/locked/open", "admin", "rwl")
+    acl_set(server, "/locked", "admin", "rl")
+    fs.pipe_file("/locked/open/new/file", b"x")
+    assert (server["root"] / "locked/open/new/file").read_bytes() == b"x"
+    fs.makedirs("/locked/open", exist_ok=True)
+    with pytest.raises(PermissionError):
+        fs.pipe_file("/locked/elsewhere/file", b"x")
+
+
 def test_create_mode_refuses_an_existing_file(server):
     fs = fs_of(server)
     fs.pipe_file("/excl", b"first", mode="create")
@@ -114,9 +131,7 @@ def test_append_writes_at_the_end_without_reading_the_file(server):
     fs.pipe_file("/app/log", b"start\n")
     # Take the read right away (write and list stay): an append that read the file first
     # would be refused.
-    subprocess.run([server["exe"], "acl", "set", server["url"] + "app", "admin", "wl"],
-                   env=dict(server["env"], LOCUS_TOKEN=os.environ["LOCUS_TOKEN"]), check=True,
-                   capture_output=True)
+    acl_set(server, "/app", "admin", "wl")
     with pytest.raises(PermissionError):
         fs.cat_file("/app/log")
     with fs.open("/app/log", "ab") as f:
