@@ -9,6 +9,7 @@
 mod files;
 mod mount;
 mod output;
+mod s3_door;
 mod serve;
 
 use clap::{Parser, Subcommand};

@@ -203,22 +203,8 @@ pub struct ServeArgs {
     /// versions it keeps to holders of a capability.
     #[arg(long)]
     http_port: Option<u16>,
-    /// Also speak S3 on this port (same address as --listen; 0 picks one), HTTPS under
-    /// --tls. Buckets are the export's top-level directories; the access key is a
-    /// subject's name and its secret what `locus token SUBJECT --s3` prints.
-    #[arg(long, value_name = "PORT")]
-    s3_port: Option<u16>,
-    /// The subject unsigned S3 requests act as (by default they are refused). Grant it
-    /// what anonymous readers may do with `locus acl set`.
-    #[arg(long, value_name = "SUBJECT", requires = "s3_port")]
-    s3_anonymous: Option<String>,
-    /// A domain for virtual-host-style S3 requests (BUCKET.DOMAIN); repeatable. Path
-    /// style (DOMAIN/BUCKET/KEY) always works.
-    #[arg(long, value_name = "DOMAIN", requires = "s3_port")]
-    s3_domain: Vec<String>,
-    /// Hours after which a multipart upload never completed is removed with its parts.
-    #[arg(long, value_name = "HOURS", default_value_t = 24.0, requires = "s3_port")]
-    s3_upload_max_age_h: f64,
+    #[command(flatten)]
+    s3: crate::s3_door::S3Args,
     /// Milliseconds between the console's load samples (it keeps the last hour).
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     load_sample_ms: u64,
@@ -428,34 +414,9 @@ pub fn run(args: ServeArgs) -> Result<(), String> {
             };
             tokio::spawn(locus_server::chirp::serve(listener, server.shared().clone(), config));
         }
-        if let Some(port) = args.s3_port {
-            let at = std::net::SocketAddr::new(addr.ip(), port);
-            let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("S3 on {at}: {e}"))?;
-            let at = listener.local_addr().map_err(|e| e.to_string())?;
-            ports.push_str(&format!("s3 {}\n", at.port()));
-            let scheme = if config.tls { "https" } else { "http" };
-            eprintln!("  S3: {scheme}://{at}/ (keys: locus token SUBJECT --s3)");
-            if !(args.s3_upload_max_age_h.is_finite() && args.s3_upload_max_age_h > 0.0) {
-                return Err("--s3-upload-max-age-h must be a positive number of hours".into());
-            }
-            let s3 = locus_s3::S3Config {
-                anonymous: args.s3_anonymous.clone(),
-                domains: args.s3_domain.clone(),
-                upload_max_age: std::time::Duration::from_secs_f64(args.s3_upload_max_age_h * 3600.0),
-                state_dir: config.state_dir.clone(),
-            };
-            let tls = match config.tls {
-                true => Some(config::tls_acceptor(&config.state_dir).map_err(|e| e.to_string())?),
-                false => None,
-            };
-            let shared = server.shared().clone();
-            tokio::spawn(async move {
-                if let Err(e) = locus_s3::serve(listener, shared, s3, tls).await {
-                    tracing::error!("the S3 door stopped: {e}");
-                    eprintln!("locus: the S3 door stopped: {e}");
-                    std::process::exit(1);
-                }
-            });
+        if let Some(port) = args.s3.s3_port {
+            let taken = crate::s3_door::start(&args.s3, port, addr.ip(), &config, server.shared()).await?;
+            ports.push_str(&format!("s3 {taken}\n"));
         }
         let http = match args.http_port {
             Some(port) => {
@@ -632,9 +593,7 @@ pub fn add_token(subject: &str, state: &Path, s3: bool) -> Result<(), String> {
         return Err(format!("bad subject name {subject:?}"));
     }
     if s3 && !locus_s3::keys::usable_as_access_key(subject) {
-        return Err(format!(
-            "{subject:?} cannot be an S3 access key: use letters, digits and - _ . @ + (at most 128)"
-        ));
+        return Err(format!("{subject:?} cannot be an S3 access key: use letters, digits and - _ . @ + (at most 128)"));
     }
     std::fs::create_dir_all(state).map_err(|e| format!("{}: {e}", state.display()))?;
     Tokens::load_or_create(state).map_err(|e| e.to_string())?;
@@ -642,11 +601,11 @@ pub fn add_token(subject: &str, state: &Path, s3: bool) -> Result<(), String> {
     let existing = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let known = Tokens::parse(&existing).map_err(|e| e.to_string())?.get(subject).map(|t| t.to_vec());
     match (known, s3) {
-        (Some(token), true) => print_s3_keys(subject, &token),
+        (Some(token), true) => crate::s3_door::print_keys(subject, &token),
         (Some(_), false) => return Err(format!("{subject} already has a token in {}", path.display())),
         (None, true) => {
             let token = append_token(state, subject)?;
-            print_s3_keys(subject, token.as_bytes());
+            crate::s3_door::print_keys(subject, token.as_bytes());
             eprintln!("(a running server picks new subjects up when restarted)");
         }
         (None, false) => {
@@ -656,12 +615,6 @@ pub fn add_token(subject: &str, state: &Path, s3: bool) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Prints a subject's S3 keys in the form `aws configure` and the AWS variables take.
-fn print_s3_keys(subject: &str, token: &[u8]) {
-    println!("AWS_ACCESS_KEY_ID={subject}");
-    println!("AWS_SECRET_ACCESS_KEY={}", locus_s3::keys::secret_of(token));
 }
 
 /// Appends a new token for `subject` to the token file in `state`; answers it.

@@ -205,7 +205,8 @@ impl S3 for Door {
     async fn create_bucket(&self, req: S3Request<CreateBucketInput>) -> S3Result<S3Response<CreateBucketOutput>> {
         let subject = self.subject(&req)?;
         let dir = bucket_dir(&req.input.bucket)?;
-        let made = acting(&self.shared, &subject, move |s| s.call(&Mkdir { path: dir, mode: 0o755 }, Bytes::new())).await?;
+        let made =
+            acting(&self.shared, &subject, move |s| s.call(&Mkdir { path: dir, mode: 0o755 }, Bytes::new())).await?;
         match made {
             Ok(_) => {}
             Err(e) if e.code == Code::EXIST => return Err(S3Error::new(S3ErrorCode::BucketAlreadyOwnedByYou)),
@@ -218,15 +219,18 @@ impl S3 for Door {
     async fn delete_bucket(&self, req: S3Request<DeleteBucketInput>) -> S3Result<S3Response<DeleteBucketOutput>> {
         let subject = self.subject(&req)?;
         let dir = bucket_dir(&req.input.bucket)?;
-        acting(&self.shared, &subject, move |s| s.call(&Rmdir { path: dir }, Bytes::new())).await?.map_err(bucket_error)?;
+        acting(&self.shared, &subject, move |s| s.call(&Rmdir { path: dir }, Bytes::new()))
+            .await?
+            .map_err(bucket_error)?;
         Ok(S3Response::new(DeleteBucketOutput {}))
     }
 
     async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
         let subject = self.subject(&req)?;
         let dir = bucket_dir(&req.input.bucket)?;
-        let (pages, _) =
-            acting(&self.shared, &subject, move |s| s.call(&Stat { path: dir }, Bytes::new())).await?.map_err(bucket_error)?;
+        let (pages, _) = acting(&self.shared, &subject, move |s| s.call(&Stat { path: dir }, Bytes::new()))
+            .await?
+            .map_err(bucket_error)?;
         if !pages.first().is_some_and(|a| a.is_dir()) {
             return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
         }
@@ -246,8 +250,12 @@ impl S3 for Door {
         let subject = self.subject(&req)?;
         let i = req.input;
         let after = match &i.continuation_token {
-            Some(t) => listing::resume(t)
-                .ok_or_else(|| S3Error::with_message(S3ErrorCode::InvalidArgument, "the continuation token is not one this server gave"))?,
+            Some(t) => listing::resume(t).ok_or_else(|| {
+                S3Error::with_message(
+                    S3ErrorCode::InvalidArgument,
+                    "the continuation token is not one this server gave",
+                )
+            })?,
             None => (i.start_after.clone().unwrap_or_default(), false),
         };
         let prefix = i.prefix.clone().unwrap_or_default();
@@ -353,7 +361,10 @@ impl S3 for Door {
         let i = req.input;
         let op = object_path(&i.bucket, &i.key)?;
         if i.if_match.is_some() || i.if_none_match.as_ref().is_some_and(|c| !c.is_any()) {
-            return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "conditional writes other than If-None-Match: * are not offered"));
+            return Err(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                "conditional writes other than If-None-Match: * are not offered",
+            ));
         }
         if i.if_none_match.is_some() {
             // Create only: refused if the key holds an object now.
@@ -369,7 +380,11 @@ impl S3 for Door {
             length: i.content_length.map(|l| l.max(0) as u64),
         };
         let (tag, attr) = objects::put(&self.shared, &self.records, &subject, &op, i.body, meta).await?;
-        Ok(S3Response::new(PutObjectOutput { e_tag: Some(etag(&tag)), size: Some(attr.size as i64), ..Default::default() }))
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(etag(&tag)),
+            size: Some(attr.size as i64),
+            ..Default::default()
+        }))
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
@@ -410,7 +425,10 @@ impl S3 for Door {
         let subject = self.subject(&req)?;
         let i = req.input;
         let CopySource::Bucket { bucket, key, version_id } = &i.copy_source else {
-            return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "copies from access points are not offered"));
+            return Err(S3Error::with_message(
+                S3ErrorCode::NotImplemented,
+                "copies from access points are not offered",
+            ));
         };
         if version_id.is_some() {
             return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "Locus keeps no object versions"));
@@ -441,10 +459,23 @@ impl S3 for Door {
         } else {
             (source.record.content_type.clone(), source.record.metadata.clone())
         };
-        let length = Some(source.attr.size);
-        let body = source.body(0, length.unwrap_or(0));
-        let meta = PutMeta { content_type, metadata, content_md5: None, length };
-        let (tag, attr) = objects::put(&self.shared, &self.records, &subject, &to, Some(body), meta).await?;
+        let (tag, attr) = if source.is_stored() && !from.is_dir {
+            // The bytes are the source's: so is an MD5 ETag; a derived one is the copy's own.
+            let attr = objects::copy(&self.shared, &subject, &from, &to).await?;
+            let tag = match source.record.etag.contains('-') {
+                true => crate::meta::derived_etag(&attr),
+                false => source.record.etag.clone(),
+            };
+            let record = crate::meta::Record { etag: tag.clone(), content_type, metadata };
+            self.records.put(&to.path, &attr, &record);
+            (tag, attr)
+        } else {
+            // An active file's output: streamed into the copy at the server.
+            let length = (!source.growing).then_some(source.attr.size);
+            let body = source.body(0, length.unwrap_or(u64::MAX));
+            let meta = PutMeta { content_type, metadata, content_md5: None, length };
+            objects::put(&self.shared, &self.records, &subject, &to, Some(body), meta).await?
+        };
         let result = CopyObjectResult {
             e_tag: Some(etag(&tag)),
             last_modified: Some(objects::modified(&attr)),

@@ -84,6 +84,7 @@ pub async fn serve(
         let Ok((stream, _)) = listener.accept().await else { continue };
         let _ = stream.set_nodelay(true);
         let (service, tls) = (service.clone(), tls.clone());
+        let service = hyper::service::service_fn(move |req| answer(service.clone(), req));
         tokio::spawn(async move {
             let http = hyper::server::conn::http1::Builder::new();
             match tls {
@@ -92,13 +93,64 @@ pub async fn serve(
                     let _ = http.serve_connection(io, service).await;
                 }
                 Some(tls) => {
-                    let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await
-                    else {
+                    let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(10), tls.accept(stream)).await else {
                         return;
                     };
                     let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
                 }
             }
         });
+    }
+}
+
+/// Answers one request. One that asked to be told to send its body (`Expect:
+/// 100-continue`) and was answered without a `100 Continue` (its body empty, or not
+/// read) closes its connection: the client then sends no body, which leaves the
+/// connection's framing unknown, and botocore (the `aws` CLI) misreads the next
+/// response on a connection used that way, hanging until its read timeout.
+async fn answer(
+    service: s3s::service::S3Service,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    use std::sync::atomic::Ordering;
+    let expects =
+        req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let empty = hyper::body::Body::is_end_stream(req.body());
+    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let req = req.map(|b| s3s::Body::http_body(Tracked { inner: b, ended: ended.clone() }));
+    let mut resp = service.call(req).await?;
+    if expects && (empty || !ended.load(Ordering::Relaxed)) {
+        resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
+    }
+    Ok(resp)
+}
+
+/// A request body that notes when it has been read to its end.
+struct Tracked {
+    inner: hyper::body::Incoming,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }

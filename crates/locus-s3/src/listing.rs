@@ -95,7 +95,11 @@ impl Walk<'_, '_> {
             .into_iter()
             .flatten()
             .map(|e| {
-                let key = if e.attr.is_dir() { format!("{key_prefix}{}/", e.name) } else { format!("{key_prefix}{}", e.name) };
+                let key = if e.attr.is_dir() {
+                    format!("{key_prefix}{}/", e.name)
+                } else {
+                    format!("{key_prefix}{}", e.name)
+                };
                 (key, e)
             })
             .collect();

@@ -246,10 +246,9 @@ impl Uploads {
         let mut md5s = Md5::new();
         for (i, (number, etag)) in chosen.iter().enumerate() {
             let etag = etag.trim_matches('"');
-            let part = have
-                .iter()
-                .find(|p| p.number == *number && p.etag == etag)
-                .ok_or_else(|| err(S3ErrorCode::InvalidPart, format!("part {number} with that ETag was not received")))?;
+            let part = have.iter().find(|p| p.number == *number && p.etag == etag).ok_or_else(|| {
+                err(S3ErrorCode::InvalidPart, format!("part {number} with that ETag was not received"))
+            })?;
             if i + 1 < chosen.len() && part.size < MIN_PART {
                 return Err(err(S3ErrorCode::EntityTooSmall, format!("part {number} is under 5 MiB and not the last")));
             }
@@ -295,7 +294,13 @@ impl Uploads {
 }
 
 /// A new upload's record.
-pub fn new_upload(subject: &str, bucket: &str, key: &str, content_type: Option<String>, metadata: BTreeMap<String, String>) -> Upload {
+pub fn new_upload(
+    subject: &str,
+    bucket: &str,
+    key: &str,
+    content_type: Option<String>,
+    metadata: BTreeMap<String, String>,
+) -> Upload {
     Upload { subject: subject.into(), bucket: bucket.into(), key: key.into(), started: now_s(), content_type, metadata }
 }
 
@@ -306,7 +311,12 @@ fn random8() -> [u8; 8] {
 }
 
 /// Streams `files` in order into one `put` of `op` as `subject`.
-fn concatenate(shared: &Arc<Shared>, subject: &str, op: &ObjectPath, files: &[PathBuf]) -> S3Result<locus_proto::types::Attr> {
+fn concatenate(
+    shared: &Arc<Shared>,
+    subject: &str,
+    op: &ObjectPath,
+    files: &[PathBuf],
+) -> S3Result<locus_proto::types::Attr> {
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
     match session.put_start(&op.path, 0o644) {
@@ -343,4 +353,3 @@ pub async fn sweeper(uploads: Arc<Uploads>) {
         }
     }
 }
-

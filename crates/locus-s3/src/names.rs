@@ -28,7 +28,10 @@ fn segment_ok(s: &str) -> bool {
 /// The directory of a bucket, or `InvalidBucketName`.
 pub fn bucket_dir(bucket: &str) -> Result<String, S3Error> {
     if !segment_ok(bucket) || bucket.contains('/') {
-        return Err(S3Error::with_message(S3ErrorCode::InvalidBucketName, "a bucket is a directory name of the export"));
+        return Err(S3Error::with_message(
+            S3ErrorCode::InvalidBucketName,
+            "a bucket is a directory name of the export",
+        ));
     }
     Ok(format!("/{bucket}"))
 }

@@ -6,7 +6,7 @@ use crate::meta::{Record, Records, EMPTY_ETAG};
 use crate::names::{self, object_error, ObjectPath};
 use bytes::Bytes;
 use futures::StreamExt;
-use locus_proto::ops::{Close, Mkdir, Open, Pread, Rmdir, Unlink};
+use locus_proto::ops::{Close, CopyFile, Mkdir, Open, Pread, Rmdir, Unlink};
 use locus_proto::types::{open_flags, Attr};
 use locus_proto::{Code, Error as WireError};
 use locus_server::acting::Acting;
@@ -124,7 +124,9 @@ pub async fn open(shared: &Arc<Shared>, records: &Records, subject: &str, op: &O
         return Err(S3Error::with_message(S3ErrorCode::NoSuchKey, "that key names a directory"));
     }
     if is_dir {
-        let record = Record { etag: EMPTY_ETAG.into(), ..Default::default() };
+        // The type s3fs and other file-system gateways give (and look for on) directories.
+        let content_type = Some("application/x-directory".to_string());
+        let record = Record { etag: EMPTY_ETAG.into(), content_type, ..Default::default() };
         let attr = Attr { size: 0, ..opened.attr };
         return Ok(Readable { attr, record, growing: false, source: Source::Nothing });
     }
@@ -159,6 +161,11 @@ async fn open_active(shared: &Arc<Shared>, subject: &str, path: &str) -> S3Resul
 }
 
 impl Readable {
+    /// Whether the bytes are a file of the export (not an active file's output).
+    pub fn is_stored(&self) -> bool {
+        matches!(self.source, Source::Session(..) | Source::Nothing)
+    }
+
     /// The bytes `start..end` as a stream (to the end of the output, for a growing one).
     pub fn body(self, start: u64, end: u64) -> StreamingBlob {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -181,8 +188,7 @@ impl Readable {
             }
             Source::Result(file) => {
                 tokio::task::spawn_blocking(move || {
-                    let read =
-                        |offset, len| file.pread(offset, len).map(Bytes::from).map_err(std::io::Error::other);
+                    let read = |offset, len| file.pread(offset, len).map(Bytes::from).map_err(std::io::Error::other);
                     send_range(read, start, end, &tx);
                 });
             }
@@ -367,7 +373,8 @@ async fn make_dir(
     let op = op.clone();
     acting(shared, subject, move |s| {
         make_dirs(s, &op, &op.path)?;
-        let (pages, _) = s.call(&locus_proto::ops::Stat { path: op.path.clone() }, Bytes::new()).map_err(object_error)?;
+        let (pages, _) =
+            s.call(&locus_proto::ops::Stat { path: op.path.clone() }, Bytes::new()).map_err(object_error)?;
         let attr = pages.into_iter().next().unwrap_or_default();
         Ok((EMPTY_ETAG.to_string(), Attr { size: 0, ..attr }))
     })
@@ -403,4 +410,26 @@ pub async fn delete(shared: &Arc<Shared>, records: &Records, subject: &str, op: 
     .await??;
     records.forget(&op.path);
     Ok(())
+}
+
+/// Copies the stored file at `from` to `to` at the server (the native `copy`: no byte
+/// leaves the server, and `to` shows whole or not at all); answers the copy's attributes.
+pub async fn copy(shared: &Arc<Shared>, subject: &str, from: &ObjectPath, to: &ObjectPath) -> S3Result<Attr> {
+    let (from, to) = (from.clone(), to.clone());
+    acting(shared, subject, move |s| {
+        let call = |s: &mut Acting| s.call(&CopyFile { from: from.path.clone(), to: to.path.clone() }, Bytes::new());
+        let (pages, _) = match call(s) {
+            Err(e) if e.code == Code::NOENT => {
+                make_dirs(s, &to, names::parent(&to.path))?;
+                call(s)
+            }
+            other => other,
+        }
+        .map_err(object_error)?;
+        pages
+            .into_iter()
+            .next()
+            .ok_or_else(|| S3Error::with_message(S3ErrorCode::InternalError, "copy answered nothing"))
+    })
+    .await?
 }
