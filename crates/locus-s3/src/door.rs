@@ -37,11 +37,38 @@ pub(crate) fn service(shared: Arc<Shared>, config: S3Config) -> Result<s3s::serv
     builder.set_access(Anonymous { subject: config.anonymous.clone() });
     builder.set_validation(PathNames);
     if !config.domains.is_empty() {
-        let host = s3s::host::MultiDomain::new(config.domains.iter().map(String::as_str))
-            .map_err(|_| S3DoorError::Domain(config.domains.join(",")))?;
-        builder.set_host(host);
+        for d in &config.domains {
+            if d.is_empty() || !d.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
+                return Err(S3DoorError::Domain(d.clone()));
+            }
+        }
+        builder.set_host(Domains(config.domains.iter().map(|d| d.to_ascii_lowercase()).collect()));
     }
     Ok(builder.build())
+}
+
+/// Virtual-host-style addressing: `BUCKET.DOMAIN[:PORT]` names the bucket; any other
+/// host (an address, `DOMAIN` itself) is path style.
+struct Domains(Vec<String>);
+
+impl s3s::host::S3Host for Domains {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<s3s::host::VirtualHost<'a>> {
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if !name.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        for domain in &self.0 {
+            let bucket = name.len().checked_sub(domain.len() + 1).and_then(|cut| {
+                let (bucket, rest) = name.split_at(cut);
+                (rest.len() == domain.len() + 1 && rest[1..].eq_ignore_ascii_case(domain) && rest.starts_with('.'))
+                    .then_some(bucket)
+            });
+            if let Some(bucket) = bucket.filter(|b| !b.is_empty()) {
+                return Ok(s3s::host::VirtualHost::new(domain.as_str()).with_bucket(bucket));
+            }
+        }
+        Ok(s3s::host::VirtualHost::new(host))
+    }
 }
 
 /// Buckets are directory names of the export, checked where they are used.

@@ -22,9 +22,8 @@ def keys(exe, state, subject):
     return pairs["AWS_ACCESS_KEY_ID"], pairs["AWS_SECRET_ACCESS_KEY"]
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    work = tmp_path_factory.mktemp("locus-s3")
+def start(work, flags=()):
+    """A `locus serve --s3-port 0 FLAGS` exporting WORK/export; returns (facts, process)."""
     exe = os.environ.get("LOCUS_BIN", str(REPO / "target" / "release" / "locus"))
     root, state, port_file = work / "export", work / "state", work / "ports"
     (root / "shared").mkdir(parents=True)
@@ -39,7 +38,7 @@ def server(tmp_path_factory):
     log = open(work / "serve.log", "w")
     proc = subprocess.Popen(
         [exe, "serve", "--listen", "127.0.0.1:0", "--root", str(root), "--state", str(state),
-         "--port-file", str(port_file), "--s3-port", "0"],
+         "--port-file", str(port_file), "--s3-port", "0", *flags],
         env=env, stdout=log, stderr=log,
     )
     deadline = time.time() + 20
@@ -48,16 +47,27 @@ def server(tmp_path_factory):
         assert time.time() < deadline, "locus serve did not report its S3 port"
         time.sleep(0.05)
     ports = dict(line.split() if " " in line else ("native", line) for line in port_file.read_text().splitlines())
-    native = f"locus://127.0.0.1:{ports['native']}"
+    scheme = "locus+tls" if "--tls" in flags else "locus"
+    native = f"{scheme}://127.0.0.1:{ports['native']}"
     token = next(l.split()[1] for l in (state / "tokens").read_text().splitlines() if l.startswith("admin "))
-    # alice: read, write, list and delete in `shared` only.
-    subprocess.run([exe, "acl", "set", f"{native}/shared", "alice", "rwld"], check=True,
-                   env=dict(env, LOCUS_TOKEN=f"admin:{token}"))
-    yield {
-        "endpoint": f"http://127.0.0.1:{ports['s3']}",
+    # alice: read, write, list and delete in `shared` only (set over plain TCP; a TLS
+    # server's tests need no alice).
+    if "--tls" not in flags:
+        subprocess.run([exe, "acl", "set", f"{native}/shared", "alice", "rwld"], check=True,
+                       env=dict(env, LOCUS_TOKEN=f"admin:{token}"))
+    web = "https" if "--tls" in flags else "http"
+    facts = {
+        "endpoint": f"{web}://127.0.0.1:{ports['s3']}", "port": int(ports["s3"]),
         "root": root, "state": state, "exe": exe, "env": env, "native": native,
         "admin": admin, "alice": alice, "admin_token": f"admin:{token}", "work": work,
     }
+    return facts, proc
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    facts, proc = start(tmp_path_factory.mktemp("locus-s3"))
+    yield facts
     proc.terminate()
     proc.wait(timeout=10)
 
