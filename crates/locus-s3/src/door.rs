@@ -38,7 +38,9 @@ pub(crate) fn service(shared: Arc<Shared>, config: S3Config) -> Result<s3s::serv
     builder.set_validation(PathNames);
     if !config.domains.is_empty() {
         for d in &config.domains {
-            if d.is_empty() || !d.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')) {
+            if d.is_empty()
+                || !d.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            {
                 return Err(S3DoorError::Domain(d.clone()));
             }
         }

@@ -5,9 +5,8 @@
 
 use crate::meta::{Record, Records};
 use crate::names::ObjectPath;
-use crate::objects::{make_dirs, MAX_PUT};
+use crate::objects::{start_upload, MAX_PUT};
 use futures::StreamExt;
-use locus_proto::Code;
 use locus_server::acting::Acting;
 use locus_server::Shared;
 use md5::{Digest, Md5};
@@ -319,13 +318,7 @@ fn concatenate(
 ) -> S3Result<locus_proto::types::Attr> {
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
-    match session.put_start(&op.path, 0o644) {
-        Err(e) if e.code == Code::NOENT => {
-            make_dirs(&mut session, op, crate::names::parent(&op.path))?;
-            session.put_start(&op.path, 0o644).map_err(object_err)?;
-        }
-        other => other.map_err(object_err)?,
-    }
+    start_upload(&mut session, op)?;
     let mut buf = vec![0u8; 1 << 20];
     for file in files {
         let mut f = std::fs::File::open(file).map_err(io_err)?;

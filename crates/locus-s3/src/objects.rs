@@ -300,6 +300,19 @@ pub fn make_dirs(s: &mut Acting, op: &ObjectPath, dir: &str) -> S3Result<()> {
     Ok(())
 }
 
+/// Starts a whole-file upload to `op`, making the directories above it first (a cluster
+/// head finds a missing one only when the upload ends).
+pub fn start_upload(session: &mut Acting, op: &ObjectPath) -> S3Result<()> {
+    let dir = names::parent(&op.path);
+    if dir != op.bucket_dir {
+        match session.call(&locus_proto::ops::Stat { path: dir.to_string() }, Bytes::new()) {
+            Err(e) if e.code == Code::NOENT => make_dirs(session, op, dir)?,
+            _ => {}
+        }
+    }
+    session.put_start(&op.path, 0o644).map_err(object_error)
+}
+
 /// Stores the bytes of `body` at `op` as `subject`: nothing shows until every byte has
 /// come and matched the declared length and MD5. Answers the ETag and attributes.
 pub async fn put(
@@ -317,14 +330,7 @@ pub async fn put(
         return make_dir(shared, subject, op, body).await;
     }
     let mut session = Acting::new(shared, subject);
-    let path = op.path.clone();
-    tokio::task::block_in_place(|| match session.put_start(&path, 0o644) {
-        Err(e) if e.code == Code::NOENT => {
-            make_dirs(&mut session, op, names::parent(&path))?;
-            session.put_start(&path, 0o644).map_err(object_error)
-        }
-        other => other.map_err(object_error),
-    })?;
+    tokio::task::block_in_place(|| start_upload(&mut session, op))?;
     let mut md5 = Md5::new();
     let mut size = 0u64;
     if let Some(mut body) = body {
