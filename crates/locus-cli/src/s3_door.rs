@@ -33,8 +33,9 @@ pub async fn start(
     config: &ServerConfig,
     shared: &Arc<Shared>,
 ) -> Result<u16, String> {
-    if !(args.s3_upload_max_age_h.is_finite() && args.s3_upload_max_age_h > 0.0) {
-        return Err("--s3-upload-max-age-h must be a positive number of hours".into());
+    if !(args.s3_upload_max_age_h.is_finite() && args.s3_upload_max_age_h > 0.0 && args.s3_upload_max_age_h <= 87_600.0)
+    {
+        return Err("--s3-upload-max-age-h must be a positive number of hours, at most ten years".into());
     }
     let at = std::net::SocketAddr::new(ip, port);
     let listener = tokio::net::TcpListener::bind(at).await.map_err(|e| format!("S3 on {at}: {e}"))?;

@@ -344,9 +344,11 @@ impl AclEntry {
     }
 }
 
-/// The Chirp authentication methods whose subjects (`METHOD:NAME`) name a peer's
-/// address, its host name or a local user: proofs weaker than a Locus token.
-pub const HOST_METHODS: [&str; 3] = ["unix", "hostname", "address"];
+/// The methods whose subjects (`METHOD:NAME`) hold no Locus token: Chirp's, which name
+/// a peer's address, its host name or a local user, and `anonymous`, the S3 door's
+/// unsigned requests (`--s3-anonymous NAME` acts as `anonymous:NAME`). Each is a proof
+/// weaker than a token (or none), so `*` never admits them.
+pub const HOST_METHODS: [&str; 4] = ["unix", "hostname", "address", "anonymous"];
 
 /// The Chirp method of a host subject (`address` for `address:10.0.0.7`), or `None` for
 /// a subject that authenticated with a Locus token (their names hold no `:`).

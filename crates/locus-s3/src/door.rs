@@ -4,7 +4,7 @@ use crate::keys::{subject_of, Anonymous, Keys};
 use crate::listing::{self, Item, Query};
 use crate::meta::Records;
 use crate::multipart::{self, Uploads};
-use crate::names::{bucket_dir, bucket_error, object_error, object_path};
+use crate::names::{bucket_dir, bucket_error, object_path};
 use crate::objects::{self, acting, Conditions, PutMeta};
 use crate::{S3Config, S3DoorError};
 use bytes::Bytes;
@@ -36,6 +36,11 @@ pub(crate) fn service(shared: Arc<Shared>, config: S3Config) -> Result<s3s::serv
     builder.set_auth(Keys { tokens });
     builder.set_access(Anonymous { subject: config.anonymous.clone() });
     builder.set_validation(PathNames);
+    // The XML bodies the door takes (DeleteObjects, CompleteMultipartUpload) are small;
+    // s3s reads one whole before parsing it.
+    let mut limits = s3s::config::S3Config::default();
+    limits.xml_max_body_size = 2 << 20;
+    builder.set_config(Arc::new(s3s::config::StaticConfigProvider::new(Arc::new(limits))));
     if !config.domains.is_empty() {
         for d in &config.domains {
             if d.is_empty()
@@ -214,10 +219,14 @@ fn header_md5<T>(req: &S3Request<T>) -> S3Result<Option<[u8; 16]>> {
 impl S3 for Door {
     async fn list_buckets(&self, req: S3Request<ListBucketsInput>) -> S3Result<S3Response<ListBucketsOutput>> {
         let subject = self.subject(&req)?;
-        let entries = acting(&self.shared, &subject, |s| s.call(&Readdir { path: "/".into() }, Bytes::new()))
-            .await?
-            .map_err(bucket_error)?
-            .0;
+        let entries =
+            match acting(&self.shared, &subject, |s| s.call(&Readdir { path: "/".into() }, Bytes::new())).await? {
+                Ok((pages, _)) => pages,
+                // A subject with rights on some buckets only, not on the export's root, sees
+                // none listed (as S3 lists only one's own); it reaches its buckets by name.
+                Err(e) if e.code == Code::ACCES || e.code == Code::PERM => Vec::new(),
+                Err(e) => return Err(bucket_error(e)),
+            };
         let buckets = entries
             .into_iter()
             .flatten()
@@ -257,10 +266,16 @@ impl S3 for Door {
     async fn head_bucket(&self, req: S3Request<HeadBucketInput>) -> S3Result<S3Response<HeadBucketOutput>> {
         let subject = self.subject(&req)?;
         let dir = bucket_dir(&req.input.bucket)?;
-        let (pages, _) = acting(&self.shared, &subject, move |s| s.call(&Stat { path: dir }, Bytes::new()))
-            .await?
-            .map_err(bucket_error)?;
-        if !pages.first().is_some_and(|a| a.is_dir()) {
+        // Rights on the bucket itself suffice (a subject may hold none at the export's root).
+        let found = acting(&self.shared, &subject, move |s| {
+            if s.rights(&dir).0 != 0 {
+                return Ok(true);
+            }
+            s.call(&Stat { path: dir }, Bytes::new()).map(|(pages, _)| pages.first().is_some_and(|a| a.is_dir()))
+        })
+        .await?
+        .map_err(bucket_error)?;
+        if !found {
             return Err(S3Error::new(S3ErrorCode::NoSuchBucket));
         }
         Ok(S3Response::new(HeadBucketOutput::default()))
@@ -523,22 +538,20 @@ impl S3 for Door {
         if op.is_dir {
             return Err(S3Error::with_message(S3ErrorCode::InvalidArgument, "a key ending in '/' names a directory"));
         }
-        // The subject must be able to write the key (where its directory would be made).
+        // The subject must be able to write where the key is (its nearest directory that
+        // exists, as the key's directories are made on completion).
         let (bucket_dir_, path) = (op.bucket_dir.clone(), op.path.clone());
         let may = acting(&self.shared, &subject, move |s| {
             let mut dir = crate::names::parent(&path).to_string();
             loop {
-                match s.call(&Stat { path: dir.clone() }, Bytes::new()) {
-                    Ok(_) => return Ok(s.rights(&dir).contains(locus_proto::types::Rights::WRITE)),
-                    Err(e) if e.code == Code::NOENT && dir.len() > bucket_dir_.len() => {
-                        dir = crate::names::parent(&dir).to_string()
-                    }
-                    Err(e) => return Err(e),
+                let rights = s.rights(&dir);
+                if rights.0 != 0 || dir.len() <= bucket_dir_.len() {
+                    return rights.contains(locus_proto::types::Rights::WRITE);
                 }
+                dir = crate::names::parent(&dir).to_string();
             }
         })
-        .await?
-        .map_err(object_error)?;
+        .await?;
         if !may {
             return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "no write right where that key would be"));
         }

@@ -60,11 +60,15 @@ impl S3Access for Anonymous {
     }
 }
 
+/// The method of the subject unsigned requests act as (`anonymous:NAME`): like Chirp's
+/// host subjects, it matches only ACL entries naming it (or `anonymous:*`), never `*`.
+pub const ANONYMOUS: &str = "anonymous";
+
 /// The subject a request acts as: its access key's, or the anonymous subject.
 pub(crate) fn subject_of<T>(req: &S3Request<T>, anonymous: &Option<String>) -> S3Result<String> {
     match (&req.credentials, anonymous) {
         (Some(c), _) => Ok(c.access_key.clone()),
-        (None, Some(a)) => Ok(a.clone()),
+        (None, Some(a)) => Ok(format!("{ANONYMOUS}:{a}")),
         (None, None) => Err(s3_error!(AccessDenied, "unsigned requests are refused here")),
     }
 }

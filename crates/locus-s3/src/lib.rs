@@ -41,6 +41,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long a connection may wait for a request's headers, or a request's body for
+/// its next bytes, before it is closed.
+pub const IDLE: Duration = Duration::from_secs(60);
+
 /// How the S3 door serves.
 #[derive(Clone, Debug)]
 pub struct S3Config {
@@ -79,14 +83,29 @@ pub async fn serve(
     config: S3Config,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> Result<(), S3DoorError> {
+    let connections = Arc::new(tokio::sync::Semaphore::new(shared.config.max_connections.max(1)));
     let service = door::service(shared, config)?;
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        // At most as many connections as the native door takes; the rest wait to be accepted.
+        let Ok(permit) = connections.clone().acquire_owned().await else { return Ok(()) };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: wait instead of spinning.
+                tracing::warn!("S3 door: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
         let (service, tls) = (service.clone(), tls.clone());
         let service = hyper::service::service_fn(move |req| answer(service.clone(), req));
         tokio::spawn(async move {
-            let http = hyper::server::conn::http1::Builder::new();
+            let _permit = permit;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            // A client has this long to send a request's headers, also on an idle kept-alive
+            // connection, which is then closed.
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(IDLE);
             match tls {
                 None => {
                     let io = hyper_util::rt::TokioIo::new(stream);
@@ -113,6 +132,9 @@ async fn answer(
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Result<s3s::HttpResponse, s3s::HttpError> {
     use std::sync::atomic::Ordering;
+    if let Some(why) = refused(&req) {
+        return Ok(error_response(hyper::StatusCode::FORBIDDEN, "AccessDenied", why));
+    }
     let expects =
         req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let empty = hyper::body::Body::is_end_stream(req.body());
@@ -153,4 +175,42 @@ impl hyper::body::Body for Tracked {
     fn size_hint(&self) -> hyper::body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// The longest a presigned URL may live, as AWS allows (seven days).
+const MAX_PRESIGNED_S: u64 = 7 * 24 * 3600;
+
+/// Why a request is refused before it is parsed: Signature Version 2 (which signs no
+/// body and whose header form carries no expiry), browser form uploads (whose file s3s
+/// reads into memory before any check), and presigned URLs meant to live past seven days.
+fn refused<B>(req: &hyper::Request<B>) -> Option<&'static str> {
+    let auth = req.headers().get(hyper::header::AUTHORIZATION).map(|v| v.as_bytes()).unwrap_or_default();
+    let query = req.uri().query().unwrap_or("");
+    let params = || query.split('&').filter_map(|kv| kv.split_once('='));
+    if auth.starts_with(b"AWS ") || params().any(|(k, _)| k == "AWSAccessKeyId" || k == "Signature") {
+        return Some("Signature Version 2 is not accepted here: sign with Version 4");
+    }
+    let form = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"multipart/form-data"));
+    if req.method() == hyper::Method::POST && form {
+        return Some("browser form uploads (POST Object) are not offered: use PUT");
+    }
+    let expires = params().find(|(k, _)| *k == "X-Amz-Expires").map(|(_, v)| v.parse::<u64>().unwrap_or(u64::MAX));
+    if expires.is_some_and(|e| e > MAX_PRESIGNED_S) {
+        return Some("a presigned URL lives at most 604800 seconds (seven days)");
+    }
+    None
+}
+
+/// An S3 error answered before the request reaches `s3s`.
+fn error_response(status: hyper::StatusCode, code: &str, message: &str) -> s3s::HttpResponse {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
+    );
+    let mut resp = hyper::Response::new(s3s::Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/xml"));
+    resp
 }

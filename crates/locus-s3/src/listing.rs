@@ -10,7 +10,7 @@
 use bytes::Bytes;
 use locus_proto::ops::Readdir;
 use locus_proto::types::{Attr, DirEntry};
-use locus_proto::Error as WireError;
+use locus_proto::{Code, Error as WireError};
 use locus_server::acting::Acting;
 
 /// One listed item: an object, or a common prefix rolled up by the delimiter.
@@ -90,7 +90,18 @@ impl Walk<'_, '_> {
     /// ending with `/`): whether to go on (false once the page is full), and whether the
     /// directory holds anything.
     fn dir(&mut self, path: &str, key_prefix: &str) -> Result<(bool, bool), WireError> {
-        let (pages, _) = self.session.call(&Readdir { path: path.to_string() }, Bytes::new())?;
+        let pages = match self.session.call(&Readdir { path: path.to_string() }, Bytes::new()) {
+            Ok((pages, _)) => pages,
+            // Beneath the bucket, a directory that went away meanwhile or that the
+            // subject may not list holds nothing it can see; the listing goes on.
+            Err(e)
+                if path != self.q.bucket_dir
+                    && matches!(e.code, Code::NOENT | Code::NOTDIR | Code::ACCES | Code::PERM) =>
+            {
+                return Ok((true, true))
+            }
+            Err(e) => return Err(e),
+        };
         let mut entries: Vec<(String, DirEntry)> = pages
             .into_iter()
             .flatten()

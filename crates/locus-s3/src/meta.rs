@@ -3,7 +3,7 @@
 //! state directory (`s3.sqlite`), keyed by path.
 //!
 //! A record holds only while the file is the one it was made for: it names the file's
-//! inode, size and modification time, and a file changed through another door (the
+//! inode, size, modification and change times, and a file changed through another door (the
 //! native protocol, a mount, Chirp) no longer matches it. Such a file, or one never
 //! written through S3, gets an ETag derived from those three in the multipart form
 //! (`"HEX-1"`), which S3 clients take as "not an MD5" and do not check against the
@@ -35,9 +35,13 @@ pub struct Records {
 /// The ETag of an empty object (the MD5 of nothing), as S3 gives directory markers.
 pub const EMPTY_ETAG: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
+/// What a record is checked against: inode, size, and the modification and change
+/// times folded into one (a change time cannot be set back, so a rewrite in place that
+/// restores the modification time still shows).
 fn stamp(attr: &Attr) -> (i64, i64, i64) {
-    let mtime_ns = attr.mtime.sec.saturating_mul(1_000_000_000).saturating_add(attr.mtime.nsec as i64);
-    (attr.ino as i64, attr.size as i64, mtime_ns)
+    let ns = |t: &locus_proto::types::Time| t.sec.saturating_mul(1_000_000_000).saturating_add(t.nsec as i64);
+    let times = ns(&attr.mtime) ^ ns(&attr.ctime).rotate_left(32);
+    (attr.ino as i64, attr.size as i64, times)
 }
 
 /// The ETag of a file with no record: from its inode, size and modification time.

@@ -6,7 +6,6 @@
 use crate::meta::{Record, Records};
 use crate::names::ObjectPath;
 use crate::objects::{start_upload, MAX_PUT};
-use futures::StreamExt;
 use locus_server::acting::Acting;
 use locus_server::Shared;
 use md5::{Digest, Md5};
@@ -142,8 +141,7 @@ impl Uploads {
         let mut size = 0u64;
         let written: S3Result<()> = async {
             if let Some(mut body) = body {
-                while let Some(chunk) = body.next().await {
-                    let chunk = chunk.map_err(|e| err(S3ErrorCode::IncompleteBody, e.to_string()))?;
+                while let Some(chunk) = crate::objects::next_piece(&mut body).await? {
                     size += chunk.len() as u64;
                     if size > MAX_PUT {
                         return Err(err(S3ErrorCode::EntityTooLarge, "a part is at most 5 GiB"));

@@ -6,7 +6,7 @@ use crate::meta::{Record, Records, EMPTY_ETAG};
 use crate::names::{self, object_error, ObjectPath};
 use bytes::Bytes;
 use futures::StreamExt;
-use locus_proto::ops::{Close, CopyFile, Mkdir, Open, Pread, Rmdir, Unlink};
+use locus_proto::ops::{AclGet, Close, CopyFile, Mkdir, Open, Pread, Rmdir, Unlink};
 use locus_proto::types::{open_flags, Attr};
 use locus_proto::{Code, Error as WireError};
 use locus_server::acting::Acting;
@@ -217,8 +217,10 @@ fn send_range(
             Err(_) => true,
         };
         // A short file (truncated meanwhile) ends the body early: the client sees fewer
-        // bytes than the length it was told, and fails the read.
-        if tx.blocking_send(got).is_err() || stop {
+        // bytes than the length it was told, and fails the read. A client that stops
+        // reading for [`crate::IDLE`] lets this thread go.
+        let sent = tokio::runtime::Handle::current().block_on(tokio::time::timeout(crate::IDLE, tx.send(got)));
+        if !matches!(sent, Ok(Ok(()))) || stop {
             return;
         }
     }
@@ -310,7 +312,23 @@ pub fn start_upload(session: &mut Acting, op: &ObjectPath) -> S3Result<()> {
             _ => {}
         }
     }
-    session.put_start(&op.path, 0o644).map_err(object_error)
+    match session.put_start(&op.path, 0o644) {
+        Err(e) if e.code == Code::NOENT && dir == op.bucket_dir => {
+            Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, "no such bucket"))
+        }
+        other => other.map_err(object_error),
+    }
+}
+
+/// The next piece of a request's body, or an error once it has sent nothing for
+/// [`crate::IDLE`] (a hung client must not hold an upload open).
+pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
+    match tokio::time::timeout(crate::IDLE, body.next()).await {
+        Err(_) => Err(S3Error::with_message(S3ErrorCode::RequestTimeout, "the body stopped coming")),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => Err(S3Error::with_message(S3ErrorCode::IncompleteBody, e.to_string())),
+        Ok(Some(Ok(b))) => Ok(Some(b)),
+    }
 }
 
 /// Stores the bytes of `body` at `op` as `subject`: nothing shows until every byte has
@@ -334,8 +352,7 @@ pub async fn put(
     let mut md5 = Md5::new();
     let mut size = 0u64;
     if let Some(mut body) = body {
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| S3Error::with_message(S3ErrorCode::IncompleteBody, e.to_string()))?;
+        while let Some(chunk) = next_piece(&mut body).await? {
             size += chunk.len() as u64;
             if size > MAX_PUT {
                 return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "a single PUT stores at most 5 GiB"));
@@ -406,6 +423,14 @@ pub async fn delete(shared: &Arc<Shared>, records: &Records, subject: &str, op: 
         }
         let mut dir = names::parent(&op_.path).to_string();
         while dir.len() > op_.bucket_dir.len() && dir.starts_with(&op_.bucket_dir) {
+            // A directory with an ACL of its own stays: removing it would drop the ACL,
+            // and a later key beneath would get its parent's rights.
+            let acl =
+                |s: &mut Acting, path: &str| s.call(&AclGet { path: path.to_string() }, Bytes::new()).ok().map(|r| r.0);
+            let own = acl(s, &dir);
+            if own.is_none() || own != acl(s, names::parent(&dir)) {
+                break;
+            }
             if s.call(&Rmdir { path: dir.clone() }, Bytes::new()).is_err() {
                 break;
             }

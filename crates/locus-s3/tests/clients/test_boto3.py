@@ -329,3 +329,77 @@ def test_active_file_through_s3(server, s3):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         s3.get_object(Bucket="shared", Key="act/nohandler@trips.csv")
     assert code(e) == "NoSuchKey"
+
+
+def test_refused_before_parsing(server, s3, bucket):
+    """Signature Version 2, browser form uploads and week-plus presigned URLs."""
+    import hmac, email.utils
+    key, secret = server["admin"]
+    date = email.utils.formatdate(usegmt=True)
+    sig = base64.b64encode(hmac.new(secret.encode(), f"GET\n\n\n{date}\n/shared/hello.txt".encode(),
+                                    "sha1").digest()).decode()
+    req = urllib.request.Request(server["endpoint"] + "/shared/hello.txt",
+                                 headers={"Date": date, "Authorization": f"AWS {key}:{sig}"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req)
+    assert e.value.code == 403 and b"Version 2" in e.value.read()
+    form = urllib.request.Request(server["endpoint"] + f"/{bucket}", method="POST", data=b"x" * 1000,
+                                  headers={"Content-Type": "multipart/form-data; boundary=zz"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(form)
+    assert e.value.code == 403
+    long = s3.generate_presigned_url("get_object", Params={"Bucket": "shared", "Key": "hello.txt"},
+                                     ExpiresIn=8 * 24 * 3600)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(long)
+    assert e.value.code == 403
+
+
+def test_a_subject_with_rights_on_one_bucket_only(server, s3):
+    """alice holds rwld on `shared` and nothing at the root: she still uploads in parts,
+    heads her bucket and lists it; buckets she cannot see are not listed."""
+    alice = client(server, "alice")
+    alice.head_bucket(Bucket="shared")
+    assert alice.list_buckets()["Buckets"] == []
+    from boto3.s3.transfer import TransferConfig
+    src = server["work"] / "alice-upload.bin"
+    src.write_bytes(os.urandom(11 << 20))
+    alice.upload_file(str(src), "shared", "alice/deep/big.bin",
+                      Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    assert (server["root"] / "shared/alice/deep/big.bin").read_bytes() == src.read_bytes()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.head_bucket(Bucket="private")
+    assert status(e) == 403
+
+
+def test_deletes_keep_directories_with_their_own_acl(server, s3):
+    import subprocess
+    s3.put_object(Bucket="shared", Key="locked/f", Body=b"x")
+    subprocess.run([server["exe"], "acl", "set", server["native"] + "/shared/locked", "alice", "-"], check=True,
+                   env=dict(server["env"], LOCUS_TOKEN=server["admin_token"]))
+    s3.delete_object(Bucket="shared", Key="locked/f")
+    assert (server["root"] / "shared/locked").is_dir()
+    s3.put_object(Bucket="shared", Key="locked/secret", Body=b"admin only")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        client(server, "alice").get_object(Bucket="shared", Key="locked/secret")
+    assert code(e) == "AccessDenied"
+    # alice's listing of the bucket goes on past the directory she may not list.
+    keys = [o["Key"] for o in client(server, "alice").list_objects_v2(Bucket="shared")["Contents"]]
+    assert "hello.txt" in keys and "locked/secret" not in keys
+
+
+def test_a_rewrite_in_place_is_not_taken_for_the_object_written(server, s3, bucket):
+    etag = s3.put_object(Bucket=bucket, Key="k", Body=b"AAAA")["ETag"]
+    path = server["root"] / bucket / "k"
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.write(b"BBBB")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    got = s3.get_object(Bucket=bucket, Key="k")
+    assert got["Body"].read() == b"BBBB" and got["ETag"] != etag
+
+
+def test_put_into_a_missing_bucket(s3):
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket="no-such-bucket", Key="x", Body=b"1")
+    assert code(e) == "NoSuchBucket"

@@ -55,8 +55,14 @@ def test_anonymous_requests_act_as_the_named_subject(started):
         urllib.request.urlopen(url)
     assert e.value.code == 403
     import subprocess
-    subprocess.run([srv["exe"], "acl", "set", srv["native"] + "/shared", "guest", "rl"], check=True,
-                   env=dict(srv["env"], LOCUS_TOKEN=srv["admin_token"]))
+    acl = lambda *a: subprocess.run([srv["exe"], "acl", "set", *a], check=True,
+                                    env=dict(srv["env"], LOCUS_TOKEN=srv["admin_token"]))
+    # `*` is every subject holding a token: never the anonymous one.
+    acl(srv["native"] + "/shared", "*", "rwld")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url)
+    assert e.value.code == 403
+    acl(srv["native"] + "/shared", "anonymous:guest", "rl")
     assert urllib.request.urlopen(url).read() == b"hello from the export\n"
     req = urllib.request.Request(srv["endpoint"] + "/shared/by-guest", data=b"x", method="PUT")
     with pytest.raises(urllib.error.HTTPError) as e:

@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""The S3 door against Locus's native protocol and another S3 server, side by side in
+one run: boto3 and rclone PUT and GET of one large object and of many small ones.
+
+    python3 -m venv /tmp/s3venv && /tmp/s3venv/bin/pip install boto3
+    apt-get install rclone
+    GOFLAGS=-mod=mod go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+    /tmp/s3venv/bin/python bench/s3_bench.py --locus target/release/locus \
+        --versitygw ~/go/bin/versitygw [--rounds 3 --big-mib 1024 --small 10000]
+
+Each server exports a directory of its own on the same disk; every transfer runs
+`--rounds` times, interleaved, and the medians are printed with their ratios. The
+native figures are `locus put`/`locus get` (large) and `locus cp -r` (small).
+"""
+
+import argparse
+import concurrent.futures
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+
+def wait_for(path, word, proc):
+    deadline = time.time() + 30
+    while True:
+        text = path.read_text() if os.path.exists(path) else ""
+        lines = dict(l.split() if " " in l else ("native", l) for l in text.splitlines())
+        if word in lines:
+            return int(lines[word])
+        if proc.poll() is not None or time.time() > deadline:
+            sys.exit(f"the server did not start ({word})")
+        time.sleep(0.05)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--locus", required=True)
+    ap.add_argument("--versitygw", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--big-mib", type=int, default=1024)
+    ap.add_argument("--small", type=int, default=10000)
+    ap.add_argument("--small-kib", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=8)
+    a = ap.parse_args()
+    import pathlib
+    work = pathlib.Path(tempfile.mkdtemp(prefix="s3bench-", dir="/var/tmp"))
+    procs = []
+    try:
+        # Locus: its export and state; keys for admin.
+        lroot, lstate = work / "locus-export", work / "locus-state"
+        (lroot / "bench").mkdir(parents=True)
+        lstate.mkdir()
+        out = subprocess.run([a.locus, "token", "admin", "--s3", "--state", str(lstate)], capture_output=True,
+                             text=True, check=True).stdout
+        keys = dict(l.split("=", 1) for l in out.split())
+        lkey, lsecret = keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"]
+        env = dict(os.environ, LOCUS_HOME=str(work / "home"), LOCUS_LOG="warn")
+        env.pop("AWS_CA_BUNDLE", None)
+        p = subprocess.Popen([a.locus, "serve", "--listen", "127.0.0.1:0", "--root", str(lroot), "--state", str(lstate),
+                              "--port-file", str(work / "ports"), "--s3-port", "0"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(p)
+        native = wait_for(work / "ports", "native", p)
+        ls3 = wait_for(work / "ports", "s3", p)
+        token = next(l.split()[1] for l in (lstate / "tokens").read_text().splitlines() if l.startswith("admin "))
+        env["LOCUS_TOKEN"] = f"admin:{token}"
+        # versitygw over a plain directory, without metadata in xattrs on this disk's behalf.
+        vroot = work / "vgw-export"
+        (vroot / "bench").mkdir(parents=True)
+        vport = 17070 + os.getpid() % 1000
+        p = subprocess.Popen([a.versitygw, "--access", "vgwkey", "--secret", "vgwsecret1234", "--port",
+                              f"127.0.0.1:{vport}", "posix", str(vroot)], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        procs.append(p)
+        time.sleep(1.5)
+        servers = {
+            "locus-s3": (f"http://127.0.0.1:{ls3}", lkey, lsecret),
+            "versitygw": (f"http://127.0.0.1:{vport}", "vgwkey", "vgwsecret1234"),
+        }
+        # What is sent.
+        big = work / "big.bin"
+        with open(big, "wb") as f:
+            for _ in range(a.big_mib):
+                f.write(os.urandom(1 << 20))
+        small = work / "small"
+        small.mkdir()
+        for i in range(a.small):
+            (small / f"f{i:05d}").write_bytes(os.urandom(a.small_kib << 10))
+        names = sorted(os.listdir(small))
+
+        def client(name):
+            ep, k, s = servers[name]
+            return boto3.client("s3", endpoint_url=ep, aws_access_key_id=k, aws_secret_access_key=s,
+                                region_name="us-east-1",
+                                config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                                              max_pool_connections=a.threads * 2))
+
+        def rclone_env(name):
+            ep, k, s = servers[name]
+            e = dict(env, RCLONE_CONFIG_S_TYPE="s3", RCLONE_CONFIG_S_PROVIDER="Other", RCLONE_CONFIG_S_ENDPOINT=ep,
+                     RCLONE_CONFIG_S_ACCESS_KEY_ID=k, RCLONE_CONFIG_S_SECRET_ACCESS_KEY=s,
+                     RCLONE_CONFIG=str(work / "rclone.conf"))
+            return e
+
+        def run(cmd, e):
+            subprocess.run(cmd, env=e, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+
+        results = {}
+
+        def note(what, seconds):
+            results.setdefault(what, []).append(seconds)
+
+        tc = TransferConfig(max_concurrency=a.threads)
+        for r in range(a.rounds):
+            for name in servers:
+                c = client(name)
+                note(f"boto3 PUT big {name}", timed(lambda: c.upload_file(str(big), "bench", "big.bin", Config=tc)))
+                dst = work / "big.down"
+                note(f"boto3 GET big {name}", timed(lambda: c.download_file("bench", "big.bin", str(dst), Config=tc)))
+                dst.unlink()
+
+                def put_small():
+                    with concurrent.futures.ThreadPoolExecutor(a.threads) as ex:
+                        list(ex.map(lambda n: c.put_object(Bucket="bench", Key=f"small/{n}",
+                                                           Body=(small / n).read_bytes()), names))
+
+                def get_small():
+                    with concurrent.futures.ThreadPoolExecutor(a.threads) as ex:
+                        list(ex.map(lambda n: c.get_object(Bucket="bench", Key=f"small/{n}")["Body"].read(), names))
+
+                note(f"boto3 PUT small {name}", timed(put_small))
+                note(f"boto3 GET small {name}", timed(get_small))
+                # (rclone 1.60, Debian's, hung against versitygw 1.8.0 on every PUT here:
+                # rclone is measured on Locus's S3 door and natively only.)
+                if name == "versitygw":
+                    continue
+                e = rclone_env(name)
+                note(f"rclone PUT big {name}", timed(lambda: run(["rclone", "copyto", str(big), "s:bench/rbig.bin",
+                                                                  "--s3-upload-concurrency", str(a.threads)], e)))
+                note(f"rclone GET big {name}", timed(lambda: run(["rclone", "copyto", "s:bench/rbig.bin",
+                                                                  str(work / "rbig.down"),
+                                                                  "--multi-thread-streams", str(a.threads)], e)))
+                (work / "rbig.down").unlink()
+                note(f"rclone PUT small {name}", timed(lambda: run(["rclone", "copy", str(small), "s:bench/rsmall",
+                                                                    "--transfers", str(a.threads)], e)))
+                down = work / "rsmall.down"
+                note(f"rclone GET small {name}", timed(lambda: run(["rclone", "copy", "s:bench/rsmall", str(down),
+                                                                    "--transfers", str(a.threads)], e)))
+                shutil.rmtree(down)
+            url = f"locus://127.0.0.1:{native}"
+            note("native PUT big", timed(lambda: run([a.locus, "put", str(big), f"{url}/bench/nbig.bin"], env)))
+            note("native GET big", timed(lambda: run([a.locus, "get", f"{url}/bench/nbig.bin", str(work / "n.down")],
+                                                     env)))
+            (work / "n.down").unlink()
+            note("native PUT small", timed(lambda: run([a.locus, "cp", "-r", str(small), f"{url}/bench/nsmall{r}"], env)))
+            down = work / "nsmall.down"
+            note("native GET small", timed(lambda: run([a.locus, "cp", "-r", f"{url}/bench/nsmall{r}", str(down)], env)))
+            shutil.rmtree(down)
+            print(f"round {r + 1} done", file=sys.stderr)
+
+        med = {k: statistics.median(v) for k, v in results.items()}
+        mib = a.big_mib
+        print(f"# {a.rounds} rounds, medians; big = {mib} MiB, small = {a.small} x {a.small_kib} KiB, "
+              f"{a.threads} client threads")
+        print("| transfer | seconds (median) | rate |")
+        print("|---|---|---|")
+        for k in sorted(med):
+            rate = f"{mib / med[k]:.0f} MiB/s" if "big" in k else f"{a.small / med[k]:.0f} objects/s"
+            print(f"| {k} | {med[k]:.2f} ({', '.join(f'{x:.2f}' for x in results[k])}) | {rate} |")
+        print()
+        for tool in ("boto3", "rclone"):
+            for d in ("PUT", "GET"):
+                s3 = med[f"{tool} {d} big locus-s3"]
+                vg = lambda k: f"{med[k] / s3:.2f}x" if k in med else "n/a"
+                print(f"{tool} {d} big: S3 door / native throughput = {med[f'native {d} big'] / s3:.2f}x, "
+                      f"/ versitygw = {vg(f'{tool} {d} big versitygw')}")
+                s = med[f"{tool} {d} small locus-s3"]
+                print(f"{tool} {d} small: S3 door / versitygw rate = "
+                      f"{(med[f'{tool} {d} small versitygw'] / s) if f'{tool} {d} small versitygw' in med else 0:.2f}x, "
+                      f"/ native = {med[f'native {d} small'] / s:.2f}x")
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
