@@ -149,16 +149,16 @@ def main():
                 if name == "versitygw":
                     continue
                 e = rclone_env(name)
-                note(f"rclone PUT big {name}", timed(lambda: run(["rclone", "copyto", str(big), "s:bench/rbig.bin",
+                note(f"rclone PUT big {name}", timed(lambda: run(["rclone", "copyto", "--ignore-times", str(big), "s:bench/rbig.bin",
                                                                   "--s3-upload-concurrency", str(a.threads)], e)))
-                note(f"rclone GET big {name}", timed(lambda: run(["rclone", "copyto", "s:bench/rbig.bin",
+                note(f"rclone GET big {name}", timed(lambda: run(["rclone", "copyto", "--ignore-times", "s:bench/rbig.bin",
                                                                   str(work / "rbig.down"),
                                                                   "--multi-thread-streams", str(a.threads)], e)))
                 (work / "rbig.down").unlink()
-                note(f"rclone PUT small {name}", timed(lambda: run(["rclone", "copy", str(small), "s:bench/rsmall",
+                note(f"rclone PUT small {name}", timed(lambda: run(["rclone", "copy", "--ignore-times", str(small), "s:bench/rsmall",
                                                                     "--transfers", str(a.threads)], e)))
                 down = work / "rsmall.down"
-                note(f"rclone GET small {name}", timed(lambda: run(["rclone", "copy", "s:bench/rsmall", str(down),
+                note(f"rclone GET small {name}", timed(lambda: run(["rclone", "copy", "--ignore-times", "s:bench/rsmall", str(down),
                                                                     "--transfers", str(a.threads)], e)))
                 shutil.rmtree(down)
             url = f"locus://127.0.0.1:{native}"
