@@ -20,7 +20,7 @@ pub struct S3Args {
     /// style (DOMAIN/BUCKET/KEY) always works.
     #[arg(long, value_name = "DOMAIN", requires = "s3_port")]
     pub s3_domain: Vec<String>,
-    /// Hours after which a multipart upload never completed is removed with its parts.
+    /// Hours after which a multipart upload that receives no part is removed with its parts.
     #[arg(long, value_name = "HOURS", default_value_t = 24.0, requires = "s3_port")]
     pub s3_upload_max_age_h: f64,
 }

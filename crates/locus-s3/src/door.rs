@@ -532,6 +532,10 @@ impl S3 for Door {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        if req.credentials.is_none() {
+            // Uploads are their subject's, and every unsigned client is the same subject.
+            return Err(S3Error::with_message(S3ErrorCode::AccessDenied, "multipart uploads need a signed request"));
+        }
         let subject = self.subject(&req)?;
         let i = req.input;
         let op = object_path(&i.bucket, &i.key)?;

@@ -263,25 +263,25 @@ impl Uploads {
         Ok(etag)
     }
 
-    /// Removes uploads begun longer ago than the maximum age; answers how many.
+    /// Removes uploads that have received nothing for longer than the maximum age;
+    /// answers how many.
     pub fn sweep(&self) -> usize {
         let oldest = now_s().saturating_sub(self.max_age.as_secs());
         let mut removed = 0;
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let path = entry.path();
+            // An upload's age runs from its last part (which changes its directory), so
+            // one still receiving parts is not removed from under its client.
+            let active = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
             let started = std::fs::read(path.join("upload.json"))
                 .ok()
                 .and_then(|t| serde_json::from_slice::<Upload>(&t).ok())
-                .map(|u| u.started);
-            // A directory without a readable record is a half-made upload: its age is its own.
-            let started = started.unwrap_or_else(|| {
-                entry
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-                    .map_or(0, |d| d.as_secs())
-            });
+                .map_or(active, |u| u.started.max(active));
             if started < oldest && std::fs::remove_dir_all(&path).is_ok() {
                 removed += 1;
             }

@@ -399,6 +399,12 @@ async fn make_dir(
         let (pages, _) =
             s.call(&locus_proto::ops::Stat { path: op.path.clone() }, Bytes::new()).map_err(object_error)?;
         let attr = pages.into_iter().next().unwrap_or_default();
+        if !attr.is_dir() {
+            return Err(S3Error::with_message(
+                S3ErrorCode::InvalidRequest,
+                "a file holds that name: it cannot be a directory",
+            ));
+        }
         Ok((EMPTY_ETAG.to_string(), Attr { size: 0, ..attr }))
     })
     .await?
@@ -416,7 +422,7 @@ pub async fn delete(shared: &Arc<Shared>, records: &Records, subject: &str, op: 
         };
         match gone {
             Ok(()) => {}
-            Err(e) if e.code == Code::NOENT => return Ok(()),
+            Err(e) if e.code == Code::NOENT || e.code == Code::NOTDIR => return Ok(()),
             Err(e) if e.code == Code::NOTEMPTY && op_.is_dir => return Ok(()),
             Err(e) if e.code == Code::ISDIR => return Ok(()),
             Err(e) => return Err(object_error(e)),

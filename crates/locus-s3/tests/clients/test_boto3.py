@@ -314,6 +314,13 @@ def test_directory_keys(server, s3, bucket):
     assert s3.head_object(Bucket=bucket, Key="empty/")["ContentLength"] == 0
     s3.delete_object(Bucket=bucket, Key="empty/")
     assert not (server["root"] / bucket / "empty").exists()
+    # A file's name cannot also be a directory key; deleting it as one is no error.
+    s3.put_object(Bucket=bucket, Key="plain", Body=b"x")
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="plain/", Body=b"")
+    assert code(e) == "InvalidRequest"
+    s3.delete_object(Bucket=bucket, Key="plain/")
+    assert (server["root"] / bucket / "plain").read_bytes() == b"x"
 
 
 def test_active_file_through_s3(server, s3):

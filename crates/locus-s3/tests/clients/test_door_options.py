@@ -71,6 +71,12 @@ def test_anonymous_requests_act_as_the_named_subject(started):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(srv["endpoint"] + "/private/")
     assert e.value.code == 403
+    # Uploads in parts are a subject's own: unsigned clients, all one subject, get none.
+    acl(srv["native"] + "/shared", "anonymous:guest", "rwl")
+    start_upload = urllib.request.Request(srv["endpoint"] + "/shared/parts?uploads", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(start_upload)
+    assert e.value.code == 403
 
 
 def test_virtual_host_style_addressing(started):
