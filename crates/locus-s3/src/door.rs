@@ -203,6 +203,36 @@ impl Door {
     }
 }
 
+/// The conditional headers of a GetObject or HeadObject input (the same fields in both).
+macro_rules! conditions_of {
+    ($i:expr) => {
+        Conditions {
+            if_match: $i.if_match,
+            if_none_match: $i.if_none_match,
+            if_modified_since: $i.if_modified_since,
+            if_unmodified_since: $i.if_unmodified_since,
+        }
+    };
+}
+
+/// What GetObject and HeadObject both answer of a [`Read`] (the same fields in both
+/// outputs), with any more fields given.
+macro_rules! described {
+    ($ty:ident, $read:expr, $content_type:expr $(, $field:ident: $value:expr)*) => {
+        $ty {
+            $($field: $value,)*
+            content_length: $read.length,
+            content_range: $read.content_range,
+            content_type: $content_type.or($read.record.content_type),
+            e_tag: Some(etag(&$read.record.etag)),
+            last_modified: Some(objects::modified(&$read.attr)),
+            metadata: Some($read.record.metadata.into_iter().collect()),
+            accept_ranges: Some("bytes".into()),
+            ..Default::default()
+        }
+    };
+}
+
 struct Read {
     attr: locus_proto::types::Attr,
     record: crate::meta::Record,
@@ -357,46 +387,17 @@ impl S3 for Door {
         if i.part_number.is_some() {
             return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "reads by part number are not offered"));
         }
-        let conditions = Conditions {
-            if_match: i.if_match,
-            if_none_match: i.if_none_match,
-            if_modified_since: i.if_modified_since,
-            if_unmodified_since: i.if_unmodified_since,
-        };
+        let conditions = conditions_of!(i);
         let read = self.read(&subject, &i.bucket, &i.key, conditions, i.range, true).await?;
-        Ok(S3Response::new(GetObjectOutput {
-            body: read.body,
-            content_length: read.length,
-            content_range: read.content_range,
-            content_type: i.response_content_type.or(read.record.content_type),
-            e_tag: Some(etag(&read.record.etag)),
-            last_modified: Some(objects::modified(&read.attr)),
-            metadata: Some(read.record.metadata.into_iter().collect()),
-            accept_ranges: Some("bytes".into()),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(described!(GetObjectOutput, read, i.response_content_type, body: read.body)))
     }
 
     async fn head_object(&self, req: S3Request<HeadObjectInput>) -> S3Result<S3Response<HeadObjectOutput>> {
         let subject = self.subject(&req)?;
         let i = req.input;
-        let conditions = Conditions {
-            if_match: i.if_match,
-            if_none_match: i.if_none_match,
-            if_modified_since: i.if_modified_since,
-            if_unmodified_since: i.if_unmodified_since,
-        };
+        let conditions = conditions_of!(i);
         let read = self.read(&subject, &i.bucket, &i.key, conditions, i.range, false).await?;
-        Ok(S3Response::new(HeadObjectOutput {
-            content_length: read.length,
-            content_range: read.content_range,
-            content_type: i.response_content_type.or(read.record.content_type),
-            e_tag: Some(etag(&read.record.etag)),
-            last_modified: Some(objects::modified(&read.attr)),
-            metadata: Some(read.record.metadata.into_iter().collect()),
-            accept_ranges: Some("bytes".into()),
-            ..Default::default()
-        }))
+        Ok(S3Response::new(described!(HeadObjectOutput, read, i.response_content_type)))
     }
 
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {

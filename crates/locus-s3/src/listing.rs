@@ -123,7 +123,7 @@ impl Walk<'_, '_> {
             if !into_prefix && !toward_prefix {
                 continue;
             }
-            let child = format!("{path}/{}", e.name).replace("//", "/");
+            let child = locus_proto::path::join(path, &e.name);
             if e.attr.is_dir() {
                 // Every key beneath starts with `key`: skip what lies wholly before the start.
                 let before_start = key.as_str() <= self.q.after && !self.q.after.starts_with(key.as_str());

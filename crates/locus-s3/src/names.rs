@@ -64,13 +64,7 @@ pub fn key_of(bucket_dir: &str, path: &str) -> String {
     path.strip_prefix(bucket_dir).and_then(|p| p.strip_prefix('/')).unwrap_or(path).to_string()
 }
 
-/// The directory holding `path`.
-pub fn parent(path: &str) -> &str {
-    match path.rfind('/') {
-        Some(0) | None => "/",
-        Some(i) => &path[..i],
-    }
-}
+pub use locus_proto::path::parent;
 
 /// A native error met on an object as S3 answers it.
 pub fn object_error(e: WireError) -> S3Error {
