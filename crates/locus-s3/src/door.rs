@@ -54,6 +54,11 @@ pub(crate) fn service(shared: Arc<Shared>, config: S3Config) -> Result<s3s::serv
     Ok(builder.build())
 }
 
+/// A GetObject answered `307` to this URL (s3s keeps an operation's status, so
+/// [`crate::answer`] sets it).
+#[derive(Clone)]
+pub(crate) struct Redirect(pub hyper::header::HeaderValue);
+
 /// Virtual-host-style addressing: `BUCKET.DOMAIN[:PORT]` names the bucket; any other
 /// host (an address, `DOMAIN` itself) is path style.
 struct Domains(Vec<String>);
@@ -388,6 +393,20 @@ impl S3 for Door {
             return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "reads by part number are not offered"));
         }
         let conditions = conditions_of!(i);
+        // A presigned GET on a cluster head is sent to the data node holding the bytes
+        // (SPIRAL's third-party transfer); the head streams what it cannot send there.
+        let presigned = req.uri.query().is_some_and(|q| q.contains("X-Amz-Signature="));
+        if presigned && self.shared.is_head() {
+            // The subject's right to read, the conditions and the range, as the head sees them.
+            self.read(&subject, &i.bucket, &i.key, conditions.clone(), i.range.clone(), false).await?;
+            let path = object_path(&i.bucket, &i.key)?.path;
+            let url = tokio::task::block_in_place(|| self.shared.node_url(&subject, &path));
+            if let Some(url) = url.and_then(|u| hyper::header::HeaderValue::from_str(&u).ok()) {
+                let mut resp = S3Response::new(GetObjectOutput::default());
+                resp.extensions.insert(Redirect(url));
+                return Ok(resp);
+            }
+        }
         let read = self.read(&subject, &i.bucket, &i.key, conditions, i.range, true).await?;
         Ok(S3Response::new(described!(GetObjectOutput, read, i.response_content_type, body: read.body)))
     }

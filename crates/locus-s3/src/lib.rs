@@ -141,6 +141,10 @@ async fn answer(
     let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let req = req.map(|b| s3s::Body::http_body(Tracked { inner: b, ended: ended.clone() }));
     let mut resp = service.call(req).await?;
+    if let Some(door::Redirect(to)) = resp.extensions_mut().remove::<door::Redirect>() {
+        *resp.status_mut() = hyper::StatusCode::TEMPORARY_REDIRECT;
+        resp.headers_mut().insert(hyper::header::LOCATION, to);
+    }
     if expects && (empty || !ended.load(Ordering::Relaxed)) {
         resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
     }

@@ -1,7 +1,8 @@
 //! Multipart uploads: parts wait in the state directory (`s3-uploads/ID/`), never under
-//! the key, until the upload is completed; then they are streamed, in order, into one
-//! `put` of the key, which shows all of it at once. Uploads are the subject's who began
-//! them. Abandoned ones are removed after [`crate::S3Config::upload_max_age`].
+//! the key, until the upload is completed; then they are copied, in order (in the kernel on a
+//! plain server), into one `put` of the key, which shows all of it at once. Uploads are the
+//! subject's who began them. Abandoned ones are removed after
+//! [`crate::S3Config::upload_max_age`].
 
 use crate::meta::{Record, Records};
 use crate::names::ObjectPath;
@@ -13,7 +14,7 @@ use s3s::dto::StreamingBlob;
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -137,36 +138,24 @@ impl Uploads {
         }
         let tmp = dir.join(format!("{number}.tmp{}", hex::encode(random8())));
         let mut file = std::fs::File::create(&tmp).map_err(io_err)?;
-        let mut md5 = Md5::new();
-        let mut size = 0u64;
-        let written: S3Result<()> = async {
-            if let Some(mut body) = body {
-                while let Some(chunk) = crate::objects::next_piece(&mut body).await? {
-                    size += chunk.len() as u64;
-                    if size > MAX_PUT {
-                        return Err(err(S3ErrorCode::EntityTooLarge, "a part is at most 5 GiB"));
-                    }
-                    md5.update(&chunk);
-                    tokio::task::block_in_place(|| file.write_all(&chunk)).map_err(io_err)?;
-                }
-            }
-            Ok(())
-        }
-        .await;
-        let digest: [u8; 16] = md5.finalize().into();
-        let checked = written.and_then(|()| {
+        let written =
+            crate::objects::drain(body, "a part is at most 5 GiB", |bytes| file.write_all(bytes).map_err(io_err)).await;
+        let checked = written.and_then(|(size, digest)| {
             if length.is_some_and(|l| l != size) {
                 return Err(err(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
             }
             if content_md5.is_some_and(|want| want != digest) {
                 return Err(err(S3ErrorCode::BadDigest, "the bytes do not match Content-MD5"));
             }
-            Ok(())
+            Ok(digest)
         });
-        if let Err(e) = checked {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
+        let digest = match checked {
+            Ok(digest) => digest,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         let etag = hex::encode(digest);
         // One name per part number: `N.ETAG`; an earlier one goes.
         for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number) {
@@ -307,7 +296,8 @@ fn random8() -> [u8; 8] {
     b
 }
 
-/// Streams `files` in order into one `put` of `op` as `subject`.
+/// Appends `files` in order to one `put` of `op` as `subject`: in the kernel
+/// (`copy_file_range`) on a plain server, through memory on a cluster head.
 fn concatenate(
     shared: &Arc<Shared>,
     subject: &str,
@@ -317,16 +307,9 @@ fn concatenate(
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
     start_upload(&mut session, op)?;
-    let mut buf = vec![0u8; 1 << 20];
     for file in files {
-        let mut f = std::fs::File::open(file).map_err(io_err)?;
-        loop {
-            let n = f.read(&mut buf).map_err(io_err)?;
-            if n == 0 {
-                break;
-            }
-            session.put_more(&buf[..n], false).map_err(object_err)?;
-        }
+        let f = std::fs::File::open(file).map_err(io_err)?;
+        session.put_file(&f).map_err(object_err)?;
     }
     let attr = session.put_more(&[], true).map_err(object_err)?;
     attr.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))

@@ -41,7 +41,7 @@ pub fn modified(attr: &Attr) -> Timestamp {
 }
 
 /// The conditional headers of a read.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Conditions {
     pub if_match: Option<ETagCondition>,
     pub if_none_match: Option<ETagCondition>,
@@ -320,6 +320,11 @@ pub fn start_upload(session: &mut Acting, op: &ObjectPath) -> S3Result<()> {
     }
 }
 
+/// How many bytes of a body are gathered before they are written: hyper hands a body
+/// over in pieces of tens of kilobytes, and a write (and a move off the async
+/// runtime's thread) per piece would cost more than the bytes.
+pub const BATCH: usize = 1 << 20;
+
 /// The next piece of a request's body, or an error once it has sent nothing for
 /// [`crate::IDLE`] (a hung client must not hold an upload open).
 pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
@@ -329,6 +334,40 @@ pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
         Ok(Some(Err(e))) => Err(S3Error::with_message(S3ErrorCode::IncompleteBody, e.to_string())),
         Ok(Some(Ok(b))) => Ok(Some(b)),
     }
+}
+
+/// Reads `body` to its end, handing its bytes to `write` (off the async runtime's
+/// threads) in batches of [`BATCH`]; answers their count and MD5. A body past
+/// [`MAX_PUT`] is refused with `too_large` as the reason.
+pub async fn drain(
+    body: Option<StreamingBlob>,
+    too_large: &str,
+    mut write: impl FnMut(&[u8]) -> S3Result<()>,
+) -> S3Result<(u64, [u8; 16])> {
+    let mut md5 = Md5::new();
+    let mut size = 0u64;
+    if let Some(mut body) = body {
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            let chunk = next_piece(&mut body).await?;
+            if let Some(chunk) = &chunk {
+                size += chunk.len() as u64;
+                if size > MAX_PUT {
+                    return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, too_large.to_string()));
+                }
+                md5.update(chunk);
+                batch.extend_from_slice(chunk);
+            }
+            if batch.len() >= BATCH || (chunk.is_none() && !batch.is_empty()) {
+                tokio::task::block_in_place(|| write(&batch))?;
+                batch.clear();
+            }
+            if chunk.is_none() {
+                break;
+            }
+        }
+    }
+    Ok((size, md5.finalize().into()))
 }
 
 /// Stores the bytes of `body` at `op` as `subject`: nothing shows until every byte has
@@ -349,19 +388,10 @@ pub async fn put(
     }
     let mut session = Acting::new(shared, subject);
     tokio::task::block_in_place(|| start_upload(&mut session, op))?;
-    let mut md5 = Md5::new();
-    let mut size = 0u64;
-    if let Some(mut body) = body {
-        while let Some(chunk) = next_piece(&mut body).await? {
-            size += chunk.len() as u64;
-            if size > MAX_PUT {
-                return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "a single PUT stores at most 5 GiB"));
-            }
-            md5.update(&chunk);
-            tokio::task::block_in_place(|| session.put_more(&chunk, false)).map_err(object_error)?;
-        }
-    }
-    let digest: [u8; 16] = md5.finalize().into();
+    let (size, digest) = drain(body, "a single PUT stores at most 5 GiB", |bytes| {
+        session.put_more(bytes, false).map(drop).map_err(object_error)
+    })
+    .await?;
     if meta.length.is_some_and(|l| l != size) {
         return Err(S3Error::with_message(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
     }

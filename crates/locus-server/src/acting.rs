@@ -61,6 +61,15 @@ impl Acting {
         crate::dispatch::dispatch(&mut *self.session, Put::INFO.code, &put, Bytes::new()).map(drop)
     }
 
+    /// Appends the whole of `from` (a file of the server's own, outside the export) to
+    /// the upload, in the kernel where the session can.
+    pub fn put_file(&mut self, from: &std::fs::File) -> Result<(), WireError> {
+        if !self.session.is_uploading(UPLOAD) {
+            return Err(WireError::new(Code::INVAL, "no upload is under way"));
+        }
+        self.session.put_file(UPLOAD, from)
+    }
+
     /// Appends `data` to the upload; with `last`, the file becomes what was sent, and
     /// its attributes are answered.
     pub fn put_more(&mut self, data: &[u8], last: bool) -> Result<Option<Attr>, WireError> {

@@ -384,6 +384,20 @@ impl Shared {
         false
     }
 
+    /// On a cluster head: a data node's HTTP URL from which `subject` reads the file at
+    /// `path` straight (third-party transfer), when the file is on data nodes and large
+    /// enough, and the head does not serve TLS; `None` elsewhere. The caller has checked
+    /// `subject`'s right to read it.
+    pub fn node_url(&self, subject: &str, path: &str) -> Option<String> {
+        #[cfg(feature = "cluster")]
+        if let Some(head) = &self.head {
+            let entry = head.meta.get(path).ok()??;
+            return head.http_location(subject, &entry);
+        }
+        let _ = (subject, path);
+        None
+    }
+
     /// On a cluster head: each data node's name (`node ID (ADDR)`) and I/O totals as its
     /// last heartbeat gave them (the load the web console plots); `None` elsewhere.
     pub fn data_node_io(&self) -> Option<Vec<(String, locus_proto::types::IoCounters)>> {

@@ -195,11 +195,26 @@ impl PutFile {
     pub fn copy_from(&mut self, from: &OpenFile) -> Result<u64> {
         from.check_readable()?;
         let start = Instant::now();
+        let at = self.append_fd(&from.file, &from.rel)?;
+        from.io.read(at, start.elapsed());
+        Ok(at)
+    }
+
+    /// Appends the whole of `from`, a file outside the export (a part of an S3 multipart
+    /// upload in the state directory, say), in the kernel as [`PutFile::copy_from`] does;
+    /// counted as this upload's writes; answers how many bytes came.
+    pub fn append_file(&mut self, from: &File) -> Result<u64> {
+        self.append_fd(from, "(outside the export)")
+    }
+
+    /// Copies `from` from its start to its end onto the upload's end, counted as writes.
+    fn append_fd(&mut self, from: &File, what: &str) -> Result<u64> {
+        let start = Instant::now();
         let (mut at, mut kernel) = (0u64, true);
         let mut buf = Vec::new();
         loop {
             let n = if kernel {
-                match rustix::fs::copy_file_range(&*from.file, Some(&mut at), &self.file, None, 1 << 30) {
+                match rustix::fs::copy_file_range(from, Some(&mut at), &self.file, None, 1 << 30) {
                     Ok(n) => n,
                     Err(Errno::INTR | Errno::AGAIN) => continue,
                     // Across file systems, or on one that cannot: through memory.
@@ -208,10 +223,14 @@ impl PutFile {
                         buf.resize(1 << 20, 0);
                         continue;
                     }
-                    Err(e) => return Err(e).ctx("copy", &from.rel),
+                    Err(e) => return Err(e).ctx("copy", what),
                 }
             } else {
-                let n = from.read_into(at, &mut buf)?;
+                let n = match rustix::io::pread(from, &mut buf[..], at) {
+                    Ok(n) => n,
+                    Err(Errno::INTR) => continue,
+                    Err(e) => return Err(e).ctx("copy", what),
+                };
                 self.write_all(&buf[..n])?;
                 at += n as u64;
                 n
@@ -220,9 +239,7 @@ impl PutFile {
                 break;
             }
         }
-        let took = start.elapsed();
-        from.io.read(at, took);
-        self.io.write(at, took);
+        self.io.write(at, start.elapsed());
         Ok(at)
     }
 

@@ -584,6 +584,32 @@ mod tests {
     }
 
     #[test]
+    fn an_upload_appends_files_from_outside_the_export_whole_and_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (export, outside) = (tmp.path().join("export"), tmp.path().join("parts"));
+        std::fs::create_dir_all(&export).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let mut initial = Acl::default();
+        initial.set("admin", Rights::ALL);
+        let store = Store::new(&export, &initial).unwrap();
+        let first: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(outside.join("1"), &first).unwrap();
+        std::fs::write(outside.join("2"), b"tail").unwrap();
+        let mut put = store.begin_put("admin", "/whole.bin", 0o644).unwrap();
+        put.write(b"head").unwrap();
+        for part in ["1", "2"] {
+            let f = std::fs::File::open(outside.join(part)).unwrap();
+            let n = put.append_file(&f).unwrap();
+            assert_eq!(n, f.metadata().unwrap().len());
+        }
+        assert!(!export.join("whole.bin").exists(), "nothing shows before the upload ends");
+        let attr = put.finish().unwrap();
+        let want = [&b"head"[..], &first, b"tail"].concat();
+        assert_eq!(attr.size, want.len() as u64);
+        assert_eq!(std::fs::read(export.join("whole.bin")).unwrap(), want);
+    }
+
+    #[test]
     fn rights_at_the_root_follow_its_acl_by_any_spelling() {
         let tmp = tempfile::tempdir().unwrap();
         let mut initial = Acl::default();

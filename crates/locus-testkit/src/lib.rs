@@ -134,6 +134,17 @@ impl TestServer {
         SocketAddr::from(([127, 0, 0, 1], at.port()))
     }
 
+    #[cfg(feature = "s3")]
+    /// Serves the S3 door beside the native protocol (`locus serve --s3-port`), on an
+    /// ephemeral port, its state in the server's state directory; returns its address.
+    pub fn s3(&self, adjust: impl FnOnce(&mut locus_s3::S3Config)) -> SocketAddr {
+        let mut config = locus_s3::S3Config::new(self.state_dir());
+        adjust(&mut config);
+        self.beside(move |listener, shared| async move {
+            locus_s3::serve(listener, shared, config, None).await.expect("the S3 door starts");
+        })
+    }
+
     /// Serves plain HTTP reads beside the native protocol (a head's or data node's
     /// `--http-port`), on an ephemeral port; returns its address.
     pub fn http(&self) -> SocketAddr {

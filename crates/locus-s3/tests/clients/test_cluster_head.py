@@ -5,6 +5,8 @@ import hashlib
 import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 from conftest import client, keys
@@ -41,7 +43,8 @@ def test_s3_on_a_cluster_head_with_a_data_node(tmp_path):
                           if l.startswith("locus-node "))
         node_log = tmp_path / "node.log"
         node = subprocess.Popen([exe, "serve", "--data-node", f"locus://127.0.0.1:{native}/", "--listen", "127.0.0.1:0",
-                                 "--root", str(tmp_path / "node-root"), "--state", str(node_state)],
+                                 "--root", str(tmp_path / "node-root"), "--state", str(node_state),
+                                 "--http-port", "0", "--port-file", str(tmp_path / "node-ports")],
                                 env=dict(env, LOCUS_TOKEN=f"locus-node:{node_token}"),
                                 stdout=open(node_log, "w"), stderr=subprocess.STDOUT)
         procs.append(node)
@@ -63,6 +66,29 @@ def test_s3_on_a_cluster_head_with_a_data_node(tmp_path):
         # The bytes are on the data node, not in the head's export.
         stored = [p for p in (tmp_path / "node-root").rglob("*") if p.is_file() and p.stat().st_size == len(body)]
         assert stored, "the object's bytes are not on the data node"
+        # A presigned GET is sent to the data node that holds the bytes (third-party
+        # transfer); an HTTP client following the redirect gets them from there.
+        node_http = wait_port(tmp_path / "node-ports", "http", node, node_log)
+        url = s3.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "dir/big.bin"}, ExpiresIn=300)
+
+        class Stay(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args, **kwargs):
+                return None
+
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.build_opener(Stay).open(url)
+        assert answer.value.code == 307
+        assert answer.value.headers["Location"].startswith(f"http://127.0.0.1:{node_http}/o/")
+        assert urllib.request.urlopen(url).read() == body
+        # A tampered URL is refused at the head, not redirected.
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.build_opener(Stay).open(url.replace("big.bin", "bog.bin"))
+        assert answer.value.code == 403
+        # A small file the head streams itself.
+        s3.put_object(Bucket="data", Key="small.txt", Body=b"small")
+        small = s3.generate_presigned_url("get_object", Params={"Bucket": "data", "Key": "small.txt"}, ExpiresIn=300)
+        assert urllib.request.urlopen(small).read() == b"small"
+        s3.delete_object(Bucket="data", Key="small.txt")
         assert [o["Key"] for o in s3.list_objects_v2(Bucket="data")["Contents"]] == ["dir/big.bin"]
         s3.copy_object(Bucket="data", Key="copy.bin", CopySource={"Bucket": "data", "Key": "dir/big.bin"})
         assert s3.get_object(Bucket="data", Key="copy.bin")["Body"].read() == body

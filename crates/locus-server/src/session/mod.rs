@@ -506,6 +506,25 @@ impl crate::Connection for Session {
         Session::is_uploading(self, id)
     }
 
+    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<(), WireError> {
+        let Some(upload) = self.puts.get_mut(&id) else {
+            return Err(WireError::new(Code::INVAL, "no upload is under way"));
+        };
+        let appended = store(upload.put.append_file(from)).and_then(|n| {
+            upload.written += n;
+            match upload.exact.filter(|e| upload.written > *e) {
+                Some(exact) => {
+                    Err(WireError::new(Code::FBIG, format!("{}: more than the {exact} bytes granted", upload.path)))
+                }
+                None => Ok(()),
+            }
+        });
+        if appended.is_err() {
+            self.puts.remove(&id);
+        }
+        appended
+    }
+
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
         Session::put_more(self, id, data, more).map(Answer::encode)
     }

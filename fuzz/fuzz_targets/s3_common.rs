@@ -1,0 +1,328 @@
+//! What the S3 fuzz targets share: one Locus server with its S3 door (unsigned requests
+//! act as `anonymous:guest`), started once per fuzzing process; a decoder that turns fuzz
+//! bytes into a request; and an AWS Signature Version 4 signer, so that fuzzed requests
+//! get past the signature check (as headers, as a presigned URL, or as an `aws-chunked`
+//! body whose every chunk is signed) and reach the XML parsers, the chunk decoder and the
+//! operations behind them.
+//!
+//! A request is written as text: the first line is `METHOD PATH`, the second the query
+//! after a `?` (`?k=v&k2`, or `?` alone), then headers (`name: value`) up to an empty
+//! line, then the body. PATH and
+//! the query are percent-encoded here, as a client does.
+
+#[path = "endpoint.rs"]
+pub mod endpoint;
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The server, its door and what lies beside its export.
+pub struct Door {
+    pub server: locus_testkit::TestServer,
+    pub addr: SocketAddr,
+    pub beside: Vec<PathBuf>,
+}
+
+/// The door, started on first use: a bucket `b` with objects, `d` from [`endpoint::furnish`].
+pub fn door() -> &'static Door {
+    static DOOR: OnceLock<Door> = OnceLock::new();
+    DOOR.get_or_init(|| {
+        endpoint::ignore_sigpipe();
+        let server = locus_testkit::TestServer::start();
+        endpoint::furnish(&server.root());
+        std::fs::create_dir_all(server.root().join("b/dir")).unwrap();
+        std::fs::write(server.root().join("b/x.txt"), b"x marks the spot\n").unwrap();
+        std::fs::write(server.root().join("b/dir/y.csv"), b"a,b\n1,2\n").unwrap();
+        let addr = server.s3(|c| c.anonymous = Some("anonymous:guest".into()));
+        Door { beside: endpoint::beside_root(&server.root()), server, addr }
+    })
+}
+
+/// Checks what every input must leave true: the canary outside the export was not read,
+/// nothing appeared beside the export, and the door still answers.
+pub fn check(door: &Door, answer: &[u8]) {
+    assert!(!answer.windows(18).any(|w| w == b"outside the export"), "the canary was read");
+    assert_eq!(endpoint::beside_root(&door.server.root()), door.beside, "something appeared beside the export");
+    let again = endpoint::exchange(
+        door.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        false,
+        endpoint::PATIENT,
+    );
+    assert!(again.starts_with(b"HTTP/1.1 "), "{:?}", String::from_utf8_lossy(&again));
+}
+
+/// A request decoded from fuzz bytes, before it is signed.
+pub struct Request {
+    pub method: String,
+    /// The path, percent-encoded as sent.
+    pub path: String,
+    /// Decoded query pairs.
+    pub query: Vec<(String, String)>,
+    /// Lower-case names, values without surrounding spaces.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// Decodes the text form described above; `None` for an input without its first line.
+pub fn decode(data: &[u8]) -> Option<Request> {
+    let text_end = data.windows(2).position(|w| w == b"\n\n").map(|p| p + 1);
+    let (head, body) = match text_end {
+        Some(p) => (&data[..p], data[p + 1..].to_vec()),
+        None => (data, Vec::new()),
+    };
+    let head = String::from_utf8_lossy(head);
+    let mut lines = head.split('\n');
+    let (method, path) = lines.next()?.split_once(' ')?;
+    let method = method.chars().filter(|c| c.is_ascii_uppercase()).take(10).collect::<String>();
+    if method.is_empty() {
+        return None;
+    }
+    let path = format!("/{}", encode(path.trim_start_matches('/'), false));
+    let query = lines
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('?')
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(n, v)| {
+            let name = n.trim().to_ascii_lowercase();
+            let value = v.split_whitespace().collect::<Vec<_>>().join(" ");
+            let token = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+            let printable = value.bytes().all(|b| (0x20..0x7f).contains(&b));
+            let ours = matches!(name.as_str(), "host" | "content-length" | "authorization" | "x-amz-date");
+            (token && printable && !ours).then_some((name, value))
+        })
+        .collect();
+    Some(Request { method, path, query, headers, body })
+}
+
+/// Percent-encodes as SigV4 does: unreserved bytes stay, and `/` too unless `all`.
+pub fn encode(s: &str, all: bool) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') || (b == b'/' && !all) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap();
+    mac.update(data);
+    mac.finalize().into_bytes().to_vec()
+}
+
+fn sha_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// Who signs, and when.
+pub struct Signer {
+    pub access_key: String,
+    pub secret: String,
+    pub date: String,
+    pub time: String,
+}
+
+/// The region every request is signed for.
+const REGION: &str = "us-east-1";
+
+impl Signer {
+    /// Signs as `subject` (whose token the test server knows as `SUBJECT-token`), now.
+    pub fn new(subject: &str) -> Signer {
+        let now = time_now();
+        Signer {
+            access_key: subject.to_string(),
+            secret: locus_s3::keys::secret_of(format!("{subject}-token").as_bytes()),
+            date: now[..8].to_string(),
+            time: now,
+        }
+    }
+
+    fn scope(&self) -> String {
+        format!("{}/{REGION}/s3/aws4_request", self.date)
+    }
+
+    fn key(&self) -> Vec<u8> {
+        let k = hmac(format!("AWS4{}", self.secret).as_bytes(), self.date.as_bytes());
+        let k = hmac(&k, REGION.as_bytes());
+        let k = hmac(&k, b"s3");
+        hmac(&k, b"aws4_request")
+    }
+
+    fn signature(&self, canonical: &str) -> String {
+        let to_sign = format!("AWS4-HMAC-SHA256\n{}\n{}\n{}", self.time, self.scope(), sha_hex(canonical.as_bytes()));
+        hex::encode(hmac(&self.key(), to_sign.as_bytes()))
+    }
+
+    /// The signature of one `aws-chunked` chunk, following `previous`.
+    pub fn chunk_signature(&self, previous: &str, chunk: &[u8]) -> String {
+        let to_sign = format!(
+            "AWS4-HMAC-SHA256-PAYLOAD\n{}\n{}\n{previous}\n{}\n{}",
+            self.time,
+            self.scope(),
+            sha_hex(b""),
+            sha_hex(chunk)
+        );
+        hex::encode(hmac(&self.key(), to_sign.as_bytes()))
+    }
+}
+
+/// `YYYYMMDDTHHMMSSZ` now.
+fn time_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn canonical_query(query: &[(String, String)]) -> String {
+    let mut pairs: Vec<(String, String)> = query.iter().map(|(k, v)| (encode(k, true), encode(v, true))).collect();
+    pairs.sort();
+    pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
+}
+
+/// How a request is signed.
+pub enum Signing {
+    /// No signature (the anonymous subject, if any).
+    None,
+    /// In the `Authorization` header, with the body's SHA-256 or `UNSIGNED-PAYLOAD`.
+    Header { unsigned_payload: bool },
+    /// In the query string, as a presigned URL.
+    Presigned,
+    /// In the header, the body sent as `aws-chunked` chunks of these sizes, each signed.
+    Chunked { sizes: Vec<usize> },
+}
+
+/// The request's bytes on the wire, signed by `signer` as `signing` says.
+pub fn wire(req: &Request, signer: &Signer, signing: &Signing, host: &str) -> Vec<u8> {
+    let mut query = req.query.clone();
+    let mut headers: Vec<(String, String)> = req.headers.clone();
+    headers.push(("host".into(), host.into()));
+    let mut body = req.body.clone();
+    let payload = match signing {
+        Signing::None | Signing::Presigned => None,
+        Signing::Header { unsigned_payload: true } => Some("UNSIGNED-PAYLOAD".to_string()),
+        Signing::Header { unsigned_payload: false } => Some(sha_hex(&body)),
+        Signing::Chunked { .. } => Some("STREAMING-AWS4-HMAC-SHA256-PAYLOAD".to_string()),
+    };
+    if let Some(p) = &payload {
+        headers.retain(|(n, _)| n != "x-amz-content-sha256");
+        headers.push(("x-amz-content-sha256".into(), p.clone()));
+        headers.push(("x-amz-date".into(), signer.time.clone()));
+    }
+    if let Signing::Chunked { .. } = signing {
+        headers.retain(|(n, _)| n != "x-amz-decoded-content-length" && n != "content-encoding");
+        headers.push(("content-encoding".into(), "aws-chunked".into()));
+        headers.push(("x-amz-decoded-content-length".into(), body.len().to_string()));
+    }
+    headers.sort();
+    let names: Vec<&str> = {
+        let mut n: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
+        n.dedup();
+        n
+    };
+    let signed_names = names.join(";");
+    let canonical_headers = |headers: &[(String, String)]| {
+        names
+            .iter()
+            .map(|n| {
+                let values: Vec<&str> = headers.iter().filter(|(h, _)| h == n).map(|(_, v)| v.as_str()).collect();
+                format!("{n}:{}\n", values.join(","))
+            })
+            .collect::<String>()
+    };
+    if let Signing::Presigned = signing {
+        query.retain(|(k, _)| !k.starts_with("X-Amz-"));
+        query.push(("X-Amz-Algorithm".into(), "AWS4-HMAC-SHA256".into()));
+        query.push(("X-Amz-Credential".into(), format!("{}/{}", signer.access_key, signer.scope())));
+        query.push(("X-Amz-Date".into(), signer.time.clone()));
+        query.push(("X-Amz-Expires".into(), "300".into()));
+        query.push(("X-Amz-SignedHeaders".into(), signed_names.clone()));
+        let canonical = format!(
+            "{}\n{}\n{}\n{}\n{}\nUNSIGNED-PAYLOAD",
+            req.method,
+            req.path,
+            canonical_query(&query),
+            canonical_headers(&headers),
+            signed_names
+        );
+        query.push(("X-Amz-Signature".into(), signer.signature(&canonical)));
+    }
+    if let Some(p) = &payload {
+        let canonical = format!(
+            "{}\n{}\n{}\n{}\n{}\n{p}",
+            req.method,
+            req.path,
+            canonical_query(&query),
+            canonical_headers(&headers),
+            signed_names
+        );
+        let signature = signer.signature(&canonical);
+        headers.push((
+            "authorization".into(),
+            format!(
+                "AWS4-HMAC-SHA256 Credential={}/{}, SignedHeaders={signed_names}, Signature={signature}",
+                signer.access_key,
+                signer.scope()
+            ),
+        ));
+        if let Signing::Chunked { sizes } = signing {
+            body = chunked(signer, &signature, &req.body, sizes);
+        }
+    }
+    let q = canonical_query(&query);
+    let mut out = format!("{} {}{}{} HTTP/1.1\r\n", req.method, req.path, if q.is_empty() { "" } else { "?" }, q);
+    for (n, v) in &headers {
+        out.push_str(&format!("{n}: {v}\r\n"));
+    }
+    out.push_str(&format!("content-length: {}\r\nconnection: close\r\n\r\n", body.len()));
+    let mut bytes = out.into_bytes();
+    bytes.extend_from_slice(&body);
+    bytes
+}
+
+/// `data` as `aws-chunked` chunks of `sizes` (the rest in one more chunk), each signed
+/// after the one before, ending with the signed empty chunk.
+fn chunked(signer: &Signer, seed: &str, data: &[u8], sizes: &[usize]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut previous = seed.to_string();
+    let mut rest = data;
+    let mut sizes = sizes.iter();
+    loop {
+        let n = sizes.next().copied().unwrap_or(rest.len()).min(rest.len());
+        let (chunk, after) = rest.split_at(n);
+        let signature = signer.chunk_signature(&previous, chunk);
+        out.extend_from_slice(format!("{n:x};chunk-signature={signature}\r\n").as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+        previous = signature;
+        rest = after;
+        if n == 0 {
+            return out;
+        }
+    }
+}
