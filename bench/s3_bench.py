@@ -5,12 +5,14 @@ one run: boto3 and rclone PUT and GET of one large object and of many small ones
     python3 -m venv /tmp/s3venv && /tmp/s3venv/bin/pip install boto3
     apt-get install rclone
     GOFLAGS=-mod=mod go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+    go build -o /tmp/s3_ceiling bench/s3_ceiling.go
     /tmp/s3venv/bin/python bench/s3_bench.py --locus target/release/locus \
-        --versitygw ~/go/bin/versitygw [--rounds 3 --big-mib 1024 --small 10000]
+        --versitygw ~/go/bin/versitygw --ceiling /tmp/s3_ceiling [--rounds 3 --big-mib 1024 --small 10000]
 
 Each server exports a directory of its own on the same disk; every transfer runs
 `--rounds` times, interleaved, and the medians are printed with their ratios. The
-native figures are `locus put`/`locus get` (large) and `locus cp -r` (small).
+native figures are `locus put`/`locus get` (large) and `locus cp -r` (small); the ceiling
+is a bare HTTP server that checks and stores nothing (boto3 against it).
 """
 
 import argparse
@@ -50,6 +52,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--locus", required=True)
     ap.add_argument("--versitygw", required=True)
+    ap.add_argument("--ceiling", help="bench/s3_ceiling.go built: boto3's ceiling on this machine")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--small", type=int, default=10000)
@@ -91,6 +94,12 @@ def main():
             "locus-s3": (f"http://127.0.0.1:{ls3}", lkey, lsecret),
             "versitygw": (f"http://127.0.0.1:{vport}", "vgwkey", "vgwsecret1234"),
         }
+        if a.ceiling:
+            # A bare HTTP server that checks nothing and stores nothing (boto3 only).
+            cport = vport + 1
+            procs.append(subprocess.Popen([a.ceiling, f"127.0.0.1:{cport}", str(a.big_mib)]))
+            servers["ceiling"] = (f"http://127.0.0.1:{cport}", "k", "s")
+            time.sleep(0.5)
         # What is sent.
         big = work / "big.bin"
         with open(big, "wb") as f:
@@ -116,8 +125,9 @@ def main():
                      RCLONE_CONFIG=str(work / "rclone.conf"))
             return e
 
-        def run(cmd, e):
-            subprocess.run(cmd, env=e, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+        def run(cmd, e, timeout=600):
+            subprocess.run(cmd, env=e, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout)
 
         results = {}
 
@@ -128,9 +138,10 @@ def main():
         for r in range(a.rounds):
             for name in servers:
                 c = client(name)
-                note(f"boto3 PUT big {name}", timed(lambda: c.upload_file(str(big), "bench", "big.bin", Config=tc)))
+                key = "big.big" if name == "ceiling" else "big.bin"
+                note(f"boto3 PUT big {name}", timed(lambda: c.upload_file(str(big), "bench", key, Config=tc)))
                 dst = work / "big.down"
-                note(f"boto3 GET big {name}", timed(lambda: c.download_file("bench", "big.bin", str(dst), Config=tc)))
+                note(f"boto3 GET big {name}", timed(lambda: c.download_file("bench", key, str(dst), Config=tc)))
                 dst.unlink()
 
                 def put_small():
@@ -144,23 +155,29 @@ def main():
 
                 note(f"boto3 PUT small {name}", timed(put_small))
                 note(f"boto3 GET small {name}", timed(get_small))
-                # (rclone 1.60, Debian's, hung against versitygw 1.8.0 on every PUT here:
-                # rclone is measured on Locus's S3 door and natively only.)
-                if name == "versitygw":
+                if name == "ceiling":
                     continue
                 e = rclone_env(name)
-                note(f"rclone PUT big {name}", timed(lambda: run(["rclone", "copyto", "--ignore-times", str(big), "s:bench/rbig.bin",
-                                                                  "--s3-upload-concurrency", str(a.threads)], e)))
-                note(f"rclone GET big {name}", timed(lambda: run(["rclone", "copyto", "--ignore-times", "s:bench/rbig.bin",
-                                                                  str(work / "rbig.down"),
-                                                                  "--multi-thread-streams", str(a.threads)], e)))
-                (work / "rbig.down").unlink()
-                note(f"rclone PUT small {name}", timed(lambda: run(["rclone", "copy", "--ignore-times", str(small), "s:bench/rsmall",
-                                                                    "--transfers", str(a.threads)], e)))
+
+                def rclone(what, cmd):
+                    # rclone 1.60 (Debian's) hung on PUTs against versitygw 1.8.0 in an earlier
+                    # run: a run past 180 s is noted as hung, not timed.
+                    try:
+                        note(f"rclone {what} {name}", timed(lambda: run(cmd, e, timeout=180)))
+                    except (subprocess.TimeoutExpired, subprocess.CalledProcessError) as err:
+                        print(f"rclone {what} {name}: {type(err).__name__}", file=sys.stderr)
+
+                rclone("PUT big", ["rclone", "copyto", "--ignore-times", str(big), "s:bench/rbig.bin",
+                                   "--s3-upload-concurrency", str(a.threads)])
+                rclone("GET big", ["rclone", "copyto", "--ignore-times", "s:bench/rbig.bin", str(work / "rbig.down"),
+                                   "--multi-thread-streams", str(a.threads)])
+                (work / "rbig.down").unlink(missing_ok=True)
+                rclone("PUT small", ["rclone", "copy", "--ignore-times", str(small), "s:bench/rsmall",
+                                     "--transfers", str(a.threads)])
                 down = work / "rsmall.down"
-                note(f"rclone GET small {name}", timed(lambda: run(["rclone", "copy", "--ignore-times", "s:bench/rsmall", str(down),
-                                                                    "--transfers", str(a.threads)], e)))
-                shutil.rmtree(down)
+                rclone("GET small", ["rclone", "copy", "--ignore-times", "s:bench/rsmall", str(down),
+                                     "--transfers", str(a.threads)])
+                shutil.rmtree(down, ignore_errors=True)
             url = f"locus://127.0.0.1:{native}"
             note("native PUT big", timed(lambda: run([a.locus, "put", str(big), f"{url}/bench/nbig.bin"], env)))
             note("native GET big", timed(lambda: run([a.locus, "get", f"{url}/bench/nbig.bin", str(work / "n.down")],
@@ -182,16 +199,18 @@ def main():
             rate = f"{mib / med[k]:.0f} MiB/s" if "big" in k else f"{a.small / med[k]:.0f} objects/s"
             print(f"| {k} | {med[k]:.2f} ({', '.join(f'{x:.2f}' for x in results[k])}) | {rate} |")
         print()
+        def ratio(slow, fast):
+            return f"{med[slow] / med[fast]:.2f}x" if slow in med and fast in med else "n/a"
+
         for tool in ("boto3", "rclone"):
             for d in ("PUT", "GET"):
-                s3 = med[f"{tool} {d} big locus-s3"]
-                vg = lambda k: f"{med[k] / s3:.2f}x" if k in med else "n/a"
-                print(f"{tool} {d} big: S3 door / native throughput = {med[f'native {d} big'] / s3:.2f}x, "
-                      f"/ versitygw = {vg(f'{tool} {d} big versitygw')}")
-                s = med[f"{tool} {d} small locus-s3"]
-                print(f"{tool} {d} small: S3 door / versitygw rate = "
-                      f"{(med[f'{tool} {d} small versitygw'] / s) if f'{tool} {d} small versitygw' in med else 0:.2f}x, "
-                      f"/ native = {med[f'native {d} small'] / s:.2f}x")
+                door = f"{tool} {d} big locus-s3"
+                print(f"{tool} {d} big: S3 door / native throughput = {ratio(f'native {d} big', door)}, "
+                      f"/ versitygw = {ratio(f'{tool} {d} big versitygw', door)}, "
+                      f"/ ceiling = {ratio(f'{tool} {d} big ceiling', door)}")
+                door = f"{tool} {d} small locus-s3"
+                print(f"{tool} {d} small: S3 door / versitygw rate = {ratio(f'{tool} {d} small versitygw', door)}, "
+                      f"/ native = {ratio(f'native {d} small', door)}, / ceiling = {ratio(f'{tool} {d} small ceiling', door)}")
     finally:
         for p in procs:
             p.terminate()

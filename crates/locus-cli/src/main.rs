@@ -481,8 +481,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `locus run` shares the program's stderr: it says only what ends the run, unless asked.
     let quiet = matches!(cli.command, Command::RunAgent { .. });
+    // The s3s crate logs every S3 error answered (a 404 too) as an error: the door logs
+    // its own failures instead (LOCUS_LOG=s3s=debug shows them all).
     let filter = tracing_subscriber::EnvFilter::try_from_env("LOCUS_LOG")
-        .unwrap_or_else(|_| if quiet { "off" } else { "info" }.into());
+        .unwrap_or_else(|_| if quiet { "off" } else { "info,s3s=off" }.into());
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // LOCUS_LOG_FORMAT=json: one JSON object per event, for log collectors.
     if std::env::var("LOCUS_LOG_FORMAT").is_ok_and(|f| f == "json") {

@@ -138,23 +138,37 @@ async fn answer(
     let expects =
         req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let empty = hyper::body::Body::is_end_stream(req.body());
-    let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let req = req.map(|b| s3s::Body::http_body(Tracked { inner: b, ended: ended.clone() }));
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let body = Arc::new(std::sync::atomic::AtomicU8::new(READING));
+    let req = req.map(|b| s3s::Body::http_body(Tracked { inner: b, state: body.clone() }));
     let mut resp = service.call(req).await?;
     if let Some(door::Redirect(to)) = resp.extensions_mut().remove::<door::Redirect>() {
         *resp.status_mut() = hyper::StatusCode::TEMPORARY_REDIRECT;
         resp.headers_mut().insert(hyper::header::LOCATION, to);
     }
-    if expects && (empty || !ended.load(Ordering::Relaxed)) {
+    let body = body.load(Ordering::Relaxed);
+    if body == CUT && resp.status().is_server_error() {
+        // s3s answers a body cut short (a client that closed, a Content-Length larger
+        // than what came) as an internal error; it is the client's.
+        resp = error_response(hyper::StatusCode::BAD_REQUEST, "IncompleteBody", "the request's body ended early");
+    } else if resp.status().is_server_error() {
+        tracing::warn!(%method, path, status = %resp.status(), "S3 request failed");
+    }
+    if expects && (empty || body != ENDED) {
         resp.headers_mut().insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("close"));
     }
     Ok(resp)
 }
 
-/// A request body that notes when it has been read to its end.
+/// Where a request's body is: still being read, read to its end, or cut short.
+const READING: u8 = 0;
+const ENDED: u8 = 1;
+const CUT: u8 = 2;
+
+/// A request body that notes whether it has been read to its end, or failed.
 struct Tracked {
     inner: hyper::body::Incoming,
-    ended: Arc<std::sync::atomic::AtomicBool>,
+    state: Arc<std::sync::atomic::AtomicU8>,
 }
 
 impl hyper::body::Body for Tracked {
@@ -165,9 +179,13 @@ impl hyper::body::Body for Tracked {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        use std::sync::atomic::Ordering::Relaxed;
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, std::task::Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        match &polled {
+            std::task::Poll::Ready(Some(Err(_))) => self.state.store(CUT, Relaxed),
+            std::task::Poll::Ready(None) => self.state.store(ENDED, Relaxed),
+            _ if self.inner.is_end_stream() => self.state.store(ENDED, Relaxed),
+            _ => {}
         }
         polled
     }

@@ -77,6 +77,17 @@ def test_anonymous_requests_act_as_the_named_subject(started):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(start_upload)
     assert e.value.code == 403
+    # A body cut short (the client closed its side early) is the client's error, and
+    # nothing is stored.
+    import socket
+    with socket.create_connection(("127.0.0.1", srv["port"])) as sock:
+        sock.sendall(b"PUT /shared/cut.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly some")
+        sock.shutdown(socket.SHUT_WR)
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 400") and b"IncompleteBody" in answer, answer
+    assert not (srv["root"] / "shared" / "cut.txt").exists()
+    log = (srv["work"] / "serve.log").read_text()
+    assert "ERROR" not in log, log
 
 
 def test_virtual_host_style_addressing(started):
