@@ -30,7 +30,10 @@ fn target() -> &'static Target {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(async {
             let admin = server.client("admin").await;
-            admin.acl_set("/", "address:127.0.0.1", locus_proto::types::Rights::parse("rwldax").unwrap()).await.unwrap();
+            admin
+                .acl_set("/", "address:127.0.0.1", locus_proto::types::Rights::parse("rwldax").unwrap())
+                .await
+                .unwrap();
         });
         let config = ChirpConfig { methods: vec![AuthMethod::Address], ..Default::default() };
         let chirp = server.chirp(config);

@@ -41,10 +41,31 @@ impl Filesystem for Answers {
     fn setattr(&mut self, _req: &Request<'_>, ino: u64, _set: SetAttr, reply: ReplyAttr<'_>) {
         reply.attr(&Duration::ZERO, &attr(ino));
     }
-    fn read(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _off: i64, size: u32, _f: i32, _l: Option<u64>, reply: ReplyData<'_>) {
+    fn read(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _off: i64,
+        size: u32,
+        _f: i32,
+        _l: Option<u64>,
+        reply: ReplyData<'_>,
+    ) {
         reply.data(&vec![7u8; (size as usize).min(1 << 16)]);
     }
-    fn write(&mut self, _req: &Request<'_>, _ino: u64, _fh: u64, _off: i64, data: &[u8], _w: u32, _f: i32, _l: Option<u64>, reply: ReplyWrite<'_>) {
+    fn write(
+        &mut self,
+        _req: &Request<'_>,
+        _ino: u64,
+        _fh: u64,
+        _off: i64,
+        data: &[u8],
+        _w: u32,
+        _f: i32,
+        _l: Option<u64>,
+        reply: ReplyWrite<'_>,
+    ) {
         reply.written(data.len() as u32);
     }
     fn readdir(&mut self, _req: &Request<'_>, ino: u64, _fh: u64, offset: i64, mut reply: ReplyDirectory<'_>) {

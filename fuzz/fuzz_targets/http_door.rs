@@ -55,6 +55,11 @@ fuzz_target!(|data: &[u8]| {
     let answer = endpoint::exchange(door.addr, request, true, endpoint::QUICK);
     assert!(!answer.windows(18).any(|w| w == b"outside the export"), "the canary was read");
     assert_eq!(endpoint::beside_root(&door.server.root()), door.beside, "something appeared beside the export");
-    let again = endpoint::exchange(door.addr, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", false, endpoint::PATIENT);
+    let again = endpoint::exchange(
+        door.addr,
+        b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        false,
+        endpoint::PATIENT,
+    );
     assert!(again.starts_with(b"HTTP/1.1 "), "{:?}", String::from_utf8_lossy(&again));
 });

@@ -2,9 +2,10 @@
 //! what the AWS SDKs send for a PUT or an UploadPart) to the S3 door: the chunk sizes are
 //! fuzzed and every chunk is signed, so the decoder sees valid streams cut anywhere, and
 //! one byte of the encoded body may then be changed (a size, a signature, a line end).
-//! Input: a byte `k`, then `k` chunk sizes (one byte each, times 1, 16 or 4096 by the
+//! Input: a byte `k` (taken modulo 16), then `k` chunk sizes (one byte each, times 1, 16 or 4096 by the
 //! top bits), two bytes naming a byte of the body to change and one to XOR it with,
-//! then a request in the text form of `s3_common`. Same checks as `s3_door`.
+//! then a request in the text form of `s3_common` (where `UPLOADID` stands for a
+//! new upload in parts of its path). Same checks as `s3_door`.
 //! Run: `cargo +nightly fuzz run s3_chunked -- -max_total_time=1800`
 #![no_main]
 
@@ -25,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let (flip, rest) = rest.split_at(3);
     let Some(req) = s3_common::decode(rest) else { return };
     let door = s3_common::door();
+    let req = s3_common::with_upload(door, req);
     let signer = Signer::new("admin");
     let mut bytes = s3_common::wire(&req, &signer, &Signing::Chunked { sizes }, &door.addr.to_string());
     if flip[2] != 0 {

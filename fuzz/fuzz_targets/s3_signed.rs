@@ -4,7 +4,8 @@
 //! XML bodies of DeleteObjects and CompleteMultipartUpload, the bucket and key names.
 //! The first byte picks the subject (admin, alice, or none) and the signing (header with
 //! the body's hash, `UNSIGNED-PAYLOAD`, presigned URL); the rest is a request in the
-//! text form of `s3_common`. Same checks as `s3_door`.
+//! text form of `s3_common` (where `UPLOADID` stands for a
+//! new upload in parts of its path). Same checks as `s3_door`.
 //! Run: `cargo +nightly fuzz run s3_signed -- -max_total_time=1800`
 #![no_main]
 
@@ -18,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&how, rest)) = data.split_first() else { return };
     let Some(req) = s3_common::decode(rest) else { return };
     let door = s3_common::door();
+    let req = s3_common::with_upload(door, req);
     let signer = Signer::new(if how & 1 == 0 { "admin" } else { "alice" });
     let signing = match (how >> 1) % 4 {
         0 => Signing::Header { unsigned_payload: false },

@@ -394,13 +394,17 @@ impl S3 for Door {
         }
         let conditions = conditions_of!(i);
         // A presigned GET on a cluster head is sent to the data node holding the bytes
-        // (SPIRAL's third-party transfer); the head streams what it cannot send there.
-        let presigned = req.uri.query().is_some_and(|q| q.contains("X-Amz-Signature="));
+        // (SPIRAL's third-party transfer); the head streams what it cannot send there,
+        // and a GET asking for response headers of its own (`response-*`), which the
+        // node would not give.
+        let query = req.uri.query().unwrap_or("");
+        let keys = || query.split('&').map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k));
+        let presigned = keys().any(|k| k == "X-Amz-Signature") && !keys().any(|k| k.starts_with("response-"));
         if presigned && self.shared.is_head() {
             // The subject's right to read, the conditions and the range, as the head sees them.
-            self.read(&subject, &i.bucket, &i.key, conditions.clone(), i.range.clone(), false).await?;
+            let read = self.read(&subject, &i.bucket, &i.key, conditions.clone(), i.range.clone(), false).await?;
             let path = object_path(&i.bucket, &i.key)?.path;
-            let url = tokio::task::block_in_place(|| self.shared.node_url(&subject, &path));
+            let url = tokio::task::block_in_place(|| self.shared.node_url(&subject, &path, &read.attr));
             if let Some(url) = url.and_then(|u| hyper::header::HeaderValue::from_str(&u).ok()) {
                 let mut resp = S3Response::new(GetObjectOutput::default());
                 resp.extensions.insert(Redirect(url));

@@ -135,6 +135,9 @@ async fn answer(
     if let Some(why) = refused(&req) {
         return Ok(error_response(hyper::StatusCode::FORBIDDEN, "AccessDenied", why));
     }
+    if let Some(why) = malformed_dates(&req) {
+        return Ok(error_response(hyper::StatusCode::BAD_REQUEST, "AuthorizationHeaderMalformed", why));
+    }
     let expects =
         req.headers().get(hyper::header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
     let empty = hyper::body::Body::is_end_stream(req.body());
@@ -222,6 +225,45 @@ fn refused<B>(req: &hyper::Request<B>) -> Option<&'static str> {
     let expires = params().find(|(k, _)| *k == "X-Amz-Expires").map(|(_, v)| v.parse::<u64>().unwrap_or(u64::MAX));
     if expires.is_some_and(|e| e > MAX_PRESIGNED_S) {
         return Some("a presigned URL lives at most 604800 seconds (seven days)");
+    }
+    None
+}
+
+/// Why a request's signature dates cannot be read, checked before `s3s` reads them: its
+/// date parser computes `byte - b'0'` before it checks that the byte is a digit, which
+/// overflows (and panics in a build with overflow checks, as the fuzz targets found)
+/// on a byte below `'0'`. Dates of the right length must be digits where digits go;
+/// other lengths `s3s` refuses itself.
+fn malformed_dates<B>(req: &hyper::Request<B>) -> Option<&'static str> {
+    let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+    // `YYYYMMDDTHHMMSSZ`
+    let bad_time = |v: &[u8]| v.len() == 16 && !(digits(&v[..8]) && digits(&v[9..15]));
+    // `KEY/YYYYMMDD/REGION/s3/aws4_request`: the field after the first `/`.
+    let bad_scope = |v: &[u8]| {
+        let mut fields = v.split(|&b| b == b'/');
+        fields.next();
+        fields.next().is_some_and(|date| date.len() == 8 && !digits(date))
+    };
+    let headers = req.headers();
+    if headers.get_all("x-amz-date").iter().any(|v| bad_time(v.as_bytes())) {
+        return Some("X-Amz-Date is not a date of the form YYYYMMDDTHHMMSSZ");
+    }
+    for auth in headers.get_all(hyper::header::AUTHORIZATION) {
+        let auth = auth.as_bytes();
+        let scopes = auth.windows(11).enumerate().filter(|(_, w)| *w == b"Credential=").map(|(i, _)| &auth[i + 11..]);
+        if scopes.into_iter().any(|s| bad_scope(s)) {
+            return Some("the credential's scope does not begin with a date YYYYMMDD");
+        }
+    }
+    for (k, v) in req.uri().query().unwrap_or("").split('&').filter_map(|kv| kv.split_once('=')) {
+        let v = percent_encoding::percent_decode_str(v).collect::<Vec<u8>>();
+        match k {
+            "X-Amz-Date" if bad_time(&v) => return Some("X-Amz-Date is not a date of the form YYYYMMDDTHHMMSSZ"),
+            "X-Amz-Credential" if bad_scope(&v) => {
+                return Some("the credential's scope does not begin with a date YYYYMMDD")
+            }
+            _ => {}
+        }
     }
     None
 }

@@ -60,7 +60,17 @@ fn err(code: S3ErrorCode, msg: impl Into<String>) -> S3Error {
 }
 
 fn io_err(e: std::io::Error) -> S3Error {
-    err(S3ErrorCode::InternalError, format!("upload area: {e}"))
+    match e.kind() {
+        // Its directory went (completed, aborted or swept meanwhile).
+        std::io::ErrorKind::NotFound => no_upload(),
+        _ => err(S3ErrorCode::InternalError, format!("upload area: {e}")),
+    }
+}
+
+/// The name an upload's directory takes while it is being completed: no other request
+/// finds the upload under it (`get`, `abort` and `put_part` answer `NoSuchUpload`).
+fn claimed(id: &str) -> String {
+    format!("{id}.completing")
 }
 
 fn no_upload() -> S3Error {
@@ -157,11 +167,15 @@ impl Uploads {
             }
         };
         let etag = hex::encode(digest);
-        // One name per part number: `N.ETAG`; an earlier one goes.
-        for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number) {
+        // One name per part number: `N.ETAG`; an earlier one goes once this one is
+        // there (so a part sent again is never missing meanwhile).
+        if let Err(e) = std::fs::rename(&tmp, dir.join(format!("{number}.{etag}"))) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_err(e));
+        }
+        for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number && p.etag != etag) {
             let _ = std::fs::remove_file(dir.join(format!("{}.{}", old.number, old.etag)));
         }
-        std::fs::rename(&tmp, dir.join(format!("{number}.{etag}"))).map_err(io_err)?;
         Ok(etag)
     }
 
@@ -239,16 +253,30 @@ impl Uploads {
                 return Err(err(S3ErrorCode::EntityTooSmall, format!("part {number} is under 5 MiB and not the last")));
             }
             md5s.update(hex::decode(&part.etag).unwrap_or_default());
-            files.push(dir.join(format!("{}.{}", part.number, part.etag)));
+            files.push((dir.join(format!("{}.{}", part.number, part.etag)), part.size));
         }
         let etag = format!("{}-{}", hex::encode(md5s.finalize()), chosen.len());
+        // Claimed: a second completion, an abort, a part sent meanwhile or the sweeper
+        // find no upload; on failure it is given back, for the client to try again.
+        let claim = self.dir.join(claimed(id));
+        std::fs::rename(&dir, &claim).map_err(io_err)?;
+        let files: Vec<(PathBuf, u64)> =
+            files.into_iter().map(|(name, size)| (claim.join(name.file_name().unwrap_or_default()), size)).collect();
         let (shared_, subject_, op_) = (shared.clone(), subject.to_string(), op.clone());
         let attr = tokio::task::spawn_blocking(move || concatenate(&shared_, &subject_, &op_, &files))
             .await
-            .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))??;
+            .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))
+            .and_then(|done| done);
+        let attr = match attr {
+            Ok(attr) => attr,
+            Err(e) => {
+                let _ = std::fs::rename(&claim, &dir);
+                return Err(e);
+            }
+        };
         let record = Record { etag: etag.clone(), content_type: upload.content_type, metadata: upload.metadata };
         records.put(&op.path, &attr, &record);
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&claim);
         Ok(etag)
     }
 
@@ -260,13 +288,10 @@ impl Uploads {
         for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let path = entry.path();
             // An upload's age runs from its last part (which changes its directory), so
-            // one still receiving parts is not removed from under its client.
-            let active = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
-                .map_or(0, |d| d.as_secs());
+            // one still receiving parts is not removed from under its client; one being
+            // completed, from its claim (a rename, which changes its ctime too).
+            use std::os::unix::fs::MetadataExt;
+            let active = entry.metadata().map_or(0, |m| m.ctime().max(0) as u64);
             let started = std::fs::read(path.join("upload.json"))
                 .ok()
                 .and_then(|t| serde_json::from_slice::<Upload>(&t).ok())
@@ -296,20 +321,27 @@ fn random8() -> [u8; 8] {
     b
 }
 
-/// Appends `files` in order to one `put` of `op` as `subject`: in the kernel
-/// (`copy_file_range`) on a plain server, through memory on a cluster head.
+/// Appends `files` (path, size) in order to one `put` of `op` as `subject`: in the
+/// kernel (`copy_file_range`) on a plain server, through memory on a cluster head. The
+/// parts are opened first, so a missing one changes nothing in the export.
 fn concatenate(
     shared: &Arc<Shared>,
     subject: &str,
     op: &ObjectPath,
-    files: &[PathBuf],
+    files: &[(PathBuf, u64)],
 ) -> S3Result<locus_proto::types::Attr> {
+    let opened = files
+        .iter()
+        .map(|(path, size)| Ok((std::fs::File::open(path).map_err(io_err)?, *size)))
+        .collect::<S3Result<Vec<_>>>()?;
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
     start_upload(&mut session, op)?;
-    for file in files {
-        let f = std::fs::File::open(file).map_err(io_err)?;
-        session.put_file(&f).map_err(object_err)?;
+    for (file, size) in &opened {
+        let n = session.put_file(file).map_err(object_err)?;
+        if n != *size {
+            return Err(err(S3ErrorCode::InternalError, format!("a part held {n} bytes, not the {size} received")));
+        }
     }
     let attr = session.put_more(&[], true).map_err(object_err)?;
     attr.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))

@@ -336,9 +336,10 @@ pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
     }
 }
 
-/// Reads `body` to its end, handing its bytes to `write` (off the async runtime's
-/// threads) in batches of [`BATCH`]; answers their count and MD5. A body past
-/// [`MAX_PUT`] is refused with `too_large` as the reason.
+/// Reads `body` to its end, handing its bytes to `write` in batches of at most
+/// [`BATCH`] (a piece that large on its own goes as it is), each under `block_in_place`
+/// (the runtime moves its other tasks off this thread meanwhile); answers their count
+/// and MD5. A body past [`MAX_PUT`] is refused with `too_large` as the reason.
 pub async fn drain(
     body: Option<StreamingBlob>,
     too_large: &str,
@@ -346,26 +347,26 @@ pub async fn drain(
 ) -> S3Result<(u64, [u8; 16])> {
     let mut md5 = Md5::new();
     let mut size = 0u64;
-    if let Some(mut body) = body {
-        let mut batch = Vec::with_capacity(BATCH);
-        loop {
-            let chunk = next_piece(&mut body).await?;
-            if let Some(chunk) = &chunk {
-                size += chunk.len() as u64;
-                if size > MAX_PUT {
-                    return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, too_large.to_string()));
-                }
-                md5.update(chunk);
-                batch.extend_from_slice(chunk);
-            }
-            if batch.len() >= BATCH || (chunk.is_none() && !batch.is_empty()) {
-                tokio::task::block_in_place(|| write(&batch))?;
-                batch.clear();
-            }
-            if chunk.is_none() {
-                break;
-            }
+    let Some(mut body) = body else { return Ok((0, md5.finalize().into())) };
+    let mut batch = Vec::new();
+    while let Some(piece) = next_piece(&mut body).await? {
+        size += piece.len() as u64;
+        if size > MAX_PUT {
+            return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, too_large.to_string()));
         }
+        md5.update(&piece);
+        if !batch.is_empty() && batch.len() + piece.len() > BATCH {
+            tokio::task::block_in_place(|| write(&batch))?;
+            batch.clear();
+        }
+        if batch.is_empty() && piece.len() >= BATCH {
+            tokio::task::block_in_place(|| write(&piece))?;
+        } else {
+            batch.extend_from_slice(&piece);
+        }
+    }
+    if !batch.is_empty() {
+        tokio::task::block_in_place(|| write(&batch))?;
     }
     Ok((size, md5.finalize().into()))
 }

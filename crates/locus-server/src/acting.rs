@@ -62,8 +62,8 @@ impl Acting {
     }
 
     /// Appends the whole of `from` (a file of the server's own, outside the export) to
-    /// the upload, in the kernel where the session can.
-    pub fn put_file(&mut self, from: &std::fs::File) -> Result<(), WireError> {
+    /// the upload, in the kernel where the session can; answers how many bytes it held.
+    pub fn put_file(&mut self, from: &std::fs::File) -> Result<u64, WireError> {
         if !self.session.is_uploading(UPLOAD) {
             return Err(WireError::new(Code::INVAL, "no upload is under way"));
         }

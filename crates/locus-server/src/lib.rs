@@ -386,15 +386,20 @@ impl Shared {
 
     /// On a cluster head: a data node's HTTP URL from which `subject` reads the file at
     /// `path` straight (third-party transfer), when the file is on data nodes and large
-    /// enough, and the head does not serve TLS; `None` elsewhere. The caller has checked
-    /// `subject`'s right to read it.
-    pub fn node_url(&self, subject: &str, path: &str) -> Option<String> {
+    /// enough, the head does not serve TLS, and the file is still the version `seen`
+    /// describes (its attributes as the caller checked them); `None` elsewhere. The
+    /// caller has checked `subject`'s right to read it.
+    pub fn node_url(&self, subject: &str, path: &str, seen: &locus_proto::types::Attr) -> Option<String> {
         #[cfg(feature = "cluster")]
         if let Some(head) = &self.head {
             let entry = head.meta.get(path).ok()??;
+            let now = cluster::attr_of(&entry);
+            if (now.ino, now.size, now.mtime) != (seen.ino, seen.size, seen.mtime) {
+                return None;
+            }
             return head.http_location(subject, &entry);
         }
-        let _ = (subject, path);
+        let _ = (subject, path, seen);
         None
     }
 

@@ -29,14 +29,14 @@ pub trait Connection: dispatch::Handler {
     /// Handles a continuation frame of an upload.
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError>;
     /// Appends the whole of `from` (a file of the server's own, outside the export) to
-    /// upload `id`, which goes on. By default through memory; a plain server's session
-    /// copies in the kernel.
-    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<(), WireError> {
+    /// upload `id`, which goes on; answers how many bytes it held. By default through
+    /// memory; a plain server's session copies in the kernel.
+    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<u64, WireError> {
         let mut buf = vec![0u8; 1 << 20];
         let mut at = 0u64;
         loop {
             let n = match rustix::io::pread(from, &mut buf[..], at) {
-                Ok(0) => return Ok(()),
+                Ok(0) => return Ok(at),
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(WireError::new(locus_proto::Code::IO, format!("reading a part: {e}"))),

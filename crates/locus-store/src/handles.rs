@@ -204,7 +204,7 @@ impl PutFile {
     /// upload in the state directory, say), in the kernel as [`PutFile::copy_from`] does;
     /// counted as this upload's writes; answers how many bytes came.
     pub fn append_file(&mut self, from: &File) -> Result<u64> {
-        self.append_fd(from, "(outside the export)")
+        self.append_fd(from, "a file of the server's")
     }
 
     /// Copies `from` from its start to its end onto the upload's end, counted as writes.

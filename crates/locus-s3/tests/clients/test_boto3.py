@@ -237,6 +237,38 @@ def test_multipart_refusals_and_abort(server, s3, bucket):
     assert not (server["root"] / bucket / "k").exists()
 
 
+def test_a_completion_claims_its_upload(server, s3, bucket):
+    """Two completions and an abort of one upload at once: exactly one completion wins,
+    the others find no upload (never an internal error), and the object is whole."""
+    import concurrent.futures
+    parts = [os.urandom(5 << 20) for _ in range(3)]
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="raced")["UploadId"]
+    tags = [s3.upload_part(Bucket=bucket, Key="raced", UploadId=uid, PartNumber=n, Body=p)["ETag"]
+            for n, p in enumerate(parts, 1)]
+    done = {"Parts": [{"PartNumber": n, "ETag": t} for n, t in enumerate(tags, 1)]}
+    racer = client(server, max_pool_connections=4)
+
+    def attempt(what):
+        try:
+            if what == "abort":
+                racer.abort_multipart_upload(Bucket=bucket, Key="raced", UploadId=uid)
+            else:
+                racer.complete_multipart_upload(Bucket=bucket, Key="raced", UploadId=uid, MultipartUpload=done)
+            return "ok"
+        except botocore.exceptions.ClientError as e:
+            return e.response["Error"]["Code"]
+
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        outcomes = list(ex.map(attempt, ["complete", "complete", "abort"]))
+    assert set(outcomes) <= {"ok", "NoSuchUpload"}, outcomes
+    assert outcomes.count("ok") == 1, outcomes
+    if outcomes[2] == "ok":  # the abort won: nothing shows
+        assert not (server["root"] / bucket / "raced").exists()
+    else:
+        assert (server["root"] / bucket / "raced").read_bytes() == b"".join(parts)
+    assert not list((server["state"] / "s3-uploads").iterdir())
+
+
 def test_presigned_get_and_put_and_their_expiry(s3, bucket):
     put_url = s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "p"}, ExpiresIn=60)
     req = urllib.request.Request(put_url, data=b"sent with a presigned URL", method="PUT")

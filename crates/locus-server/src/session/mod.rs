@@ -506,19 +506,15 @@ impl crate::Connection for Session {
         Session::is_uploading(self, id)
     }
 
-    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<(), WireError> {
+    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<u64, WireError> {
         let Some(upload) = self.puts.get_mut(&id) else {
             return Err(WireError::new(Code::INVAL, "no upload is under way"));
         };
-        let appended = store(upload.put.append_file(from)).and_then(|n| {
-            upload.written += n;
-            match upload.exact.filter(|e| upload.written > *e) {
-                Some(exact) => {
-                    Err(WireError::new(Code::FBIG, format!("{}: more than the {exact} bytes granted", upload.path)))
-                }
-                None => Ok(()),
-            }
-        });
+        // An upload of an exact size (under a capability) counts its bytes as they come.
+        let appended = match upload.exact {
+            Some(_) => Err(WireError::new(Code::INVAL, format!("{}: an upload of an exact size takes no file", upload.path))),
+            None => store(upload.put.append_file(from)).inspect(|n| upload.written += n),
+        };
         if appended.is_err() {
             self.puts.remove(&id);
         }
