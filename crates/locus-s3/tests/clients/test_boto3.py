@@ -392,6 +392,21 @@ def test_refused_before_parsing(server, s3, bucket):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(long)
     assert e.value.code == 403
+    # Signature dates with bytes below '0' where digits go (which the s3s crate's date
+    # parser would overflow on), in the header, the credential scope and a presigned URL.
+    bad = [{"Authorization": f"AWS4-HMAC-SHA256 Credential={key}/#2026112/us-east-1/s3/aws4_request, "
+                              "SignedHeaders=host, Signature=00"},
+           {"X-Amz-Date": "2026112 T000000Z", "Authorization": "AWS4-HMAC-SHA256 Credential=x"}]
+    for headers in bad:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(server["endpoint"] + "/shared/hello.txt", headers=headers))
+        assert e.value.code == 400 and b"AuthorizationHeaderMalformed" in e.value.read()
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(server["endpoint"] + "/shared/hello.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+                               f"&X-Amz-Credential={key}%2F2026%23112%2Fus-east-1%2Fs3%2Faws4_request"
+                               "&X-Amz-Date=20261129T000000Z&X-Amz-Expires=60&X-Amz-SignedHeaders=host"
+                               "&X-Amz-Signature=00")
+    assert e.value.code == 400 and b"AuthorizationHeaderMalformed" in e.value.read()
 
 
 def test_a_subject_with_rights_on_one_bucket_only(server, s3):
