@@ -595,16 +595,21 @@ mod tests {
         let first: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(outside.join("1"), &first).unwrap();
         std::fs::write(outside.join("2"), b"tail").unwrap();
+        // From another file system (tmpfs), where copy_file_range answers EXDEV: the copy
+        // goes through memory instead.
+        let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm for a file on another file system");
+        let other: Vec<u8> = (0..1_500_000u32).map(|i| (i % 241) as u8).collect();
+        std::fs::write(shm.path().join("3"), &other).unwrap();
         let mut put = store.begin_put("admin", "/whole.bin", 0o644).unwrap();
         put.write(b"head").unwrap();
-        for part in ["1", "2"] {
-            let f = std::fs::File::open(outside.join(part)).unwrap();
+        for part in [outside.join("1"), shm.path().join("3"), outside.join("2")] {
+            let f = std::fs::File::open(part).unwrap();
             let n = put.append_file(&f).unwrap();
             assert_eq!(n, f.metadata().unwrap().len());
         }
         assert!(!export.join("whole.bin").exists(), "nothing shows before the upload ends");
         let attr = put.finish().unwrap();
-        let want = [&b"head"[..], &first, b"tail"].concat();
+        let want = [&b"head"[..], &first, &other, b"tail"].concat();
         assert_eq!(attr.size, want.len() as u64);
         assert_eq!(std::fs::read(export.join("whole.bin")).unwrap(), want);
     }

@@ -512,7 +512,9 @@ impl crate::Connection for Session {
         };
         // An upload of an exact size (under a capability) counts its bytes as they come.
         let appended = match upload.exact {
-            Some(_) => Err(WireError::new(Code::INVAL, format!("{}: an upload of an exact size takes no file", upload.path))),
+            Some(_) => {
+                Err(WireError::new(Code::INVAL, format!("{}: an upload of an exact size takes no file", upload.path)))
+            }
             None => store(upload.put.append_file(from)).inspect(|n| upload.written += n),
         };
         if appended.is_err() {
