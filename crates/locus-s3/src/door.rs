@@ -4,7 +4,7 @@ use crate::keys::{subject_of, Anonymous, Keys};
 use crate::listing::{self, Item, Query};
 use crate::meta::Records;
 use crate::multipart::{self, Uploads};
-use crate::names::{bucket_dir, bucket_error, object_path};
+use crate::names::{bucket_dir, bucket_error, object_path, Domains};
 use crate::objects::{self, acting, Conditions, PutMeta};
 use crate::{S3Config, S3DoorError};
 use bytes::Bytes;
@@ -58,30 +58,6 @@ pub(crate) fn service(shared: Arc<Shared>, config: S3Config) -> Result<s3s::serv
 /// [`crate::answer`] sets it).
 #[derive(Clone)]
 pub(crate) struct Redirect(pub hyper::header::HeaderValue);
-
-/// Virtual-host-style addressing: `BUCKET.DOMAIN[:PORT]` names the bucket; any other
-/// host (an address, `DOMAIN` itself) is path style.
-struct Domains(Vec<String>);
-
-impl s3s::host::S3Host for Domains {
-    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<s3s::host::VirtualHost<'a>> {
-        let name = match host.rsplit_once(':') {
-            Some((name, port)) if !name.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        };
-        for domain in &self.0 {
-            let bucket = name.len().checked_sub(domain.len() + 1).and_then(|cut| {
-                let (bucket, rest) = name.split_at(cut);
-                (rest.len() == domain.len() + 1 && rest[1..].eq_ignore_ascii_case(domain) && rest.starts_with('.'))
-                    .then_some(bucket)
-            });
-            if let Some(bucket) = bucket.filter(|b| !b.is_empty()) {
-                return Ok(s3s::host::VirtualHost::new(domain.as_str()).with_bucket(bucket));
-            }
-        }
-        Ok(s3s::host::VirtualHost::new(host))
-    }
-}
 
 /// Buckets are directory names of the export, checked where they are used.
 struct PathNames;

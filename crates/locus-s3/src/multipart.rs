@@ -1,7 +1,7 @@
 //! Multipart uploads: parts wait in the state directory (`s3-uploads/ID/`), never under
-//! the key, until the upload is completed; then they are copied, in order (in the kernel on a
-//! plain server), into one `put` of the key, which shows all of it at once. Uploads are the
-//! subject's who began them. Abandoned ones are removed after
+//! the key, until the upload is completed; then they are copied, in order (in the
+//! kernel on a plain server), into one `put` of the key, which shows all of it at once.
+//! Uploads are the subject's who began them. Abandoned ones are removed after
 //! [`crate::S3Config::upload_max_age`].
 
 use crate::meta::{Record, Records};

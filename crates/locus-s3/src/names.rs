@@ -1,7 +1,8 @@
-//! Buckets and keys as paths of the export, and the native protocol's errors as S3's.
+//! Buckets and keys as paths of the export (and as virtual hosts), and the native
+//! protocol's errors as S3's.
 
 use locus_proto::{Code, Error as WireError};
-use s3s::{S3Error, S3ErrorCode};
+use s3s::{S3Error, S3ErrorCode, S3Result};
 
 /// The longest key S3 allows, in bytes.
 pub const MAX_KEY: usize = 1024;
@@ -115,5 +116,29 @@ mod tests {
         for bad in ["", ".", "..", "a/b", ".__locus"] {
             assert_eq!(bucket_dir(bad).unwrap_err().code(), &S3ErrorCode::InvalidBucketName, "{bad:?}");
         }
+    }
+}
+
+/// Virtual-host-style addressing: `BUCKET.DOMAIN[:PORT]` names the bucket; any other
+/// host (an address, `DOMAIN` itself) is path style.
+pub(crate) struct Domains(pub(crate) Vec<String>);
+
+impl s3s::host::S3Host for Domains {
+    fn parse_host_header<'a>(&'a self, host: &'a str) -> S3Result<s3s::host::VirtualHost<'a>> {
+        let name = match host.rsplit_once(':') {
+            Some((name, port)) if !name.contains(']') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        };
+        for domain in &self.0 {
+            let bucket = name.len().checked_sub(domain.len() + 1).and_then(|cut| {
+                let (bucket, rest) = name.split_at(cut);
+                (rest.len() == domain.len() + 1 && rest[1..].eq_ignore_ascii_case(domain) && rest.starts_with('.'))
+                    .then_some(bucket)
+            });
+            if let Some(bucket) = bucket.filter(|b| !b.is_empty()) {
+                return Ok(s3s::host::VirtualHost::new(domain.as_str()).with_bucket(bucket));
+            }
+        }
+        Ok(s3s::host::VirtualHost::new(host))
     }
 }
