@@ -189,15 +189,10 @@ pub fn decode(data: &[u8]) -> Option<Request> {
 
 /// Percent-encodes as SigV4 does: unreserved bytes stay, and `/` too unless `all`.
 pub fn encode(s: &str, all: bool) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') || (b == b'/' && !all) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+    const UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+    const AND_SLASH: &AsciiSet = &UNRESERVED.remove(b'/');
+    utf8_percent_encode(s, if all { UNRESERVED } else { AND_SLASH }).to_string()
 }
 
 fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
@@ -264,19 +259,9 @@ impl Signer {
 
 /// `YYYYMMDDTHHMMSSZ` now.
 fn time_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719468;
-    let era = z.div_euclid(146097);
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    let t = time::OffsetDateTime::now_utc();
+    let (y, m, d) = (t.year(), u8::from(t.month()), t.day());
+    format!("{y:04}{m:02}{d:02}T{:02}{:02}{:02}Z", t.hour(), t.minute(), t.second())
 }
 
 fn canonical_query(query: &[(String, String)]) -> String {

@@ -373,8 +373,7 @@ impl S3 for Door {
         // (SPIRAL's third-party transfer); the head streams what it cannot send there,
         // and a GET asking for response headers of its own (`response-*`), which the
         // node would not give.
-        let query = req.uri.query().unwrap_or("");
-        let keys = || query.split('&').map(|kv| kv.split_once('=').map_or(kv, |(k, _)| k));
+        let keys = || crate::query_params(req.uri.query().unwrap_or("")).map(|(k, _)| k);
         let presigned = keys().any(|k| k == "X-Amz-Signature") && !keys().any(|k| k.starts_with("response-"));
         if presigned && self.shared.is_head() {
             // The subject's right to read, the conditions and the range, as the head sees them.

@@ -211,8 +211,7 @@ const MAX_PRESIGNED_S: u64 = 7 * 24 * 3600;
 /// reads into memory before any check), and presigned URLs meant to live past seven days.
 fn refused<B>(req: &hyper::Request<B>) -> Option<&'static str> {
     let auth = req.headers().get(hyper::header::AUTHORIZATION).map(|v| v.as_bytes()).unwrap_or_default();
-    let query = req.uri().query().unwrap_or("");
-    let params = || query.split('&').filter_map(|kv| kv.split_once('='));
+    let params = || query_params(req.uri().query().unwrap_or(""));
     if auth.starts_with(b"AWS ") || params().any(|(k, _)| k == "AWSAccessKeyId" || k == "Signature") {
         return Some("Signature Version 2 is not accepted here: sign with Version 4");
     }
@@ -256,7 +255,7 @@ fn malformed_dates<B>(req: &hyper::Request<B>) -> Option<&'static str> {
             return Some("the credential's scope does not begin with a date YYYYMMDD");
         }
     }
-    for (k, v) in req.uri().query().unwrap_or("").split('&').filter_map(|kv| kv.split_once('=')) {
+    for (k, v) in query_params(req.uri().query().unwrap_or("")) {
         let v = percent_encoding::percent_decode_str(v).collect::<Vec<u8>>();
         match k {
             "X-Amz-Date" if bad_time(&v) => return Some("X-Amz-Date is not a date of the form YYYYMMDDTHHMMSSZ"),
@@ -267,6 +266,11 @@ fn malformed_dates<B>(req: &hyper::Request<B>) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// The `key=value` pairs of a query string, still percent-encoded.
+pub(crate) fn query_params(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    query.split('&').filter_map(|kv| kv.split_once('='))
 }
 
 /// An S3 error answered before the request reaches `s3s`.
