@@ -1,5 +1,6 @@
 //! The S3 operations, each answered by its room as the requesting subject.
 
+use crate::checksums::{with_sums, Checksum};
 use crate::keys::{subject_of, Anonymous, Keys};
 use crate::listing::{self, Item, Query};
 use crate::meta::Records;
@@ -401,6 +402,7 @@ impl S3 for Door {
     async fn put_object(&self, req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let subject = self.subject(&req)?;
         let content_md5 = header_md5(&req)?;
+        let checksum = Checksum::of(&req)?;
         let i = req.input;
         let op = object_path(&i.bucket, &i.key)?;
         if i.if_match.is_some() || i.if_none_match.as_ref().is_some_and(|c| !c.is_any()) {
@@ -420,14 +422,11 @@ impl S3 for Door {
             content_type: i.content_type,
             metadata: metadata_of(i.metadata),
             content_md5,
+            checksum,
             length: i.content_length.map(|l| l.max(0) as u64),
         };
-        let (tag, attr) = objects::put(&self.shared, &self.records, &subject, &op, i.body, meta).await?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(etag(&tag)),
-            size: Some(attr.size as i64),
-            ..Default::default()
-        }))
+        let (tag, attr, sums) = objects::put(&self.shared, &self.records, &subject, &op, i.body, meta).await?;
+        Ok(S3Response::new(with_sums!(sums, PutObjectOutput { e_tag: Some(etag(&tag)), size: Some(attr.size as i64) })))
     }
 
     async fn delete_object(&self, req: S3Request<DeleteObjectInput>) -> S3Result<S3Response<DeleteObjectOutput>> {
@@ -516,8 +515,8 @@ impl S3 for Door {
             // An active file's output: streamed into the copy at the server.
             let length = (!source.growing).then_some(source.attr.size);
             let body = source.body(0, length.unwrap_or(u64::MAX));
-            let meta = PutMeta { content_type, metadata, content_md5: None, length };
-            objects::put(&self.shared, &self.records, &subject, &to, Some(body), meta).await?
+            let meta = PutMeta { content_type, metadata, content_md5: None, checksum: None, length };
+            objects::put(&self.shared, &self.records, &subject, &to, Some(body), meta).await.map(|(t, a, _)| (t, a))?
         };
         let result = CopyObjectResult {
             e_tag: Some(etag(&tag)),
@@ -571,14 +570,16 @@ impl S3 for Door {
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
         let subject = self.subject(&req)?;
         let content_md5 = header_md5(&req)?;
+        let checksum = Checksum::of(&req)?;
         let i = req.input;
         let upload = self.uploads.get(&subject, &i.upload_id)?;
         if upload.bucket != i.bucket || upload.key != i.key {
             return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
         }
         let length = i.content_length.map(|l| l.max(0) as u64);
-        let tag = self.uploads.put_part(&subject, &i.upload_id, i.part_number, i.body, length, content_md5).await?;
-        Ok(S3Response::new(UploadPartOutput { e_tag: Some(etag(&tag)), ..Default::default() }))
+        let (tag, sums) =
+            self.uploads.put_part(&subject, &i.upload_id, i.part_number, i.body, length, content_md5, checksum).await?;
+        Ok(S3Response::new(with_sums!(sums, UploadPartOutput { e_tag: Some(etag(&tag)) })))
     }
 
     async fn complete_multipart_upload(

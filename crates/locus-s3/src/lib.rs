@@ -22,12 +22,13 @@
 //! state directory until completed ([`multipart`]). A `GET` of a missing key whose name
 //! invokes an active-file handler runs it and streams its output.
 //!
-//! Rooms: [`names`] (bucket and key to path, virtual hosts, and errors), [`keys`]
+//! Rooms: [`checksums`] (the `x-amz-checksum-*` a client sends beside a body), [`names`] (bucket and key to path, virtual hosts, and errors), [`keys`]
 //! (secrets, signature checks, the anonymous subject), [`meta`] (the object records),
 //! [`objects`] (get, head, put, delete, copy), [`listing`] (buckets and object listings
 //! in S3's order), [`multipart`] (uploads in parts), `door` (the S3 operations, each to
 //! its room).
 
+pub mod checksums;
 pub mod keys;
 pub mod listing;
 pub mod meta;

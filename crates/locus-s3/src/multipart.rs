@@ -124,7 +124,7 @@ impl Uploads {
     }
 
     /// Receives part `number` of upload `id`, replacing one sent before; answers its ETag
-    /// (the MD5 of its bytes).
+    /// (the MD5 of its bytes) and the `checksum` it was checked against.
     pub async fn put_part(
         &self,
         subject: &str,
@@ -133,7 +133,8 @@ impl Uploads {
         body: Option<StreamingBlob>,
         length: Option<u64>,
         content_md5: Option<[u8; 16]>,
-    ) -> S3Result<String> {
+        mut checksum: Option<crate::checksums::Checksum>,
+    ) -> S3Result<(String, Option<s3s::dto::Checksum>)> {
         self.get(subject, id)?;
         if !PARTS.contains(&number) {
             return Err(err(S3ErrorCode::InvalidArgument, "part numbers go from 1 to 10000"));
@@ -148,8 +149,10 @@ impl Uploads {
         }
         let tmp = dir.join(format!("{number}.tmp{}", hex::encode(random8())));
         let mut file = std::fs::File::create(&tmp).map_err(io_err)?;
-        let written =
-            crate::objects::drain(body, "a part is at most 5 GiB", |bytes| file.write_all(bytes).map_err(io_err)).await;
+        let written = crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
+            file.write_all(bytes).map_err(io_err)
+        })
+        .await;
         let checked = written.and_then(|(size, digest)| {
             if length.is_some_and(|l| l != size) {
                 return Err(err(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
@@ -157,10 +160,10 @@ impl Uploads {
             if content_md5.is_some_and(|want| want != digest) {
                 return Err(err(S3ErrorCode::BadDigest, "the bytes do not match Content-MD5"));
             }
-            Ok(digest)
+            Ok((digest, checksum.map(crate::checksums::Checksum::check).transpose()?))
         });
-        let digest = match checked {
-            Ok(digest) => digest,
+        let (digest, sums) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
@@ -176,7 +179,7 @@ impl Uploads {
         for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number && p.etag != etag) {
             let _ = std::fs::remove_file(dir.join(format!("{}.{}", old.number, old.etag)));
         }
-        Ok(etag)
+        Ok((etag, sums))
     }
 
     fn parts_in(&self, dir: &Path) -> S3Result<Vec<Part>> {

@@ -2,6 +2,7 @@
 //! made), writing (streamed into a hidden file made visible by one rename, its MD5
 //! computed on the way), removing and copying, each as the requesting subject.
 
+use crate::checksums::Checksum;
 use crate::meta::{Record, Records, EMPTY_ETAG};
 use crate::names::{self, object_error, ObjectPath};
 use bytes::Bytes;
@@ -13,7 +14,7 @@ use locus_server::acting::Acting;
 use locus_server::active::Found;
 use locus_server::Shared;
 use md5::{Digest, Md5};
-use s3s::dto::{ETagCondition, StreamingBlob, Timestamp};
+use s3s::dto::{Checksum as Sums, ETagCondition, StreamingBlob, Timestamp};
 use s3s::{S3Error, S3ErrorCode, S3Result};
 use std::sync::Arc;
 
@@ -268,6 +269,8 @@ pub struct PutMeta {
     pub metadata: std::collections::BTreeMap<String, String>,
     /// The `Content-MD5` the client sent, decoded.
     pub content_md5: Option<[u8; 16]>,
+    /// The `x-amz-checksum-*` the client asked the door to check.
+    pub checksum: Option<Checksum>,
     /// The `Content-Length` the client declared (of the decoded bytes).
     pub length: Option<u64>,
 }
@@ -339,10 +342,12 @@ pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
 /// Reads `body` to its end, handing its bytes to `write` in batches of at most
 /// [`BATCH`] (a piece that large on its own goes as it is), each under `block_in_place`
 /// (the runtime moves its other tasks off this thread meanwhile); answers their count
-/// and MD5. A body past [`MAX_PUT`] is refused with `too_large` as the reason.
+/// and MD5, and feeds them to the `checksum` the client asked for. A body past
+/// [`MAX_PUT`] is refused with `too_large` as the reason.
 pub async fn drain(
     body: Option<StreamingBlob>,
     too_large: &str,
+    mut checksum: Option<&mut Checksum>,
     mut write: impl FnMut(&[u8]) -> S3Result<()>,
 ) -> S3Result<(u64, [u8; 16])> {
     let mut md5 = Md5::new();
@@ -355,6 +360,9 @@ pub async fn drain(
             return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, too_large.to_string()));
         }
         md5.update(&piece);
+        if let Some(c) = checksum.as_deref_mut() {
+            c.update(&piece);
+        }
         if !batch.is_empty() && batch.len() + piece.len() > BATCH {
             tokio::task::block_in_place(|| write(&batch))?;
             batch.clear();
@@ -372,24 +380,25 @@ pub async fn drain(
 }
 
 /// Stores the bytes of `body` at `op` as `subject`: nothing shows until every byte has
-/// come and matched the declared length and MD5. Answers the ETag and attributes.
+/// come and matched the declared length, MD5 and checksum. Answers the ETag, the
+/// attributes and the checksum checked.
 pub async fn put(
     shared: &Arc<Shared>,
     records: &Records,
     subject: &str,
     op: &ObjectPath,
     body: Option<StreamingBlob>,
-    meta: PutMeta,
-) -> S3Result<(String, Attr)> {
+    mut meta: PutMeta,
+) -> S3Result<(String, Attr, Option<Sums>)> {
     if meta.length.is_some_and(|l| l > MAX_PUT) {
         return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, "a single PUT stores at most 5 GiB"));
     }
     if op.is_dir {
-        return make_dir(shared, subject, op, body).await;
+        return make_dir(shared, subject, op, body).await.map(|(etag, attr)| (etag, attr, None));
     }
     let mut session = Acting::new(shared, subject);
     tokio::task::block_in_place(|| start_upload(&mut session, op))?;
-    let (size, digest) = drain(body, "a single PUT stores at most 5 GiB", |bytes| {
+    let (size, digest) = drain(body, "a single PUT stores at most 5 GiB", meta.checksum.as_mut(), |bytes| {
         session.put_more(bytes, false).map(drop).map_err(object_error)
     })
     .await?;
@@ -399,13 +408,14 @@ pub async fn put(
     if meta.content_md5.is_some_and(|want| want != digest) {
         return Err(S3Error::with_message(S3ErrorCode::BadDigest, "the bytes do not match Content-MD5"));
     }
+    let sums = meta.checksum.map(Checksum::check).transpose()?;
     let attr = tokio::task::block_in_place(|| session.put_more(&[], true))
         .map_err(object_error)?
         .ok_or_else(|| S3Error::with_message(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
     let etag = hex::encode(digest);
     let record = Record { etag: etag.clone(), content_type: meta.content_type, metadata: meta.metadata };
     records.put(&op.path, &attr, &record);
-    Ok((etag, attr))
+    Ok((etag, attr, sums))
 }
 
 async fn make_dir(

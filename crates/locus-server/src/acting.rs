@@ -38,6 +38,7 @@ impl Acting {
 
     /// Runs `req` (with `data` as its bytes): its reply pages and the reply's bytes.
     pub fn call<O: Operation>(&mut self, req: &O, data: Bytes) -> Result<(Vec<O::Reply>, Vec<u8>), WireError> {
+        let _serving = self.shared.callbacks.serving();
         let (metas, bytes) = call_whole(&mut *self.session, O::INFO.code, &codec::encode(req), data)?;
         let pages = metas.iter().map(|m| codec::decode(m)).collect::<Result<Vec<_>, _>>()?;
         Ok((pages, bytes))

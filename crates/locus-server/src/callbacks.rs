@@ -69,8 +69,10 @@ impl Default for PromiseLimits {
 /// report of the watcher that finds a path as a client's change left it is that
 /// change's echo (which already broke what it had to).
 const ECHO: Duration = Duration::from_millis(500);
-/// How long a report waits for the client's change it may echo to be recorded (the
-/// watcher may see a change before the session that made it is done with it).
+/// How long a report waits, at least, for the client's change it may echo to be
+/// recorded (the watcher may see a change before the session that made it is done with
+/// it); while clients' requests are under way it waits for them to end, up to [`ECHO`]
+/// (see [`Callbacks::serving`]).
 const GRACE: Duration = Duration::from_millis(5);
 /// Stamps remembered per path.
 const STAMPS_PER_PATH: usize = 8;
@@ -85,6 +87,8 @@ pub struct Callbacks {
     warned: AtomicBool,
     /// Clients with callbacks on: while none, changes cost nothing here.
     clients: AtomicUsize,
+    /// Clients' requests under way (counted while some client has callbacks on).
+    in_flight: AtomicUsize,
     state: Mutex<State>,
     /// The export's watcher, started when the first client turns callbacks on (none if
     /// inotify is unavailable).
@@ -511,10 +515,25 @@ impl Callbacks {
         self.state.lock().by_client.values().map(|p| p.held.len()).sum()
     }
 
+    /// Marks a client's request under way until the answer drops. A report of the
+    /// watcher that comes meanwhile may be that request's own change, seen before the
+    /// session recorded it (a store's rename, say, then its `fsync`s): the report waits
+    /// for the requests under way to end (up to [`ECHO`]) before it is taken for a change
+    /// beside the server. Without this, a busy machine made clients' own changes break
+    /// their own promises, so a mount dropped names a program was using.
+    pub fn serving(&self) -> Serving<'_> {
+        let counted = self.clients.load(Ordering::SeqCst) > 0;
+        if counted {
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        Serving { callbacks: self, counted }
+    }
+
     /// The watcher saw a change (or, with `None`, time passed): a report that finds the
     /// path as a client's recent change left it is that change's echo; any other breaks
-    /// every promise on the path once [`GRACE`] has passed (the watcher may read a
-    /// client's change before its session has recorded it). Answers whether reports wait.
+    /// every promise on the path once [`GRACE`] has passed and no client's request is
+    /// under way (or [`ECHO`] has: the watcher may read a client's change before its
+    /// session has recorded it). Answers whether reports wait.
     fn changed_beside(&self, registry: &Registry, change: Option<LocalChange>) -> bool {
         let mut real = Vec::new();
         let waiting = {
@@ -523,11 +542,12 @@ impl Callbacks {
                 pending.push_back((Instant::now(), change.clone(), self.stamp(&change.path)));
             }
             let recent = self.recent.lock();
+            let settled = self.in_flight.load(Ordering::SeqCst) == 0;
             pending.retain(|(at, change, stamp)| {
                 if recent.get(&change.path).is_some_and(|stamps| stamps.iter().any(|(_, s)| s == stamp)) {
                     return false;
                 }
-                if at.elapsed() >= GRACE {
+                if at.elapsed() >= GRACE && (settled || at.elapsed() >= ECHO) {
                     real.push(change.clone());
                     return false;
                 }
@@ -556,6 +576,20 @@ impl Callbacks {
     }
 }
 
+/// A client's request under way (see [`Callbacks::serving`]).
+pub struct Serving<'a> {
+    callbacks: &'a Callbacks,
+    counted: bool,
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.callbacks.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 fn watch_refusal(why: WatchRefused) -> &'static str {
     match why {
         WatchRefused::Limit => "the server holds --max-watches inotify watches",
@@ -570,121 +604,4 @@ fn send(registry: &Registry, client: u64, paths: Vec<String>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonical_paths() {
-        assert_eq!(canonical("a//b/").as_deref(), Some("/a/b"));
-        assert_eq!(canonical("/").as_deref(), Some("/"));
-        assert_eq!(canonical("").as_deref(), Some("/"));
-        assert_eq!(canonical("/./x").as_deref(), Some("/x"));
-        assert_eq!(canonical("/a/../../etc"), None);
-        assert_eq!(parent("/a/b"), "/a");
-        assert_eq!(parent("/a"), "/");
-    }
-
-    #[test]
-    fn a_change_breaks_other_holders_once_and_keeps_the_changers() {
-        let (registry, cb) = (Registry::default(), Callbacks::default());
-        cb.enable(1, "a", 10, 1);
-        cb.enable(2, "b", 10, 2);
-        cb.promise(&registry, 1, "/d/f", false);
-        cb.promise(&registry, 2, "/d/f", false);
-        cb.promise(&registry, 2, "/d", true);
-        assert_eq!(cb.held(), 3);
-        cb.changed(&registry, 1, &["/d/f"], false);
-        // Client 2 lost both (the file and its directory); client 1 keeps its own.
-        assert_eq!(cb.held(), 1);
-        cb.changed(&registry, 2, &["/d/f"], false);
-        assert_eq!(cb.held(), 0);
-    }
-
-    #[test]
-    fn names_changed_at_the_root_break_every_promise() {
-        let (registry, cb) = (Registry::default(), Callbacks::default());
-        cb.enable(1, "a", 10, 1);
-        for p in ["/", "/a", "/a/b/c", "/z"] {
-            cb.promise(&registry, 1, p, p == "/");
-        }
-        assert_eq!(cb.held(), 4);
-        cb.changed(&registry, 0, &["/"], true);
-        assert_eq!(cb.held(), 0);
-    }
-
-    #[test]
-    fn promises_are_bounded_and_go_with_the_client() {
-        let (registry, cb) = (Registry::default(), Callbacks::default());
-        assert_eq!(cb.enable(7, "a", 3, 7), 3);
-        for i in 0..10 {
-            cb.promise(&registry, 7, &format!("/f{i}"), false);
-        }
-        assert_eq!(cb.held(), 3);
-        // Without callbacks on, nothing is promised.
-        cb.promise(&registry, 8, "/x", false);
-        assert_eq!(cb.held(), 3);
-        cb.drop_client(7);
-        assert_eq!(cb.held(), 0);
-        assert!(cb.state.lock().holders.is_empty());
-        assert!(cb.state.lock().by_subject.is_empty());
-    }
-
-    #[test]
-    fn a_subjects_promises_are_bounded_and_refused_beyond() {
-        let registry = Registry::default();
-        let cb = Callbacks::new(PromiseLimits { per_subject: 3, ..Default::default() });
-        cb.enable(1, "alice", 100, 1);
-        cb.enable(2, "alice", 100, 2);
-        cb.enable(3, "bob", 100, 3);
-        assert!(cb.promise(&registry, 1, "/a", false));
-        assert!(cb.promise(&registry, 2, "/b", false));
-        assert!(cb.promise(&registry, 1, "/c", false));
-        // Alice's fourth, on either connection, is refused; Bob has his own bound.
-        assert!(!cb.promise(&registry, 2, "/d", false));
-        assert!(cb.promise(&registry, 3, "/d", false));
-        assert_eq!(cb.refused(), 1);
-        // A promise already held is still held.
-        assert!(cb.promise(&registry, 1, "/a", false));
-        // A break frees room.
-        cb.changed(&registry, 3, &["/a"], false);
-        assert!(cb.promise(&registry, 2, "/d", false));
-        // Bytes too.
-        let cb = Callbacks::new(PromiseLimits { bytes_per_subject: 2 * PROMISE_OVERHEAD + 8, ..Default::default() });
-        cb.enable(1, "alice", 100, 1);
-        assert!(cb.promise(&registry, 1, "/a", false));
-        assert!(cb.promise(&registry, 1, "/b", false));
-        assert!(!cb.promise(&registry, 1, "/c", false));
-    }
-
-    #[test]
-    fn a_directorys_holder_without_its_listing_is_not_told_names() {
-        let registry = Registry::default();
-        let cb = Callbacks::default();
-        let (tx_a, mut rx_a) = tokio::sync::mpsc::unbounded_channel();
-        let (tx_b, mut rx_b) = tokio::sync::mpsc::unbounded_channel();
-        let a = registry.add(crate::PushQueue { tx: tx_a, waiting: Default::default() });
-        let b = registry.add(crate::PushQueue { tx: tx_b, waiting: Default::default() });
-        cb.enable(a, "alice", 10, a);
-        cb.enable(b, "bob", 10, b);
-        cb.promise(&registry, a, "/d", false);
-        cb.promise(&registry, b, "/d", true);
-        cb.changed(&registry, 0, &["/d/secret"], true);
-        let told = |rx: &mut tokio::sync::mpsc::UnboundedReceiver<Push>| {
-            locus_proto::codec::decode::<Vec<String>>(&rx.try_recv().expect("a break").meta).unwrap()
-        };
-        assert_eq!(told(&mut rx_a), vec!["/d".to_string()]);
-        assert_eq!(told(&mut rx_b), vec!["/d/secret".to_string()]);
-    }
-
-    #[test]
-    fn promises_whose_breaks_went_to_a_lost_connection_go_with_it() {
-        let registry = Registry::default();
-        let cb = Callbacks::default();
-        cb.enable(1, "alice", 10, 2);
-        cb.promise(&registry, 1, "/a", false);
-        assert!(cb.is_target(2) && !cb.is_target(1));
-        cb.drop_client(2);
-        assert_eq!(cb.held(), 0);
-        assert!(!cb.promise(&registry, 1, "/a", false));
-    }
-}
+mod tests;

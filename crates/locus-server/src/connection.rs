@@ -253,6 +253,7 @@ async fn frame_loop<S: Connection>(
         };
         let meta = until(deadline, read_vec(reader, &mut pool, header.meta_len)).await?;
         let started = Instant::now();
+        let serving = shared.callbacks.serving();
         let direct = (header.op == pwrite_code
             && header.data_len >= splice::SPLICE_MIN
             && session.authenticated()
@@ -278,6 +279,7 @@ async fn frame_loop<S: Connection>(
                 dispatch::dispatch(session, header.op, &meta, data)
             }
         };
+        drop(serving);
         let took = started.elapsed();
         shared.store.counters().op(header.op, took);
         answered_elsewhere = matches!(outcome, Ok(Encoded { deferred: true, .. }));

@@ -112,6 +112,61 @@ def test_content_md5_is_checked_and_nothing_shows_on_mismatch(server, s3, bucket
     assert sorted(p.name for p in (server["root"] / bucket).iterdir()) == ["m"]
 
 
+HELLO_CRC32 = "DUoRhQ=="  # the CRC32 of b"hello world", base64 (as the SDKs send it)
+
+
+def test_checksums_sent_beside_bodies_are_checked(server, s3, bucket):
+    # In a header: checked, given back; a mismatch is BadDigest and nothing shows.
+    out = s3.put_object(Bucket=bucket, Key="c", Body=b"hello world", ChecksumCRC32=HELLO_CRC32)
+    assert out["ChecksumCRC32"] == HELLO_CRC32
+    out = s3.put_object(Bucket=bucket, Key="s", Body=b"hello world", ChecksumAlgorithm="SHA256")
+    assert out["ChecksumSHA256"] == base64.b64encode(hashlib.sha256(b"hello world").digest()).decode()
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.put_object(Bucket=bucket, Key="c", Body=b"hello worle", ChecksumCRC32=HELLO_CRC32)
+    assert code(e) == "BadDigest"
+    assert s3.get_object(Bucket=bucket, Key="c")["Body"].read() == b"hello world"
+    # A part too: refused, and not among the parts.
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="p", ChecksumAlgorithm="CRC32")["UploadId"]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.upload_part(Bucket=bucket, Key="p", UploadId=uid, PartNumber=1, Body=b"hello worle",
+                       ChecksumCRC32=HELLO_CRC32)
+    assert code(e) == "BadDigest"
+    assert s3.list_parts(Bucket=bucket, Key="p", UploadId=uid).get("Parts", []) == []
+    good = s3.upload_part(Bucket=bucket, Key="p", UploadId=uid, PartNumber=1, Body=b"hello world",
+                          ChecksumCRC32=HELLO_CRC32)
+    assert good["ChecksumCRC32"] == HELLO_CRC32
+    s3.abort_multipart_upload(Bucket=bucket, Key="p", UploadId=uid)
+
+    # In the trailer of an aws-chunked body whose payload is unsigned (what SDKs send
+    # over HTTPS): the checksum is the only check of the bytes, so a lying one is refused.
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    def chunked(key, data, trailer):
+        body = b"%x\r\n%s\r\n0\r\n%s\r\n\r\n" % (len(data), data, trailer)
+        req = AWSRequest(method="PUT", url=f"{server['endpoint']}/{bucket}/{key}", data=body, headers={
+            "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
+            "x-amz-decoded-content-length": str(len(data)), "x-amz-trailer": "x-amz-checksum-crc32",
+            "content-length": str(len(body))})
+        SigV4Auth(Credentials(*server["admin"]), "s3", "us-east-1").add_auth(req)
+        p = req.prepare()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(p.url, data=body, headers=dict(p.headers),
+                                                               method="PUT")) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    assert chunked("t", b"hello world", b"x-amz-checksum-crc32:" + HELLO_CRC32.encode())[0] == 200
+    assert s3.get_object(Bucket=bucket, Key="t")["Body"].read() == b"hello world"
+    st, said = chunked("t", b"hello worle", b"x-amz-checksum-crc32:" + HELLO_CRC32.encode())
+    assert st == 400 and b"BadDigest" in said, said
+    st, said = chunked("t", b"hello worle", b"x-amz-checksum-nothing:x")
+    assert st == 400, said
+    assert s3.get_object(Bucket=bucket, Key="t")["Body"].read() == b"hello world"
+
+
 def test_listing_in_s3_order_with_prefix_delimiter_and_pages(s3, bucket):
     keys = ["a.txt", "a/b/c", "a/b/d", "a/e", "a0", "b", "c/x y+z&é.txt", "d/"]
     for k in keys:
