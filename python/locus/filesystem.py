@@ -113,10 +113,11 @@ class LocusFileSystem(AbstractFileSystem):
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         path = self._strip_protocol(path)
-        if mode == "create" and self.exists(path):
-            # Checked, then written: a writer in between is overwritten (as fsspec's own
-            # pipe_file does it).
-            raise FileExistsError(errno.EEXIST, "file exists", path)
+        if mode == "create":
+            # Made only if the name is free when the bytes are stored (the server checks,
+            # atomically): of two racing creators, one gets FileExistsError.
+            self._with_parents(path, lambda: self.client.write(path, bytes(value), create_only=True))
+            return
         self._with_parents(path, self.client.write, path, bytes(value))
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
@@ -198,8 +199,8 @@ class LocusFileSystem(AbstractFileSystem):
         if mode not in ("rb", "wb", "xb", "ab"):
             raise ValueError(f"mode {mode!r}: locus files open as rb, wb, xb or ab")
         if mode == "xb" and self.exists(path):
-            # Checked at open: a writer that makes the file before this one is closed is
-            # replaced by it.
+            # Checked at open, and again when the file is stored: a writer that makes it
+            # meanwhile makes this one's close fail with FileExistsError.
             raise FileExistsError(errno.EEXIST, "file exists", path)
         # Reads are read ahead by one block: 1 MiB serves small sequential reads (a CSV
         # parser's) in few round trips and costs large ranged reads (pyarrow's column
@@ -279,7 +280,7 @@ class LocusFile(AbstractBufferedFile):
                 parent = posixpath.dirname(self.path)
                 if parent not in ("", "/") and not self.fs.exists(parent):
                     self.fs.makedirs(parent, exist_ok=True)
-                self._upload = self.fs.client.upload(self.path)
+                self._upload = self.fs.client.upload(self.path, create_only=self.mode == "xb")
             self._upload.write(data)
         if final and self.autocommit:
             self.commit()
@@ -292,7 +293,8 @@ class LocusFile(AbstractBufferedFile):
         if upload is not None:
             upload.commit()
         elif whole is not None:
-            self.fs._with_parents(self.path, self.fs.client.write, self.path, whole)
+            create_only = self.mode == "xb"
+            self.fs._with_parents(self.path, lambda: self.fs.client.write(self.path, whole, create_only=create_only))
 
     def discard(self) -> None:
         """Gives up what was written: nothing is stored."""

@@ -81,6 +81,26 @@ def test_create_mode_refuses_an_existing_file(server):
     assert fs.cat_file("/excl-new") == b"made"
 
 
+def test_exclusive_creation_holds_against_a_writer_in_between(server):
+    # "xb" checks at open, and the server checks again when the file is stored: a file
+    # made by another writer meanwhile is kept, and this one's close fails.
+    fs, other = fs_of(server), fs_of(server)
+    f = fs.open("/excl-race", "xb")
+    f.write(os.urandom(6 << 20))  # past a block: the upload streams to the server
+    other.pipe_file("/excl-race", b"theirs")
+    with pytest.raises(FileExistsError):
+        f.close()
+    assert fs.cat_file("/excl-race") == b"theirs"
+    assert uploads_in(server["root"]) == []
+    # And a small one, stored in one request at close.
+    f = fs.open("/excl-small", "xb")
+    f.write(b"mine")
+    other.pipe_file("/excl-small", b"theirs too")
+    with pytest.raises(FileExistsError):
+        f.close()
+    assert fs.cat_file("/excl-small") == b"theirs too"
+
+
 def test_a_large_write_streams_and_shows_only_when_closed(server):
     fs = fs_of(server)
     fs.makedirs("/stream", exist_ok=True)

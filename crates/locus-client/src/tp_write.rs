@@ -41,8 +41,10 @@ impl Client {
 
     /// Where to send a new version of `size` bytes, if the server is a head that takes
     /// a third-party write of it.
+    /// A create-only write (`PUT_NEW` in `mode`) goes through the head, which checks
+    /// the name when it commits.
     pub(crate) async fn write_target(&self, path: &str, mode: u32, size: u64) -> Result<Option<WriteTarget>> {
-        if !self.nodes.is_head() || size < TP_WRITE_MIN {
+        if !self.nodes.is_head() || size < TP_WRITE_MIN || mode & locus_proto::ops::PUT_NEW != 0 {
             return Ok(None);
         }
         self.call(WriteBegin { path: path.into(), mode, size }).await

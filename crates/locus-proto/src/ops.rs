@@ -38,6 +38,12 @@ pub trait Operation: Serialize + DeserializeOwned + Send + 'static {
     type Reply: Serialize + DeserializeOwned + Send + 'static;
 }
 
+/// A bit of [`Put`]'s `mode`: the upload makes a new file, and fails with `EXIST`
+/// (nothing changed) if the name is taken when it ends, however it came to be taken
+/// meanwhile (create-only writes: S3's `If-None-Match: *`, fsspec's `mode="create"`).
+/// The mode's other bits above the permissions are ignored.
+pub const PUT_NEW: u32 = 1 << 31;
+
 /// Invokes `$callback!` with the whole operation table.
 ///
 /// Each entry reads: doc comment, code, struct name, method name, shape, `{ fields }`,
@@ -71,7 +77,8 @@ macro_rules! operation_table {
             0x16 Pwrite pwrite Unary { handle: u64, offset: u64 } -> u64;
             /// Streams a whole file: first reply carries its attributes, data follows in frames.
             0x17 Get get StreamOut { path: String } -> Attr;
-            /// Streams a whole file in; it replaces the target atomically when the last frame arrives.
+            /// Streams a whole file in; it replaces the target atomically when the last frame arrives
+            /// (with [`PUT_NEW`] in `mode`, it is made only if nothing has the name by then).
             0x18 Put put StreamIn { path: String, mode: u32 } -> Attr;
             /// Lists a directory with each entry's attributes, in one or more frames.
             0x19 Readdir readdir StreamOut { path: String } -> Vec<DirEntry>;

@@ -119,6 +119,11 @@ const READ_STEP: u64 = 4 << 20;
 /// few enough that a large read does not queue the whole file in memory twice.
 const READS_IN_FLIGHT: usize = 16;
 
+/// A `put`'s mode: the permissions of `mode`, and `PUT_NEW` for a create-only write.
+fn put_mode(mode: u32, create_only: bool) -> u32 {
+    (mode & 0o7777) | if create_only { locus_proto::ops::PUT_NEW } else { 0 }
+}
+
 #[pymethods]
 impl Client {
     /// Connects to `url` (`locus://HOST:PORT/`, or `locus+tls://...`).
@@ -202,9 +207,11 @@ impl Client {
     }
 
     /// Replaces `path` with `data`, atomically (readers see the old or the new file)
-    /// and durably.
-    #[pyo3(signature = (path, data, mode = 0o644))]
-    fn write(&self, py: Python<'_>, path: &str, data: &[u8], mode: u32) -> PyResult<()> {
+    /// and durably; with `create_only`, makes it only if nothing has the name when the
+    /// bytes are stored (else `FileExistsError`, nothing changed).
+    #[pyo3(signature = (path, data, mode = 0o644, create_only = false))]
+    fn write(&self, py: Python<'_>, path: &str, data: &[u8], mode: u32, create_only: bool) -> PyResult<()> {
+        let mode = put_mode(mode, create_only);
         py.detach(|| self.inner.run(|c| c.write_file(path, mode, data))).map(drop).map_err(os_error)
     }
 
@@ -216,9 +223,11 @@ impl Client {
     }
 
     /// Starts storing `path` from bytes given as they are made ([`writers::Upload`]), on
-    /// a connection of its own; nothing shows until its `commit`.
-    #[pyo3(signature = (path, mode = 0o644))]
-    fn upload(&self, py: Python<'_>, path: &str, mode: u32) -> PyResult<writers::Upload> {
+    /// a connection of its own; nothing shows until its `commit` (which, with
+    /// `create_only`, fails with `FileExistsError` if the name is taken by then).
+    #[pyo3(signature = (path, mode = 0o644, create_only = false))]
+    fn upload(&self, py: Python<'_>, path: &str, mode: u32, create_only: bool) -> PyResult<writers::Upload> {
+        let mode = put_mode(mode, create_only);
         let url = LocusUrl::parse(&self.url).map_err(|e| PyValueError::new_err(format!("{}: {e}", self.url)))?;
         py.detach(|| writers::Upload::start(&url, path, mode)).map_err(os_error)
     }

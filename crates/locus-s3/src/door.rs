@@ -411,8 +411,10 @@ impl S3 for Door {
                 "conditional writes other than If-None-Match: * are not offered",
             ));
         }
-        if i.if_none_match.is_some() {
-            // Create only: refused if the key holds an object now.
+        let create_only = i.if_none_match.is_some();
+        if create_only {
+            // Create only: refused at once if the key holds an object now, and when the
+            // upload ends if one came meanwhile (`PUT_NEW`).
             let exists = objects::open(&self.shared, &self.records, &subject, &op).await.is_ok();
             if exists {
                 return Err(S3Error::new(S3ErrorCode::PreconditionFailed));
@@ -424,6 +426,7 @@ impl S3 for Door {
             content_md5,
             checksum,
             length: i.content_length.map(|l| l.max(0) as u64),
+            create_only,
         };
         let (tag, attr, sums) = objects::put(&self.shared, &self.records, &subject, &op, i.body, meta).await?;
         Ok(S3Response::new(with_sums!(sums, PutObjectOutput { e_tag: Some(etag(&tag)), size: Some(attr.size as i64) })))
@@ -515,7 +518,7 @@ impl S3 for Door {
             // An active file's output: streamed into the copy at the server.
             let length = (!source.growing).then_some(source.attr.size);
             let body = source.body(0, length.unwrap_or(u64::MAX));
-            let meta = PutMeta { content_type, metadata, content_md5: None, checksum: None, length };
+            let meta = PutMeta { content_type, metadata, length, ..PutMeta::default() };
             objects::put(&self.shared, &self.records, &subject, &to, Some(body), meta).await.map(|(t, a, _)| (t, a))?
         };
         let result = CopyObjectResult {

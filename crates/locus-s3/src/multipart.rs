@@ -339,7 +339,7 @@ fn concatenate(
         .collect::<S3Result<Vec<_>>>()?;
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
-    start_upload(&mut session, op)?;
+    start_upload(&mut session, op, 0o644)?;
     for (file, size) in &opened {
         let n = session.put_file(file).map_err(object_err)?;
         if n != *size {

@@ -7,7 +7,7 @@ use crate::meta::{Record, Records, EMPTY_ETAG};
 use crate::names::{self, object_error, ObjectPath};
 use bytes::Bytes;
 use futures::StreamExt;
-use locus_proto::ops::{AclGet, Close, CopyFile, Mkdir, Open, Pread, Rmdir, Unlink};
+use locus_proto::ops::{AclGet, Close, CopyFile, Mkdir, Open, Pread, Rmdir, Unlink, PUT_NEW};
 use locus_proto::types::{open_flags, Attr};
 use locus_proto::{Code, Error as WireError};
 use locus_server::acting::Acting;
@@ -273,6 +273,9 @@ pub struct PutMeta {
     pub checksum: Option<Checksum>,
     /// The `Content-Length` the client declared (of the decoded bytes).
     pub length: Option<u64>,
+    /// Create only (`If-None-Match: *`): `PreconditionFailed` if the key holds an object
+    /// when the upload ends, however it came there meanwhile.
+    pub create_only: bool,
 }
 
 /// Decodes a `Content-MD5` header, or answers `InvalidDigest`.
@@ -305,9 +308,10 @@ pub fn make_dirs(s: &mut Acting, op: &ObjectPath, dir: &str) -> S3Result<()> {
     Ok(())
 }
 
-/// Starts a whole-file upload to `op`, making the directories above it first (a cluster
-/// head finds a missing one only when the upload ends).
-pub fn start_upload(session: &mut Acting, op: &ObjectPath) -> S3Result<()> {
+/// Starts a whole-file upload to `op` with `mode` (maybe with `PUT_NEW`), making the
+/// directories above it first (a cluster head finds a missing one only when the upload
+/// ends).
+pub fn start_upload(session: &mut Acting, op: &ObjectPath, mode: u32) -> S3Result<()> {
     let dir = names::parent(&op.path);
     if dir != op.bucket_dir {
         match session.call(&locus_proto::ops::Stat { path: dir.to_string() }, Bytes::new()) {
@@ -315,7 +319,8 @@ pub fn start_upload(session: &mut Acting, op: &ObjectPath) -> S3Result<()> {
             _ => {}
         }
     }
-    match session.put_start(&op.path, 0o644) {
+    match session.put_start(&op.path, mode) {
+        Err(e) if e.code == Code::EXIST && mode & PUT_NEW != 0 => Err(S3Error::new(S3ErrorCode::PreconditionFailed)),
         Err(e) if e.code == Code::NOENT && dir == op.bucket_dir => {
             Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, "no such bucket"))
         }
@@ -397,7 +402,8 @@ pub async fn put(
         return make_dir(shared, subject, op, body).await.map(|(etag, attr)| (etag, attr, None));
     }
     let mut session = Acting::new(shared, subject);
-    tokio::task::block_in_place(|| start_upload(&mut session, op))?;
+    let mode = if meta.create_only { 0o644 | PUT_NEW } else { 0o644 };
+    tokio::task::block_in_place(|| start_upload(&mut session, op, mode))?;
     let (size, digest) = drain(body, "a single PUT stores at most 5 GiB", meta.checksum.as_mut(), |bytes| {
         session.put_more(bytes, false).map(drop).map_err(object_error)
     })
@@ -410,7 +416,10 @@ pub async fn put(
     }
     let sums = meta.checksum.map(Checksum::check).transpose()?;
     let attr = tokio::task::block_in_place(|| session.put_more(&[], true))
-        .map_err(object_error)?
+        .map_err(|e| match e.code == Code::EXIST && meta.create_only {
+            true => S3Error::new(S3ErrorCode::PreconditionFailed),
+            false => object_error(e),
+        })?
         .ok_or_else(|| S3Error::with_message(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
     let etag = hex::encode(digest);
     let record = Record { etag: etag.clone(), content_type: meta.content_type, metadata: meta.metadata };

@@ -112,6 +112,48 @@ def test_content_md5_is_checked_and_nothing_shows_on_mismatch(server, s3, bucket
     assert sorted(p.name for p in (server["root"] / bucket).iterdir()) == ["m"]
 
 
+def signed_request(server, method, path, headers, body=b""):
+    """A request signed as the admin, as botocore signs (the payload hash as given in
+    x-amz-content-sha256); answers the URL and the headers to send."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    req = AWSRequest(method=method, url=f"{server['endpoint']}{path}", data=body, headers=headers)
+    SigV4Auth(Credentials(*server["admin"]), "s3", "us-east-1").add_auth(req)
+    p = req.prepare()
+    return p.url, dict(p.headers)
+
+
+def test_create_only_puts_race_and_one_wins(server, s3, bucket):
+    # A create-only PUT begins (its upload is under way at the server, half its bytes
+    # sent); another client makes the key meanwhile; the first PUT's end finds the key
+    # taken: 412, and the other's object stays whole.
+    import http.client
+    import time
+    import urllib.parse
+
+    body = os.urandom(4 << 20)
+    url, headers = signed_request(server, "PUT", f"/{bucket}/raced", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "if-none-match": "*", "content-length": str(len(body))})
+    at = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
+    conn.putrequest("PUT", at.path, skip_accept_encoding=True)
+    for k, v in headers.items():
+        if k.lower() != "host":
+            conn.putheader(k, v)
+    conn.endheaders()
+    conn.send(body[: len(body) // 2])
+    time.sleep(0.5)
+    s3.put_object(Bucket=bucket, Key="raced", Body=b"theirs")
+    conn.send(body[len(body) // 2:])
+    answer = conn.getresponse()
+    said = answer.read()
+    assert answer.status == 412 and b"PreconditionFailed" in said, said
+    assert s3.get_object(Bucket=bucket, Key="raced")["Body"].read() == b"theirs"
+    assert sorted(p.name for p in (server["root"] / bucket).iterdir()) == ["raced"]
+
+
 HELLO_CRC32 = "DUoRhQ=="  # the CRC32 of b"hello world", base64 (as the SDKs send it)
 
 
@@ -139,21 +181,14 @@ def test_checksums_sent_beside_bodies_are_checked(server, s3, bucket):
 
     # In the trailer of an aws-chunked body whose payload is unsigned (what SDKs send
     # over HTTPS): the checksum is the only check of the bytes, so a lying one is refused.
-    from botocore.auth import SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
-
     def chunked(key, data, trailer):
         body = b"%x\r\n%s\r\n0\r\n%s\r\n\r\n" % (len(data), data, trailer)
-        req = AWSRequest(method="PUT", url=f"{server['endpoint']}/{bucket}/{key}", data=body, headers={
+        url, headers = signed_request(server, "PUT", f"/{bucket}/{key}", {
             "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
             "x-amz-decoded-content-length": str(len(data)), "x-amz-trailer": "x-amz-checksum-crc32",
-            "content-length": str(len(body))})
-        SigV4Auth(Credentials(*server["admin"]), "s3", "us-east-1").add_auth(req)
-        p = req.prepare()
+            "content-length": str(len(body))}, body)
         try:
-            with urllib.request.urlopen(urllib.request.Request(p.url, data=body, headers=dict(p.headers),
-                                                               method="PUT")) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers, method="PUT")) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()

@@ -206,7 +206,7 @@ impl HeadSession {
             .create_new(true)
             .open(&tmp)
             .map_err(|e| WireError::io("staging", e))?;
-        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy, fresh: false };
+        let staged = Staged { path: path.into(), tmp, file, mode, base, dirty: !copy, fresh: false, new_only: false };
         if let (true, Some(base)) = (copy, staged.base.clone()) {
             let head = self.head.clone();
             let mut at = 0u64;
@@ -493,8 +493,12 @@ impl Handler for HeadSession {
         if base.as_ref().is_some_and(|b| b.kind == EntryKind::Dir) {
             return Err(MetaError::IsDir(path).into());
         }
+        if req.mode & locus_proto::ops::PUT_NEW != 0 && base.is_some() {
+            return Err(MetaError::Exists(path).into());
+        }
         let mut staged = self.stage(&path, req.mode & 0o7777, base, false)?;
         staged.fresh = true;
+        staged.new_only = req.mode & locus_proto::ops::PUT_NEW != 0;
         let id = self.current.0;
         self.puts.insert(id, staged);
         self.upload(id, &data, self.current.1)

@@ -40,6 +40,8 @@ pub(crate) struct Staged {
     /// (a handle, `truncate`): it gets a new object, as a file renamed over the name
     /// would, and another name the old one had (a hard link) keeps the old bytes.
     pub(crate) fresh: bool,
+    /// Made only if nothing has the name when it is committed (a `put` with `PUT_NEW`).
+    pub(crate) new_only: bool,
 }
 
 impl Drop for Staged {
@@ -188,7 +190,18 @@ impl Head {
             content,
             links: 1,
         };
-        let old = self.meta.commit(&entry).map_err(meta_err)?;
+        let old = match staged.new_only {
+            true => self.meta.commit_new(&entry).map(|()| None),
+            false => self.meta.commit(&entry),
+        };
+        let old = match old {
+            Ok(old) => old,
+            Err(e) => {
+                // Not committed: the bytes just stored on the nodes are no one's.
+                let _ = self.retire(&entry);
+                return Err(meta_err(e));
+            }
+        };
         if let Some(old) = old {
             self.retire(&old)?;
         }

@@ -261,10 +261,11 @@ impl Session {
             return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
             // EMFILE
         }
-        let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode))?;
+        let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode & 0o7777))?;
         put.durable = durable;
-        // A version written under a capability never replaces one already there.
-        put.no_replace = exact.is_some();
+        // A version written under a capability never replaces one already there, nor
+        // does a create-only put.
+        put.no_replace = exact.is_some() || req.mode & locus_proto::ops::PUT_NEW != 0;
         let mut upload = Upload { put, path: req.path, exact, written: 0 };
         upload.write(&data)?;
         if more {
