@@ -197,6 +197,18 @@ macro_rules! conditions_of {
     };
 }
 
+/// The conditions on a copy's source (CopyObject, UploadPartCopy).
+macro_rules! copy_conditions {
+    ($i:expr) => {
+        Conditions {
+            if_match: $i.copy_source_if_match,
+            if_none_match: $i.copy_source_if_none_match,
+            if_modified_since: $i.copy_source_if_modified_since,
+            if_unmodified_since: $i.copy_source_if_unmodified_since,
+        }
+    };
+}
+
 /// What GetObject and HeadObject both answer of a [`Read`] (the same fields in both
 /// outputs), with any more fields given.
 macro_rules! described {
@@ -469,29 +481,9 @@ impl S3 for Door {
     async fn copy_object(&self, req: S3Request<CopyObjectInput>) -> S3Result<S3Response<CopyObjectOutput>> {
         let subject = self.subject(&req)?;
         let i = req.input;
-        let CopySource::Bucket { bucket, key, version_id } = &i.copy_source else {
-            return Err(S3Error::with_message(
-                S3ErrorCode::NotImplemented,
-                "copies from access points are not offered",
-            ));
-        };
-        if version_id.is_some() {
-            return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "Locus keeps no object versions"));
-        }
-        let from = object_path(bucket, key)?;
         let to = object_path(&i.bucket, &i.key)?;
-        let source = objects::open(&self.shared, &self.records, &subject, &from).await?;
-        let conditions = Conditions {
-            if_match: i.copy_source_if_match,
-            if_none_match: i.copy_source_if_none_match,
-            if_modified_since: i.copy_source_if_modified_since,
-            if_unmodified_since: i.copy_source_if_unmodified_since,
-        };
-        // A source that is not modified answers 412 here, as S3 does for copies.
-        conditions.check(&source.record.etag, &source.attr).map_err(|e| match e.code() {
-            S3ErrorCode::NotModified => S3Error::new(S3ErrorCode::PreconditionFailed),
-            _ => e,
-        })?;
+        let (from, source) =
+            objects::copy_source(&self.shared, &self.records, &subject, &i.copy_source, copy_conditions!(i)).await?;
         let replace = i.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         if from == to && !replace {
             return Err(S3Error::with_message(
@@ -527,6 +519,28 @@ impl S3 for Door {
             ..Default::default()
         };
         Ok(S3Response::new(CopyObjectOutput { copy_object_result: Some(result), ..Default::default() }))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let subject = self.subject(&req)?;
+        let i = req.input;
+        let upload = self.uploads.get(&subject, &i.upload_id)?;
+        if upload.bucket != i.bucket || upload.key != i.key {
+            return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
+        }
+        let (_, source) =
+            objects::copy_source(&self.shared, &self.records, &subject, &i.copy_source, copy_conditions!(i)).await?;
+        let (start, end) = multipart::copy_range(i.copy_source_range.as_deref(), &source)?;
+        let modified = objects::modified(&source.attr);
+        let body = source.body(start, end);
+        let length = Some(end - start);
+        let (tag, _) =
+            self.uploads.put_part(&subject, &i.upload_id, i.part_number, Some(body), length, None, None).await?;
+        let result = CopyPartResult { e_tag: Some(etag(&tag)), last_modified: Some(modified), ..Default::default() };
+        Ok(S3Response::new(UploadPartCopyOutput { copy_part_result: Some(result), ..Default::default() }))
     }
 
     async fn create_multipart_upload(

@@ -362,3 +362,22 @@ pub async fn sweeper(uploads: Arc<Uploads>) {
         }
     }
 }
+
+/// The bytes `start..end` of `source` an UploadPartCopy takes: its
+/// `x-amz-copy-source-range` (`bytes=FIRST-LAST`, both within the object), or all of it.
+/// A source still being written (an active file's output) has no size to copy from.
+pub fn copy_range(range: Option<&str>, source: &crate::objects::Readable) -> S3Result<(u64, u64)> {
+    if source.growing {
+        return Err(err(S3ErrorCode::InvalidRequest, "an active file's output cannot be copied into a part"));
+    }
+    let size = source.attr.size;
+    let Some(range) = range else { return Ok((0, size)) };
+    let bad =
+        || err(S3ErrorCode::InvalidArgument, "x-amz-copy-source-range must be bytes=FIRST-LAST within the object");
+    let (first, last) = range.trim().strip_prefix("bytes=").and_then(|r| r.split_once('-')).ok_or_else(bad)?;
+    let (first, last): (u64, u64) = (first.parse().map_err(|_| bad())?, last.parse().map_err(|_| bad())?);
+    if first > last || last >= size {
+        return Err(bad());
+    }
+    Ok((first, last + 1))
+}

@@ -262,6 +262,30 @@ async fn follow(
     }
 }
 
+/// The object a copy reads (CopyObject, UploadPartCopy) as `subject`, its conditions
+/// checked: a source that is not modified answers 412 here, as S3 does for copies.
+pub async fn copy_source(
+    shared: &Arc<Shared>,
+    records: &Records,
+    subject: &str,
+    source: &s3s::dto::CopySource,
+    conditions: Conditions,
+) -> S3Result<(ObjectPath, Readable)> {
+    let s3s::dto::CopySource::Bucket { bucket, key, version_id } = source else {
+        return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "copies from access points are not offered"));
+    };
+    if version_id.is_some() {
+        return Err(S3Error::with_message(S3ErrorCode::NotImplemented, "Locus keeps no object versions"));
+    }
+    let from = names::object_path(bucket, key)?;
+    let source = open(shared, records, subject, &from).await?;
+    conditions.check(&source.record.etag, &source.attr).map_err(|e| match e.code() {
+        S3ErrorCode::NotModified => S3Error::new(S3ErrorCode::PreconditionFailed),
+        _ => e,
+    })?;
+    Ok((from, source))
+}
+
 /// What a `PUT` stores besides the bytes.
 #[derive(Default)]
 pub struct PutMeta {

@@ -301,6 +301,41 @@ def test_multipart_upload_of_three_parts(server, s3, bucket):
     assert dst.read_bytes() == src.read_bytes()
 
 
+def test_upload_part_copy_takes_ranges_of_another_object(server, s3, bucket):
+    src = os.urandom((5 << 20) + 4321)
+    s3.put_object(Bucket=bucket, Key="src", Body=src)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="assembled")["UploadId"]
+    first = s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=1,
+                                CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=f"bytes=0-{(5 << 20) - 1}")
+    second = s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=2,
+                                 CopySource={"Bucket": bucket, "Key": "src"})  # all of it
+    third = s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=3,
+                                CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=f"bytes={5 << 20}-{len(src) - 1}")
+    tags = [p["CopyPartResult"]["ETag"] for p in (first, second, third)]
+    assert tags[0] == '"%s"' % hashlib.md5(src[: 5 << 20]).hexdigest()
+    for bad in (f"bytes=0-{len(src)}", "bytes=10-5", "rows=0-1"):
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=4,
+                                CopySource={"Bucket": bucket, "Key": "src"}, CopySourceRange=bad)
+        assert code(e) == "InvalidArgument", bad
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.upload_part_copy(Bucket=bucket, Key="assembled", UploadId=uid, PartNumber=4,
+                            CopySource={"Bucket": bucket, "Key": "src"}, CopySourceIfMatch='"not-its-etag"')
+    assert status(e) == 412
+    s3.complete_multipart_upload(Bucket=bucket, Key="assembled", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": t} for n, t in enumerate(tags, 1)]})
+    assert s3.get_object(Bucket=bucket, Key="assembled")["Body"].read() == src[: 5 << 20] + src + src[5 << 20:]
+    # A subject that may not read the source gets no part of it.
+    alice = client(server, "alice")
+    uid = alice.create_multipart_upload(Bucket="shared", Key="hers")["UploadId"]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        alice.upload_part_copy(Bucket="shared", Key="hers", UploadId=uid, PartNumber=1,
+                               CopySource={"Bucket": bucket, "Key": "src"})
+    assert code(e) == "AccessDenied"
+    assert alice.list_parts(Bucket="shared", Key="hers", UploadId=uid).get("Parts", []) == []
+    alice.abort_multipart_upload(Bucket="shared", Key="hers", UploadId=uid)
+
+
 def test_multipart_refusals_and_abort(server, s3, bucket):
     uid = s3.create_multipart_upload(Bucket=bucket, Key="k")["UploadId"]
     t1 = s3.upload_part(Bucket=bucket, Key="k", UploadId=uid, PartNumber=1, Body=b"small")["ETag"]

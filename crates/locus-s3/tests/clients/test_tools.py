@@ -60,6 +60,12 @@ def test_aws_cli_cp_sync_ls(server, tmp_path):
     back = tmp_path / "back"
     run([aws, *ep, "s3", "sync", "s3://aws-cli/copied", str(back)], env)
     same_tree(src, back)
+    # A copy between keys at the server: past 8 MiB the CLI copies in parts
+    # (UploadPartCopy, a range of the source each).
+    large = os.urandom(20 << 20)
+    (server["root"] / "aws-cli" / "large.bin").write_bytes(large)
+    run([aws, *ep, "s3", "cp", "s3://aws-cli/large.bin", "s3://aws-cli/again/large.bin"], env)
+    assert (server["root"] / "aws-cli" / "again" / "large.bin").read_bytes() == large
 
 
 def test_rclone_copy_check_sync_with_md5(server, tmp_path):
