@@ -114,8 +114,11 @@ class LocusFileSystem(AbstractFileSystem):
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         path = self._strip_protocol(path)
         if mode == "create":
-            # Made only if the name is free when the bytes are stored (the server checks,
-            # atomically): of two racing creators, one gets FileExistsError.
+            # Refused at once if the file exists; else made only if the name is still free
+            # when the bytes are stored (the server checks that atomically): of two racing
+            # creators, one gets FileExistsError.
+            if self.exists(path):
+                raise FileExistsError(errno.EEXIST, "file exists", path)
             self._with_parents(path, lambda: self.client.write(path, bytes(value), create_only=True))
             return
         self._with_parents(path, self.client.write, path, bytes(value))

@@ -16,15 +16,16 @@ pub const PREAMBLE_MAGIC: [u8; 6] = *b"LOCUS\0";
 /// The protocol version this crate speaks. Version 2 binds the login proof to the
 /// server address the client dialled and to the TLS session (see [`crate::auth`]); a
 /// server answers an older client's `hello` with an error saying so.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 
 /// The oldest protocol version a peer may speak: [`VERSION`]. Version 1's login proof
 /// is not bound to the server; version 2's `Welcome` and `NodeWelcome` lack the heads
 /// and the TLS identity that version 3 carries, version 3's `node_run` the module's
 /// hash that lets a head leave out a module its node has, and version 4's the plan a
 /// node keeps its share's tree under (a peer of another version would fail to decode
-/// them, so it is told to upgrade instead).
-pub const MIN_VERSION: u16 = 5;
+/// them, so it is told to upgrade instead); a version 5 server would take `put`'s
+/// `PUT_NEW` bit for no bit at all and replace a file a create-only write must not.
+pub const MIN_VERSION: u16 = 6;
 
 /// Push topic of a message sent by a script (`msg.send`); the push's metadata is the
 /// sending client's id (u64), its data the message.

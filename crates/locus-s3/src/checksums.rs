@@ -19,6 +19,13 @@ const NAMES: [&str; 5] = [
     "x-amz-checksum-sha256",
 ];
 
+/// True when `value` is base64 of the length `like` (another value of the same
+/// algorithm, base64) has.
+fn well_formed(value: &str, like: usize) -> bool {
+    use base64::Engine;
+    value.len() == like && base64::engine::general_purpose::STANDARD.decode(value).is_ok()
+}
+
 /// Where the value to compare with comes from.
 enum Expected {
     /// A header, known before the body.
@@ -106,6 +113,9 @@ impl Checksum {
                     )
                 })?,
         };
+        if !well_formed(&sent, computed.len()) {
+            return Err(invalid(&format!("the value of {} is not the base64 of a checksum", self.name)));
+        }
         if sent != computed {
             let what = self.name.trim_start_matches("x-amz-checksum-").to_ascii_uppercase();
             return Err(S3Error::with_message(
@@ -172,6 +182,7 @@ mod tests {
             ("x-amz-checksum-crc32c", "yZRlqg=="),
             ("x-amz-checksum-sha1", "Kq5sNclPz7QV2+lfQIuc6R7oRu0="),
             ("x-amz-checksum-sha256", "uU0nuZNNPgilLlLX2n2r+sSE7+N6U4DukIj3rOLvzek="),
+            ("x-amz-checksum-crc64nvme", "jSnVw/bqjr4="),
         ];
         for (name, value) in cases {
             let sums = checked(&[(name, value)], b"hello world").unwrap_or_else(|e| panic!("{name}: {e:?}"));
@@ -179,7 +190,11 @@ mod tests {
             let e = checked(&[(name, value)], b"hello worle").unwrap_err();
             assert_eq!(*e.code(), S3ErrorCode::BadDigest, "{name}");
         }
-        assert!(checked(&[("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=")], b"hello world").is_err());
+        // A value that is not a checksum at all is a bad request, not a mismatch.
+        let e = checked(&[("x-amz-checksum-crc32", "not-base64!!")], b"hello world").unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+        let e = checked(&[("x-amz-checksum-crc32", "DUoRhQDUoRhQ")], b"hello world").unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
     }
 
     #[test]

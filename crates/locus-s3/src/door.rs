@@ -417,13 +417,7 @@ impl S3 for Door {
         let checksum = Checksum::of(&req)?;
         let i = req.input;
         let op = object_path(&i.bucket, &i.key)?;
-        if i.if_match.is_some() || i.if_none_match.as_ref().is_some_and(|c| !c.is_any()) {
-            return Err(S3Error::with_message(
-                S3ErrorCode::NotImplemented,
-                "conditional writes other than If-None-Match: * are not offered",
-            ));
-        }
-        let create_only = i.if_none_match.is_some();
+        let create_only = objects::create_only(&i.if_match, &i.if_none_match)?;
         if create_only {
             // Create only: refused at once if the key holds an object now, and when the
             // upload ends if one came meanwhile (`PUT_NEW`).
@@ -527,10 +521,7 @@ impl S3 for Door {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let subject = self.subject(&req)?;
         let i = req.input;
-        let upload = self.uploads.get(&subject, &i.upload_id)?;
-        if upload.bucket != i.bucket || upload.key != i.key {
-            return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
-        }
+        self.uploads.get_to(&subject, &i.upload_id, &i.bucket, &i.key)?;
         let (_, source) =
             objects::copy_source(&self.shared, &self.records, &subject, &i.copy_source, copy_conditions!(i)).await?;
         let (start, end) = multipart::copy_range(i.copy_source_range.as_deref(), &source)?;
@@ -589,10 +580,7 @@ impl S3 for Door {
         let content_md5 = header_md5(&req)?;
         let checksum = Checksum::of(&req)?;
         let i = req.input;
-        let upload = self.uploads.get(&subject, &i.upload_id)?;
-        if upload.bucket != i.bucket || upload.key != i.key {
-            return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
-        }
+        self.uploads.get_to(&subject, &i.upload_id, &i.bucket, &i.key)?;
         let length = i.content_length.map(|l| l.max(0) as u64);
         let (tag, sums) =
             self.uploads.put_part(&subject, &i.upload_id, i.part_number, i.body, length, content_md5, checksum).await?;
@@ -605,11 +593,9 @@ impl S3 for Door {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let subject = self.subject(&req)?;
         let i = req.input;
-        let upload = self.uploads.get(&subject, &i.upload_id)?;
-        if upload.bucket != i.bucket || upload.key != i.key {
-            return Err(S3Error::new(S3ErrorCode::NoSuchUpload));
-        }
+        self.uploads.get_to(&subject, &i.upload_id, &i.bucket, &i.key)?;
         let op = object_path(&i.bucket, &i.key)?;
+        let create_only = objects::create_only(&i.if_match, &i.if_none_match)?;
         let parts: Vec<(i32, String)> = i
             .multipart_upload
             .and_then(|m| m.parts)
@@ -617,7 +603,8 @@ impl S3 for Door {
             .into_iter()
             .map(|p| (p.part_number.unwrap_or(0), p.e_tag.map(|e| e.value().to_string()).unwrap_or_default()))
             .collect();
-        let tag = self.uploads.complete(&self.shared, &self.records, &subject, &i.upload_id, &op, &parts).await?;
+        let (id, uploads) = (&i.upload_id, &self.uploads);
+        let tag = uploads.complete(&self.shared, &self.records, &subject, id, &op, &parts, create_only).await?;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(i.bucket.clone()),
             key: Some(i.key.clone()),

@@ -7,6 +7,7 @@
 use crate::meta::{Record, Records};
 use crate::names::ObjectPath;
 use crate::objects::{start_upload, MAX_PUT};
+use locus_proto::ops::PUT_NEW;
 use locus_server::acting::Acting;
 use locus_server::Shared;
 use md5::{Digest, Md5};
@@ -105,6 +106,15 @@ impl Uploads {
             return Err(no_upload());
         }
         Ok(upload)
+    }
+
+    /// Upload `id` of `subject`, which must be to `key` in `bucket` (else `NoSuchUpload`).
+    pub fn get_to(&self, subject: &str, id: &str, bucket: &str, key: &str) -> S3Result<Upload> {
+        let upload = self.get(subject, id)?;
+        match upload.bucket == bucket && upload.key == key {
+            true => Ok(upload),
+            false => Err(no_upload()),
+        }
     }
 
     /// Begins an upload; answers its id.
@@ -235,6 +245,7 @@ impl Uploads {
         id: &str,
         op: &ObjectPath,
         chosen: &[(i32, String)],
+        create_only: bool,
     ) -> S3Result<String> {
         let upload = self.get(subject, id)?;
         let dir = self.dir_of(id)?;
@@ -266,7 +277,7 @@ impl Uploads {
         let files: Vec<(PathBuf, u64)> =
             files.into_iter().map(|(name, size)| (claim.join(name.file_name().unwrap_or_default()), size)).collect();
         let (shared_, subject_, op_) = (shared.clone(), subject.to_string(), op.clone());
-        let attr = tokio::task::spawn_blocking(move || concatenate(&shared_, &subject_, &op_, &files))
+        let attr = tokio::task::spawn_blocking(move || concatenate(&shared_, &subject_, &op_, &files, create_only))
             .await
             .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))
             .and_then(|done| done);
@@ -326,12 +337,15 @@ fn random8() -> [u8; 8] {
 
 /// Appends `files` (path, size) in order to one `put` of `op` as `subject`: in the
 /// kernel (`copy_file_range`) on a plain server, through memory on a cluster head. The
-/// parts are opened first, so a missing one changes nothing in the export.
+/// parts are opened first, so a missing one changes nothing in the export. With
+/// `create_only`, a key that holds an object when the upload ends is `PreconditionFailed`
+/// (and the upload is given back by the caller).
 fn concatenate(
     shared: &Arc<Shared>,
     subject: &str,
     op: &ObjectPath,
     files: &[(PathBuf, u64)],
+    create_only: bool,
 ) -> S3Result<locus_proto::types::Attr> {
     let opened = files
         .iter()
@@ -339,14 +353,14 @@ fn concatenate(
         .collect::<S3Result<Vec<_>>>()?;
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;
-    start_upload(&mut session, op, 0o644)?;
+    start_upload(&mut session, op, if create_only { 0o644 | PUT_NEW } else { 0o644 })?;
     for (file, size) in &opened {
         let n = session.put_file(file).map_err(object_err)?;
         if n != *size {
             return Err(err(S3ErrorCode::InternalError, format!("a part held {n} bytes, not the {size} received")));
         }
     }
-    let attr = session.put_more(&[], true).map_err(object_err)?;
+    let attr = session.put_more(&[], true).map_err(|e| crate::objects::upload_error(e, create_only))?;
     attr.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))
 }
 

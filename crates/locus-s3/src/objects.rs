@@ -286,6 +286,27 @@ pub async fn copy_source(
     Ok((from, source))
 }
 
+/// Whether a write's conditions make it create-only (`If-None-Match: *`); any other
+/// condition on a write is `NotImplemented`.
+pub fn create_only(if_match: &Option<ETagCondition>, if_none_match: &Option<ETagCondition>) -> S3Result<bool> {
+    if if_match.is_some() || if_none_match.as_ref().is_some_and(|c| !c.is_any()) {
+        return Err(S3Error::with_message(
+            S3ErrorCode::NotImplemented,
+            "conditional writes other than If-None-Match: * are not offered",
+        ));
+    }
+    Ok(if_none_match.is_some())
+}
+
+/// The error of a create-only upload's end (`PUT_NEW`): a name taken meanwhile is S3's
+/// `PreconditionFailed`.
+pub fn upload_error(e: WireError, create_only: bool) -> S3Error {
+    match e.code == Code::EXIST && create_only {
+        true => S3Error::new(S3ErrorCode::PreconditionFailed),
+        false => object_error(e),
+    }
+}
+
 /// What a `PUT` stores besides the bytes.
 #[derive(Default)]
 pub struct PutMeta {
@@ -344,7 +365,7 @@ pub fn start_upload(session: &mut Acting, op: &ObjectPath, mode: u32) -> S3Resul
         }
     }
     match session.put_start(&op.path, mode) {
-        Err(e) if e.code == Code::EXIST && mode & PUT_NEW != 0 => Err(S3Error::new(S3ErrorCode::PreconditionFailed)),
+        Err(e) if e.code == Code::EXIST => Err(upload_error(e, mode & PUT_NEW != 0)),
         Err(e) if e.code == Code::NOENT && dir == op.bucket_dir => {
             Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, "no such bucket"))
         }
@@ -440,10 +461,7 @@ pub async fn put(
     }
     let sums = meta.checksum.map(Checksum::check).transpose()?;
     let attr = tokio::task::block_in_place(|| session.put_more(&[], true))
-        .map_err(|e| match e.code == Code::EXIST && meta.create_only {
-            true => S3Error::new(S3ErrorCode::PreconditionFailed),
-            false => object_error(e),
-        })?
+        .map_err(|e| upload_error(e, meta.create_only))?
         .ok_or_else(|| S3Error::with_message(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
     let etag = hex::encode(digest);
     let record = Record { etag: etag.clone(), content_type: meta.content_type, metadata: meta.metadata };

@@ -253,14 +253,16 @@ async fn frame_loop<S: Connection>(
         };
         let meta = until(deadline, read_vec(reader, &mut pool, header.meta_len)).await?;
         let started = Instant::now();
-        let serving = shared.callbacks.serving();
         let direct = (header.op == pwrite_code
             && header.data_len >= splice::SPLICE_MIN
             && session.authenticated()
             && reader.get_ref().plain_socket().is_some())
         .then(|| session.direct_write_target(&meta))
         .flatten();
+        // Held while the request may change files (not while its bytes are awaited).
+        let serving;
         let outcome = if let Some((file, offset)) = direct {
+            serving = shared.callbacks.serving();
             match splice::receive_into_file(reader, &mut pipe, &file, offset, header.data_len as u64).await? {
                 Ok(n) => {
                     session.wrote_directly(&file);
@@ -270,6 +272,7 @@ async fn frame_loop<S: Connection>(
             }
         } else {
             let data = until(deadline, read_vec(reader, &mut pool, header.data_len)).await?;
+            serving = shared.callbacks.serving();
             if session.is_uploading(header.id) {
                 session.put_more(header.id, &data, header.more())
             } else if !session.authenticated() && header.op > 0x03 {

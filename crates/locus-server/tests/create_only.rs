@@ -62,3 +62,23 @@ async fn a_create_only_put_makes_a_new_file_or_nothing_on_a_cluster_head() {
     let _node = TestServer::data_node(&head);
     create_only_holds(&head).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_only_put_finds_the_name_made_on_another_device() {
+    // Two devices under one namespace: the upload's hidden file is on one; a writer
+    // beside it makes the name on the other while the upload is under way.
+    let s = TestServer::start_with(|c| c.devices = vec![c.root.parent().unwrap().join("dev1")]);
+    let devices = [s.root(), s.scratch().join("dev1")];
+    let a = s.client("admin").await;
+    let mut up = a.put_stream("/raced", 0o644 | PUT_NEW).unwrap();
+    up.write(&vec![7u8; 3 << 20]).await.unwrap();
+    a.ping().await.unwrap();
+    let hidden = |d: &std::path::Path| {
+        std::fs::read_dir(d).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".__locus_put"))
+    };
+    let other = devices.iter().find(|d| !hidden(d)).expect("the upload is on one device");
+    std::fs::write(other.join("raced"), b"theirs").unwrap();
+    assert_eq!(up.finish().await.unwrap_err().code(), Code::EXIST);
+    assert_eq!(a.read_file("/raced").await.unwrap(), b"theirs");
+    assert!(devices.iter().all(|d| !hidden(d)), "the upload's hidden file is gone");
+}

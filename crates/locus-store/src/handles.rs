@@ -262,6 +262,14 @@ impl PutFile {
         }
         let replaced = last_link(self.removals.as_ref(), dir, &self.name);
         let _names = self.namespace.as_ref().map(|n| n.lock());
+        // With several devices the name may have been made on another one meanwhile:
+        // an upload that must not replace finds it there (under the namespace's lock,
+        // which every rename into the namespace holds).
+        let elsewhere =
+            |other: &OwnedFd| rustix::fs::statat(other, self.name.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok();
+        if self.no_replace && self.others.iter().any(elsewhere) {
+            return Err(StoreError::Os { op: "put", path: self.name.clone(), errno: Errno::EXIST });
+        }
         match self.no_replace {
             true => rustix::fs::renameat_with(
                 dir,

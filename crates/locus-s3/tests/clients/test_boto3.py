@@ -154,6 +154,26 @@ def test_create_only_puts_race_and_one_wins(server, s3, bucket):
     assert sorted(p.name for p in (server["root"] / bucket).iterdir()) == ["raced"]
 
 
+def test_a_create_only_completion_leaves_a_taken_key_and_its_upload(server, s3, bucket):
+    data = os.urandom(1 << 20)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="done")["UploadId"]
+    tag = s3.upload_part(Bucket=bucket, Key="done", UploadId=uid, PartNumber=1, Body=data)["ETag"]
+    s3.put_object(Bucket=bucket, Key="done", Body=b"made meanwhile")
+    parts = {"Parts": [{"PartNumber": 1, "ETag": tag}]}
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="done", UploadId=uid, MultipartUpload=parts, IfNoneMatch="*")
+    assert status(e) == 412
+    assert s3.get_object(Bucket=bucket, Key="done")["Body"].read() == b"made meanwhile"
+    # The upload is given back: once the key is free, it completes.
+    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [uid]
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        s3.complete_multipart_upload(Bucket=bucket, Key="done", UploadId=uid, MultipartUpload=parts, IfMatch='"x"')
+    assert code(e) == "NotImplemented"
+    s3.delete_object(Bucket=bucket, Key="done")
+    s3.complete_multipart_upload(Bucket=bucket, Key="done", UploadId=uid, MultipartUpload=parts, IfNoneMatch="*")
+    assert s3.get_object(Bucket=bucket, Key="done")["Body"].read() == data
+
+
 HELLO_CRC32 = "DUoRhQ=="  # the CRC32 of b"hello world", base64 (as the SDKs send it)
 
 
@@ -198,7 +218,7 @@ def test_checksums_sent_beside_bodies_are_checked(server, s3, bucket):
     st, said = chunked("t", b"hello worle", b"x-amz-checksum-crc32:" + HELLO_CRC32.encode())
     assert st == 400 and b"BadDigest" in said, said
     st, said = chunked("t", b"hello worle", b"x-amz-checksum-nothing:x")
-    assert st == 400, said
+    assert st == 400 and b"IncompleteBody" in said, said
     assert s3.get_object(Bucket=bucket, Key="t")["Body"].read() == b"hello world"
 
 

@@ -889,6 +889,10 @@ impl Handler for HeadSession {
     }
 
     fn write_commit(&mut self, req: WriteCommit, _: Bytes) -> Reply<Attr> {
+        if req.mode & locus_proto::ops::PUT_NEW != 0 {
+            // Its bytes are on the nodes already; a create-only write goes as a `put`.
+            return Err(WireError::new(Code::INVAL, "a third-party write replaces: send a create-only write as a put"));
+        }
         let path = normalise(&req.path).map_err(meta_err)?;
         let who = self.need(governing(&path, false), Rights::WRITE)?;
         let head = self.head.clone();

@@ -261,11 +261,16 @@ impl Session {
             return Err(WireError::new(Code(24), "too many uploads in progress on this connection"));
             // EMFILE
         }
+        let new_only = req.mode & locus_proto::ops::PUT_NEW != 0;
+        if new_only && self.shared.store.lstat(who, &req.path).is_ok() {
+            // Refused before any byte is stored; the rename checks again at the end.
+            return Err(WireError::new(Code::EXIST, format!("{}: exists", req.path)));
+        }
         let mut put = store(self.shared.store.begin_put(who, &req.path, req.mode & 0o7777))?;
         put.durable = durable;
         // A version written under a capability never replaces one already there, nor
         // does a create-only put.
-        put.no_replace = exact.is_some() || req.mode & locus_proto::ops::PUT_NEW != 0;
+        put.no_replace = exact.is_some() || new_only;
         let mut upload = Upload { put, path: req.path, exact, written: 0 };
         upload.write(&data)?;
         if more {
