@@ -71,8 +71,18 @@ fn mount_run_and_get_read_from_the_data_node() {
     assert_eq!(answered(&head, "get"), 0);
 }
 
+/// A free port no other test of this binary was given: the tests here run at once and
+/// bind their ports only later, so two of them handed the same port would each find
+/// the other's server listening there (and one test would go on with a stranger).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 fn wait_for_port(port: u16) {
@@ -94,7 +104,7 @@ fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Chi
     if flags.contains(&"--data-node") {
         command.env("LOCUS_TOKEN", "locus-node:node-token");
     }
-    let child = command
+    let mut child = command
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .arg("--root")
         .arg(&root)
@@ -105,6 +115,8 @@ fn serve(dir: &Path, name: &str, port: u16, flags: &[&str]) -> std::process::Chi
         .spawn()
         .unwrap();
     wait_for_port(port);
+    // What listens is this server, not one that took the port first.
+    assert!(child.try_wait().unwrap().is_none(), "{name}: `locus serve` on {port} exited (the port was taken?)");
     child
 }
 

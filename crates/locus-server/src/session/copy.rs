@@ -28,6 +28,9 @@ impl Session {
         let mut put = store(self.shared.store.begin_put(&who, &req.to, attr.mode & 0o7777))?;
         let (shared, by) = (self.shared.clone(), self.client_id);
         let copy = move || -> Result<Attr, WireError> {
+            // Under way until the change is recorded, wherever the copy runs (see
+            // `Callbacks::serving`).
+            let _serving = shared.callbacks.serving();
             store(put.copy_from(&from))?;
             let attr = store(put.finish())?;
             shared.callbacks.changed(&shared.registry, by, &[&req.to], true);
