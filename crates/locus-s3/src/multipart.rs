@@ -159,6 +159,7 @@ impl Uploads {
         }
         let tmp = dir.join(format!("{number}.tmp{}", hex::encode(random8())));
         let mut file = std::fs::File::create(&tmp).map_err(io_err)?;
+        let mut hidden = Unkept(Some(tmp.clone()));
         let written = crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
             file.write_all(bytes).map_err(io_err)
         })
@@ -172,20 +173,12 @@ impl Uploads {
             }
             Ok((digest, checksum.map(crate::checksums::Checksum::check).transpose()?))
         });
-        let (digest, sums) = match checked {
-            Ok(checked) => checked,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
+        let (digest, sums) = checked?;
         let etag = hex::encode(digest);
         // One name per part number: `N.ETAG`; an earlier one goes once this one is
         // there (so a part sent again is never missing meanwhile).
-        if let Err(e) = std::fs::rename(&tmp, dir.join(format!("{number}.{etag}"))) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_err(e));
-        }
+        std::fs::rename(&tmp, dir.join(format!("{number}.{etag}"))).map_err(io_err)?;
+        hidden.0 = None;
         for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number && p.etag != etag) {
             let _ = std::fs::remove_file(dir.join(format!("{}.{}", old.number, old.etag)));
         }
@@ -394,4 +387,17 @@ pub fn copy_range(range: Option<&str>, source: &crate::objects::Readable) -> S3R
         return Err(bad());
     }
     Ok((first, last + 1))
+}
+
+/// A part's hidden file until it is kept under its name: removed when the part fails,
+/// and when the request is dropped mid-body (its client gone), so nothing is left in
+/// the upload.
+struct Unkept(Option<PathBuf>);
+
+impl Drop for Unkept {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
 }

@@ -125,6 +125,36 @@ def signed_request(server, method, path, headers, body=b""):
     return p.url, dict(p.headers)
 
 
+def test_a_part_whose_client_goes_mid_body_leaves_nothing(server, s3, bucket):
+    import http.client
+    import time
+    import urllib.parse
+
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="gone")["UploadId"]
+    url, headers = signed_request(server, "PUT", f"/{bucket}/gone?partNumber=1&uploadId={uid}", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(8 << 20)})
+    at = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
+    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
+    for k, v in headers.items():
+        if k.lower() != "host":
+            conn.putheader(k, v)
+    conn.endheaders()
+    conn.send(os.urandom(2 << 20))
+    upload_dir = server["state"] / "s3-uploads" / uid
+    deadline = time.time() + 10
+    while not any(".tmp" in p.name for p in upload_dir.iterdir()):
+        assert time.time() < deadline, "the part never began"
+        time.sleep(0.05)
+    conn.sock.close()  # the client goes, half its part sent
+    deadline = time.time() + 10
+    while any(".tmp" in p.name for p in upload_dir.iterdir()):
+        assert time.time() < deadline, sorted(p.name for p in upload_dir.iterdir())
+        time.sleep(0.05)
+    assert s3.list_parts(Bucket=bucket, Key="gone", UploadId=uid).get("Parts", []) == []
+    s3.abort_multipart_upload(Bucket=bucket, Key="gone", UploadId=uid)
+
+
 def test_create_only_puts_race_and_one_wins(server, s3, bucket):
     # A create-only PUT begins (its upload is under way at the server, half its bytes
     # sent); another client makes the key meanwhile; the first PUT's end finds the key
