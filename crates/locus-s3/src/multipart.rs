@@ -223,7 +223,12 @@ impl Uploads {
     /// Ends upload `id` without storing anything.
     pub fn abort(&self, subject: &str, id: &str) -> S3Result<()> {
         self.get(subject, id)?;
-        std::fs::remove_dir_all(self.dir_of(id)?).map_err(io_err)
+        // Claimed first, as a completion claims it: of an abort and a completion at once,
+        // one finds no upload (removing it in place let a completion claim it half
+        // emptied, and give back an empty directory when its parts were gone).
+        let claim = self.dir.join(format!("{id}.aborting"));
+        std::fs::rename(self.dir_of(id)?, &claim).map_err(io_err)?;
+        std::fs::remove_dir_all(&claim).map_err(io_err)
     }
 
     /// Completes upload `id` with `chosen` parts (number, ETag), which must be in
