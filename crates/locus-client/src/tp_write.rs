@@ -41,6 +41,7 @@ impl Client {
 
     /// Where to send a new version of `size` bytes, if the server is a head that takes
     /// a third-party write of it.
+    ///
     /// A create-only write (`PUT_NEW` in `mode`) goes through the head, which checks
     /// the name when it commits.
     pub(crate) async fn write_target(&self, path: &str, mode: u32, size: u64) -> Result<Option<WriteTarget>> {

@@ -365,11 +365,10 @@ pub fn start_upload(session: &mut Acting, op: &ObjectPath, mode: u32) -> S3Resul
         }
     }
     match session.put_start(&op.path, mode) {
-        Err(e) if e.code == Code::EXIST => Err(upload_error(e, mode & PUT_NEW != 0)),
         Err(e) if e.code == Code::NOENT && dir == op.bucket_dir => {
             Err(S3Error::with_message(S3ErrorCode::NoSuchBucket, "no such bucket"))
         }
-        other => other.map_err(object_error),
+        other => other.map_err(|e| upload_error(e, mode & PUT_NEW != 0)),
     }
 }
 
