@@ -35,6 +35,17 @@ impl Freshener {
     pub(crate) fn start(root: PathBuf) -> Option<Freshener> {
         let (listed, heard) = channel::<String>();
         let sweep = move || {
+            // This thread asks the mount its own process serves. Its table of descriptors
+            // is made its own and holds none of the process's (/dev/fuse, the rings): a
+            // process killed while this thread waits for an answer then still lets go of
+            // /dev/fuse, which aborts the connection and ends the wait. Sharing the table,
+            // the waiting thread kept /dev/fuse open and the killed process never ended.
+            // SAFETY: unshare and close_range act on this thread's own descriptor table.
+            unsafe {
+                if libc::unshare(libc::CLONE_FILES) == 0 {
+                    libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                }
+            }
             let mut pending: Option<BTreeSet<String>> = None;
             loop {
                 let mut due = match pending.take() {
