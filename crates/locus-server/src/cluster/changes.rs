@@ -101,14 +101,13 @@ impl Head {
         if !listening {
             return;
         }
-        let (tx, rx) = mpsc::channel::<Change>();
+        let (tx, rx) = mpsc::channel::<Vec<Change>>();
         *self.announce.lock() = Some(tx);
         let head = Arc::downgrade(self);
         let announcing = move || {
-            while let Ok(first) = rx.recv() {
-                let mut changes = vec![first];
+            while let Ok(mut changes) = rx.recv() {
                 while let (true, Ok(more)) = (changes.len() < BATCH, rx.try_recv()) {
-                    changes.push(more);
+                    changes.extend(more);
                 }
                 let payloads = payloads(me, changes);
                 loop {
@@ -135,12 +134,12 @@ impl Head {
     }
 
     /// Announces to the other heads that `paths` changed (with `names`: names were made
-    /// or removed there).
+    /// or removed there). The paths of one change go together, in one notice where
+    /// they fit: a client told of one of them is not told of the others later, after
+    /// it asked again (a rename's two names, say).
     pub(crate) fn announce(&self, paths: &[&str], names: bool) {
         if let Some(tx) = self.announce.lock().as_ref() {
-            for p in paths {
-                let _ = tx.send((names, p.to_string()));
-            }
+            let _ = tx.send(paths.iter().map(|p| (names, p.to_string())).collect());
         }
     }
 }

@@ -79,7 +79,7 @@ pub struct Head {
     pub(crate) io: Option<tokio::runtime::Runtime>,
     /// Where this head's changes go to be announced to the other heads (none: the
     /// engine has no other heads).
-    pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<Change>>>,
+    pub(crate) announce: Mutex<Option<std::sync::mpsc::Sender<Vec<Change>>>>,
     /// The server this head answers for (its storelet host runs what the head runs
     /// itself while it has no data node).
     pub(crate) shared: std::sync::OnceLock<std::sync::Weak<crate::Shared>>,
