@@ -62,13 +62,25 @@ impl Acting {
         crate::dispatch::dispatch(&mut *self.session, Put::INFO.code, &put, Bytes::new()).map(drop)
     }
 
-    /// Appends the whole of `from` (a file of the server's own, outside the export) to
-    /// the upload, in the kernel where the session can; answers how many bytes it held.
-    pub fn put_file(&mut self, from: &std::fs::File) -> Result<u64, WireError> {
+    /// Appends `len` bytes of `from` (a file of the server's own, outside the export)
+    /// from offset `at` to the upload, in the kernel where the session can; answers how
+    /// many came.
+    pub fn put_file(&mut self, from: &std::fs::File, at: u64, len: u64) -> Result<u64, WireError> {
         if !self.session.is_uploading(UPLOAD) {
             return Err(WireError::new(Code::INVAL, "no upload is under way"));
         }
-        self.session.put_file(UPLOAD, from)
+        self.session.put_file(UPLOAD, from, at, len)
+    }
+
+    /// Makes the file at `from` (the server's own, outside the export, given up to the
+    /// upload) its whole content without a copy, before anything else was sent; answers
+    /// its size, or `None` where the session cannot (another file system, a cluster
+    /// head), and then the file is where it was.
+    pub fn put_adopt(&mut self, from: &std::path::Path) -> Result<Option<u64>, WireError> {
+        if !self.session.is_uploading(UPLOAD) {
+            return Err(WireError::new(Code::INVAL, "no upload is under way"));
+        }
+        self.session.put_adopt(UPLOAD, from)
     }
 
     /// Appends `data` to the upload; with `last`, the file becomes what was sent, and

@@ -28,22 +28,32 @@ pub trait Connection: dispatch::Handler {
     fn is_uploading(&self, id: u32) -> bool;
     /// Handles a continuation frame of an upload.
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError>;
-    /// Appends the whole of `from` (a file of the server's own, outside the export) to
-    /// upload `id`, which goes on; answers how many bytes it held. By default through
-    /// memory; a plain server's session copies in the kernel.
-    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<u64, WireError> {
+    /// Appends `len` bytes of `from` (a file of the server's own, outside the export)
+    /// from offset `at` to upload `id`, which goes on; answers how many bytes came
+    /// (fewer where `from` ends first). By default through memory; a plain server's
+    /// session copies in the kernel.
+    fn put_file(&mut self, id: u32, from: &std::fs::File, at: u64, len: u64) -> Result<u64, WireError> {
         let mut buf = vec![0u8; 1 << 20];
-        let mut at = 0u64;
-        loop {
-            let n = match rustix::io::pread(from, &mut buf[..], at) {
-                Ok(0) => return Ok(at),
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(buf.len() as u64) as usize;
+            let n = match rustix::io::pread(from, &mut buf[..want], at + done) {
+                Ok(0) => break,
                 Ok(n) => n,
                 Err(rustix::io::Errno::INTR) => continue,
                 Err(e) => return Err(WireError::new(locus_proto::Code::IO, format!("reading a part: {e}"))),
             };
             self.put_more(id, &buf[..n], true)?;
-            at += n as u64;
+            done += n as u64;
         }
+        Ok(done)
+    }
+    /// Makes the file at `from` (the server's own, outside the export) upload `id`'s
+    /// content without a copy, where nothing was sent to it yet; answers its size, or
+    /// `None` where it cannot (another file system, a cluster head): the caller sends
+    /// the bytes instead.
+    fn put_adopt(&mut self, _id: u32, _from: &std::path::Path) -> Result<Option<u64>, WireError> {
+        Ok(None)
     }
     /// For a `pwrite` whose data may go straight from the socket into a file: the file
     /// and offset (see [`crate::Session::direct_write_target`]).

@@ -195,26 +195,64 @@ impl PutFile {
     pub fn copy_from(&mut self, from: &OpenFile) -> Result<u64> {
         from.check_readable()?;
         let start = Instant::now();
-        let at = self.append_fd(&from.file, &from.rel)?;
+        let at = self.append_fd(&from.file, 0, u64::MAX, &from.rel)?;
         from.io.read(at, start.elapsed());
+        self.io.write(at, start.elapsed());
         Ok(at)
     }
 
-    /// Appends the whole of `from`, a file outside the export (a part of an S3 multipart
-    /// upload in the state directory, say), in the kernel as [`PutFile::copy_from`] does;
-    /// counted as this upload's writes; answers how many bytes came.
-    pub fn append_file(&mut self, from: &File) -> Result<u64> {
-        self.append_fd(from, "a file of the server's")
+    /// Appends `len` bytes of `from` (a file outside the export: an S3 multipart upload
+    /// in the state directory, say) from offset `at`, in the kernel as
+    /// [`PutFile::copy_from`] does; counted as this upload's writes; answers how many
+    /// bytes came (fewer where `from` ends first).
+    pub fn append_file(&mut self, from: &File, at: u64, len: u64) -> Result<u64> {
+        let start = Instant::now();
+        let n = self.append_fd(from, at, len, "a file of the server's")?;
+        self.io.write(n, start.elapsed());
+        Ok(n)
     }
 
-    /// Copies `from` from its start to its end onto the upload's end, counted as writes.
-    fn append_fd(&mut self, from: &File, what: &str) -> Result<u64> {
+    /// Makes the file at `from` (outside the export, on the file system the upload goes
+    /// to, written by nobody from now on) the upload's content in place of what was
+    /// written so far, which must be nothing, by giving it a second name (so an S3
+    /// multipart upload assembled in the state directory becomes the object without a
+    /// copy, and is still there if the upload fails; its caller removes it). Answers its
+    /// size. Across file systems this is `EXDEV`, and the upload is unchanged.
+    pub fn adopt(&mut self, from: &std::path::Path) -> Result<u64> {
+        let what = || from.display().to_string();
+        if rustix::fs::fstat(&self.file).ctx("put", &self.name)?.st_size != 0 {
+            return Err(StoreError::Invalid(format!("{}: an upload takes a file only before its bytes", self.name)));
+        }
         let start = Instant::now();
-        let (mut at, mut kernel) = (0u64, true);
+        let flags = OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+        let file = File::from(rustix::fs::open(from, flags, Mode::empty()).ctx("put", &what())?);
+        let opened = rustix::fs::fstat(&file).ctx("put", &what())?;
+        let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
+        let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
+        rustix::fs::linkat(rustix::fs::CWD, from, dir, tmp.as_str(), AtFlags::empty()).ctx("link", &what())?;
+        // The name linked must be the file opened (nothing swapped it meanwhile).
+        let linked = rustix::fs::statat(dir, tmp.as_str(), AtFlags::SYMLINK_NOFOLLOW);
+        if !linked.is_ok_and(|l| (l.st_dev, l.st_ino) == (opened.st_dev, opened.st_ino)) {
+            let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+            return Err(StoreError::Invalid(format!("{}: changed while it was being taken", what())));
+        }
+        let _ = rustix::fs::unlinkat(dir, self.tmp.as_str(), AtFlags::empty());
+        (self.file, self.tmp) = (file, tmp);
+        let size = opened.st_size as u64;
+        self.io.write(size, start.elapsed());
+        Ok(size)
+    }
+
+    /// Copies `len` bytes of `from` from offset `at` onto the upload's end, uncounted;
+    /// answers how many came.
+    fn append_fd(&mut self, from: &File, at: u64, len: u64, what: &str) -> Result<u64> {
+        let (mut done, mut kernel) = (0u64, true);
         let mut buf = Vec::new();
-        loop {
+        while done < len {
+            let want = (len - done).min(1 << 30) as usize;
+            let mut from_at = at + done;
             let n = if kernel {
-                match rustix::fs::copy_file_range(from, Some(&mut at), &self.file, None, 1 << 30) {
+                match rustix::fs::copy_file_range(from, Some(&mut from_at), &self.file, None, want) {
                     Ok(n) => n,
                     Err(Errno::INTR | Errno::AGAIN) => continue,
                     // Across file systems, or on one that cannot: through memory.
@@ -226,21 +264,21 @@ impl PutFile {
                     Err(e) => return Err(e).ctx("copy", what),
                 }
             } else {
-                let n = match rustix::io::pread(from, &mut buf[..], at) {
+                let take = want.min(buf.len());
+                let n = match rustix::io::pread(from, &mut buf[..take], from_at) {
                     Ok(n) => n,
                     Err(Errno::INTR) => continue,
                     Err(e) => return Err(e).ctx("copy", what),
                 };
                 self.write_all(&buf[..n])?;
-                at += n as u64;
                 n
             };
             if n == 0 {
                 break;
             }
+            done += n as u64;
         }
-        self.io.write(at, start.elapsed());
-        Ok(at)
+        Ok(done)
     }
 
     /// Writes `data` at the upload's end, uncounted.

@@ -604,12 +604,16 @@ mod tests {
         put.write(b"head").unwrap();
         for part in [outside.join("1"), shm.path().join("3"), outside.join("2")] {
             let f = std::fs::File::open(part).unwrap();
-            let n = put.append_file(&f).unwrap();
+            let n = put.append_file(&f, 0, u64::MAX).unwrap();
             assert_eq!(n, f.metadata().unwrap().len());
+        }
+        // A range of one, from each kind of file system.
+        for part in [outside.join("1"), shm.path().join("3")] {
+            assert_eq!(put.append_file(&std::fs::File::open(part).unwrap(), 1000, 5).unwrap(), 5);
         }
         assert!(!export.join("whole.bin").exists(), "nothing shows before the upload ends");
         let attr = put.finish().unwrap();
-        let want = [&b"head"[..], &first, &other, b"tail"].concat();
+        let want = [&b"head"[..], &first, &other, b"tail", &first[1000..1005], &other[1000..1005]].concat();
         assert_eq!(attr.size, want.len() as u64);
         assert_eq!(std::fs::read(export.join("whole.bin")).unwrap(), want);
     }
@@ -631,5 +635,33 @@ mod tests {
         }
         assert_eq!(store.rights("bob", "/sub").unwrap(), Rights::READ);
         assert_eq!(store.rights("bob", "/sub/..").unwrap(), Rights::EXECUTE);
+    }
+
+    #[test]
+    fn an_upload_adopts_a_file_of_its_file_system_and_refuses_one_of_another() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (export, outside) = (tmp.path().join("export"), tmp.path().join("assembled"));
+        std::fs::create_dir_all(&export).unwrap();
+        let mut initial = Acl::default();
+        initial.set("admin", Rights::ALL);
+        let store = Store::new(&export, &initial).unwrap();
+        std::fs::write(&outside, b"assembled elsewhere").unwrap();
+        let mut put = store.begin_put("admin", "/adopted", 0o640).unwrap();
+        assert_eq!(put.adopt(&outside).unwrap(), 19);
+        put.finish().unwrap();
+        assert!(outside.exists(), "the file keeps its own name");
+        assert_eq!(std::fs::read(export.join("adopted")).unwrap(), b"assembled elsewhere");
+        // From tmpfs: EXDEV, and the upload goes on as it was.
+        let shm = tempfile::tempdir_in("/dev/shm").expect("/dev/shm for a file on another file system");
+        std::fs::write(shm.path().join("x"), b"other").unwrap();
+        let mut put = store.begin_put("admin", "/adopted", 0o640).unwrap();
+        assert!(matches!(put.adopt(&shm.path().join("x")), Err(StoreError::Os { errno: Errno::XDEV, .. })));
+        put.write(b"written").unwrap();
+        // Only before any byte was written.
+        std::fs::write(&outside, b"late").unwrap();
+        assert!(put.adopt(&outside).is_err());
+        put.finish().unwrap();
+        assert_eq!(std::fs::read(export.join("adopted")).unwrap(), b"written");
+        assert!(shm.path().join("x").exists() && outside.exists());
     }
 }

@@ -125,7 +125,7 @@ def signed_request(server, method, path, headers, body=b""):
     return p.url, dict(p.headers)
 
 
-def test_a_part_whose_client_goes_mid_body_leaves_nothing(server, s3, bucket):
+def test_a_part_whose_client_goes_mid_body_leaves_nothing_and_may_be_sent_again(server, s3, bucket):
     import http.client
     import time
     import urllib.parse
@@ -142,17 +142,35 @@ def test_a_part_whose_client_goes_mid_body_leaves_nothing(server, s3, bucket):
     conn.endheaders()
     conn.send(os.urandom(2 << 20))
     upload_dir = server["state"] / "s3-uploads" / uid
+    # Part 1 fixes the upload's stride and is written in place, in its assembly file.
     deadline = time.time() + 10
-    while not any(".tmp" in p.name for p in upload_dir.iterdir()):
-        assert time.time() < deadline, "the part never began"
+    while not (upload_dir / "1.slot").exists():
+        assert time.time() < deadline, "the part never began: " + str(sorted(p.name for p in upload_dir.iterdir()))
         time.sleep(0.05)
     conn.sock.close()  # the client goes, half its part sent
-    deadline = time.time() + 10
-    while any(".tmp" in p.name for p in upload_dir.iterdir()):
-        assert time.time() < deadline, sorted(p.name for p in upload_dir.iterdir())
-        time.sleep(0.05)
+    # Its writer ends (it held the assembly file under a shared lock).
+    import fcntl
+    with open(upload_dir / "data", "rb") as data:
+        deadline = time.time() + 10
+        while True:
+            try:
+                fcntl.flock(data, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.time() < deadline, "the part's writer never ended"
+                time.sleep(0.05)
+        fcntl.flock(data, fcntl.LOCK_UN)
+    assert not any(".tmp" in p.name for p in upload_dir.iterdir()), sorted(p.name for p in upload_dir.iterdir())
     assert s3.list_parts(Bucket=bucket, Key="gone", UploadId=uid).get("Parts", []) == []
-    s3.abort_multipart_upload(Bucket=bucket, Key="gone", UploadId=uid)
+    # Sent again, the part goes to a file of its own (its place was taken once), and
+    # the object is what was sent.
+    first, last = os.urandom(8 << 20), b"the end"
+    e1 = s3.upload_part(Bucket=bucket, Key="gone", UploadId=uid, PartNumber=1, Body=first)["ETag"]
+    e2 = s3.upload_part(Bucket=bucket, Key="gone", UploadId=uid, PartNumber=2, Body=last)["ETag"]
+    assert any(p.name.startswith("1.") and len(p.name) == 34 for p in upload_dir.iterdir())
+    s3.complete_multipart_upload(Bucket=bucket, Key="gone", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    assert s3.get_object(Bucket=bucket, Key="gone")["Body"].read() == first + last
 
 
 def test_create_only_puts_race_and_one_wins(server, s3, bucket):
@@ -185,7 +203,7 @@ def test_create_only_puts_race_and_one_wins(server, s3, bucket):
 
 
 def test_a_create_only_completion_leaves_a_taken_key_and_its_upload(server, s3, bucket):
-    data = os.urandom(1 << 20)
+    data = os.urandom(5 << 20)  # placed in its upload's assembly file
     uid = s3.create_multipart_upload(Bucket=bucket, Key="done")["UploadId"]
     tag = s3.upload_part(Bucket=bucket, Key="done", UploadId=uid, PartNumber=1, Body=data)["ETag"]
     s3.put_object(Bucket=bucket, Key="done", Body=b"made meanwhile")
@@ -312,6 +330,43 @@ def test_copy_object_is_server_side(server, s3, bucket):
     assert code(e) == "NoSuchKey"
 
 
+def test_parts_of_any_order_and_size_assemble_in_order(server, s3, bucket):
+    def upload(key, sizes, order):
+        uid = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        data = {n: os.urandom(size) for n, size in enumerate(sizes, 1)}
+        tags = {n: s3.upload_part(Bucket=bucket, Key=key, UploadId=uid, PartNumber=n, Body=data[n])["ETag"]
+                for n in order}
+        return uid, data, tags
+
+    def complete(key, uid, tags, numbers):
+        s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=uid, MultipartUpload={
+            "Parts": [{"PartNumber": n, "ETag": tags[n]} for n in numbers]})
+
+    # The last part first (too small to fix the stride: a file of its own), then part 2
+    # (which fixes it at 6 MiB), then part 1: all lie in place but the last, which is
+    # copied to its place; the assembly file becomes the object.
+    uid, data, tags = upload("backwards", [6 << 20, 6 << 20, 1234], [3, 2, 1])
+    assembly = (server["state"] / "s3-uploads" / uid / "data").stat().st_ino
+    complete("backwards", uid, tags, [1, 2, 3])
+    assert (server["root"] / bucket / "backwards").read_bytes() == data[1] + data[2] + data[3]
+    assert (server["root"] / bucket / "backwards").stat().st_ino == assembly
+    # A part larger than the stride (a file of its own) shifts the later ones from their
+    # places: every part is copied in order instead. A part sent again, likewise.
+    uid, data, tags = upload("uneven", [5 << 20, 7 << 20, 5 << 20, 99], [1, 2, 3, 4])
+    data[3] = os.urandom(5 << 20)
+    tags[3] = s3.upload_part(Bucket=bucket, Key="uneven", UploadId=uid, PartNumber=3, Body=data[3])["ETag"]
+    listed = s3.list_parts(Bucket=bucket, Key="uneven", UploadId=uid)["Parts"]
+    assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed] == [
+        (n, len(data[n]), tags[n]) for n in (1, 2, 3, 4)]
+    complete("uneven", uid, tags, [1, 2, 3, 4])
+    assert s3.get_object(Bucket=bucket, Key="uneven")["Body"].read() == data[1] + data[2] + data[3] + data[4]
+    # Parts chosen with gaps: those after a gap are out of place, and copied.
+    uid, data, tags = upload("gaps", [5 << 20, 5 << 20, 5 << 20], [1, 2, 3])
+    complete("gaps", uid, tags, [1, 3])
+    assert s3.get_object(Bucket=bucket, Key="gaps")["Body"].read() == data[1] + data[3]
+    assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
 def test_multipart_upload_of_three_parts(server, s3, bucket):
     part = 5 << 20
     parts_data = [os.urandom(part), os.urandom(part), os.urandom(1234)]
@@ -329,9 +384,13 @@ def test_multipart_upload_of_three_parts(server, s3, bucket):
     with pytest.raises(botocore.exceptions.ClientError) as e:
         s3.head_object(Bucket=bucket, Key="big/object")
     assert status(e) == 404
+    # Every part lies where it belongs in the upload's assembly file, which becomes
+    # the object without a copy.
+    assembly = (server["state"] / "s3-uploads" / uid / "data").stat().st_ino
     done = s3.complete_multipart_upload(
         Bucket=bucket, Key="big/object", UploadId=uid,
         MultipartUpload={"Parts": [{"PartNumber": n, "ETag": t} for n, t in enumerate(etags, 1)]})
+    assert (server["root"] / bucket / "big/object").stat().st_ino == assembly
     md5s = b"".join(hashlib.md5(d).digest() for d in parts_data)
     assert done["ETag"] == '"%s-3"' % hashlib.md5(md5s).hexdigest()
     whole = b"".join(parts_data)

@@ -220,6 +220,29 @@ impl Session {
         self.puts.contains_key(&id)
     }
 
+    /// Runs `f` on upload `id`'s file (with a file of the server's own, not a client's
+    /// bytes: refused for an upload of an exact size) and counts the bytes it answers;
+    /// the upload ends if it fails.
+    fn put_outside(
+        &mut self,
+        id: u32,
+        f: impl FnOnce(&mut PutFile) -> Result<Option<u64>, StoreError>,
+    ) -> Result<Option<u64>, WireError> {
+        let Some(upload) = self.puts.get_mut(&id) else {
+            return Err(WireError::new(Code::INVAL, "no upload is under way"));
+        };
+        let done = match upload.exact {
+            Some(_) => {
+                Err(WireError::new(Code::INVAL, format!("{}: an upload of an exact size takes no file", upload.path)))
+            }
+            None => store(f(&mut upload.put)).inspect(|n| upload.written += n.unwrap_or(0)),
+        };
+        if done.is_err() {
+            self.puts.remove(&id);
+        }
+        done
+    }
+
     /// Handles a continuation frame of an upload: appends, and finishes on the last.
     pub fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Reply<Attr> {
         let upload = self.puts.get_mut(&id).expect("caller checked is_uploading");
@@ -512,21 +535,15 @@ impl crate::Connection for Session {
         Session::is_uploading(self, id)
     }
 
-    fn put_file(&mut self, id: u32, from: &std::fs::File) -> Result<u64, WireError> {
-        let Some(upload) = self.puts.get_mut(&id) else {
-            return Err(WireError::new(Code::INVAL, "no upload is under way"));
-        };
-        // An upload of an exact size (under a capability) counts its bytes as they come.
-        let appended = match upload.exact {
-            Some(_) => {
-                Err(WireError::new(Code::INVAL, format!("{}: an upload of an exact size takes no file", upload.path)))
-            }
-            None => store(upload.put.append_file(from)).inspect(|n| upload.written += n),
-        };
-        if appended.is_err() {
-            self.puts.remove(&id);
-        }
-        appended
+    fn put_file(&mut self, id: u32, from: &std::fs::File, at: u64, len: u64) -> Result<u64, WireError> {
+        self.put_outside(id, |put| put.append_file(from, at, len).map(Some)).map(|n| n.unwrap_or(0))
+    }
+
+    fn put_adopt(&mut self, id: u32, from: &std::path::Path) -> Result<Option<u64>, WireError> {
+        self.put_outside(id, |put| match put.adopt(from) {
+            Err(locus_store::StoreError::Os { errno: rustix::io::Errno::XDEV, .. }) => Ok(None),
+            other => other.map(Some),
+        })
     }
 
     fn put_more(&mut self, id: u32, data: &[u8], more: bool) -> Result<Encoded, WireError> {
