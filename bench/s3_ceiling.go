@@ -3,18 +3,23 @@
 // read or discard the body, answer), with no signature check, no file system and no
 // metadata. A GET answers the same 4 KiB from memory (or, for a key ending in
 // ".big", SIZE_MIB of zeros, with one Range if asked); a PUT reads its body and answers
-// an ETag (its MD5, as an S3 server must compute it).
+// an ETag (its MD5, as an S3 server must compute it). Given a DIR, a PUT also does the
+// rest of what a server that checks signed payloads and keeps what it is sent cannot
+// skip: the SHA-256 of the body (a SigV4 signed payload) and a write of it to a file in
+// DIR (one per part number, written again each time).
 //
-//	go build -o /tmp/s3_ceiling bench/s3_ceiling.go && /tmp/s3_ceiling 127.0.0.1:PORT [SIZE_MIB]
+//	go build -o /tmp/s3_ceiling bench/s3_ceiling.go && /tmp/s3_ceiling 127.0.0.1:PORT [SIZE_MIB [DIR]]
 package main
 
 import (
 	"crypto/md5"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -25,12 +30,27 @@ func main() {
 	if len(os.Args) > 2 {
 		bigMiB, _ = strconv.Atoi(os.Args[2])
 	}
+	dir := ""
+	if len(os.Args) > 3 {
+		dir = os.Args[3]
+	}
 	chunk := make([]byte, 1<<20)
 	h := func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodPut, http.MethodPost:
 			sum := md5.New()
-			io.Copy(sum, r.Body)
+			if dir == "" {
+				io.Copy(sum, r.Body)
+			} else {
+				name := "part-" + r.URL.Query().Get("partNumber")
+				f, err := os.Create(filepath.Join(dir, filepath.Base(name)))
+				if err != nil {
+					w.WriteHeader(http.StatusInternalServerError)
+					return
+				}
+				io.Copy(io.MultiWriter(sum, sha256.New(), f), r.Body)
+				f.Close()
+			}
 			w.Header().Set("ETag", "\""+hex.EncodeToString(sum.Sum(nil))+"\"")
 			if r.URL.Query().Has("uploads") {
 				fmt.Fprint(w, "<InitiateMultipartUploadResult><UploadId>u</UploadId></InitiateMultipartUploadResult>")
