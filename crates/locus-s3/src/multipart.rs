@@ -480,24 +480,32 @@ fn assemble(
         rustix::fs::flock(f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| io_err(e.into()))?;
     }
     // Listed again under the lock: the parts as they are now, none half written.
-    let parts = chosen_parts(&parts_in(claim)?, chosen)?;
+    let have = parts_in(claim)?;
+    let parts = chosen_parts(&have, chosen)?;
     let stride = std::fs::read_to_string(claim.join(STRIDE)).ok().and_then(|t| t.trim().parse::<u64>().ok());
+    let place_of = |p: &Part| match (stride, &data) {
+        (Some(s), Some(f)) => Ok((f, (p.number as u64 - 1) * s)),
+        _ => Err(err(S3ErrorCode::InternalError, "a placed part's assembly file or stride is missing")),
+    };
     let mut offsets = Vec::with_capacity(parts.len());
     let mut total = 0u64;
     for p in &parts {
         offsets.push(total);
         total += p.size;
     }
-    let in_place = |p: &Part, at: u64| stride.is_some_and(|s| (p.number as u64 - 1).saturating_mul(s) == at);
-    let whole = data.is_some() && parts.iter().zip(&offsets).all(|(p, &at)| !p.placed || in_place(p, at));
+    // In place only where every placed part is chosen and lies where it belongs: the
+    // assembly file is then changed only where no part of a given-back upload lies.
+    let in_place = |p: &Part, at: u64| place_of(p).is_ok_and(|(_, place)| place == at);
+    let whole = data.is_some()
+        && have.iter().filter(|p| p.placed).all(|p| parts.contains(p))
+        && parts.iter().zip(&offsets).all(|(p, &at)| !p.placed || in_place(p, at));
     // Every source, opened before anything shows: (file, offset, length) in order.
     let mut sources = Vec::with_capacity(parts.len());
     for p in &parts {
-        match (p.placed, &data) {
-            (true, Some(f)) => sources.push((f.try_clone().map_err(io_err)?, (p.number as u64 - 1) * stride.unwrap_or(0), p.size)),
-            (true, None) => return Err(err(S3ErrorCode::InternalError, "an upload's assembly file is missing")),
-            (false, _) => sources.push((std::fs::File::open(claim.join(p.file_name())).map_err(io_err)?, 0, p.size)),
-        }
+        sources.push(match p.placed {
+            true => place_of(p).and_then(|(f, at)| Ok((f.try_clone().map_err(io_err)?, at, p.size)))?,
+            false => (std::fs::File::open(claim.join(p.file_name())).map_err(io_err)?, 0, p.size),
+        });
     }
     let mut session = Acting::new(shared, subject);
     let object_err = crate::names::object_error;

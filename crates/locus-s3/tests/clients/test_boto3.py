@@ -173,6 +173,50 @@ def test_a_part_whose_client_goes_mid_body_leaves_nothing_and_may_be_sent_again(
     assert s3.get_object(Bucket=bucket, Key="gone")["Body"].read() == first + last
 
 
+def test_a_completion_waits_for_a_part_being_written_in_place(server, s3, bucket):
+    # Part 2 is being written into the upload's assembly file when a completion of part
+    # 1 alone comes: the completion waits for that writer, so no byte of part 2 lands in
+    # the object once it shows (it would have grown past part 1's end), and part 2's
+    # request finds its upload gone.
+    import http.client
+    import threading
+    import time
+    import urllib.parse
+
+    first = os.urandom(5 << 20)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="waited")["UploadId"]
+    e1 = s3.upload_part(Bucket=bucket, Key="waited", UploadId=uid, PartNumber=1, Body=first)["ETag"]
+    url, headers = signed_request(server, "PUT", f"/{bucket}/waited?partNumber=2&uploadId={uid}", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(5 << 20)})
+    at = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
+    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
+    for k, v in headers.items():
+        if k.lower() != "host":
+            conn.putheader(k, v)
+    conn.endheaders()
+    conn.send(os.urandom(1 << 20))
+    upload_dir = server["state"] / "s3-uploads" / uid
+    deadline = time.time() + 10
+    while not (upload_dir / "2.slot").exists():
+        assert time.time() < deadline, "part 2 never began"
+        time.sleep(0.05)
+    time.sleep(0.2)  # its writer holds the assembly file
+    done = []
+    completing = threading.Thread(target=lambda: done.append(s3.complete_multipart_upload(
+        Bucket=bucket, Key="waited", UploadId=uid, MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e1}]})))
+    completing.start()
+    time.sleep(1)
+    assert not done, "the completion did not wait for the part being written"
+    conn.send(os.urandom(4 << 20))
+    answer = conn.getresponse()
+    assert answer.status == 404 and b"NoSuchUpload" in answer.read()
+    completing.join(30)
+    assert done, "the completion never ended"
+    assert s3.get_object(Bucket=bucket, Key="waited")["Body"].read() == first
+    assert (server["root"] / bucket / "waited").stat().st_size == 5 << 20
+
+
 def test_create_only_puts_race_and_one_wins(server, s3, bucket):
     # A create-only PUT begins (its upload is under way at the server, half its bytes
     # sent); another client makes the key meanwhile; the first PUT's end finds the key
