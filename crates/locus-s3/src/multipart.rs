@@ -5,14 +5,17 @@
 //!
 //! Clients send every part but the last at one size, so the first part that fixes the
 //! upload's *stride* (part 1, or any of at least 5 MiB in whole MiB) has each part `N`
-//! written where it ends up, at `(N - 1) × stride` in one assembly file (`data`); a part
-//! that does not fit (larger than the stride, sent again, or before the stride was
-//! known) goes to a file of its own. A completion whose parts lie where they belong
-//! copies the others into place and gives the assembly file to the `put` as a second
-//! name (no byte copied on a plain server whose state directory shares the export's
-//! file system); otherwise it copies every part in order, in the kernel where it can.
-//! Part writers hold a shared lock on the assembly file and a completion an exclusive
-//! one, after claiming the upload, so no byte of a part lands in an object once shown.
+//! sent with its length written where it ends up, at `(N - 1) × stride` in one sparse
+//! assembly file (`data`), never past its declared length. Each place is written once
+//! (`N.slot`): a part sent again after that, one larger than the stride, or one sent
+//! before the stride was known goes to a file of its own. A completion where every
+//! placed part is chosen and lies where it belongs copies the other chosen parts into
+//! place and gives the assembly file to the `put` as a second name (no byte copied on
+//! a plain server whose state directory shares the export's file system); otherwise it
+//! copies every part in order, in the kernel where it can. Part writers hold a shared
+//! lock on the assembly file and a completion an exclusive one, after claiming the
+//! upload, so no byte of a part lands in an object once shown; a completion that fails
+//! after its object showed gives nothing back.
 
 use crate::meta::{Record, Records};
 use crate::names::ObjectPath;
@@ -194,8 +197,13 @@ impl Uploads {
         let written = match &placed {
             Some((data, at)) => {
                 use std::os::unix::fs::FileExt;
-                let mut at = *at;
+                // Never past its place: the declared length is all it may write (an
+                // `aws-chunked` body's decoded length is not held to by the parser).
+                let (mut at, end) = (*at, *at + length.unwrap_or(0));
                 crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
+                    if at + bytes.len() as u64 > end {
+                        return Err(err(S3ErrorCode::InvalidRequest, "more bytes came than the part's declared length"));
+                    }
                     data.write_all_at(bytes, at).map_err(io_err)?;
                     at += bytes.len() as u64;
                     Ok(())
@@ -227,7 +235,10 @@ impl Uploads {
         // part sent again is never missing meanwhile). A placed part's mark is made
         // while its writer still holds the assembly file, so a completion waiting for
         // that file finds it.
+        // Sends of one part that end at once keep one of them: each names its part and
+        // removes the others under the upload directory's lock.
         let name = part.file_name();
+        let _listed = tokio::task::block_in_place(|| lock(&dir, rustix::fs::FlockOperation::LockExclusive))?;
         match hidden.0.take() {
             Some(tmp) => std::fs::rename(&tmp, dir.join(&name)).inspect_err(|_| hidden.0 = Some(tmp)),
             None => std::fs::File::create(dir.join(&name)).map(drop),
@@ -372,6 +383,13 @@ fn random8() -> [u8; 8] {
     b
 }
 
+/// `path` (a file or directory) opened and locked with `how` (`flock`).
+fn lock(path: &Path, how: rustix::fs::FlockOperation) -> S3Result<std::fs::File> {
+    let file = std::fs::File::open(path).map_err(io_err)?;
+    rustix::fs::flock(&file, how).map_err(|e| io_err(e.into()))?;
+    Ok(file)
+}
+
 /// The parts of the upload in `dir`, in order.
 fn parts_in(dir: &Path) -> S3Result<Vec<Part>> {
     let mut parts = Vec::new();
@@ -477,7 +495,15 @@ fn assemble(
         Err(e) => return Err(io_err(e)),
     };
     if let Some(f) = &data {
-        rustix::fs::flock(f, rustix::fs::FlockOperation::LockExclusive).map_err(|e| io_err(e.into()))?;
+        // Parts still being written end first, within the time a body may stay silent
+        // (a part sent a byte at a time must not hold the completion for ever).
+        let deadline = std::time::Instant::now() + crate::IDLE;
+        while let Err(e) = rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            if e != rustix::io::Errno::WOULDBLOCK || std::time::Instant::now() >= deadline {
+                return Err(err(S3ErrorCode::SlowDown, "a part of this upload is still being sent: complete it again later"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
     // Listed again under the lock: the parts as they are now, none half written.
     let have = parts_in(claim)?;
@@ -540,8 +566,15 @@ fn assemble(
             }
         }
     }
-    let attr = session.put_more(&[], true).map_err(|e| crate::objects::upload_error(e, create_only))?;
-    let mut attr = attr.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
+    let attr = session.put_more(&[], true).map_err(|e| crate::objects::upload_error(e, create_only));
+    if let (true, Err(_), Some(object)) = (adopted, &attr, &data) {
+        // Failed after the rename (the directory's sync, say): the assembly file is the
+        // object now, with two names, and must not be given back to be written again.
+        if rustix::fs::fstat(object).is_ok_and(|st| st.st_nlink > 1) {
+            let _ = std::fs::remove_dir_all(claim);
+        }
+    }
+    let mut attr = attr?.ok_or_else(|| err(S3ErrorCode::InternalError, "the upload ended without attributes"))?;
     if let (true, Some(object)) = (adopted, &data) {
         // The object's other name goes now (kept until it showed, so a failed upload is
         // given back whole); that changes its change time, which its record names.

@@ -227,6 +227,26 @@ impl PutFile {
         let flags = OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
         let file = File::from(rustix::fs::open(from, flags, Mode::empty()).ctx("put", &what())?);
         let opened = rustix::fs::fstat(&file).ctx("put", &what())?;
+        // It must end as a file made in place would: with the owner and group the
+        // directory gives (a set-group-ID directory's group, say), and no extended
+        // attributes the directory would have given (a default ACL, a label). Where it
+        // cannot, it is taken as from another file system (`EXDEV`): copied instead.
+        let cannot = || StoreError::Os { op: "put", path: self.name.clone(), errno: Errno::XDEV };
+        let made = rustix::fs::fstat(&self.file).ctx("put", &self.name)?;
+        if (opened.st_uid, opened.st_gid) != (made.st_uid, made.st_gid)
+            && rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(made.st_uid)), Some(rustix::fs::Gid::from_raw(made.st_gid)))
+                .is_err()
+        {
+            return Err(cannot());
+        }
+        let xattrs = match rustix::fs::flistxattr(&self.file, &mut [0u8; 0][..]) {
+            Ok(n) => n,
+            Err(Errno::NOTSUP) => 0,
+            Err(_) => 1,
+        };
+        if xattrs > 0 {
+            return Err(cannot());
+        }
         let dir = self.dir.as_ref().map(|d| d.as_fd()).unwrap_or(self.store_root.as_fd());
         let tmp = format!("{RESERVED_PREFIX}_put_{}", random_hex());
         rustix::fs::linkat(rustix::fs::CWD, from, dir, tmp.as_str(), AtFlags::empty()).ctx("link", &what())?;

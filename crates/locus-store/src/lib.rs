@@ -663,5 +663,17 @@ mod tests {
         put.finish().unwrap();
         assert_eq!(std::fs::read(export.join("adopted")).unwrap(), b"written");
         assert!(shm.path().join("x").exists() && outside.exists());
+        // Into a set-group-ID directory of another group: the file takes that group, as
+        // a file made there would (the test runs as root, who may give it).
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        store.mkdir("admin", "/shared", 0o755).unwrap();
+        std::os::unix::fs::chown(export.join("shared"), None, Some(100)).unwrap();
+        std::fs::set_permissions(export.join("shared"), std::fs::Permissions::from_mode(0o2775)).unwrap();
+        let grouped = tmp.path().join("grouped");
+        std::fs::write(&grouped, b"g").unwrap();
+        let mut put = store.begin_put("admin", "/shared/g", 0o644).unwrap();
+        put.adopt(&grouped).unwrap();
+        put.finish().unwrap();
+        assert_eq!(std::fs::metadata(export.join("shared/g")).unwrap().gid(), 100);
     }
 }

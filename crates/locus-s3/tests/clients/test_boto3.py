@@ -125,7 +125,7 @@ def signed_request(server, method, path, headers, body=b""):
     return p.url, dict(p.headers)
 
 
-def test_a_part_whose_client_goes_mid_body_leaves_nothing_and_may_be_sent_again(server, s3, bucket):
+def test_a_part_whose_client_goes_mid_body_is_not_listed_and_may_be_sent_again(server, s3, bucket):
     import http.client
     import time
     import urllib.parse
@@ -215,6 +215,131 @@ def test_a_completion_waits_for_a_part_being_written_in_place(server, s3, bucket
     assert done, "the completion never ended"
     assert s3.get_object(Bucket=bucket, Key="waited")["Body"].read() == first
     assert (server["root"] / bucket / "waited").stat().st_size == 5 << 20
+
+
+def test_a_part_longer_than_it_declared_writes_nothing_past_its_place(server, s3, bucket):
+    # Part 2 declares 5 MiB decoded in an aws-chunked body and sends 10 MiB: refused,
+    # and part 3, already placed after it in the assembly file, stays whole.
+    import base64
+    import http.client
+    import urllib.parse
+    import zlib
+
+    mib5 = 5 << 20
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="overrun")["UploadId"]
+    p1, p3, p4 = os.urandom(mib5), os.urandom(mib5), b"tail"
+    tags = {n: s3.upload_part(Bucket=bucket, Key="overrun", UploadId=uid, PartNumber=n, Body=b)["ETag"]
+            for n, b in ((1, p1), (3, p3), (4, p4))}
+    payload = b"\xaa" * (2 * mib5)
+    crc = base64.b64encode(zlib.crc32(payload).to_bytes(4, "big")).decode()
+    body = b"".join(b"%x\r\n" % len(payload[i:i + (1 << 20)]) + payload[i:i + (1 << 20)] + b"\r\n"
+                    for i in range(0, len(payload), 1 << 20))
+    body += b"0\r\n" + f"x-amz-checksum-crc32:{crc}\r\n\r\n".encode()
+    url, headers = signed_request(server, "PUT", f"/{bucket}/overrun?partNumber=2&uploadId={uid}", {
+        "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
+        "x-amz-trailer": "x-amz-checksum-crc32", "x-amz-decoded-content-length": str(mib5),
+        "content-length": str(len(body))})
+    at = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
+    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
+    for k, v in headers.items():
+        if k.lower() != "host":
+            conn.putheader(k, v)
+    conn.endheaders()
+    conn.send(body)
+    answer = conn.getresponse()
+    assert answer.status == 400, answer.read()
+    p2 = os.urandom(mib5)
+    tags[2] = s3.upload_part(Bucket=bucket, Key="overrun", UploadId=uid, PartNumber=2, Body=p2)["ETag"]
+    s3.complete_multipart_upload(Bucket=bucket, Key="overrun", UploadId=uid, MultipartUpload={
+        "Parts": [{"PartNumber": n, "ETag": tags[n]} for n in (1, 2, 3, 4)]})
+    assert s3.get_object(Bucket=bucket, Key="overrun")["Body"].read() == p1 + p2 + p3 + p4
+
+
+def test_sends_of_one_part_at_once_keep_one(server, s3, bucket):
+    # Each part number sent twice at once, the same bytes (a client's retry racing its
+    # first try): one placed, one in a file of its own; one of them is always kept.
+    import threading
+
+    other = client(server)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="twice")["UploadId"]
+    s3.upload_part(Bucket=bucket, Key="twice", UploadId=uid, PartNumber=1, Body=os.urandom(5 << 20))
+    for n in range(2, 42):
+        body, start = os.urandom(64 << 10), threading.Barrier(2)
+
+        def send(c, n=n, body=body, start=start):
+            start.wait()
+            c.upload_part(Bucket=bucket, Key="twice", UploadId=uid, PartNumber=n, Body=body)
+
+        both = [threading.Thread(target=send, args=(c,)) for c in (s3, other)]
+        [t.start() for t in both]
+        [t.join() for t in both]
+    listed = s3.list_parts(Bucket=bucket, Key="twice", UploadId=uid, MaxParts=1000)["Parts"]
+    assert [p["PartNumber"] for p in listed] == list(range(1, 42))
+    s3.abort_multipart_upload(Bucket=bucket, Key="twice", UploadId=uid)
+
+
+def test_a_completion_waits_a_minute_at_most_for_a_part_sent_slowly(server, s3, bucket):
+    # Part 2 trickles in (a byte every few seconds, never silent long enough to time
+    # out): a completion gives up after 60 s with SlowDown and gives the upload back;
+    # once that part's client is gone, the upload completes.
+    import http.client
+    import threading
+    import time
+    import urllib.parse
+
+    first = os.urandom(5 << 20)
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="slow")["UploadId"]
+    e1 = s3.upload_part(Bucket=bucket, Key="slow", UploadId=uid, PartNumber=1, Body=first)["ETag"]
+    url, headers = signed_request(server, "PUT", f"/{bucket}/slow?partNumber=2&uploadId={uid}", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(1 << 20)})
+    at = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=120)
+    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
+    for k, v in headers.items():
+        if k.lower() != "host":
+            conn.putheader(k, v)
+    conn.endheaders()
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(3):
+            conn.send(b"x")
+
+    conn.send(b"x")
+    trickling = threading.Thread(target=trickle)
+    trickling.start()
+    try:
+        deadline = time.time() + 10
+        while not (server["state"] / "s3-uploads" / uid / "2.slot").exists():
+            assert time.time() < deadline, "part 2 never began"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        parts = {"Parts": [{"PartNumber": 1, "ETag": e1}]}
+        # Sent once, not retried as boto3 retries a SlowDown.
+        xml = f"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{e1}</ETag></Part>" \
+              "</CompleteMultipartUpload>".encode()
+        url, headers = signed_request(server, "POST", f"/{bucket}/slow?uploadId={uid}", {
+            "x-amz-content-sha256": hashlib.sha256(xml).hexdigest()}, xml)
+        began = time.time()
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, data=xml, headers=headers, method="POST"), timeout=120)
+        said = e.value.read()
+        assert e.value.code == 503 and b"SlowDown" in said and 55 < time.time() - began < 90, (said, time.time() - began)
+        assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=bucket)["Uploads"]] == [uid]
+    finally:
+        stop.set()
+        trickling.join()
+        conn.sock.close()
+    # The trickling part's writer ends with its client; the upload completes.
+    deadline = time.time() + 10
+    while True:
+        try:
+            s3.complete_multipart_upload(Bucket=bucket, Key="slow", UploadId=uid, MultipartUpload=parts)
+            break
+        except botocore.exceptions.ClientError as e:
+            assert code(e) == "SlowDown" and time.time() < deadline, code(e)
+    assert s3.get_object(Bucket=bucket, Key="slow")["Body"].read() == first
 
 
 def test_create_only_puts_race_and_one_wins(server, s3, bucket):
@@ -402,12 +527,16 @@ def test_parts_of_any_order_and_size_assemble_in_order(server, s3, bucket):
     listed = s3.list_parts(Bucket=bucket, Key="uneven", UploadId=uid)["Parts"]
     assert [(p["PartNumber"], p["Size"], p["ETag"]) for p in listed] == [
         (n, len(data[n]), tags[n]) for n in (1, 2, 3, 4)]
+    assembly = (server["state"] / "s3-uploads" / uid / "data").stat().st_ino
     complete("uneven", uid, tags, [1, 2, 3, 4])
     assert s3.get_object(Bucket=bucket, Key="uneven")["Body"].read() == data[1] + data[2] + data[3] + data[4]
+    assert (server["root"] / bucket / "uneven").stat().st_ino != assembly, "copied, not taken in place"
     # Parts chosen with gaps: those after a gap are out of place, and copied.
     uid, data, tags = upload("gaps", [5 << 20, 5 << 20, 5 << 20], [1, 2, 3])
+    assembly = (server["state"] / "s3-uploads" / uid / "data").stat().st_ino
     complete("gaps", uid, tags, [1, 3])
     assert s3.get_object(Bucket=bucket, Key="gaps")["Body"].read() == data[1] + data[3]
+    assert (server["root"] / bucket / "gaps").stat().st_ino != assembly, "copied, not taken in place"
     assert s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
 
 
