@@ -125,21 +125,29 @@ def signed_request(server, method, path, headers, body=b""):
     return p.url, dict(p.headers)
 
 
-def test_a_part_whose_client_goes_mid_body_is_not_listed_and_may_be_sent_again(server, s3, bucket):
+def begun_request(server, method, path, headers, timeout=30):
+    """A connection on which a request signed as `signed_request` signs it has sent its
+    headers, and none of its body: the caller sends the body, when and as it likes."""
     import http.client
-    import time
     import urllib.parse
 
-    uid = s3.create_multipart_upload(Bucket=bucket, Key="gone")["UploadId"]
-    url, headers = signed_request(server, "PUT", f"/{bucket}/gone?partNumber=1&uploadId={uid}", {
-        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(8 << 20)})
+    url, headers = signed_request(server, method, path, headers)
     at = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
-    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
+    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=timeout)
+    conn.putrequest(method, f"{at.path}?{at.query}" if at.query else at.path, skip_accept_encoding=True)
     for k, v in headers.items():
         if k.lower() != "host":
             conn.putheader(k, v)
     conn.endheaders()
+    return conn
+
+
+def test_a_part_whose_client_goes_mid_body_is_not_listed_and_may_be_sent_again(server, s3, bucket):
+    import time
+
+    uid = s3.create_multipart_upload(Bucket=bucket, Key="gone")["UploadId"]
+    conn = begun_request(server, "PUT", f"/{bucket}/gone?partNumber=1&uploadId={uid}", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(8 << 20)})
     conn.send(os.urandom(2 << 20))
     upload_dir = server["state"] / "s3-uploads" / uid
     # Part 1 fixes the upload's stride and is written in place, in its assembly file.
@@ -178,23 +186,14 @@ def test_a_completion_waits_for_a_part_being_written_in_place(server, s3, bucket
     # 1 alone comes: the completion waits for that writer, so no byte of part 2 lands in
     # the object once it shows (it would have grown past part 1's end), and part 2's
     # request finds its upload gone.
-    import http.client
     import threading
     import time
-    import urllib.parse
 
     first = os.urandom(5 << 20)
     uid = s3.create_multipart_upload(Bucket=bucket, Key="waited")["UploadId"]
     e1 = s3.upload_part(Bucket=bucket, Key="waited", UploadId=uid, PartNumber=1, Body=first)["ETag"]
-    url, headers = signed_request(server, "PUT", f"/{bucket}/waited?partNumber=2&uploadId={uid}", {
+    conn = begun_request(server, "PUT", f"/{bucket}/waited?partNumber=2&uploadId={uid}", {
         "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(5 << 20)})
-    at = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
-    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
-    for k, v in headers.items():
-        if k.lower() != "host":
-            conn.putheader(k, v)
-    conn.endheaders()
     conn.send(os.urandom(1 << 20))
     upload_dir = server["state"] / "s3-uploads" / uid
     deadline = time.time() + 10
@@ -221,8 +220,6 @@ def test_a_part_longer_than_it_declared_writes_nothing_past_its_place(server, s3
     # Part 2 declares 5 MiB decoded in an aws-chunked body and sends 10 MiB: refused,
     # and part 3, already placed after it in the assembly file, stays whole.
     import base64
-    import http.client
-    import urllib.parse
     import zlib
 
     mib5 = 5 << 20
@@ -235,17 +232,10 @@ def test_a_part_longer_than_it_declared_writes_nothing_past_its_place(server, s3
     body = b"".join(b"%x\r\n" % len(payload[i:i + (1 << 20)]) + payload[i:i + (1 << 20)] + b"\r\n"
                     for i in range(0, len(payload), 1 << 20))
     body += b"0\r\n" + f"x-amz-checksum-crc32:{crc}\r\n\r\n".encode()
-    url, headers = signed_request(server, "PUT", f"/{bucket}/overrun?partNumber=2&uploadId={uid}", {
+    conn = begun_request(server, "PUT", f"/{bucket}/overrun?partNumber=2&uploadId={uid}", {
         "x-amz-content-sha256": "STREAMING-UNSIGNED-PAYLOAD-TRAILER", "content-encoding": "aws-chunked",
         "x-amz-trailer": "x-amz-checksum-crc32", "x-amz-decoded-content-length": str(mib5),
         "content-length": str(len(body))})
-    at = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
-    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
-    for k, v in headers.items():
-        if k.lower() != "host":
-            conn.putheader(k, v)
-    conn.endheaders()
     conn.send(body)
     answer = conn.getresponse()
     assert answer.status == 400, answer.read()
@@ -283,23 +273,14 @@ def test_a_completion_waits_a_minute_at_most_for_a_part_sent_slowly(server, s3, 
     # Part 2 trickles in (a byte every few seconds, never silent long enough to time
     # out): a completion gives up after 60 s with SlowDown and gives the upload back;
     # once that part's client is gone, the upload completes.
-    import http.client
     import threading
     import time
-    import urllib.parse
 
     first = os.urandom(5 << 20)
     uid = s3.create_multipart_upload(Bucket=bucket, Key="slow")["UploadId"]
     e1 = s3.upload_part(Bucket=bucket, Key="slow", UploadId=uid, PartNumber=1, Body=first)["ETag"]
-    url, headers = signed_request(server, "PUT", f"/{bucket}/slow?partNumber=2&uploadId={uid}", {
-        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(1 << 20)})
-    at = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=120)
-    conn.putrequest("PUT", f"{at.path}?{at.query}", skip_accept_encoding=True)
-    for k, v in headers.items():
-        if k.lower() != "host":
-            conn.putheader(k, v)
-    conn.endheaders()
+    conn = begun_request(server, "PUT", f"/{bucket}/slow?partNumber=2&uploadId={uid}", {
+        "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(1 << 20)}, timeout=120)
     stop = threading.Event()
 
     def trickle():
@@ -346,20 +327,11 @@ def test_create_only_puts_race_and_one_wins(server, s3, bucket):
     # A create-only PUT begins (its upload is under way at the server, half its bytes
     # sent); another client makes the key meanwhile; the first PUT's end finds the key
     # taken: 412, and the other's object stays whole.
-    import http.client
     import time
-    import urllib.parse
 
     body = os.urandom(4 << 20)
-    url, headers = signed_request(server, "PUT", f"/{bucket}/raced", {
+    conn = begun_request(server, "PUT", f"/{bucket}/raced", {
         "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "if-none-match": "*", "content-length": str(len(body))})
-    at = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(at.hostname, at.port, timeout=30)
-    conn.putrequest("PUT", at.path, skip_accept_encoding=True)
-    for k, v in headers.items():
-        if k.lower() != "host":
-            conn.putheader(k, v)
-    conn.endheaders()
     conn.send(body[: len(body) // 2])
     time.sleep(0.5)
     s3.put_object(Bucket=bucket, Key="raced", Body=b"theirs")
