@@ -202,7 +202,10 @@ impl Uploads {
                 let (mut at, end) = (*at, *at + length.unwrap_or(0));
                 crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
                     if at + bytes.len() as u64 > end {
-                        return Err(err(S3ErrorCode::InvalidRequest, "more bytes came than the part's declared length"));
+                        return Err(err(
+                            S3ErrorCode::InvalidRequest,
+                            "more bytes came than the part's declared length",
+                        ));
                     }
                     data.write_all_at(bytes, at).map_err(io_err)?;
                     at += bytes.len() as u64;
@@ -230,7 +233,8 @@ impl Uploads {
             Ok((size, digest, checksum.map(crate::checksums::Checksum::check).transpose()?))
         });
         let (size, digest, sums) = checked?;
-        let part = Part { number, etag: hex::encode(digest), size, modified: SystemTime::now(), placed: placed.is_some() };
+        let part =
+            Part { number, etag: hex::encode(digest), size, modified: SystemTime::now(), placed: placed.is_some() };
         // One name per part number; an earlier one goes once this one is there (so a
         // part sent again is never missing meanwhile). A placed part's mark is made
         // while its writer still holds the assembly file, so a completion waiting for
@@ -325,10 +329,11 @@ impl Uploads {
         std::fs::rename(&dir, &claim).map_err(io_err)?;
         let (shared_, subject_, op_, claim_, chosen) =
             (shared.clone(), subject.to_string(), op.clone(), claim.clone(), chosen.to_vec());
-        let attr = tokio::task::spawn_blocking(move || assemble(&shared_, &subject_, &op_, &claim_, &chosen, create_only))
-            .await
-            .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))
-            .and_then(|done| done);
+        let attr =
+            tokio::task::spawn_blocking(move || assemble(&shared_, &subject_, &op_, &claim_, &chosen, create_only))
+                .await
+                .map_err(|e| err(S3ErrorCode::InternalError, e.to_string()))
+                .and_then(|done| done);
         let attr = match attr {
             Ok(attr) => attr,
             Err(e) => {
@@ -417,9 +422,10 @@ fn parts_in(dir: &Path) -> S3Result<Vec<Part>> {
 fn chosen_parts(have: &[Part], chosen: &[(i32, String)]) -> S3Result<Vec<Part>> {
     let find = |(number, etag): &(i32, String)| {
         let etag = etag.trim_matches('"');
-        have.iter().find(|p| p.number == *number && p.etag == etag).cloned().ok_or_else(|| {
-            err(S3ErrorCode::InvalidPart, format!("part {number} with that ETag was not received"))
-        })
+        have.iter()
+            .find(|p| p.number == *number && p.etag == etag)
+            .cloned()
+            .ok_or_else(|| err(S3ErrorCode::InvalidPart, format!("part {number} with that ETag was not received")))
     };
     chosen.iter().map(find).collect()
 }
@@ -500,7 +506,10 @@ fn assemble(
         let deadline = std::time::Instant::now() + crate::IDLE;
         while let Err(e) = rustix::fs::flock(f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
             if e != rustix::io::Errno::WOULDBLOCK || std::time::Instant::now() >= deadline {
-                return Err(err(S3ErrorCode::SlowDown, "a part of this upload is still being sent: complete it again later"));
+                return Err(err(
+                    S3ErrorCode::SlowDown,
+                    "a part of this upload is still being sent: complete it again later",
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -554,14 +563,20 @@ fn assemble(
                 None => session.put_file(assembly, 0, total).map_err(object_err)?,
             };
             if n != total {
-                return Err(err(S3ErrorCode::InternalError, format!("the upload held {n} bytes, not the {total} received")));
+                return Err(err(
+                    S3ErrorCode::InternalError,
+                    format!("the upload held {n} bytes, not the {total} received"),
+                ));
             }
         }
         _ => {
             for (file, at, len) in &sources {
                 let n = session.put_file(file, *at, *len).map_err(object_err)?;
                 if n != *len {
-                    return Err(err(S3ErrorCode::InternalError, format!("a part held {n} bytes, not the {len} received")));
+                    return Err(err(
+                        S3ErrorCode::InternalError,
+                        format!("a part held {n} bytes, not the {len} received"),
+                    ));
                 }
             }
         }

@@ -234,8 +234,12 @@ impl PutFile {
         let cannot = || StoreError::Os { op: "put", path: self.name.clone(), errno: Errno::XDEV };
         let made = rustix::fs::fstat(&self.file).ctx("put", &self.name)?;
         if (opened.st_uid, opened.st_gid) != (made.st_uid, made.st_gid)
-            && rustix::fs::fchown(&file, Some(rustix::fs::Uid::from_raw(made.st_uid)), Some(rustix::fs::Gid::from_raw(made.st_gid)))
-                .is_err()
+            && rustix::fs::fchown(
+                &file,
+                Some(rustix::fs::Uid::from_raw(made.st_uid)),
+                Some(rustix::fs::Gid::from_raw(made.st_gid)),
+            )
+            .is_err()
         {
             return Err(cannot());
         }
