@@ -197,16 +197,8 @@ impl Uploads {
         let written = match &placed {
             Some((data, at)) => {
                 use std::os::unix::fs::FileExt;
-                // Never past its place: the declared length is all it may write (an
-                // `aws-chunked` body's decoded length is not held to by the parser).
-                let (mut at, end) = (*at, *at + length.unwrap_or(0));
-                crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
-                    if at + bytes.len() as u64 > end {
-                        return Err(err(
-                            S3ErrorCode::InvalidRequest,
-                            "more bytes came than the part's declared length",
-                        ));
-                    }
+                let mut at = *at;
+                crate::objects::drain(body, length, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
                     data.write_all_at(bytes, at).map_err(io_err)?;
                     at += bytes.len() as u64;
                     Ok(())
@@ -217,7 +209,7 @@ impl Uploads {
                 let tmp = dir.join(format!("{number}.tmp{}", hex::encode(random8())));
                 let mut file = std::fs::File::create(&tmp).map_err(io_err)?;
                 hidden.0 = Some(tmp);
-                crate::objects::drain(body, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
+                crate::objects::drain(body, length, "a part is at most 5 GiB", checksum.as_mut(), |bytes| {
                     file.write_all(bytes).map_err(io_err)
                 })
                 .await
@@ -236,11 +228,10 @@ impl Uploads {
         let part =
             Part { number, etag: hex::encode(digest), size, modified: SystemTime::now(), placed: placed.is_some() };
         // One name per part number; an earlier one goes once this one is there (so a
-        // part sent again is never missing meanwhile). A placed part's mark is made
-        // while its writer still holds the assembly file, so a completion waiting for
-        // that file finds it.
-        // Sends of one part that end at once keep one of them: each names its part and
-        // removes the others under the upload directory's lock.
+        // part sent again is never missing meanwhile), under the upload directory's
+        // lock (so of sends of one part that end at once, one is kept). A placed part's
+        // mark is made while its writer still holds the assembly file, so a completion
+        // waiting for that file finds it.
         let name = part.file_name();
         let _listed = tokio::task::block_in_place(|| lock(&dir, rustix::fs::FlockOperation::LockExclusive))?;
         match hidden.0.take() {
@@ -248,21 +239,17 @@ impl Uploads {
             None => std::fs::File::create(dir.join(&name)).map(drop),
         }
         .map_err(io_err)?;
-        for old in self.parts_in(&dir)?.into_iter().filter(|p| p.number == number && p.file_name() != name) {
+        for old in parts_in(&dir)?.into_iter().filter(|p| p.number == number && p.file_name() != name) {
             let _ = std::fs::remove_file(dir.join(old.file_name()));
         }
         drop(placed);
         Ok((part.etag, sums))
     }
 
-    fn parts_in(&self, dir: &Path) -> S3Result<Vec<Part>> {
-        parts_in(dir)
-    }
-
     /// The parts of upload `id` received so far, in order.
     pub fn parts(&self, subject: &str, id: &str) -> S3Result<Vec<Part>> {
         self.get(subject, id)?;
-        self.parts_in(&self.dir_of(id)?)
+        parts_in(&self.dir_of(id)?)
     }
 
     /// The uploads under way of `subject` in `bucket`: (id, upload), by key then start.
@@ -307,7 +294,7 @@ impl Uploads {
     ) -> S3Result<String> {
         let upload = self.get(subject, id)?;
         let dir = self.dir_of(id)?;
-        let have = self.parts_in(&dir)?;
+        let have = parts_in(&dir)?;
         if chosen.is_empty() {
             return Err(err(S3ErrorCode::MalformedXML, "a completion names at least one part"));
         }

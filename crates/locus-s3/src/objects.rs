@@ -392,9 +392,13 @@ pub async fn next_piece(body: &mut StreamingBlob) -> S3Result<Option<Bytes>> {
 /// [`BATCH`] (a piece that large on its own goes as it is), each under `block_in_place`
 /// (the runtime moves its other tasks off this thread meanwhile); answers their count
 /// and MD5, and feeds them to the `checksum` the client asked for. A body past
-/// [`MAX_PUT`] is refused with `too_large` as the reason.
+/// [`MAX_PUT`] is refused with `too_large` as the reason, and one past its `declared`
+/// length before the bytes beyond it are handed on (the parser does not hold an
+/// `aws-chunked` body to its decoded length, and a part written in place must never
+/// reach the next part's place).
 pub async fn drain(
     body: Option<StreamingBlob>,
+    declared: Option<u64>,
     too_large: &str,
     mut checksum: Option<&mut Checksum>,
     mut write: impl FnMut(&[u8]) -> S3Result<()>,
@@ -407,6 +411,9 @@ pub async fn drain(
         size += piece.len() as u64;
         if size > MAX_PUT {
             return Err(S3Error::with_message(S3ErrorCode::EntityTooLarge, too_large.to_string()));
+        }
+        if declared.is_some_and(|d| size > d) {
+            return Err(S3Error::with_message(S3ErrorCode::InvalidRequest, "more bytes came than the declared length"));
         }
         md5.update(&piece);
         if let Some(c) = checksum.as_deref_mut() {
@@ -448,10 +455,11 @@ pub async fn put(
     let mut session = Acting::new(shared, subject);
     let mode = if meta.create_only { 0o644 | PUT_NEW } else { 0o644 };
     tokio::task::block_in_place(|| start_upload(&mut session, op, mode))?;
-    let (size, digest) = drain(body, "a single PUT stores at most 5 GiB", meta.checksum.as_mut(), |bytes| {
-        session.put_more(bytes, false).map(drop).map_err(object_error)
-    })
-    .await?;
+    let (size, digest) =
+        drain(body, meta.length, "a single PUT stores at most 5 GiB", meta.checksum.as_mut(), |bytes| {
+            session.put_more(bytes, false).map(drop).map_err(object_error)
+        })
+        .await?;
     if meta.length.is_some_and(|l| l != size) {
         return Err(S3Error::with_message(S3ErrorCode::IncompleteBody, "fewer bytes came than Content-Length said"));
     }

@@ -142,6 +142,19 @@ def begun_request(server, method, path, headers, timeout=30):
     return conn
 
 
+def part_begun(server, uid, number):
+    """The directory of upload UID, once part NUMBER has taken its place in the upload's
+    assembly file."""
+    import time
+
+    upload_dir = server["state"] / "s3-uploads" / uid
+    deadline = time.time() + 10
+    while not (upload_dir / f"{number}.slot").exists():
+        assert time.time() < deadline, f"part {number} never began: {sorted(p.name for p in upload_dir.iterdir())}"
+        time.sleep(0.05)
+    return upload_dir
+
+
 def test_a_part_whose_client_goes_mid_body_is_not_listed_and_may_be_sent_again(server, s3, bucket):
     import time
 
@@ -149,12 +162,8 @@ def test_a_part_whose_client_goes_mid_body_is_not_listed_and_may_be_sent_again(s
     conn = begun_request(server, "PUT", f"/{bucket}/gone?partNumber=1&uploadId={uid}", {
         "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(8 << 20)})
     conn.send(os.urandom(2 << 20))
-    upload_dir = server["state"] / "s3-uploads" / uid
     # Part 1 fixes the upload's stride and is written in place, in its assembly file.
-    deadline = time.time() + 10
-    while not (upload_dir / "1.slot").exists():
-        assert time.time() < deadline, "the part never began: " + str(sorted(p.name for p in upload_dir.iterdir()))
-        time.sleep(0.05)
+    upload_dir = part_begun(server, uid, 1)
     conn.sock.close()  # the client goes, half its part sent
     # Its writer ends (it held the assembly file under a shared lock).
     import fcntl
@@ -195,11 +204,7 @@ def test_a_completion_waits_for_a_part_being_written_in_place(server, s3, bucket
     conn = begun_request(server, "PUT", f"/{bucket}/waited?partNumber=2&uploadId={uid}", {
         "x-amz-content-sha256": "UNSIGNED-PAYLOAD", "content-length": str(5 << 20)})
     conn.send(os.urandom(1 << 20))
-    upload_dir = server["state"] / "s3-uploads" / uid
-    deadline = time.time() + 10
-    while not (upload_dir / "2.slot").exists():
-        assert time.time() < deadline, "part 2 never began"
-        time.sleep(0.05)
+    part_begun(server, uid, 2)
     time.sleep(0.2)  # its writer holds the assembly file
     done = []
     completing = threading.Thread(target=lambda: done.append(s3.complete_multipart_upload(
@@ -291,10 +296,7 @@ def test_a_completion_waits_a_minute_at_most_for_a_part_sent_slowly(server, s3, 
     trickling = threading.Thread(target=trickle)
     trickling.start()
     try:
-        deadline = time.time() + 10
-        while not (server["state"] / "s3-uploads" / uid / "2.slot").exists():
-            assert time.time() < deadline, "part 2 never began"
-            time.sleep(0.05)
+        part_begun(server, uid, 2)
         time.sleep(0.2)
         parts = {"Parts": [{"PartNumber": 1, "ETag": e1}]}
         # Sent once, not retried as boto3 retries a SlowDown.
